@@ -1,0 +1,20 @@
+"""boundjax: sound bounds for neural networks as JAX function transformations.
+
+    import boundjax as bj
+    box = bj.Interval.around(x, eps, domain=(0.0, 1.0))
+    out = bj.ibp(model.apply)(params, box)       # Interval over the outputs
+    out = bj.crown(model.apply)(params, box)     # tighter linear (CROWN) bounds
+"""
+
+from boundjax.errors import BoundError, UnsupportedPrimitiveError
+from boundjax.interval import Interval, is_interval, tree_contains
+
+__version__ = "0.1.0"
+
+__all__ = ["Interval", "is_interval", "tree_contains", "UnsupportedPrimitiveError", "BoundError"]
+
+try:  # the engine; absent only while the package is being assembled
+  from boundjax.transforms import ibp, crown  # noqa: F401
+  __all__ += ["ibp", "crown"]
+except ImportError:  # pragma: no cover
+  pass

