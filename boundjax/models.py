@@ -1,0 +1,63 @@
+"""Small Flax linen models used by the papers' experiments (LUCID spec §4.3, Sphynx spec §4.3).
+
+* `MLP`: fully connected ReLU network, e.g. ``MLP(hidden=(50, 50), out=2)`` (Adult 2×50).
+* `Conv1dNet`: LUCID's tabular CNN: two 1×3 convolutions (6 channels, valid, ReLU), flatten,
+  Dense(2), ReLU, Dense(2) (LUCID spec §4.3; dropout is left out: training is deterministic).
+
+Both initialise like PyTorch's defaults, which the papers' code uses: every weight and bias is
+drawn from ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` (``kaiming_uniform(a=sqrt(5))`` for weights
+works out to the same bound).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+def _torch_uniform(fan_in: int):
+  """Initializer for ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` (PyTorch's Linear/Conv default)."""
+  bound = 1.0 / float(fan_in) ** 0.5
+
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+  return init
+
+
+class MLP(nn.Module):
+  """``x -> Dense -> ReLU -> ... -> Dense(out)``; returns logits of shape ``(..., out)``."""
+
+  hidden: Sequence[int] = (50, 50)
+  out: int = 2
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    for width in self.hidden:
+      init = _torch_uniform(x.shape[-1])
+      x = nn.relu(nn.Dense(width, kernel_init=init, bias_init=init)(x))
+    init = _torch_uniform(x.shape[-1])
+    return nn.Dense(self.out, kernel_init=init, bias_init=init)(x)
+
+
+class Conv1dNet(nn.Module):
+  """LUCID's tabular CNN over a feature vector ``x`` of shape ``(..., d)`` with ``d >= 5``."""
+
+  channels: int = 6
+  out: int = 2
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    h = x[..., :, None]                                   # (..., d, 1): NWC
+    for _ in range(2):
+      init = _torch_uniform(3 * h.shape[-1])
+      h = nn.relu(nn.Conv(self.channels, (3,), padding="VALID", kernel_init=init,
+                          bias_init=init)(h))
+    h = h.reshape(h.shape[:-2] + (-1,))
+    init = _torch_uniform(h.shape[-1])
+    h = nn.relu(nn.Dense(self.out, kernel_init=init, bias_init=init)(h))
+    init = _torch_uniform(h.shape[-1])
+    return nn.Dense(self.out, kernel_init=init, bias_init=init)(h)
