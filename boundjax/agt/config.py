@@ -1,0 +1,118 @@
+"""Configuration of Abstract Gradient Training (AGT spec §2.13, public code's ``AGTConfig``).
+
+Field names follow the public AGT code where it has them (``k_private``, ``clip_gamma``,
+``learning_rate``, ``lr_decay``, ``lr_min``, ``n_epochs``, ``loss``, ``optimizer``, ``l1_reg``,
+``l2_reg``, ``fragsize``); ``batch_size`` comes from its figure scripts. The momentum options
+are flat fields instead of the code's ``optimizer_kwargs`` dictionary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+LOSSES = ("cross_entropy", "binary_cross_entropy", "mse")
+OPTIMIZERS = ("sgd", "sgdm")
+BOUND_METHODS = ("interval", "crown")
+MATMULS = ("rump", "exact")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Hyper-parameters of one AGT run (Alg. 1 of the AGT paper, privacy variant).
+
+  Attributes:
+    n_epochs: number of passes over the data (E).
+    learning_rate: initial step size alpha.
+    batch_size: fixed batch size b; incomplete last batches are dropped.
+    loss: "cross_entropy" (integer labels, one logit per class), "binary_cross_entropy"
+      (one logit, labels in {0, 1}) or "mse" (per-sample mean squared error over outputs).
+    k_private: k, the number of points that may be removed from *and* added to every batch
+      (Thm 4.6). Must be < batch_size.
+    clip_gamma: gamma, element-wise clipping level of per-sample gradients (spec §2.5). Must be
+      finite when k_private > 0 (each added point contributes up to +-gamma).
+    lr_decay: eta in alpha_n = max(alpha / (1 + eta * n), lr_min) (spec §2.7).
+    lr_min: floor of the step size.
+    optimizer: "sgd" or "sgdm" (heavy-ball momentum, torch convention
+      v <- momentum * v + (1 - dampening) * g, Nesterov g <- g + momentum * v).
+    momentum, dampening, nesterov: options of "sgdm".
+    l1_reg: lambda of an L1 penalty lambda * |theta|_1 (SGD only, as in the public code).
+    l2_reg: lambda of an L2 penalty (lambda / 2) |theta|^2, i.e. gradient lambda * theta; needs
+      learning_rate * l2_reg <= 1 for the interval update to stay monotone (spec §2.7).
+    bound_method: forward bound over the parameter box: "interval" (IBP, the paper's choice) or
+      "crown" (needs ``boundjax.crown``; falls back to an error if it is unavailable).
+    interval_matmul: "rump" (midpoint-radius, 4 products; the public code's default) or "exact"
+      (sign-split products; exact when one factor is sign-definite, e.g. post-ReLU activations).
+    fragsize: number of samples bounded at once; memory is O(fragsize * #params + k * #params).
+    seed: seed for the fixed data order used by `fit` (shuffled once, then fixed).
+  """
+
+  n_epochs: int
+  learning_rate: float
+  batch_size: int
+  loss: Literal["cross_entropy", "binary_cross_entropy", "mse"] = "binary_cross_entropy"
+  k_private: int = 0
+  clip_gamma: float = math.inf
+  lr_decay: float = 0.0
+  lr_min: float = 0.0
+  optimizer: Literal["sgd", "sgdm"] = "sgd"
+  momentum: float = 0.0
+  dampening: float = 0.0
+  nesterov: bool = False
+  l1_reg: float = 0.0
+  l2_reg: float = 0.0
+  bound_method: Literal["interval", "crown"] = "interval"
+  interval_matmul: Literal["rump", "exact"] = "rump"
+  fragsize: int = 10_000
+  seed: int = 0
+
+  def __post_init__(self):
+    def bad(msg):
+      raise ValueError(f"agt.Config: {msg}")
+    if not isinstance(self.n_epochs, int) or self.n_epochs < 1:
+      bad(f"n_epochs must be a positive int, got {self.n_epochs!r}.")
+    if not isinstance(self.batch_size, int) or self.batch_size < 1:
+      bad(f"batch_size must be a positive int, got {self.batch_size!r}.")
+    if not self.learning_rate > 0:
+      bad(f"learning_rate must be > 0, got {self.learning_rate!r}.")
+    if self.loss not in LOSSES:
+      bad(f"loss must be one of {LOSSES}, got {self.loss!r}.")
+    if self.optimizer not in OPTIMIZERS:
+      bad(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}.")
+    if self.bound_method not in BOUND_METHODS:
+      bad(f"bound_method must be one of {BOUND_METHODS}, got {self.bound_method!r}.")
+    if self.interval_matmul not in MATMULS:
+      bad(f"interval_matmul must be one of {MATMULS}, got {self.interval_matmul!r}.")
+    if not isinstance(self.k_private, int) or self.k_private < 0:
+      bad(f"k_private must be a non-negative int, got {self.k_private!r}.")
+    if self.k_private >= self.batch_size:
+      bad(f"k_private ({self.k_private}) must be < batch_size ({self.batch_size}) (Thm 4.6).")
+    if not self.clip_gamma > 0:
+      bad(f"clip_gamma must be > 0, got {self.clip_gamma!r}.")
+    if self.k_private > 0 and not math.isfinite(self.clip_gamma):
+      bad("clip_gamma must be finite when k_private > 0: each added point moves the descent "
+          "direction by up to clip_gamma per coordinate (Thm 4.6).")
+    if self.lr_decay < 0 or self.lr_min < 0:
+      bad(f"lr_decay and lr_min must be >= 0, got {self.lr_decay!r}, {self.lr_min!r}.")
+    if not 0 <= self.momentum < 1 or not 0 <= self.dampening <= 1:
+      bad(f"need 0 <= momentum < 1 and 0 <= dampening <= 1, got {self.momentum!r}, "
+          f"{self.dampening!r}.")
+    if self.optimizer == "sgd" and (self.momentum or self.nesterov):
+      bad("momentum/nesterov given with optimizer='sgd'; use optimizer='sgdm'.")
+    if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
+      bad("nesterov needs momentum > 0 and dampening == 0 (as in torch.optim.SGD).")
+    if self.l1_reg < 0 or self.l2_reg < 0:
+      bad(f"l1_reg and l2_reg must be >= 0, got {self.l1_reg!r}, {self.l2_reg!r}.")
+    if self.l1_reg > 0 and (self.l2_reg > 0 or self.optimizer != "sgd"):
+      bad("l1_reg cannot be combined with l2_reg or momentum (as in the public code).")
+    if self.l2_reg * max(self.learning_rate, self.lr_min) > 1:
+      bad(f"learning_rate * l2_reg must be <= 1 for a monotone interval update, got "
+          f"{self.learning_rate * self.l2_reg!r}.")
+    if not isinstance(self.fragsize, int) or self.fragsize < 1:
+      bad(f"fragsize must be a positive int, got {self.fragsize!r}.")
+
+  def lr(self, n):
+    """Step size of step ``n`` (0-based): ``max(alpha / (1 + eta * n), lr_min)`` (spec §2.7)."""
+    import jax.numpy as jnp
+    return jnp.maximum(self.learning_rate / (1.0 + self.lr_decay * n), self.lr_min)

@@ -1,0 +1,200 @@
+"""Explicit interval passes for Dense+ReLU networks (AGT spec §2.2–2.4, paper App. B).
+
+This is the layer-wise reference implementation of the bounds AGT needs for fully connected
+ReLU networks: forward IBP with interval parameters and a point input (§2.2), the tight
+loss-gradient rules (§2.3) and the backward interval pass to per-sample parameter-gradient
+bounds (§2.4). The generic path through ``boundjax.ibp`` bounds any ``model_apply``; this module
+is kept beside it as an independent cross-check and for its tighter final-layer margin bound.
+
+Parameters are a sequence of Dense layers ``{"kernel": (in, out), "bias": (out,)}`` applied as
+``z = relu(z @ kernel + bias)`` with no ReLU after the last layer. Accepted containers: a list or
+tuple of such dicts, a dict ``{"Dense_0": ..., "Dense_1": ...}`` (Flax ``nn.Dense`` naming, any
+prefix, ordered by the trailing number) or that dict under a ``"params"`` key.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from boundjax.agt import losses
+from boundjax.interval import Interval, bilinear_midrad, bilinear_signsplit, mul_bounds
+
+Array = jax.Array
+
+
+# ----------------------------------------------------------------------------------------------
+# Parameter containers
+# ----------------------------------------------------------------------------------------------
+
+def _order(d: dict) -> list[str]:
+  def key(name):
+    m = re.search(r"(\d+)$", name)
+    if m is None:
+      raise ValueError(f"mlp: layer name {name!r} has no trailing index (expected e.g. Dense_0).")
+    return int(m.group(1))
+  return sorted(d, key=key)
+
+
+def layers(params: Any) -> list[dict]:
+  """The Dense layers of ``params`` in application order."""
+  if isinstance(params, (list, tuple)):
+    out = list(params)
+  elif isinstance(params, dict) and "params" in params and len(params) == 1:
+    return layers(params["params"])
+  elif isinstance(params, dict):
+    out = [params[n] for n in _order(params)]
+  else:
+    raise ValueError(f"mlp: unsupported parameter container {type(params).__name__}.")
+  for i, l in enumerate(out):
+    if not (isinstance(l, dict) and set(l) == {"kernel", "bias"}):
+      raise ValueError(f"mlp: layer {i} must be a dict with keys 'kernel' and 'bias', got "
+                       f"{list(l) if isinstance(l, dict) else type(l).__name__}.")
+  return out
+
+
+def rebuild(params: Any, new_layers: list) -> Any:
+  """``params`` with its Dense layers replaced by ``new_layers`` (same container)."""
+  if isinstance(params, (list, tuple)):
+    return type(params)(new_layers)
+  if isinstance(params, dict) and "params" in params and len(params) == 1:
+    return {"params": rebuild(params["params"], new_layers)}
+  return {n: l for n, l in zip(_order(params), new_layers)}
+
+
+def init(key: Array, sizes: list[int], dtype=jnp.float32) -> list[dict]:
+  """He-uniform (torch ``nn.Linear``-like) initialisation of a Dense+ReLU network."""
+  out = []
+  for din, dout in zip(sizes[:-1], sizes[1:]):
+    key, k1, k2 = jax.random.split(key, 3)
+    lim = 1.0 / jnp.sqrt(din)
+    out.append({"kernel": jax.random.uniform(k1, (din, dout), dtype, -lim, lim),
+                "bias": jax.random.uniform(k2, (dout,), dtype, -lim, lim)})
+  return out
+
+
+def apply(params: Any, x: Array) -> Array:
+  """Nominal forward pass ``relu(... relu(x W1 + b1) ...) WK + bK`` (works batched)."""
+  ls = layers(params)
+  z = x
+  for i, l in enumerate(ls):
+    z = z @ l["kernel"] + l["bias"]
+    if i < len(ls) - 1:
+      z = jax.nn.relu(z)
+  return z
+
+
+# ----------------------------------------------------------------------------------------------
+# Interval passes
+# ----------------------------------------------------------------------------------------------
+
+def _as_iv(x: Any) -> Interval:
+  return x if isinstance(x, Interval) else Interval(x, x, validate=False)
+
+
+def _bilinear(method: str) -> Callable:
+  return bilinear_midrad if method == "rump" else bilinear_signsplit
+
+
+def _matmul(a: Any, b: Any, method: str) -> Interval:
+  if not isinstance(a, Interval) and not isinstance(b, Interval):
+    v = a @ b
+    return Interval(v, v, validate=False)
+  lo, hi = _bilinear(method)(jnp.matmul, a, b)
+  return Interval(lo, hi, validate=False)
+
+
+def _add(a: Interval, b: Any) -> Interval:
+  b = _as_iv(b)
+  return Interval(a.lower + b.lower, a.upper + b.upper, validate=False)
+
+
+def _relu(a: Interval) -> Interval:
+  return Interval(jax.nn.relu(a.lower), jax.nn.relu(a.upper), validate=False)
+
+
+def forward_bounds(param_bounds: Any, x: Any, method: str = "rump",
+                   keep: bool = False) -> Interval | tuple[Interval, list]:
+  """Forward IBP with interval parameters (spec §2.2): ``z^k = relu(W^k (x) z^{k-1} (+) b^k)``.
+
+  ``x`` may be a point or an Interval, with or without a batch axis. With ``keep=True`` also
+  returns the cached ``[(z^{k-1}, zhat^k)]`` per layer for the backward pass.
+  """
+  ls = layers(param_bounds)
+  z: Any = x
+  cache = []
+  for i, l in enumerate(ls):
+    zh = _add(_matmul(z, l["kernel"], method), l["bias"])
+    cache.append((z, zh))
+    z = _relu(zh) if i < len(ls) - 1 else zh
+  return (z, cache) if keep else z
+
+
+def _outer(z: Any, d: Interval) -> Interval:
+  """Bounds of the outer product ``z d^T`` (one sample): exact element-wise corner products."""
+  z = _as_iv(z)
+  lo, hi = mul_bounds(z.lower[:, None], z.upper[:, None], d.lower[None, :], d.upper[None, :])
+  return Interval(lo, hi, validate=False)
+
+
+def _heaviside_times(zh: Interval, d: Interval) -> Interval:
+  """``H(zhat) (.) d`` with H = 1[zhat > 0] applied to both bounds (H(0) = 0, as jax.nn.relu)."""
+  hl, hu = zh.lower > 0, zh.upper > 0
+  zero = jnp.zeros_like(d.lower)
+  lo = jnp.where(hl, d.lower, jnp.where(hu, jnp.minimum(d.lower, 0), zero))
+  hi = jnp.where(hl, d.upper, jnp.where(hu, jnp.maximum(d.upper, 0), zero))
+  return Interval(lo, hi, validate=False)
+
+
+def sample_grad_bounds(param_bounds: Any, x: Array, y: Array, loss: str,
+                       method: str = "rump") -> Any:
+  """Per-sample parameter-gradient bounds (spec §2.2–2.4) for ONE sample ``(x, y)``.
+
+  Returns a pytree like ``param_bounds`` whose Interval leaves contain ``d loss / d theta`` at
+  ``(x, y)`` for every ``theta`` in ``param_bounds`` (vmap it over a batch).
+  """
+  ls = layers(param_bounds)
+  logits, cache = forward_bounds(param_bounds, x, method, keep=True)
+  d = losses.logit_grad_bounds(loss, logits, y)        # d loss / d zhat^K
+  grads = [None] * len(ls)
+  for i in range(len(ls) - 1, -1, -1):
+    z_prev, _ = cache[i]
+    grads[i] = {"kernel": _outer(z_prev, d), "bias": d}
+    if i > 0:
+      w = ls[i]["kernel"]                              # (in, out)
+      dz = _matmul(w, d, method)                       # d loss / d z^{i-1} = W (x) d
+      d = _heaviside_times(cache[i - 1][1], dz)        # d loss / d zhat^{i-1}
+  return rebuild(param_bounds, grads)
+
+
+def grad_bounds(param_bounds: Any, xs: Array, ys: Array, loss: str, method: str = "rump") -> Any:
+  """`sample_grad_bounds` over a batch (leading axis of every output leaf = sample)."""
+  return jax.vmap(sample_grad_bounds, in_axes=(None, 0, 0, None, None))(
+      param_bounds, xs, ys, loss, method)
+
+
+def margin_bounds(param_bounds: Any, x: Array, cls: Array, method: str = "rump") -> Array:
+  """Lower bounds of ``z_c - z_j`` for every class j (batched ``x``; ``cls`` the class c).
+
+  The difference is folded into the last layer, ``(W_c - W_j) h + (b_c - b_j)``, so the shared
+  penultimate activations ``h`` are not counted twice (tighter than ``zL_c - zU_j``; spec §2.8).
+  """
+  ls = layers(param_bounds)
+  h: Any = x
+  for l in ls[:-1]:
+    h = _relu(_add(_matmul(h, l["kernel"], method), l["bias"]))
+  w, b = _as_iv(ls[-1]["kernel"]), _as_iv(ls[-1]["bias"])
+  wc_l = jnp.take(w.lower, cls, axis=1).T[:, :, None]       # (batch, in, 1)
+  wc_u = jnp.take(w.upper, cls, axis=1).T[:, :, None]
+  dw = Interval(wc_l - w.upper[None], wc_u - w.lower[None], validate=False)   # (batch, in, C)
+  db_l = jnp.take(b.lower, cls)[:, None] - b.upper[None]
+  h = _as_iv(h)
+  if h.lower.ndim == 1:
+    h = Interval(jnp.broadcast_to(h.lower, (cls.shape[0],) + h.lower.shape),
+                 jnp.broadcast_to(h.upper, (cls.shape[0],) + h.upper.shape), validate=False)
+  hb = Interval(h.lower[:, None, :], h.upper[:, None, :], validate=False)   # (batch, 1, in)
+  lo, _ = _bilinear(method)(jnp.matmul, hb, dw)
+  return lo[:, 0, :] + db_l
