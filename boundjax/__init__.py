@@ -13,8 +13,7 @@ __version__ = "0.1.0"
 
 __all__ = ["Interval", "is_interval", "tree_contains", "UnsupportedPrimitiveError", "BoundError"]
 
-try:  # the engine; absent only while the package is being assembled
-  from boundjax.transforms import ibp, crown  # noqa: F401
-  __all__ += ["ibp", "crown"]
-except ImportError:  # pragma: no cover
-  pass
+from boundjax.transforms import crown, ibp
+from boundjax import nn
+
+__all__ += ["ibp", "crown", "nn"]

