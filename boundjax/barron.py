@@ -1,0 +1,489 @@
+"""Barron constants of functions and networks (spec 004, §1.2 and §4.1).
+
+Convention (paper eq. 7, unitary Fourier transform of eq. 4)::
+
+    C_h = (2 pi)^(-q/2) * integral_{R^q} ||omega||_2 |h_hat(omega)| d omega,
+    h_hat(omega) = (2 pi)^(-q/2) * integral h(x) exp(-i omega . x) dx.
+
+When ``h`` itself is not integrable (tanh, logistic, erf) the gradient form is used instead
+(spec §1.2): ``C_h = (2 pi)^(-q/2) * integral ||F(grad h)(omega)||_2 d omega``, which is the same
+number whenever both exist since ``|F(d_j h)| = |omega_j| |h_hat|``.
+
+Four ways to get a constant:
+
+* `closed_form` — the spec's table (§4.1 A): ridge profiles (tanh, tanh(t/2), logistic, erf,
+  sech, Gaussian bump), isotropic and general Gaussians, ridge functions ``g(w.x + b)``.
+* `fft_1d`, `fft_2d` — FFT quadrature of the gradient form on a uniform grid (§4.1 B, C), in
+  float64 by default, jitted, batched over a leading parameter axis with ``params=``.
+* `monte_carlo` — importance sampling of the defining integral when the Fourier transform is
+  known analytically (§4.1 D), any ``q``, with a standard error; `gaussian_mixture_mc` builds the
+  transform and the proposal for Gaussian mixtures.
+* `network_upper_bound` — ``C_h <= sum_i |c_i| ||a_i|| C_sigma`` for a one-hidden-layer network
+  ``h(x) = c_0 + sum_i c_i sigma(a_i . x + b_i)`` (ridge rule + subadditivity).  This bounds the
+  constant of the *network*; for a network fitted to an unknown ``eta`` it is a surrogate, not a
+  certificate of ``C_eta`` (spec §4.1 A, last bullet).
+
+`barron_constant` dispatches between them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Literal, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.special
+
+Array = jax.Array
+
+CATALAN = 0.915965594177219015054603514932384110774
+_SQRT_2PI = math.sqrt(2.0 * math.pi)
+
+
+# ----------------------------------------------------------------------------------------------
+# Closed forms (spec §4.1 A)
+# ----------------------------------------------------------------------------------------------
+
+def _gaussian_bump(t):
+  return jnp.exp(-0.5 * t * t)
+
+
+def _sech(t):
+  return 1.0 / jnp.cosh(t)
+
+
+#: Ridge profiles ``g: R -> R`` with their Barron constants ``C_g`` (spec §4.1 A table).
+#: ``tanh_half`` is the paper's activation sigma(t) = (1 - e^-t)/(1 + e^-t) = tanh(t/2) (eq. 2).
+PROFILES: dict[str, tuple[Callable[[Array], Array], float]] = {
+    "tanh": (jnp.tanh, 1.0),
+    "tanh_half": (lambda t: jnp.tanh(0.5 * t), 0.5),
+    "logistic": (jax.nn.sigmoid, 0.25),
+    "erf": (jax.scipy.special.erf, 2.0 / math.sqrt(math.pi)),
+    "sech": (_sech, 8.0 * CATALAN / math.pi ** 2),
+    "gaussian": (_gaussian_bump, math.sqrt(2.0 / math.pi)),
+}
+
+
+def profile(name: str) -> tuple[Callable[[Array], Array], float]:
+  """Returns ``(g, C_g)`` for a named ridge profile / activation; `ValueError` if unknown.
+
+  ReLU, leaky ReLU and other non-smooth activations have an infinite Barron constant (their
+  derivative's Fourier transform is not integrable), so they are rejected by name.
+  """
+  if name in PROFILES:
+    return PROFILES[name]
+  if name in ("relu", "leaky_relu", "elu", "gelu", "abs", "hard_tanh"):
+    raise ValueError(
+        f"activation {name!r} has no finite Barron constant (|F(g')| is not integrable); "
+        f"use one of {sorted(PROFILES)}.")
+  raise ValueError(f"unknown profile/activation {name!r}; expected one of {sorted(PROFILES)}.")
+
+
+def gaussian_norm_mean(cov: Any) -> Array:
+  """``E ||W||_2`` for ``W ~ N(0, cov)``, by a 1-D quadrature that is exact up to ~1e-12.
+
+  Uses ``sqrt(x) = (2 sqrt(pi))^-1 int_0^inf (1 - e^{-s x}) s^{-3/2} ds`` and
+  ``E exp(-s lambda Z^2) = (1 + 2 s lambda)^(-1/2)``, with ``s = e^u`` and the trapezoidal rule on
+  ``u in [-80, 80]`` (the integrand decays like ``e^{-|u|/2}``; the rule converges geometrically
+  for such analytic integrands). Jittable.
+  """
+  cov = jnp.atleast_2d(jnp.asarray(cov))
+  lam = jnp.linalg.eigvalsh(cov)
+  lam = jnp.clip(lam, 0.0, None)
+  scale = jnp.mean(lam)
+  lam = lam / scale
+  u = jnp.linspace(-80.0, 80.0, 6401)
+  log_prod = jnp.sum(-0.5 * jnp.log1p(2.0 * jnp.exp(u)[:, None] * lam[None, :]), axis=-1)
+  f = -jnp.expm1(log_prod)  # 1 - prod_i (1 + 2 s lambda_i)^(-1/2), accurate at both ends
+  integrand = f * jnp.exp(-0.5 * u)
+  du = u[1] - u[0]
+  integral = du * (jnp.sum(integrand) - 0.5 * (integrand[0] + integrand[-1]))
+  return jnp.sqrt(scale) * integral / (2.0 * jnp.sqrt(jnp.pi))
+
+
+def closed_form(kind: str, **p: Any) -> Array:
+  """Barron constant from the spec's table (§4.1 A).
+
+  Kinds and parameters:
+
+  * ``"tanh" | "tanh_half" | "logistic" | "erf" | "sech"`` — the ridge ``g(a . x + b)`` with that
+    profile: ``||a||_2 C_g`` with ``C_tanh = 1``, ``C_tanh_half = 1/2``, ``C_logistic = 1/4``,
+    ``C_erf = 2/sqrt(pi)``, ``C_sech = 8G/pi^2`` (G = Catalan). ``a`` defaults to 1, ``b`` and the
+    amplitude ``A`` (default 1) scale as ``|A|``. The paper's eq. 48 ``C_eta = <v, v0>`` must read
+    ``|<v, v0>|`` (spec §3.2): we return the norm, never a signed value.
+  * ``"gaussian"`` — ``A exp(-||x||^2 / (2 s^2))`` on ``R^q``:
+    ``|A| sqrt(2) Gamma((q+1)/2) / (s Gamma(q/2))``. Parameters ``A=1, s=1, q=1``.
+  * ``"gaussian_cov"`` — ``A exp(-x^T cov^-1 x / 2)``: ``|A| E ||W||``, ``W ~ N(0, cov^-1)``.
+  * ``"ridge"`` — ``g(w . x + b)`` with ``profile`` a name from `PROFILES` or ``C_g`` given as
+    ``profile_constant``: ``||w||_2 C_g``.
+
+  Translation (``b``, centres) never changes the constant.
+  """
+  amp = jnp.abs(jnp.asarray(p.get("A", 1.0), dtype=float))
+  if kind in ("tanh", "tanh_half", "logistic", "erf", "sech"):
+    a = jnp.atleast_1d(jnp.asarray(p.get("a", 1.0), dtype=float))
+    return amp * jnp.linalg.norm(a) * PROFILES[kind][1]
+  if kind == "gaussian":
+    s = p.get("s", 1.0)
+    q = int(p.get("q", 1))
+    if q < 1:
+      raise ValueError(f"gaussian: dimension q must be >= 1, got {q}.")
+    if np.any(np.asarray(s) <= 0):
+      raise ValueError(f"gaussian: scale s must be > 0, got {s}.")
+    ratio = math.exp(math.lgamma((q + 1) / 2) - math.lgamma(q / 2))
+    return amp * math.sqrt(2.0) * ratio / jnp.asarray(s, dtype=float)
+  if kind == "gaussian_cov":
+    cov = np.atleast_2d(np.asarray(p["cov"], dtype=float))
+    if cov.shape[0] != cov.shape[1] or not np.allclose(cov, cov.T):
+      raise ValueError(f"gaussian_cov: cov must be a symmetric square matrix, got shape {cov.shape}.")
+    if np.linalg.eigvalsh(cov).min() <= 0:
+      raise ValueError("gaussian_cov: cov must be positive definite.")
+    return amp * gaussian_norm_mean(jnp.linalg.inv(jnp.asarray(cov)))
+  if kind == "ridge":
+    w = jnp.atleast_1d(jnp.asarray(p["w"], dtype=float))
+    if "profile_constant" in p:
+      cg = jnp.asarray(p["profile_constant"], dtype=float)
+    else:
+      cg = profile(p.get("profile", "tanh"))[1]
+    return amp * jnp.linalg.norm(w) * cg
+  raise ValueError(
+      f"closed_form: unknown kind {kind!r}; expected tanh, tanh_half, logistic, erf, sech, "
+      "gaussian, gaussian_cov or ridge.")
+
+
+def network_upper_bound(w1: Any, w2: Any, activation: str = "tanh_half", b1: Any = None) -> Array:
+  """Upper bound on the Barron constant of a one-hidden-layer network, from its weights.
+
+  For ``h(x) = c_0 + sum_i c_i sigma(a_i . x + b_i)`` (paper eq. 5) the ridge rule and
+  subadditivity (spec §4.1 A) give ``C_h <= C_sigma * sum_i |c_i| ||a_i||_2``; with
+  sigma = tanh(t/2) this is ``(1/2) sum_i |c_i| ||a_i||``.
+
+  Args:
+    w1: first-layer kernel, shape ``[q, k]`` (Flax ``Dense`` layout: column i is ``a_i``).
+    w2: output weights, shape ``[k]`` or ``[k, m]`` (one bound per output column).
+    activation: a name from `PROFILES` (ReLU is rejected: infinite constant).
+    b1: first-layer bias; accepted for signature symmetry, it never changes the bound.
+
+  Returns:
+    A scalar (``w2`` of shape ``[k]``) or an ``[m]`` vector of bounds.
+  """
+  del b1  # translation invariance
+  _, c_sigma = profile(activation)
+  w1 = jnp.asarray(w1)
+  w2 = jnp.asarray(w2)
+  if w1.ndim == 1:
+    w1 = w1[None, :]
+  if w1.ndim != 2:
+    raise ValueError(f"network_upper_bound: w1 must have shape [q, k], got {w1.shape}.")
+  k = w1.shape[1]
+  if w2.shape[0] != k:
+    raise ValueError(
+        f"network_upper_bound: w2 has {w2.shape[0]} rows but w1 has k={k} hidden units.")
+  a_norm = jnp.linalg.norm(w1, axis=0)
+  if w2.ndim == 1:
+    return c_sigma * jnp.sum(jnp.abs(w2) * a_norm)
+  return c_sigma * jnp.einsum("km,k->m", jnp.abs(w2), a_norm)
+
+
+# ----------------------------------------------------------------------------------------------
+# FFT quadrature (spec §4.1 B, C)
+# ----------------------------------------------------------------------------------------------
+
+def _unitary_fft_abs_sum(y: Array, dt: Array, axes: tuple[int, ...]) -> tuple[Array, Array]:
+  """|unitary FT| of samples ``y`` on a centred grid of spacing ``dt``, and the omega spacing."""
+  q = len(axes)
+  n = y.shape[axes[0]]
+  y = jnp.fft.ifftshift(y, axes=axes)
+  yh = jnp.fft.fftn(y, axes=axes) * (dt / _SQRT_2PI) ** q
+  dw = 2.0 * jnp.pi / (n * dt)
+  return jnp.abs(yh), dw
+
+
+def _grid_1d(L, N: int):
+  dt = 2.0 * L / N
+  return (jnp.arange(N) - N // 2) * dt, dt
+
+
+def _omega_1d(N: int, dt):
+  return jnp.fft.fftfreq(N) * (2.0 * jnp.pi / dt)
+
+
+def _fft_1d_single(h, dh, form, L, N, p):
+  t, dt = _grid_1d(L, N)
+  if dh is not None:
+    y = dh(t) if p is None else dh(t, p)
+    form = "gradient"
+  elif form == "gradient":
+    g = jax.grad(h) if p is None else jax.grad(lambda s: h(s, p))
+    y = jax.vmap(g)(t)
+  else:
+    y = h(t) if p is None else h(t, p)
+  mag, dw = _unitary_fft_abs_sum(y, dt, (0,))
+  if form != "gradient":
+    mag = mag * jnp.abs(_omega_1d(N, dt))
+  return dw / _SQRT_2PI * jnp.sum(mag)
+
+
+def fft_1d(h: Callable | None = None, dh: Callable | None = None, *, L: float = 200.0,
+           N: int = 2 ** 20, form: Literal["gradient", "direct"] = "gradient",
+           params: Any = None, x64: bool = True) -> Array:
+  """Barron constant of ``h: R -> R`` by FFT quadrature (spec §4.1 B).
+
+  Samples on ``t_j = (j - N/2) dt``, ``dt = 2L/N``; the unitary transform at
+  ``omega_k = 2 pi k / (N dt)`` is ``dt/sqrt(2 pi) * FFT``; then
+  ``C ~ d omega / sqrt(2 pi) * sum_k |F(h')(omega_k)|`` (gradient form, eq. 45) or
+  ``sum_k |omega_k| |h_hat(omega_k)|`` (``form="direct"``, only for integrable ``h``).
+
+  Args:
+    h: the function (jnp, vectorised or scalar: the gradient form uses ``jax.grad`` per point).
+    dh: its derivative, if known (preferred for tanh-like ``h``: no autodiff, exact samples).
+    L: half-width of the grid; ``|h'|`` (or ``|h|``) must be negligible at ``+-L``
+      (for ``sech^2(mu t)`` take ``L >= 40/mu``).
+    N: number of grid points (static); ``dt = 2L/N`` must resolve the smallest length scale.
+    form: ``"gradient"`` (default) or ``"direct"``.
+    params: optional pytree with a leading batch axis; then ``h(t, p)`` / ``dh(t, p)`` are
+      evaluated for every ``p`` in one vmapped, jitted FFT and a vector of constants returned.
+    x64: run in float64 (default; the spec's accuracies assume it).
+
+  The grid truncation and omega resolution make this an *estimate* (errors ~1e-10 for tanh with
+  ``N=2^22``, ~1e-4 relative for Gaussians), not a rigorous bound.
+  """
+  if h is None and dh is None:
+    raise ValueError("fft_1d: give h or dh.")
+  if form not in ("gradient", "direct"):
+    raise ValueError(f"fft_1d: form must be 'gradient' or 'direct', got {form!r}.")
+  if N < 16 or N & (N - 1):
+    raise ValueError(f"fft_1d: N must be a power of two >= 16, got {N}.")
+  if not L > 0:
+    raise ValueError(f"fft_1d: L must be > 0, got {L}.")
+  with jax.enable_x64(x64):
+    fn = jax.jit(lambda L_, p: _fft_1d_single(h, dh, form, L_, N, p))
+    L_arr = jnp.asarray(L, dtype=float)
+    if params is None:
+      return fn(L_arr, None)
+    return jax.jit(jax.vmap(lambda p: _fft_1d_single(h, dh, form, L_arr, N, p)))(params)
+
+
+def _fft_2d_single(h, grad_h, L, N):
+  t, dt = _grid_1d(L, N)
+  x1, x2 = jnp.meshgrid(t, t, indexing="ij")
+  pts = jnp.stack([x1.ravel(), x2.ravel()], axis=-1)
+  g = grad_h if grad_h is not None else jax.grad(h)
+  grads = jax.lax.map(jax.vmap(g), pts.reshape(N, N, 2))  # row by row: bounded memory
+  mag, dw = _unitary_fft_abs_sum(jnp.moveaxis(grads, -1, 0), dt, (1, 2))
+  return dw ** 2 / (2.0 * jnp.pi) * jnp.sum(jnp.sqrt(jnp.sum(mag ** 2, axis=0)))
+
+
+def fft_2d(h: Callable | None = None, grad_h: Callable | None = None, *, L: float = 30.0,
+           N: int = 1024, x64: bool = True) -> Array:
+  """Barron constant of ``h: R^2 -> R`` by 2-D FFT of its gradient (spec §4.1 C).
+
+  ``C ~ (2 pi)^-1 d omega^2 sum_omega ||F(grad h)(omega)||_2`` on an ``N x N`` grid over
+  ``[-L, L)^2``. ``h`` takes a point of shape ``[2]`` and returns a scalar; ``grad_h`` (optional)
+  returns its gradient (else ``jax.grad(h)``). Memory is ``O(N^2)``. An estimate, not a bound.
+  """
+  if h is None and grad_h is None:
+    raise ValueError("fft_2d: give h or grad_h.")
+  if N < 16 or N & (N - 1):
+    raise ValueError(f"fft_2d: N must be a power of two >= 16, got {N}.")
+  with jax.enable_x64(x64):
+    return jax.jit(lambda L_: _fft_2d_single(h, grad_h, L_, N))(jnp.asarray(L, dtype=float))
+
+
+def posdef_shortcut(dh: Callable, *, L: float = 200.0, N: int = 2 ** 20,
+                    rtol: float = 1e-9) -> tuple[bool, Array]:
+  """The paper's trick (§5.2; spec §4.1 A): if ``F(h') >= 0`` then ``C_h = h'(0)``.
+
+  Checks the sign of the discrete transform of ``h'`` numerically (``min Re >= -rtol * max``
+  and negligible imaginary part, i.e. ``h'`` even) and returns ``(applies, h'(0))``. True for
+  tanh, logistic, erf; false for e.g. ``sech`` (whose derivative is odd).
+  """
+  with jax.enable_x64(True):
+    t, dt = _grid_1d(jnp.asarray(L, dtype=float), N)
+    y = dh(t)
+    yh = jnp.fft.fft(jnp.fft.ifftshift(y)) * dt / _SQRT_2PI
+    scale = jnp.max(jnp.abs(yh))
+    ok = (jnp.min(yh.real) >= -rtol * scale) & (jnp.max(jnp.abs(yh.imag)) <= 1e-6 * scale)
+    return bool(ok), dh(jnp.zeros(()))
+
+
+# ----------------------------------------------------------------------------------------------
+# Monte Carlo (spec §4.1 D)
+# ----------------------------------------------------------------------------------------------
+
+class Estimate(NamedTuple):
+  """A Barron-constant estimate: value, standard error (0 for closed forms), method."""
+  value: Array
+  stderr: Array
+  method: str
+
+
+def monte_carlo(key: Array, fourier: Callable[[Array], Array], sample: Callable[[Array, int], Array],
+                log_prob: Callable[[Array], Array], num_samples: int = 10 ** 6,
+                batch: int = 2 ** 16, x64: bool = True) -> Estimate:
+  """Importance-sampling estimate of eq. 7 with a known transform ``h_hat`` (spec §4.1 D).
+
+  ``C ~ mean_m ||omega_m|| |h_hat(omega_m)| / ((2 pi)^(q/2) p(omega_m))``, ``omega_m ~ p``.
+
+  Args:
+    key: PRNG key.
+    fourier: ``omega [q] -> h_hat(omega)`` (complex or real), unitary convention (eq. 4).
+    sample: ``(key, m) -> [m, q]`` draws from the proposal ``p``.
+    log_prob: ``omega [q] -> log p(omega)``.
+    num_samples: total draws (rounded up to whole batches).
+    batch: draws per vmapped batch (memory control).
+
+  Returns:
+    `Estimate` with the standard error of the mean.
+  """
+  if num_samples < 2:
+    raise ValueError(f"monte_carlo: num_samples must be >= 2, got {num_samples}.")
+  batch = min(batch, num_samples)
+  nb = -(-num_samples // batch)
+  with jax.enable_x64(x64):
+    def one(k):
+      w = sample(k, batch)
+      q = w.shape[-1]
+      v = jax.vmap(lambda o: jnp.linalg.norm(o) * jnp.abs(fourier(o)) * jnp.exp(
+          -log_prob(o) - 0.5 * q * jnp.log(2.0 * jnp.pi)))(w)
+      return jnp.sum(v), jnp.sum(v * v)
+    s, s2 = jax.jit(lambda ks: jax.lax.map(one, ks))(jax.random.split(key, nb))
+    m = nb * batch
+    mean = jnp.sum(s) / m
+    var = jnp.maximum(jnp.sum(s2) / m - mean ** 2, 0.0) * m / (m - 1)
+    return Estimate(mean, jnp.sqrt(var / m), "mc")
+
+
+@dataclasses.dataclass(frozen=True)
+class GaussianMixture:
+  """``h(x) = sum_j w_j exp(-(x - m_j)^T S_j^-1 (x - m_j) / 2)`` on ``R^q`` (spec §4.1 D).
+
+  ``h_hat(omega) = sum_j w_j |S_j|^(1/2) exp(-i omega . m_j - omega^T S_j omega / 2)``.
+  """
+  weights: Array  # [J]
+  means: Array    # [J, q]
+  covs: Array     # [J, q, q]
+
+  def __post_init__(self):
+    w = np.asarray(self.weights)
+    m = np.asarray(self.means)
+    c = np.asarray(self.covs)
+    if m.ndim != 2 or c.ndim != 3 or w.shape != (m.shape[0],) or c.shape != (m.shape[0],) + (
+        m.shape[1], m.shape[1]):
+      raise ValueError(
+          f"GaussianMixture: expected weights [J], means [J, q], covs [J, q, q]; got "
+          f"{w.shape}, {m.shape}, {c.shape}.")
+    if np.any(np.linalg.eigvalsh(c) <= 0):
+      raise ValueError("GaussianMixture: every covariance must be positive definite.")
+
+  def __call__(self, x: Array) -> Array:
+    d = x[None, :] - self.means
+    quad = jnp.einsum("ji,jik,jk->j", d, jnp.linalg.inv(self.covs), d)
+    return jnp.sum(self.weights * jnp.exp(-0.5 * quad))
+
+  def fourier(self, omega: Array) -> Array:
+    sq = jnp.sqrt(jnp.linalg.det(self.covs))
+    quad = jnp.einsum("i,jik,k->j", omega, self.covs, omega)
+    phase = self.means @ omega
+    return jnp.sum(self.weights * sq * jnp.exp(-0.5 * quad - 1j * phase))
+
+  def triangle_bound(self) -> Array:
+    """``sum_j |w_j| E ||W_j||``, ``W_j ~ N(0, S_j^-1)``: an exact upper bound (subadditivity)."""
+    return sum(abs(float(w)) * gaussian_norm_mean(jnp.linalg.inv(c))
+               for w, c in zip(np.asarray(self.weights), np.asarray(self.covs)))
+
+
+def gaussian_mixture_mc(key: Array, mix: GaussianMixture, num_samples: int = 10 ** 6,
+                        batch: int = 2 ** 16) -> Estimate:
+  """MC estimate for a Gaussian mixture, proposal ``sum_j pi_j N(0, S_j^-1)``, ``pi ~ |w|``."""
+  with jax.enable_x64(True):
+    w = jnp.asarray(mix.weights, dtype=float)
+    covs = jnp.asarray(mix.covs, dtype=float)
+    prec = jnp.linalg.inv(covs)
+    pi = jnp.abs(w) / jnp.sum(jnp.abs(w))
+    chol = jnp.linalg.cholesky(prec)
+    q = covs.shape[-1]
+    logdet = jnp.linalg.slogdet(prec)[1]
+
+    def sample(k, m):
+      k1, k2 = jax.random.split(k)
+      comp = jax.random.choice(k1, pi.shape[0], (m,), p=pi)
+      z = jax.random.normal(k2, (m, q))
+      return jnp.einsum("mij,mj->mi", chol[comp], z)
+
+    def log_prob(o):
+      quad = jnp.einsum("i,jik,k->j", o, covs, o)
+      comps = jnp.log(pi) - 0.5 * (q * jnp.log(2 * jnp.pi) + logdet + quad)
+      return jax.scipy.special.logsumexp(comps)
+
+    m = GaussianMixture(w, jnp.asarray(mix.means, dtype=float), covs)
+    return monte_carlo(key, m.fourier, sample, log_prob, num_samples, batch)
+
+
+# ----------------------------------------------------------------------------------------------
+# Dispatcher
+# ----------------------------------------------------------------------------------------------
+
+def barron_constant(h: Callable | None = None, *, q: int = 1,
+                    method: Literal["auto", "closed", "fft", "mc"] = "auto",
+                    kind: str | None = None, dh: Callable | None = None,
+                    fourier: Callable | None = None, proposal: tuple[Callable, Callable] | None = None,
+                    key: Array | None = None, L: float | None = None, N: int | None = None,
+                    num_samples: int = 10 ** 6, **closed_params: Any) -> Estimate:
+  """Barron constant ``C_h`` (eq. 7) of a JAX callable, by the cheapest applicable method.
+
+  * ``method="closed"`` (or ``kind=...`` given): `closed_form` ``(kind, **closed_params)``.
+  * ``method="fft"``: `fft_1d` for ``q == 1`` (``h`` or ``dh``), `fft_2d` for ``q == 2``.
+  * ``method="mc"``: `monte_carlo`; needs ``fourier`` (the analytic transform) and ``key``;
+    ``proposal=(sample, log_prob)`` defaults to ``N(0, I_q)``. A `GaussianMixture` ``h`` supplies
+    both itself.
+  * ``"auto"``: closed form if ``kind`` is given, MC for a `GaussianMixture` or when ``fourier``
+    is given, FFT for ``q <= 2``, else a `ValueError`.
+
+  Returns:
+    `Estimate(value, stderr, method)`; ``stderr`` is 0 for closed forms and FFT (whose error is
+    discretisation, see `fft_1d`).
+  """
+  if method == "auto":
+    if kind is not None:
+      method = "closed"
+    elif isinstance(h, GaussianMixture) or fourier is not None:
+      method = "mc"
+    elif q <= 2:
+      method = "fft"
+    else:
+      raise ValueError(
+          f"barron_constant: q={q} > 2 needs method='mc' with an analytic `fourier` transform "
+          "(FFT quadrature is only implemented for q = 1, 2).")
+  if method == "closed":
+    if kind is None:
+      raise ValueError("barron_constant: method='closed' needs kind=... (see closed_form).")
+    return Estimate(closed_form(kind, **closed_params), jnp.zeros(()), "closed")
+  if method == "fft":
+    if q == 1:
+      return Estimate(fft_1d(h, dh, L=L or 200.0, N=N or 2 ** 20), jnp.zeros(()), "fft")
+    if q == 2:
+      return Estimate(fft_2d(h, L=L or 30.0, N=N or 1024), jnp.zeros(()), "fft")
+    raise ValueError(f"barron_constant: FFT is implemented for q = 1, 2, got q={q}.")
+  if method == "mc":
+    if key is None:
+      raise ValueError("barron_constant: method='mc' needs a PRNG key.")
+    if isinstance(h, GaussianMixture):
+      return gaussian_mixture_mc(key, h, num_samples)
+    if fourier is None:
+      raise ValueError("barron_constant: method='mc' needs the analytic transform `fourier`.")
+    if proposal is None:
+      proposal = (lambda k, m: jax.random.normal(k, (m, q)),
+                  lambda o: -0.5 * jnp.sum(o * o) - 0.5 * q * jnp.log(2 * jnp.pi))
+    return monte_carlo(key, fourier, proposal[0], proposal[1], num_samples)
+  raise ValueError(f"barron_constant: unknown method {method!r}; expected auto, closed, fft, mc.")
+
+
+__all__ = [
+    "CATALAN", "PROFILES", "profile", "closed_form", "gaussian_norm_mean", "network_upper_bound",
+    "fft_1d", "fft_2d", "posdef_shortcut", "Estimate", "monte_carlo", "GaussianMixture",
+    "gaussian_mixture_mc", "barron_constant",
+]
