@@ -13,6 +13,7 @@ many.
 API (used by the interval and linear domains):
   gamma(n, dtype) -> float                      γ_n for the dtype
   outward(lo, hi, ulps=1, abs_err=None) -> (lo', hi')
+  round_down(x), round_up(x)                    one nextafter step towards -inf / +inf
 """
 
 from __future__ import annotations
@@ -56,3 +57,16 @@ def outward(lo, hi, ulps: int = 1, abs_err=None):
   lo = jnp.nextafter(lo, jnp.asarray(-jnp.inf, dtype))
   hi = jnp.nextafter(hi, jnp.asarray(jnp.inf, dtype))
   return lo, hi
+
+
+def round_down(x):
+  """The next representable number below ``x`` (``nextafter(x, -inf)``): an upper bound on the
+  rounding error of one correctly rounded operation that produced ``x``, in the safe direction."""
+  x = jnp.asarray(x)
+  return jnp.nextafter(x, jnp.asarray(-jnp.inf, x.dtype))
+
+
+def round_up(x):
+  """The next representable number above ``x`` (``nextafter(x, +inf)``)."""
+  x = jnp.asarray(x)
+  return jnp.nextafter(x, jnp.asarray(jnp.inf, x.dtype))

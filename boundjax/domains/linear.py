@@ -1,0 +1,847 @@
+"""The linear domain: backward linear bound propagation (CROWN) over an input box.
+
+``crown(fn)(params, box)`` returns, for every output entry ``y_j`` of ``fn``, scalars
+``[lower_j, upper_j]`` such that ``lower_j <= y_j(x) <= upper_j`` for every ``x`` in the box.
+
+Method (Zhang et al., "Efficient Neural Network Robustness Certification with General
+Activation Functions", NeurIPS 2018, §3; the backward form of auto_LiRPA):
+
+* ``fn`` is traced to a jaxpr; nested calls (``jit``, ``custom_jvp_call``, ``custom_vjp_call``,
+  ``closed_call``, ``remat``) are inlined into one flat equation list, and every variable that
+  depends on a box is marked *abstract*. Each abstract equation must be affine in its abstract
+  operands (add, sub, mul/div by a concrete value, dot_general/conv with a concrete operand,
+  reshapes, slices, pads, reduce_sum, average pooling, ...) or a ReLU-type ``max(x, c)`` /
+  ``min(x, c)`` with a concrete ``c``. Anything else raises `UnsupportedPrimitiveError` naming
+  the primitive and the user's source line.
+* For a target variable ``t`` with ``m`` entries the pass starts from ``Λ_t = I`` (shape
+  ``(m, *t.shape)``) and walks the equations in reverse. An affine equation ``y = L(x) + y0``
+  maps ``Λ_x += Lᵀ Λ_y`` (a vmapped `jax.vjp`) and ``bias += <Λ_y, y0>``; fan-out adds.
+* A ReLU ``y = relu(t)`` with pre-activation bounds ``[l, u]`` uses the lines
+  ``a_L t <= y <= a_U t + b_U``: stable neurons are exact (``a = 1`` if ``l >= 0``, ``a = 0``
+  if ``u <= 0``); unstable ones take ``a_U = u / (u - l)``, ``b_U = -a_U l`` and the adaptive
+  lower slope ``a_L = 1 if u > -l else 0`` (CROWN-Ada, §3.2 of the paper). For the lower bound
+  positive entries of ``Λ`` take the lower line and negative ones the upper line; for the
+  upper bound the other way round, so lower and upper bounds carry separate ``Λ``.
+* At the input box ``x ∈ [c - r, c + r]``: ``lower = Λ·c - |Λ|·r + bias`` and
+  ``upper = Λ·c + |Λ|·r + bias``.
+* Pre-activation bounds of every ReLU come, in order, from a backward pass of their own
+  (``intermediate="crown"``) or from interval propagation (``intermediate="ibp"``, i.e.
+  CROWN-IBP, Zhang et al. ICLR 2020). A forward interval pass (the rule table of
+  `boundjax.domains.interval`, fed with the refined bounds) runs alongside, and every CROWN bound
+  is intersected with it, so the result is never looser than `bj.ibp`.
+
+Cost. The backward passes from each ReLU layer dominate: for an MLP with hidden widths ``n_k``
+a pass from layer ``k`` costs about ``2 n_k · Σ_{j<k} n_j n_{j-1}`` multiply-adds per example.
+The part of every pass that runs before the first ReLU it meets (``I`` through the affine layers
+above it) does not depend on the example; it is computed once per call and shared by the whole
+batch, and the rest runs example by example (`jax.lax.map` over chunks of ``chunk_size``
+examples, each chunk vmapped).
+
+Batching (``batch_axis``). With ``batch_axis=0`` (default) the batch of boxes is split into
+examples and ``fn`` is bounded on each example as a batch of one: *only `Interval` leaves are
+split along ``batch_axis``*; concrete leaves (parameters) are passed whole. Every output leaf
+that depends on a box must have size 1 along ``batch_axis`` in that batch-of-one call and the
+results are concatenated along it; outputs that do not depend on a box are returned as computed
+once. This assumes ``fn`` treats examples independently (true for feed-forward networks, false
+for layers with batch statistics). ``batch_axis=None`` bounds the whole call as one problem.
+
+Sound floating point (``sound_fp=True``). Every bound holds for the exact real-number
+evaluation of ``fn`` with its float parameters (concrete intermediate values, e.g. a reshaped
+bias, are taken as computed). The rounding error of every computed ``Λ`` and bias is bounded a
+priori with Higham's ``γ_n`` (see `boundjax.rounding`): for a step whose transpose sums at most
+``n`` terms into an entry of ``Λ_x`` that receives ``k`` contributions,
+``|Λ̃_x - Lᵀ Λ̃_y| <= γ_{n+k} |L|ᵀ |Λ̃_y|``, which moves the bound by at most
+``γ_{n+k} |Λ̃_y|·(|L| |x|_max)`` (``|x|_max`` from the sound forward interval pass). These
+slacks, the error of the bias sums and of the final dot products are added up (a cheap
+matrix-vector product per step), doubled to cover the error of computing them, and the result
+is rounded outward with ``nextafter``. ReLU upper lines are rounded up (``a_U`` and ``b_U``),
+which keeps them valid. On a GPU, matmuls run with ``precision="highest"`` in this mode (the
+error model assumes float32 products and sums).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax._src import source_info_util
+from jax.extend import core as jcore
+
+from boundjax import rounding
+from boundjax.domains import interval as interval_domain
+from boundjax.errors import UnsupportedPrimitiveError
+from boundjax.interval import Interval, is_interval
+
+INTERMEDIATE_MODES = ("crown", "ibp")
+
+_CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+_CALL_PRIMS = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
+                         "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "remat2",
+                         "checkpoint"})
+# Affine in all abstract operands jointly (no products between operands).
+_AFFINE = frozenset({"add", "add_any", "sub", "neg", "reshape", "broadcast_in_dim", "transpose",
+                     "squeeze", "expand_dims", "reduce_sum", "reduce_window_sum", "concatenate",
+                     "slice", "pad", "convert_element_type", "copy", "copy_p", "stop_gradient",
+                     "rev", "cumsum", "select_n", "dynamic_slice", "gather"})
+# Linear in one operand when the other is concrete.
+_BILINEAR = frozenset({"mul", "dot_general", "conv_general_dilated"})
+# Operands that must be concrete (indices, predicates).
+_INDEX_OPERANDS = {"select_n": (0,), "dynamic_slice": None, "gather": (1,)}
+# Additive operands: a concrete value there is an offset, not a coefficient.
+_ADDITIVE = frozenset({"add", "add_any", "sub", "concatenate", "pad", "select_n"})
+# Pure data movement: the transpose is exact in floating point.
+_EXACT_TRANSPOSE = frozenset({"reshape", "transpose", "squeeze", "expand_dims", "slice", "pad",
+                              "concatenate", "rev", "copy", "copy_p", "stop_gradient",
+                              "dynamic_slice", "select_n", "reduce_sum", "neg"})
+SUPPORTED = sorted(_AFFINE | _BILINEAR | {"div", "max", "min"})
+
+
+# ----------------------------------------------------------------------------------------------
+# A flat program: the jaxpr with every nested call inlined
+# ----------------------------------------------------------------------------------------------
+
+class _Var:
+  """A variable of the flat program (fresh per inlined call)."""
+  __slots__ = ("aval", "idx")
+
+  def __init__(self, aval, idx: int):
+    self.aval, self.idx = aval, idx
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return tuple(self.aval.shape)
+
+  @property
+  def size(self) -> int:
+    return int(np.prod(self.aval.shape, dtype=np.int64))
+
+  def __repr__(self):
+    return f"v{self.idx}{list(self.shape)}"
+
+
+class _Lit:
+  __slots__ = ("val",)
+
+  def __init__(self, val):
+    self.val = val
+
+
+@dataclasses.dataclass
+class _Eqn:
+  prim: Any
+  params: dict
+  invars: list
+  outvars: list
+  orig: Any  # the JaxprEqn it came from (source info, context)
+  kind: str = "concrete"  # "concrete" | "affine" | "relu"
+  abstract_pos: tuple = ()
+
+  @property
+  def name(self) -> str:
+    return self.prim.name
+
+  def where(self) -> str:
+    try:
+      return source_info_util.summarize(self.orig.source_info)
+    except Exception:  # pragma: no cover - best effort
+      return "<unknown location>"
+
+
+@dataclasses.dataclass
+class _Program:
+  invars: list
+  outvars: list
+  eqns: list
+  consts: dict  # _Var -> value
+  abstract: set  # abstract _Vars
+  producer: dict  # _Var -> index of its equation
+  uses: dict  # _Var -> number of abstract equations reading it
+
+
+def _flatten(closed: jcore.ClosedJaxpr) -> _Program:
+  counter = [0]
+  eqns: list[_Eqn] = []
+  consts: dict = {}
+
+  def fresh(aval):
+    counter[0] += 1
+    return _Var(aval, counter[0])
+
+  def inline(jaxpr, const_vals, in_atoms):
+    env = {}
+    for v, c in zip(jaxpr.constvars, const_vals):
+      nv = fresh(v.aval)
+      consts[nv] = c
+      env[v] = nv
+    for v, a in zip(jaxpr.invars, in_atoms):
+      env[v] = a
+
+    def read(a):
+      return _Lit(a.val) if isinstance(a, jcore.Literal) else env[a]
+
+    for e in jaxpr.eqns:
+      ins = [read(a) for a in e.invars]
+      sub = _sub_jaxpr(e)
+      if sub is not None:
+        sj, sc = (sub.jaxpr, sub.consts) if isinstance(sub, jcore.ClosedJaxpr) else (sub, ())
+        extra = len(ins) - len(sj.invars)
+        outs = inline(sj, sc, ins[extra:] if extra > 0 else ins)
+        for v, o in zip(e.outvars, outs):
+          env[v] = o
+        continue
+      outs = [fresh(v.aval) for v in e.outvars]
+      for v, o in zip(e.outvars, outs):
+        if not isinstance(v, jcore.DropVar):
+          env[v] = o
+      eqns.append(_Eqn(e.primitive, dict(e.params), ins, outs, e))
+    return [read(a) for a in jaxpr.outvars]
+
+  invars = [fresh(v.aval) for v in closed.jaxpr.invars]
+  outvars = inline(closed.jaxpr, closed.consts, invars)
+  producer = {o: i for i, e in enumerate(eqns) for o in e.outvars}
+  return _Program(invars, outvars, eqns, consts, set(), producer, {})
+
+
+def _sub_jaxpr(e):
+  if e.primitive.name not in _CALL_PRIMS:
+    return None
+  for key in _CALL_PARAMS:
+    sub = e.params.get(key)
+    if isinstance(sub, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+      return sub
+  return None
+
+
+def _is_float(aval) -> bool:
+  return jnp.issubdtype(aval.dtype, jnp.floating)
+
+
+def _classify(prog: _Program, abstract_in: Sequence[bool]) -> None:
+  """Marks abstract variables and checks every abstract equation is affine or a ReLU."""
+  abstract = {v for v, a in zip(prog.invars, abstract_in) if a}
+  uses: dict = {}
+  for e in prog.eqns:
+    pos = tuple(i for i, a in enumerate(e.invars) if isinstance(a, _Var) and a in abstract)
+    if not pos:
+      continue
+    e.abstract_pos = pos
+    name = e.name
+    bad = None
+    if name in _AFFINE:
+      idx = _INDEX_OPERANDS.get(name, ())
+      if idx is None:  # dynamic_slice: every operand but the first is an index
+        idx = tuple(range(1, len(e.invars)))
+      if any(p in idx for p in pos):
+        bad = "a box-dependent index or predicate"
+      elif name == "convert_element_type" and not _is_float(e.outvars[0].aval):
+        bad = "a conversion to a non-float type"
+      e.kind = "affine"
+    elif name in _BILINEAR:
+      if len(pos) > 1:
+        bad = ("a product of two box-dependent operands (CROWN needs one operand concrete; "
+               "use bj.ibp for interval parameters)")
+      e.kind = "affine"
+    elif name == "div":
+      if pos != (0,):
+        bad = "a box-dependent denominator"
+      e.kind = "affine"
+    elif name in ("max", "min"):
+      if len(pos) != 1 or len(e.invars) != 2:
+        bad = "two box-dependent operands (only max(x, c) / min(x, c) with concrete c is a ReLU)"
+      e.kind = "relu"
+    else:
+      bad = "no linear relaxation"
+    if bad is None and not all(_is_float(o.aval) for o in e.outvars):
+      bad = "a non-float result"
+    if bad is not None:
+      raise UnsupportedPrimitiveError(
+          f"CROWN (linear domain) cannot bound primitive '{name}' at {e.where()}: {bad}. "
+          f"Supported on box-dependent values: {', '.join(SUPPORTED)}; max/min only against a "
+          "concrete value (ReLU).")
+    for p in pos:
+      uses[e.invars[p]] = uses.get(e.invars[p], 0) + 1
+    abstract.update(e.outvars)
+  prog.abstract = abstract
+  prog.uses = uses
+
+
+def _bind(e: _Eqn, vals: Sequence[Any]):
+  bind = e.prim.get_bind_params(e.params)
+  subfuns, params = bind if isinstance(bind, tuple) else ((), bind)
+  with e.orig.ctx.manager:
+    out = e.prim.bind(*subfuns, *vals, **params)
+  return out
+
+
+def _bind1(e: _Eqn, vals):
+  out = _bind(e, vals)
+  return out[0] if e.prim.multiple_results else out
+
+
+def _eval_concrete(prog: _Program, args: Sequence[Any]) -> dict:
+  """Values of every concrete variable (abstract ones are left out)."""
+  env = dict(prog.consts)
+  for v, a in zip(prog.invars, args):
+    if v not in prog.abstract:
+      env[v] = a
+  for e in prog.eqns:
+    if e.kind != "concrete":
+      continue
+    out = _bind(e, [_read(env, a) for a in e.invars])
+    outs = out if e.prim.multiple_results else [out]
+    for v, o in zip(e.outvars, outs):
+      env[v] = o
+  return env
+
+
+def _read(env, a):
+  return a.val if isinstance(a, _Lit) else env[a]
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-equation linear algebra
+# ----------------------------------------------------------------------------------------------
+
+def _operands(e: _Eqn, cenv: dict, abstract_vals: Sequence[Any]) -> list:
+  vals = [None if i in e.abstract_pos else _read(cenv, a) for i, a in enumerate(e.invars)]
+  for p, x in zip(e.abstract_pos, abstract_vals):
+    vals[p] = x
+  return vals
+
+
+def _affine_vjp(e: _Eqn, cenv: dict):
+  """``(y0, vjp)`` of ``x -> op(x, consts)`` at x = 0: the offset and the transposed map."""
+  zeros = [jnp.zeros(e.invars[p].shape, e.invars[p].aval.dtype) for p in e.abstract_pos]
+  return jax.vjp(lambda *xs: _bind1(e, _operands(e, cenv, xs)), *zeros)
+
+
+def _abs_linear(e: _Eqn, cenv: dict, pos: int, v):
+  """``|L_pos|(v)``: the linear part of the equation in operand ``pos`` with |coefficients|,
+  applied to ``v >= 0`` (other abstract operands and additive constants set to 0)."""
+  vals = []
+  for i, a in enumerate(e.invars):
+    if i == pos:
+      vals.append(v)
+      continue
+    if i in e.abstract_pos:
+      vals.append(jnp.zeros(a.shape, a.aval.dtype))
+      continue
+    c = _read(cenv, a)
+    if not jnp.issubdtype(jnp.result_type(c), jnp.floating):
+      vals.append(c)  # indices / predicates
+    elif e.name in _ADDITIVE:
+      vals.append(jnp.zeros_like(c))
+    else:
+      vals.append(jnp.abs(c))
+  if e.name == "neg":
+    return v
+  if e.name == "sub":
+    out = vals[0] + vals[1]
+    return jnp.broadcast_to(out, e.outvars[0].shape)
+  return _bind1(e, vals)
+
+
+def _transpose_terms(e: _Eqn, pos: int) -> int:
+  """How many terms the transpose sums into one entry of operand ``pos`` (for γ_n)."""
+  x, y = e.invars[pos], e.outvars[0]
+  name = e.name
+  if name in _EXACT_TRANSPOSE or (name == "convert_element_type"
+                                  and x.aval.dtype == y.aval.dtype):
+    return 0
+  if name == "dot_general":
+    (lc, rc), (lb, rb) = e.params["dimension_numbers"]
+    other = e.invars[1 - pos]
+    skip = set(rc if pos == 0 else lc) | set(rb if pos == 0 else lb)
+    return int(np.prod([s for d, s in enumerate(other.shape) if d not in skip], dtype=np.int64))
+  if name == "reduce_window_sum":
+    return int(np.prod(e.params["window_dimensions"]))
+  if name in ("mul", "div", "add", "add_any", "sub", "convert_element_type"):
+    return max(1, y.size // max(x.size, 1)) + 1
+  if name == "cumsum":
+    return int(x.shape[e.params["axis"]])
+  return y.size  # conv, gather, broadcast: at most every output entry
+
+
+# ----------------------------------------------------------------------------------------------
+# ReLU relaxation
+# ----------------------------------------------------------------------------------------------
+
+def _relu_parts(e: _Eqn, cenv: dict):
+  """For ``y = max(x, c)`` / ``min(x, c)``: (x var, c broadcast, σ) with y = c + σ relu(σ(x-c))."""
+  (p,) = e.abstract_pos
+  x = e.invars[p]
+  c = jnp.broadcast_to(jnp.asarray(_read(cenv, e.invars[1 - p]), x.aval.dtype), x.shape)
+  return x, c, (1.0 if e.name == "max" else -1.0)
+
+
+def _relu_lines(l, u, sound: bool):
+  """Slopes/intercepts (a_lo, a_up, b_up) with a_lo·t <= relu(t) <= a_up·t + b_up on [l, u]."""
+  active, inactive = l >= 0, u <= 0
+  unstable = ~(active | inactive)
+  den = jnp.where(unstable, u - l, 1.0)
+  if sound:
+    den = rounding.round_down(den)
+  s = jnp.where(unstable, u, 0.0) / den
+  if sound:
+    s = rounding.round_up(s)
+  b = -s * jnp.where(unstable, l, 0.0)
+  if sound:
+    b = rounding.round_up(b)
+  a_up = jnp.where(active, 1.0, jnp.where(inactive, 0.0, s))
+  b_up = jnp.where(unstable, b, 0.0)
+  a_lo = jnp.where(active, 1.0, jnp.where(inactive, 0.0, (u > -l).astype(l.dtype)))
+  return a_lo, a_up, b_up
+
+
+# ----------------------------------------------------------------------------------------------
+# The backward pass
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Prefix:
+  """The example-independent start of a backward pass: from ``Λ = I`` at the target through the
+  affine equations above it, stopping at ReLU outputs."""
+  m: int
+  pending: dict  # relu output var -> Λ (m, *shape)
+  at_input: dict  # abstract input var -> Λ
+  bias: Any  # (m,)
+  slack_const: Any  # (m,) example-independent rounding slack (sound mode)
+  steps: list  # (|Λ_y|, eqn, pos, gamma) for the example-dependent slack (sound mode)
+
+
+def _ancestors(prog: _Program, target: _Var) -> list[int]:
+  seen, stack, idx = set(), [target], set()
+  while stack:
+    v = stack.pop()
+    if v in seen:
+      continue
+    seen.add(v)
+    i = prog.producer.get(v)
+    if i is None or prog.eqns[i].kind == "concrete":
+      continue
+    idx.add(i)
+    e = prog.eqns[i]
+    stack.extend(e.invars[p] for p in e.abstract_pos)
+  return sorted(idx)
+
+
+def _rowdot(lam, vec, lead: int = 1):
+  """Σ over a variable's entries of ``lam * vec``; lam has ``lead`` leading row axes."""
+  axes = tuple(range(lead, lam.ndim))
+  return jnp.sum(lam * vec, axis=axes)
+
+
+def _add_to(d: dict, k, v):
+  d[k] = v if k not in d else d[k] + v
+
+
+def _prefix(prog: _Program, cenv: dict, target: _Var, anc: list[int], sound: bool) -> _Prefix:
+  m = target.size
+  dtype = target.aval.dtype
+  lam = {target: jnp.eye(m, dtype=dtype).reshape((m, *target.shape))}
+  bias = jnp.zeros((m,), dtype)
+  slack = jnp.zeros((m,), dtype)
+  n_eq = len(prog.eqns)
+  pending, steps = {}, []
+  for i in reversed(anc):
+    e = prog.eqns[i]
+    y = e.outvars[0]
+    if y not in lam:
+      continue
+    if e.kind == "relu":
+      pending[y] = lam.pop(y)
+      continue
+    lam_y = lam.pop(y)
+    y0, vjp = _affine_vjp(e, cenv)
+    contribs = jax.vmap(vjp)(lam_y)
+    bias = bias + _rowdot(lam_y, y0)
+    if sound:
+      slack = slack + rounding.gamma(y.size + n_eq, dtype) * _rowdot(jnp.abs(lam_y), jnp.abs(y0))
+    for p, c in zip(e.abstract_pos, contribs):
+      x = e.invars[p]
+      _add_to(lam, x, c)
+      if sound:
+        g = rounding.gamma(_transpose_terms(e, p) + prog.uses.get(x, 1) + 1, dtype)
+        steps.append((jnp.abs(lam_y), e, p, g))
+  at_input = {v: l for v, l in lam.items()}
+  return _Prefix(m, pending, at_input, bias, slack, steps)
+
+
+@dataclasses.dataclass
+class _Ctx:
+  prog: _Program
+  cenv: dict
+  sound: bool
+  intermediate: str
+  prefixes: dict  # target var -> _Prefix
+  ancestors: dict  # target var -> [eqn index]
+
+
+def _mag(iv: Interval):
+  return jnp.maximum(jnp.abs(iv.lower), jnp.abs(iv.upper))
+
+
+def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict):
+  """CROWN lower and upper bounds of ``target`` (flattened, shape (m,)) for one example.
+
+  ``ivs``: forward intervals of abstract variables; ``pre``: ReLU input var -> (l, u).
+  """
+  prog, cenv, sound = ctx.prog, ctx.cenv, ctx.sound
+  px: _Prefix = ctx.prefixes[target]
+  dtype = target.aval.dtype
+  m, n_eq = px.m, len(prog.eqns)
+  lam: dict = {}  # var -> (2, m, *shape): [0] for the lower bound, [1] for the upper bound
+  bias = jnp.stack([px.bias, px.bias])
+  slack = jnp.zeros((2, m), dtype) + px.slack_const
+  for (abs_lam, e, p, g) in px.steps:
+    x = e.invars[p]
+    slack = slack + g * _rowdot(abs_lam, _abs_linear(e, cenv, p, _mag(ivs[x])))
+  if px.pending:
+    for i in reversed(ctx.ancestors[target]):
+      e = prog.eqns[i]
+      y = e.outvars[0]
+      if e.kind == "relu":
+        own = lam.pop(y, None)
+        if y in px.pending:
+          own = px.pending[y][None] if own is None else own + px.pending[y][None]
+        if own is None:
+          continue
+        if own.shape[0] == 1:
+          own = jnp.broadcast_to(own, (2, *own.shape[1:]))
+        x, c, sigma = _relu_parts(e, cenv)
+        l, u = pre[x]
+        lt, ut = (l - c, u - c) if sigma > 0 else (c - u, c - l)
+        if sound:
+          lt, ut = rounding.round_down(lt), rounding.round_up(ut)
+        a_lo, a_up, b_up = _relu_lines(lt, ut, sound)
+        mu = sigma * own
+        pos, neg = jnp.maximum(mu, 0), jnp.minimum(mu, 0)
+        nu_lo = pos[0] * a_lo + neg[0] * a_up
+        nu_hi = pos[1] * a_up + neg[1] * a_lo
+        nu = jnp.stack([nu_lo, nu_hi])
+        b_lo = _rowdot(neg[0], b_up)
+        b_hi = _rowdot(pos[1], b_up)
+        bias = bias + _rowdot(own, c, 2) + jnp.stack([b_lo, b_hi]) - _rowdot(sigma * nu, c, 2)
+        _add_to(lam, x, sigma * nu)
+        if sound:
+          k = prog.uses.get(x, 1) + 1
+          slack = slack + rounding.gamma(1 + k, dtype) * _rowdot(jnp.abs(nu), _mag(ivs[x]), 2)
+          absum = (_rowdot(jnp.abs(own), jnp.abs(c), 2) + _rowdot(jnp.abs(mu), b_up, 2)
+                   + _rowdot(jnp.abs(nu), jnp.abs(c), 2))
+          slack = slack + rounding.gamma(3 * x.size + n_eq, dtype) * absum
+        continue
+      if y not in lam:
+        continue
+      lam_y = lam.pop(y)
+      y0, vjp = _affine_vjp(e, cenv)
+      flat = lam_y.reshape((2 * m, *y.shape))
+      contribs = jax.vmap(vjp)(flat)
+      bias = bias + _rowdot(lam_y, y0, 2)
+      if sound:
+        slack = slack + rounding.gamma(y.size + n_eq, dtype) * _rowdot(jnp.abs(lam_y),
+                                                                       jnp.abs(y0), 2)
+      for p, cb in zip(e.abstract_pos, contribs):
+        x = e.invars[p]
+        _add_to(lam, x, cb.reshape((2, m, *x.shape)))
+        if sound:
+          g = rounding.gamma(_transpose_terms(e, p) + prog.uses.get(x, 1) + 1, dtype)
+          slack = slack + g * _rowdot(jnp.abs(lam_y), _abs_linear(e, cenv, p, _mag(ivs[x])), 2)
+  # concretise at the input boxes
+  lower, upper = bias[0], bias[1]
+  absum = jnp.abs(bias[0]) + jnp.abs(bias[1])
+  n_in = 0
+  for v in prog.invars:
+    if v not in prog.abstract:
+      continue
+    l_p = px.at_input.get(v)
+    l_2 = lam.get(v)
+    if l_p is None and l_2 is None:
+      continue
+    tot = l_p[None] if l_2 is None else (l_2 if l_p is None else l_2 + l_p[None])
+    tot = jnp.broadcast_to(tot, (2, m, *v.shape))
+    c, r = _center_radius(ivs[v], sound)
+    lower = lower + _rowdot(tot[0], c) - _rowdot(jnp.abs(tot[0]), r)
+    upper = upper + _rowdot(tot[1], c) + _rowdot(jnp.abs(tot[1]), r)
+    n_in += v.size
+    if sound:
+      ac = jnp.abs(c) + r
+      absum = absum + _rowdot(jnp.abs(tot[0]), ac) + _rowdot(jnp.abs(tot[1]), ac)
+  if sound:
+    err = rounding.gamma(2 * n_in + 3 + n_eq, dtype) * absum
+    lower = lower - 2 * (slack[0] + err)
+    upper = upper + 2 * (slack[1] + err)
+    lower, upper = rounding.outward(lower, upper, ulps=1)
+  return lower.reshape(target.shape), upper.reshape(target.shape)
+
+
+def _center_radius(iv: Interval, sound: bool):
+  c = (iv.lower + iv.upper) / 2
+  if not sound:
+    return c, (iv.upper - iv.lower) / 2
+  r = jnp.maximum(rounding.round_up(c - iv.lower), rounding.round_up(iv.upper - c))
+  return c, rounding.round_up(r)
+
+
+def _intersect(a: Interval, lo, hi, sound: bool) -> Interval:
+  lo2, hi2 = jnp.maximum(a.lower, lo), jnp.minimum(a.upper, hi)
+  if not sound:  # both bounds are float approximations; never return an empty box
+    lo2, hi2 = jnp.minimum(lo2, hi2), jnp.maximum(lo2, hi2)
+  return Interval(lo2, hi2, validate=False)
+
+
+def _run(ctx: _Ctx, boxes: Sequence[Interval]) -> list:
+  """The per-example pass: forward intervals, ReLU pre-activation bounds in order, and the
+  final CROWN bounds of every abstract output. Returns Intervals for abstract outputs."""
+  prog, cenv = ctx.prog, ctx.cenv
+  ivctx = interval_domain.IntervalContext(sound=ctx.sound)
+  ivs = {}
+  it = iter(boxes)
+  for v in prog.invars:
+    if v in prog.abstract:
+      ivs[v] = next(it)
+  pre: dict = {}
+  for e in prog.eqns:
+    if e.kind == "concrete":
+      continue
+    if e.kind == "relu":
+      x, c, sigma = _relu_parts(e, cenv)
+      if x not in pre:
+        if ctx.intermediate == "crown":
+          lo, hi = _backward(ctx, x, ivs, pre)
+          ivs[x] = _intersect(ivs[x], lo, hi, ctx.sound)
+        pre[x] = (ivs[x].lower, ivs[x].upper)
+      op = jnp.maximum if sigma > 0 else jnp.minimum
+      ivs[e.outvars[0]] = Interval(op(ivs[x].lower, c), op(ivs[x].upper, c), validate=False)
+      continue
+    vals = [ivs[a] if isinstance(a, _Var) and a in prog.abstract else _read(cenv, a)
+            for a in e.invars]
+    rule = interval_domain.RULES[e.name]
+    out = rule(ivctx, *vals, **e.params)
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    for v, o in zip(e.outvars, outs):
+      ivs[v] = o
+  results = []
+  for v in prog.outvars:
+    if isinstance(v, _Var) and v in prog.abstract:
+      if v in ctx.prefixes:
+        lo, hi = _backward(ctx, v, ivs, pre)
+        results.append(_intersect(ivs[v], lo, hi, ctx.sound))
+      else:
+        results.append(ivs[v])
+    else:
+      results.append(None)
+  return results
+
+
+# ----------------------------------------------------------------------------------------------
+# The transformation
+# ----------------------------------------------------------------------------------------------
+
+def _is_array_like(x: Any) -> bool:
+  return isinstance(x, (jax.Array, np.ndarray, np.generic)) or isinstance(x, jax.core.Tracer)
+
+
+def _targets(prog: _Program, intermediate: str) -> list[_Var]:
+  targets = []
+  if intermediate == "crown":
+    for e in prog.eqns:
+      if e.kind == "relu":
+        x = e.invars[e.abstract_pos[0]]
+        if x not in targets:
+          targets.append(x)
+  for v in prog.outvars:
+    if isinstance(v, _Var) and v in prog.abstract and v not in targets:
+      targets.append(v)
+  return targets
+
+
+def _lambda_bytes(prog: _Program, targets: list[_Var], ancestors: dict) -> int:
+  """Largest per-example backward state (both bounds), in bytes: sizes the chunks."""
+  best = 0
+  for t in targets:
+    sizes = [t.size] + [prog.eqns[i].invars[p].size for i in ancestors[t]
+                        for p in prog.eqns[i].abstract_pos]
+    best = max(best, 2 * t.size * max(sizes) * 4)
+  return best
+
+
+def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None = 0,
+          sound_fp: bool = False, chunk_size: int | None = None,
+          memory_bytes: int = 1 << 30) -> Callable:
+  """CROWN: backward linear bound propagation of ``fn`` over its `Interval` arguments.
+
+  Args:
+    fn: a JAX function built from affine operations and ReLUs (dense, conv, flatten, average
+      pooling, ``jax.nn.relu``), e.g. a Flax linen ``model.apply``.
+    intermediate: where ReLU pre-activation bounds come from: "crown" (a backward pass per ReLU
+      layer; tightest) or "ibp" (interval propagation; CROWN-IBP, much cheaper).
+    batch_axis: axis along which the `Interval` leaves hold independent examples (see the module
+      docstring for the rule), or None to bound the whole call as one problem.
+    sound_fp: round every bound outward by an a-priori bound on the float error so it holds in
+      exact arithmetic (see the module docstring).
+    chunk_size: examples per vmapped chunk; default: as many as fit in ``memory_bytes``.
+    memory_bytes: memory budget for the backward state of one chunk.
+
+  Returns:
+    A function with ``fn``'s signature: any pytree leaf may be an `Interval` (the input box;
+    concrete leaves are parameters). The output has `Interval` leaves where the box reaches.
+
+  Raises:
+    ValueError: bad options, an Interval leaf that is not float or has mismatched endpoints, or
+      Interval leaves whose batch sizes disagree.
+    UnsupportedPrimitiveError: an operation on box-dependent values that is neither affine nor a
+      ReLU (named, with the source line), or a product of two box-dependent values.
+  """
+  if intermediate not in INTERMEDIATE_MODES:
+    raise ValueError(f"crown: intermediate must be one of {INTERMEDIATE_MODES}, "
+                     f"got {intermediate!r}")
+  if batch_axis is not None and (isinstance(batch_axis, bool) or not isinstance(batch_axis, int)):
+    raise ValueError(f"crown: batch_axis must be an int or None, got {batch_axis!r}")
+  if not isinstance(sound_fp, bool):
+    raise ValueError(f"crown: sound_fp must be a bool, got {sound_fp!r}")
+  if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+    raise ValueError(f"crown: chunk_size must be a positive int, got {chunk_size!r}")
+
+  @functools.wraps(fn)
+  def bounded(*args, **kwargs):
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_interval)
+    dyn = [i for i, l in enumerate(leaves) if is_interval(l) or _is_array_like(l)]
+    boxes_idx = [i for i in dyn if is_interval(leaves[i])]
+    if not boxes_idx:
+      return fn(*args, **kwargs)
+    for i in boxes_idx:
+      _check_box(leaves[i])
+    axes = _batch_axes(leaves, boxes_idx, batch_axis)
+    n_batch = None if axes is None else leaves[boxes_idx[0]].lower.shape[axes[boxes_idx[0]]]
+
+    def stand_in(i):
+      l = leaves[i]
+      if not is_interval(l):
+        return jax.ShapeDtypeStruct(jnp.shape(l), jnp.result_type(l))
+      shape = list(l.shape)
+      if axes is not None:
+        shape[axes[i]] = 1
+      return jax.ShapeDtypeStruct(tuple(shape), l.dtype)
+
+    def flat_fn(*values):
+      new = list(leaves)
+      for i, v in zip(dyn, values):
+        new[i] = v
+      a, k = jax.tree_util.tree_unflatten(treedef, new)
+      return fn(*a, **k)
+
+    precision = "highest" if sound_fp else None
+    with jax.default_matmul_precision(precision) if precision else _nullcontext():
+      closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(
+          *[stand_in(i) for i in dyn])
+      out_tree = jax.tree_util.tree_structure(out_shape)
+      prog = _flatten(closed)
+      _classify(prog, [is_interval(leaves[i]) for i in dyn])
+      cenv = _eval_concrete(prog, [None if is_interval(leaves[i]) else leaves[i] for i in dyn])
+      targets = _targets(prog, intermediate)
+      ancestors = {t: _ancestors(prog, t) for t in targets}
+      prefixes = {t: _prefix(prog, cenv, t, ancestors[t], sound_fp) for t in targets}
+      ctx = _Ctx(prog, cenv, sound_fp, intermediate, prefixes, ancestors)
+      box_list = [leaves[i] for i in boxes_idx]
+      if axes is None:
+        outs = _run(ctx, box_list)
+      else:
+        outs = _batched(ctx, box_list, [axes[i] for i in boxes_idx], n_batch, batch_axis,
+                        chunk_size or _auto_chunk(prog, targets, ancestors, memory_bytes))
+    results = []
+    for v, o in zip(prog.outvars, outs):
+      if o is not None:
+        results.append(o)
+      else:
+        results.append(_read(cenv, v))
+    return jax.tree_util.tree_unflatten(out_tree, results)
+
+  return bounded
+
+
+class _nullcontext:
+  def __enter__(self):
+    return None
+
+  def __exit__(self, *a):
+    return False
+
+
+def _auto_chunk(prog, targets, ancestors, memory_bytes) -> int:
+  per = max(_lambda_bytes(prog, targets, ancestors), 1)
+  return max(1, int(memory_bytes // (3 * per)))
+
+
+def _check_box(iv: Interval) -> None:
+  if jnp.shape(iv.lower) != jnp.shape(iv.upper):
+    raise ValueError(f"crown: Interval argument has lower shape {jnp.shape(iv.lower)} but upper "
+                     f"shape {jnp.shape(iv.upper)}.")
+  for name, a in (("lower", iv.lower), ("upper", iv.upper)):
+    if not jnp.issubdtype(jnp.result_type(a), jnp.floating):
+      raise ValueError(f"crown: Interval {name} bound must be floating point, got "
+                       f"{jnp.result_type(a)}.")
+  if jnp.result_type(iv.lower) != jnp.result_type(iv.upper):
+    raise ValueError(f"crown: Interval argument has lower dtype {jnp.result_type(iv.lower)} but "
+                     f"upper dtype {jnp.result_type(iv.upper)}.")
+
+
+def _batch_axes(leaves, boxes_idx, batch_axis):
+  if batch_axis is None:
+    return None
+  axes, sizes = {}, {}
+  for i in boxes_idx:
+    nd = leaves[i].ndim
+    if not -nd <= batch_axis < nd:
+      raise ValueError(f"crown: batch_axis={batch_axis} is out of range for an Interval "
+                       f"argument of shape {leaves[i].shape}; use batch_axis=None for "
+                       "unbatched inputs.")
+    axes[i] = batch_axis % nd
+    sizes[i] = leaves[i].shape[axes[i]]
+  if len(set(sizes.values())) > 1:
+    raise ValueError(f"crown: Interval arguments disagree on the batch size along axis "
+                     f"{batch_axis}: {sorted(set(sizes.values()))}.")
+  if next(iter(sizes.values())) == 0:
+    raise ValueError("crown: empty batch.")
+  return axes
+
+
+def _batched(ctx: _Ctx, boxes, axes, n_batch: int, batch_axis: int, chunk: int):
+  """Runs the per-example pass over the batch (lax.map over vmapped chunks)."""
+  los = [jnp.moveaxis(b.lower, a, 0) for b, a in zip(boxes, axes)]
+  his = [jnp.moveaxis(b.upper, a, 0) for b, a in zip(boxes, axes)]
+
+  def one(xs):
+    lo, hi = xs
+    ex = [Interval(jnp.expand_dims(l, a), jnp.expand_dims(h, a), validate=False)
+          for l, h, a in zip(lo, hi, axes)]
+    outs = _run(ctx, ex)
+    return [None if o is None else (o.lower, o.upper) for o in outs]
+
+  if n_batch == 1:
+    stacked = jax.tree_util.tree_map(lambda a: a[None], one(([l[0] for l in los],
+                                                              [h[0] for h in his])))
+  else:
+    stacked = lax.map(one, (los, his), batch_size=min(chunk, n_batch))
+  outs = []
+  for o in stacked:
+    if o is None:
+      outs.append(None)
+      continue
+    lo, hi = o
+    nd = lo.ndim - 1
+    ax = batch_axis % nd if nd else 0
+    if nd == 0 or lo.shape[1 + ax] != 1:
+      raise ValueError(
+          f"crown: with batch_axis={batch_axis}, every box-dependent output must keep a batch "
+          f"axis of size 1 when fn is called on one example; got shape {lo.shape[1:]}. Use "
+          "batch_axis=None if fn mixes examples.")
+    lo = jnp.squeeze(jnp.moveaxis(lo, 0, ax), ax + 1)
+    hi = jnp.squeeze(jnp.moveaxis(hi, 0, ax), ax + 1)
+    outs.append(Interval(lo, hi, validate=False))
+  return outs
