@@ -51,6 +51,8 @@ class Conv1dNet(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
+    if x.shape[-1] < 5:
+      raise ValueError(f"Conv1dNet needs at least 5 input features, got {x.shape[-1]}.")
     h = x[..., :, None]                                   # (..., d, 1): NWC
     for _ in range(2):
       init = _torch_uniform(3 * h.shape[-1])
