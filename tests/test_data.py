@@ -345,6 +345,7 @@ def _write_csv(path, n=40):
       "sex": rng.choice(["F", "M"], n),
       "job": rng.choice(["a", "b", "c", "d"], n),
       "income": rng.normal(50, 10, n).round(2),
+      "edu": rng.choice([1, 2, 10], n),
       "label": np.where(np.arange(n) % 3 == 0, "yes", "no"),
   })
   df.loc[3, "job"] = np.nan
@@ -356,7 +357,7 @@ def _write_csv(path, n=40):
 def test_load_csv(tmp_path):
   path = tmp_path / "bank.csv"
   df = _write_csv(path)
-  for enc, d in (("sphynx", 5), ("onehot", 8)):  # age, sex, job(2 | 5 with '?'), income
+  for enc, d in (("sphynx", 6), ("onehot", 9)):  # age, sex, job(2 | 5 with '?'), income, edu
     ds = data.load_csv(path, "label", positive="yes", sensitive="sex", drop=["id"], encoding=enc)
     assert ds.name == "bank" and ds.input_shape == (d,)
     assert (ds.n_train, ds.n_test) == (32, 8)
@@ -366,8 +367,9 @@ def test_load_csv(tmp_path):
     assert ds.group("job").categories == ("a", "b", "c", "d", "?")
     assert ds.meta["missing_values"] == {"job": 1, "income": 1}
   # Given test file; integer labels; a numeric column forced categorical.
-  ds = data.load_csv(path, "label", test_path=path, categorical=["age"], drop=["id"])
+  ds = data.load_csv(path, "label", test_path=path, categorical=["age", "edu"], drop=["id"])
   assert (ds.n_train, ds.n_test) == (40, 40) and ds.group("age").kind == "categorical"
+  assert ds.group("edu").categories == ("1", "2", "10")  # numeric: by value, not as strings
   np.testing.assert_array_equal(ds.x_train, ds.x_test)
   assert ds.meta["classes"] == ("no", "yes")
 

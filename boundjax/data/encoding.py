@@ -15,7 +15,7 @@ Two encodings, as the papers use them:
 Decisions the papers leave open (spec 003 §2.10 items 9–10), recorded here:
 
 * Category order is the order given by the caller (for Adult: the order listed in ``adult.names``);
-  when not given, the sorted distinct values of train ∪ test.
+  when not given, the sorted distinct values of train ∪ test (numeric values by value).
 * Missing values: in a binary/categorical attribute, missing entries (``NaN`` or ``"?"``) become one
   extra category ``"?"``, placed last; rows are kept (Sphynx's Adult has all 32,561 rows). In a
   continuous attribute they are replaced by the training median. Both counts go into the metadata.
@@ -69,6 +69,14 @@ def _is_missing(values: pd.Series) -> np.ndarray:
   return (s.isna() | (s.astype(str).str.strip() == MISSING)).to_numpy()
 
 
+def _category_key(value: str) -> tuple:
+  """Sort key: numbers by value (so "2" < "10"), before strings in lexicographic order."""
+  try:
+    return (0, float(value), value)
+  except ValueError:
+    return (1, 0.0, value)
+
+
 def _categorical_codes(name: str, train: pd.Series, test: pd.Series, order: Sequence[str]
                        ) -> tuple[np.ndarray, np.ndarray, tuple[str, ...], int]:
   """Integer codes of train/test values in the category order (missing → trailing ``"?"``)."""
@@ -78,7 +86,7 @@ def _categorical_codes(name: str, train: pd.Series, test: pd.Series, order: Sequ
   if order:
     cats = [str(c) for c in order]
   else:
-    cats = sorted(set(tr[~miss_tr]) | set(te[~miss_te]))
+    cats = sorted(set(tr[~miss_tr]) | set(te[~miss_te]), key=_category_key)
   n_missing = int(miss_tr.sum() + miss_te.sum())
   if n_missing and MISSING not in cats:
     cats.append(MISSING)

