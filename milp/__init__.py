@@ -1,0 +1,14 @@
+"""MILP layer of boundjax: exact verification of ReLU networks and interval hyper-networks.
+
+Modules (OR-Tools MathOpt; SCIP, HiGHS, CP-SAT):
+
+* `milp.network`        — Flax parameters / linen models -> chains of affine layers (float64).
+* `milp.bounds`         — IBP and CROWN pre-activation bounds (big-M constants).
+* `milp.neighbourhoods` — membership, L-inf ball, sensitive-attribute neighbourhoods.
+* `milp.encode`         — MathOpt encodings (exact ReLU, interval weights, shared inputs).
+* `milp.solve`          — solving, dual bounds, optimisation queries.
+* `milp.verify`         — VERIFIED / FALSIFIED / NOT_VERIFIED / UNKNOWN with replayed
+                          counterexamples.
+* `milp.ldcp`           — Sphynx's LDCP query, the naive ground truth, Sphynx end to end.
+* `milp.parallel`       — independent jobs over a process pool or Ray.
+"""

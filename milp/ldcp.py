@@ -1,0 +1,378 @@
+"""Local differential classification privacy (LDCP) by MILP (Sphynx spec §1.3, §2.6–2.7).
+
+``N`` is LDCP at a neighbourhood ``I(x)`` with label ``y`` iff ``N`` and every leave-one-out
+network ``T(D \\ {(x', y')})`` classify all of ``I(x)`` as ``y`` (Def. 2).
+
+* `verify(model, params, hyper, nbhd, label)` — Sphynx's query: ``N`` itself and the
+  hyper-network (one MILP each). The answer is ``"LDCP"`` only when both are VERIFIED. When the
+  hyper-network's MILP finds a candidate, it is replayed through the real networks that are known
+  (``members``): if one of them disagrees the answer is a *confirmed* ``"NOT_LDCP"``, otherwise
+  ``"NOT_PROVEN"`` (Sphynx reports both as "not LDCP"; spec §1.5 "Consequence").
+  With a predicted hyper-network (PredHyperNet) "LDCP" holds with high probability only; with
+  the exact hyper-network (min/max over *all* members, `boundjax.hypernet.from_ensemble`) it is a
+  proof: it has no false positives by construction.
+* `verify_naive(model, family, nbhd, label)` — the ground truth: every member of a trained family
+  checked on its own (spec §2.7 NaiveLDCP). Fast paths, all sound: members are evaluated on
+  sampled points of ``I(x)`` (a misclassified point ends the check: not LDCP, confirmed), and
+  member-wise IBP bounds (vectorised over the family) verify members without a MILP; the rest
+  get one MILP each, optionally in parallel (`milp.parallel.solve_many`).
+* `sphynx(...)` — end to end: PredHyperNet from a growing sample of leave-one-out networks
+  (`boundjax.hypernet.pred_hyper_net` over `boundjax.ensembles.train_ensemble`), then `verify`.
+
+Arithmetic: the MILP and every replay use the networks' exact float32 parameters in float64.
+The label defaults to ``class(N(x))`` (spec §1.3 [IMPL]).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from milp import network as net_lib
+from milp.network import Network
+from milp.neighbourhoods import Neighbourhood
+from milp.solve import SolveConfig
+from milp.verify import Status, VerifyResult, project
+from milp.verify import verify as verify_net
+
+PyTree = Any
+
+
+# ------------------------------------------------------------------------------------------------
+# Families of concrete networks (stacked parameters), vectorised
+# ------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Family:
+  """Stacked concrete MLPs: ``ws[m]`` is ``(K, out, in)``, ``bs[m]`` is ``(K, out)`` (float64)."""
+
+  ws: list[np.ndarray]
+  bs: list[np.ndarray]
+  output: str = "logits"
+
+  @property
+  def size(self) -> int:
+    return int(self.ws[0].shape[0])
+
+  def member(self, i: int) -> Network:
+    layers = tuple(net_lib.AffineLayer.point(w[i], b[i]) for w, b in zip(self.ws, self.bs))
+    return Network(layers, (self.ws[0].shape[2],), self.output)
+
+  def select(self, rows: Any) -> "Family":
+    rows = np.asarray(rows)
+    return Family([w[rows] for w in self.ws], [b[rows] for b in self.bs], self.output)
+
+  def outputs(self, xs: np.ndarray, chunk: int = 1024) -> np.ndarray:
+    """``(K, n, out)`` outputs of every member on the flat inputs ``xs`` ``(n, d)``."""
+    xs = np.asarray(xs, np.float64).reshape(len(xs), -1)
+    res = []
+    for s in range(0, self.size, chunk):
+      h = np.broadcast_to(xs, (min(chunk, self.size - s),) + xs.shape)
+      for m, (w, b) in enumerate(zip(self.ws, self.bs)):
+        h = np.einsum("koi,kni->kno", w[s:s + chunk], h) + b[s:s + chunk, None, :]
+        if m < len(self.ws) - 1:
+          h = np.maximum(h, 0.0)
+      res.append(h)
+    return np.concatenate(res)
+
+  def margin_lower_bounds(self, lo: np.ndarray, hi: np.ndarray, label: int) -> np.ndarray:
+    """Per-member sound lower bound of the margin over the box (IBP in centre-radius form)."""
+    c, r = (lo + hi) / 2, (hi - lo) / 2
+    c = np.broadcast_to(c, (self.size, c.size))
+    r = np.broadcast_to(r, (self.size, r.size))
+    for m, (w, b) in enumerate(zip(self.ws, self.bs)):
+      zc = np.einsum("koi,ki->ko", w, c) + b
+      zr = np.einsum("koi,ki->ko", np.abs(w), r)
+      slack = 1e-10 * (np.einsum("koi,ki->ko", np.abs(w), np.abs(c) + r) + np.abs(b)) + 1e-12
+      zl, zu = zc - zr - slack, zc + zr + slack
+      if m < len(self.ws) - 1:
+        zl, zu = np.maximum(zl, 0), np.maximum(zu, 0)
+        c, r = (zl + zu) / 2, (zu - zl) / 2
+    if self.output == "sign":
+      return zl[:, 0] if label == 1 else -zu[:, 0]
+    others = [k for k in range(zl.shape[1]) if k != label]
+    return np.min(zl[:, [label]] - zu[:, others], axis=1)
+
+
+def family_from_stacked(stacked: PyTree, output: str = "logits") -> Family:
+  """A `Family` from stacked MLP parameters (``Ensemble.params``: leading member axis)."""
+  tree = stacked["params"] if isinstance(stacked, dict) and "params" in stacked else stacked
+  if not isinstance(tree, dict):
+    raise ValueError("family_from_stacked: expected a dict of stacked Dense layers.")
+  ws, bs = [], []
+  for name in net_lib._layer_order(list(tree)):
+    k = np.asarray(tree[name]["kernel"], np.float64)
+    if k.ndim != 3:
+      raise ValueError(f"family_from_stacked: layer {name!r} kernel has shape {k.shape}; "
+                       "expected (members, in, out).")
+    ws.append(np.transpose(k, (0, 2, 1)).copy())
+    bs.append(np.asarray(tree[name].get("bias", np.zeros(k.shape[::2])), np.float64))
+  return Family(ws, bs, output)
+
+
+def family_from_flat(rows: np.ndarray, like: PyTree, output: str = "logits") -> Family:
+  """A `Family` from ``(K, P)`` flat parameter rows in pytree-leaf order of ``like``."""
+  leaves, treedef = jax.tree_util.tree_flatten(like)
+  rows = np.asarray(rows)
+  out, start = [], 0
+  for leaf in leaves:
+    size = int(np.size(leaf))
+    out.append(rows[:, start:start + size].reshape((rows.shape[0],) + np.shape(leaf)))
+    start += size
+  if start != rows.shape[1]:
+    raise ValueError(f"family_from_flat: rows have {rows.shape[1]} parameters, template {start}.")
+  return family_from_stacked(jax.tree_util.tree_unflatten(treedef, out), output)
+
+
+def _network(model, params, input_shape, output) -> Network:
+  if model is None:
+    return net_lib.from_params(params, output)
+  if input_shape is None:
+    raise ValueError("ldcp: input_shape is required with a Flax model.")
+  return net_lib.from_flax(model, params, input_shape, output)
+
+
+def predicted_label(net: Network, x: np.ndarray) -> int:
+  """``class(N(x))``, the default label (spec §1.3 [IMPL])."""
+  return int(net_lib.classify(net, net_lib.forward(net, x)[None])[0])
+
+
+# ------------------------------------------------------------------------------------------------
+# Sphynx query
+# ------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class LDCPResult:
+  """Outcome of `verify`.
+
+  Attributes:
+    verdict: ``"LDCP"`` (N and the hyper-network VERIFIED), ``"NOT_LDCP"`` (a real network —
+      N or a known member — misclassifies a point of the neighbourhood), ``"NOT_PROVEN"``
+      (a hyper-network counterexample no known network reproduces, or a time-out).
+    label: the label checked.
+    n_result, hyper_result: the two verifications (``hyper_result`` is None when N already fails).
+    counterexample: the input of a NOT_LDCP answer.
+    seconds: wall-clock time of the whole query.
+  """
+
+  verdict: str
+  label: int
+  n_result: VerifyResult
+  hyper_result: VerifyResult | None
+  counterexample: np.ndarray | None
+  seconds: float
+
+  @property
+  def ldcp(self) -> bool:
+    return self.verdict == "LDCP"
+
+
+def verify(model: Any, params: PyTree, hyper: PyTree, neighbourhood: Neighbourhood,
+           label: int | None = None, *, members: Family | PyTree | None = None,
+           cfg: SolveConfig = SolveConfig(), bounds: str = "ibp",
+           input_shape: Sequence[int] | None = None, output: str = "logits",
+           samples: int = 64) -> LDCPResult:
+  """Sphynx's LDCP query: N and the hyper-network on one neighbourhood (spec §2.7).
+
+  Args:
+    model: the Flax linen module, or ``None`` for an MLP given by its parameter dict.
+    params: N's parameters.
+    hyper: the hyper-network (a pytree with `Interval` leaves, or a `Network`).
+    neighbourhood: `milp.neighbourhoods` membership / L-inf ball / sensitive attribute.
+    label: the class that must hold; default ``class(N(x))``.
+    members: known real networks inside the family (stacked params or a `Family`), used to
+      confirm a hyper-network counterexample.
+    cfg, bounds: solver settings and big-M bounds (``"ibp"`` or ``"crown"``).
+    input_shape: one input's shape, needed with ``model``.
+    output: ``"logits"`` or ``"sign"``.
+    samples: random points tried before each MILP.
+  """
+  t0 = time.perf_counter()
+  n_net = _network(model, params, input_shape, output)
+  h_net = hyper if isinstance(hyper, Network) else _network(model, hyper, input_shape, output)
+  label = predicted_label(n_net, neighbourhood.center.reshape(-1)) if label is None else int(label)
+  fam = members if (members is None or isinstance(members, Family)) else family_from_stacked(
+      members, output)
+
+  rn = verify_net(n_net, neighbourhood, label, cfg, bounds=bounds, samples=samples)
+  if rn.status != Status.VERIFIED:
+    verdict = "NOT_LDCP" if rn.status == Status.FALSIFIED else "NOT_PROVEN"
+    return LDCPResult(verdict, label, rn, None, rn.counterexample, time.perf_counter() - t0)
+
+  if fam is not None and samples:
+    rng = np.random.default_rng(0)
+    xs = np.concatenate([project(neighbourhood, neighbourhood.center)[None],
+                         neighbourhood.sample(samples, rng),
+                         neighbourhood.sample(samples, rng, corners=True)])
+    hit = _family_hit(fam, xs, label)
+    if hit is not None:
+      rh = VerifyResult(Status.FALSIFIED, "sampling", -np.inf, xs[hit[1]], hit[2],
+                        note=f"family member {hit[0]} misclassifies a sampled point")
+      return LDCPResult("NOT_LDCP", label, rn, rh, xs[hit[1]], time.perf_counter() - t0)
+
+  rh = verify_net(h_net, neighbourhood, label, cfg, bounds=bounds, samples=0)
+  if rh.status == Status.VERIFIED:
+    return LDCPResult("LDCP", label, rn, rh, None, time.perf_counter() - t0)
+  if rh.status == Status.NOT_VERIFIED and fam is not None:
+    hit = _family_hit(fam, rh.counterexample[None], label)
+    if hit is not None:
+      rh = dataclasses.replace(rh, status=Status.FALSIFIED, counterexample_margin=hit[2],
+                               note=f"hyper-network counterexample replayed: member {hit[0]} "
+                                    "misclassifies it")
+      return LDCPResult("NOT_LDCP", label, rn, rh, rh.counterexample, time.perf_counter() - t0)
+  return LDCPResult("NOT_PROVEN", label, rn, rh, None, time.perf_counter() - t0)
+
+
+def _family_hit(fam: Family, xs: np.ndarray, label: int) -> tuple[int, int, float] | None:
+  """First ``(member, point, margin)`` where a family member misclassifies, else None."""
+  outs = fam.outputs(xs)
+  probe = fam.member(0)
+  flat = outs.reshape(-1, outs.shape[-1])
+  bad = (net_lib.classify(probe, flat) != label).reshape(outs.shape[:2])
+  if not bad.any():
+    return None
+  k, i = np.argwhere(bad)[0]
+  return int(k), int(i), float(net_lib.margins(probe, outs[k, i][None], label)[0])
+
+
+# ------------------------------------------------------------------------------------------------
+# Naive ground truth
+# ------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class NaiveResult:
+  """Outcome of `verify_naive`.
+
+  Attributes:
+    ldcp: True (every member VERIFIED), False (a member misclassifies a point), None (some
+      member UNKNOWN and none falsified).
+    label: the label checked.
+    n_members: family size.
+    n_sampling_falsified, n_bounds_verified, n_milp: how members were settled (with
+      ``stop_at_first``, members after the first failure are not counted).
+    statuses: per member, ``"VERIFIED"``, ``"FALSIFIED"``, ``"UNKNOWN"`` or ``""`` (not checked).
+    failing_member, counterexample: the first failure found.
+    milp_seconds: total MILP wall-clock (summed over workers).
+    seconds: wall-clock time of the whole check.
+  """
+
+  ldcp: bool | None
+  label: int
+  n_members: int
+  n_sampling_falsified: int
+  n_bounds_verified: int
+  n_milp: int
+  statuses: list[str]
+  failing_member: int | None
+  counterexample: np.ndarray | None
+  milp_seconds: float
+  seconds: float
+
+
+def verify_naive(model: Any, family: Family | PyTree, neighbourhood: Neighbourhood,
+                 label: int, *, cfg: SolveConfig = SolveConfig(), bounds: str = "ibp",
+                 output: str = "logits", samples: int = 64, stop_at_first: bool = True,
+                 executor: str = "serial", max_workers: int | None = None,
+                 ray_address: str | None = None, chunk: int = 8) -> NaiveResult:
+  """Ground-truth LDCP: every member of a trained family verified separately (spec §2.7).
+
+  Args:
+    model: unused for MLP families given as stacked parameters (kept for API symmetry; Conv
+      families are not supported here).
+    family: stacked parameters (``Ensemble.params``, N included) or a `Family`.
+    neighbourhood, label: the query.
+    stop_at_first: stop at the first member that is not robust (NaiveLDCP's early exit).
+    executor, max_workers, ray_address: how per-member MILPs run (`milp.parallel.solve_many`).
+    chunk: MILP jobs per parallel round (between early-exit checks), times the worker count.
+  """
+  del model
+  from milp.parallel import VerifyJob, solve_many
+
+  t0 = time.perf_counter()
+  fam = family if isinstance(family, Family) else family_from_stacked(family, output)
+  K = fam.size
+  statuses = [""] * K
+  lo, hi = neighbourhood.lower.reshape(-1), neighbourhood.upper.reshape(-1)
+  n_samp = n_bnd = n_milp = 0
+  milp_s = 0.0
+
+  def done(ldcp, member=None, cex=None):
+    return NaiveResult(ldcp, label, K, n_samp, n_bnd, n_milp, statuses, member, cex, milp_s,
+                       time.perf_counter() - t0)
+
+  # 1. sampled points through every member (any failure is a confirmed counterexample)
+  rng = np.random.default_rng(0)
+  xs = [project(neighbourhood, neighbourhood.center)[None]]
+  if samples:
+    xs += [neighbourhood.sample(samples, rng), neighbourhood.sample(samples, rng, corners=True)]
+  xs = np.concatenate(xs)
+  outs = fam.outputs(xs)
+  probe = fam.member(0)
+  bad = (net_lib.classify(probe, outs.reshape(-1, outs.shape[-1])) != label).reshape(
+      outs.shape[:2])
+  failing = np.flatnonzero(bad.any(axis=1))
+  for k in failing:
+    statuses[k] = "FALSIFIED"
+  n_samp = int(failing.size)
+  first_cex = xs[int(np.argmax(bad[failing[0]]))] if failing.size else None
+  if failing.size and stop_at_first:
+    return done(False, int(failing[0]), first_cex)
+
+  # 2. member-wise IBP
+  mlb = fam.margin_lower_bounds(lo, hi, label)
+  ok = (mlb > cfg.tol) & ~bad.any(axis=1)
+  for k in np.flatnonzero(ok):
+    statuses[k] = "VERIFIED"
+  n_bnd = int(ok.sum())
+
+  # 3. one MILP per remaining member
+  todo = [k for k in range(K) if statuses[k] == ""]
+  workers = 1 if executor == "serial" else (max_workers or 2)
+  step = max(1, chunk * workers)
+  unknown = False
+  for s in range(0, len(todo), step):
+    block = todo[s:s + step]
+    jobs = [VerifyJob(fam.member(k), neighbourhood, label, cfg, bounds, samples=0, tag=k)
+            for k in block]
+    res = solve_many(jobs, executor=executor, max_workers=max_workers, ray_address=ray_address)
+    for k, r in zip(block, res):
+      n_milp += 1
+      milp_s += r.seconds
+      statuses[k] = r.status.value
+      if r.status == Status.FALSIFIED and first_cex is None:
+        first_cex = r.counterexample
+      unknown |= r.status == Status.UNKNOWN
+    failed = [k for k in block if statuses[k] == "FALSIFIED"]
+    if failed and stop_at_first:
+      return done(False, failed[0], first_cex)
+  if any(s == "FALSIFIED" for s in statuses):
+    return done(False, statuses.index("FALSIFIED"), first_cex)
+  return done(None if unknown else True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Sphynx end to end
+# ------------------------------------------------------------------------------------------------
+
+def sphynx(model: Any, init_params: PyTree, x_train: Any, y_train: Any, full_params: PyTree, *,
+           optimizer: Any = None, epochs: int = 10, batch_size: int = 1024, seed: int = 0,
+           alpha: float = 0.1, k: int = 400, R: float = 0.1, M: float = 0.9,
+           max_networks: int | None = None, progress: bool = True, **train_kwargs):
+  """PredHyperNet from a growing sample of leave-one-out networks (Sphynx Alg. 1).
+
+  Training follows the spec §4.3 defaults (10 epochs, SGD, batch 1024, lr 0.1, L1 1e-5) unless
+  ``optimizer``/``epochs``/``batch_size`` say otherwise. Returns
+  `boundjax.hypernet.PredHyperNetResult`; pass ``result.hyper`` to `verify` for each
+  neighbourhood, and ``family_from_flat(result.networks, full_params)`` as ``members``.
+  """
+  from boundjax import ensembles, hypernet
+  opt = optimizer if optimizer is not None else ensembles.sgd(0.1, l1=1e-5)
+  train_fn = hypernet.ensemble_trainer(model, init_params, opt, x_train, y_train, epochs=epochs,
+                                       batch_size=batch_size, seed=seed, progress=False,
+                                       **train_kwargs)
+  return hypernet.pred_hyper_net(train_fn, full_params, len(x_train), alpha=alpha, k=k, R=R,
+                                 M=M, seed=seed, max_networks=max_networks, progress=progress)

@@ -1,0 +1,164 @@
+"""LDCP by MILP against the ground truth of a fully trained leave-one-out family, and parallel
+solving (process pool; Ray when installed).
+
+The family is real: N and all n leave-one-out networks of a small MLP trained with
+`boundjax.ensembles.train_ensemble` on synthetic data (n = 40).
+"""
+
+import functools
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from boundjax import ensembles
+from boundjax.interval import Interval
+from boundjax.models import MLP
+from milp import ldcp
+from milp import network as N
+from milp import neighbourhoods as NB
+from milp.parallel import VerifyJob, solve_many
+from milp.solve import SolveConfig
+from milp.verify import Status, verify
+
+
+def _hull(stacked):
+  return jax.tree_util.tree_map(
+      lambda a: Interval(jnp.asarray(np.min(a, 0)), jnp.asarray(np.max(a, 0))), stacked)
+
+
+@functools.lru_cache(maxsize=1)
+def trained_family():
+  rng = np.random.default_rng(0)
+  n, d = 40, 4
+  x = rng.random((n, d)).astype(np.float32)
+  x[:, 0] = (rng.random(n) < 0.5).astype(np.float32)  # a binary "sensitive" feature
+  y = ((x[:, 1] + 0.3 * x[:, 0] + 0.2 * rng.normal(size=n)) > 0.6).astype(np.int32)
+  model = MLP(hidden=(8, 8), out=2)
+  init = model.init(jax.random.PRNGKey(0), jnp.zeros((1, d)))
+  removed = ensembles.leave_k_out(np.arange(n))
+  ens = ensembles.train_ensemble(model, init, ensembles.sgd(0.1, l1=1e-5), x, y, removed,
+                                 epochs=10, batch_size=16, progress=False)
+  return model, ens, x
+
+
+def _nbhds(x, rng):
+  out = []
+  for i in range(6):
+    xi = x[i].astype(np.float64)
+    out += [NB.membership(xi), NB.linf_ball(xi, 0.05), NB.sensitive(xi, 0, [0.0, 1.0])]
+  return out
+
+
+def test_exact_hyper_network_has_no_false_positives_and_naive_matches_per_member_milps():
+  model, ens, x = trained_family()
+  full = ens.full
+  hyper = _hull(ens.params)
+  fam = ldcp.family_from_stacked(ens.params)
+  rng = np.random.default_rng(1)
+  verdicts = set()
+  for nb in _nbhds(x, rng):
+    res = ldcp.verify(None, full, hyper, nb, members=fam)
+    naive = ldcp.verify_naive(None, ens.params, nb, res.label, stop_at_first=False)
+    verdicts.add((res.verdict, naive.ldcp))
+    if res.ldcp:  # exact hull: a proof over every member
+      assert naive.ldcp is True
+    if res.verdict == "NOT_LDCP":  # confirmed by a real network
+      assert naive.ldcp is False
+      cex = res.counterexample
+      assert nb.contains(cex)
+      outs = fam.outputs(cex[None])[:, 0]
+      n_out = N.forward(N.from_params(full), cex)
+      bad = (np.argmax(outs, -1) != res.label).any() or np.argmax(n_out) != res.label
+      assert bad
+    # naive == conjunction of independent per-member verifications
+    per = [verify(fam.member(k), nb, res.label, samples=0, use_bounds_shortcut=False).status
+           for k in range(0, fam.size, 7)]
+    for k, st in zip(range(0, fam.size, 7), per):
+      assert st.value == naive.statuses[k], (k, st, naive.statuses[k])
+    assert naive.ldcp == all(s == "VERIFIED" for s in naive.statuses)
+  assert any(v[1] is True for v in verdicts) and any(v[1] is False for v in verdicts), verdicts
+
+
+def test_naive_ground_truth_against_dense_sampling():
+  model, ens, x = trained_family()
+  fam = ldcp.family_from_stacked(ens.params)
+  rng = np.random.default_rng(2)
+  for i in range(4):
+    nb = NB.linf_ball(x[i].astype(np.float64), 0.1)
+    label = ldcp.predicted_label(fam.member(0), nb.center)
+    res = ldcp.verify_naive(None, fam, nb, label)
+    pts = np.concatenate([nb.sample(3000, rng), nb.sample(500, rng, corners=True)])
+    outs = fam.outputs(pts)
+    sampled_ok = bool(np.all(np.argmax(outs, -1) == label))
+    if res.ldcp:
+      assert sampled_ok
+    if not sampled_ok:
+      assert res.ldcp is False
+
+
+def test_zero_width_family_hyper_equals_member_milp():
+  model, ens, x = trained_family()
+  member = ens.member(3)
+  hyper = jax.tree_util.tree_map(lambda a: Interval(a, a), member)
+  for i in range(3):
+    nb = NB.linf_ball(x[i].astype(np.float64), 0.1)
+    a = ldcp.verify(None, member, hyper, nb, samples=0)
+    b = verify(N.from_params(member), nb, a.label, samples=0, use_bounds_shortcut=False)
+    assert (a.verdict == "LDCP") == (b.status == Status.VERIFIED)
+
+
+def test_from_flax_route_matches_params_route():
+  model, ens, x = trained_family()
+  nb = NB.linf_ball(x[0].astype(np.float64), 0.05)
+  hyper = _hull(ens.params)
+  a = ldcp.verify(model, ens.full, hyper, nb, input_shape=(4,))
+  b = ldcp.verify(None, ens.full, hyper, nb)
+  assert a.verdict == b.verdict and a.label == b.label
+
+
+def test_solve_many_process_pool_matches_serial():
+  rng = np.random.default_rng(3)
+  jobs = []
+  for t in range(4):
+    lo = [(rng.normal(size=(8, 2)), rng.normal(size=8) * .1), (rng.normal(size=(2, 8)) / 3,
+                                                                  np.zeros(2))]
+    net = N.interval_network(lo, lo)
+    xc = rng.random(2)
+    jobs.append(VerifyJob(net, NB.linf_ball(xc, 0.3), ldcp.predicted_label(net, xc), samples=0))
+  serial = solve_many(jobs, executor="serial")
+  pooled = solve_many(jobs, executor="process", max_workers=2)
+  assert [r.status for r in serial] == [r.status for r in pooled]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
+def test_solve_many_on_local_ray_matches_serial():
+  rng = np.random.default_rng(4)
+  jobs = []
+  for t in range(3):
+    lo = [(rng.normal(size=(8, 2)), rng.normal(size=8) * .1), (rng.normal(size=(2, 8)) / 3,
+                                                                  np.zeros(2))]
+    net = N.interval_network(lo, lo)
+    xc = rng.random(2)
+    jobs.append(VerifyJob(net, NB.linf_ball(xc, 0.3), ldcp.predicted_label(net, xc), samples=0))
+  serial = solve_many(jobs, executor="serial")
+  remote = solve_many(jobs, executor="ray", max_workers=2)
+  assert [r.status for r in serial] == [r.status for r in remote]
+
+
+def test_time_limit_gives_unknown_not_ldcp_proof():
+  rng = np.random.default_rng(5)
+  lo = [(rng.normal(size=(64, 20)) / 4, rng.normal(size=64) * .1),
+        (rng.normal(size=(64, 64)) / 8, rng.normal(size=64) * .1),
+        (rng.normal(size=(2, 64)) / 8, np.zeros(2))]
+  n_net = N.interval_network(lo, lo)
+  hi = [(w + 0.02, b + 0.02) for w, b in lo]
+  h_net = N.interval_network(lo, hi)
+  xc = rng.random(20)
+  nb = NB.linf_ball(xc, 0.3)
+  label = ldcp.predicted_label(n_net, xc)
+  r = verify(h_net, nb, label, SolveConfig(time_limit=1e-3), samples=0, use_bounds_shortcut=False)
+  assert r.status == Status.UNKNOWN
