@@ -1,0 +1,325 @@
+"""Tests of boundjax.hypernet: exact hyper-networks, Sphynx PredInt / PredHyperNet, metrics."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import optimize, stats
+
+from boundjax import ensembles as E
+from boundjax import hypernet as H
+from boundjax.interval import Interval
+from boundjax.models import MLP
+
+
+def _stacked(rng, m=6):
+  return {"a": rng.normal(size=(m, 3, 2)).astype(np.float32),
+          "b": [rng.normal(size=(m, 4)).astype(np.float32)]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact hyper-network
+# ---------------------------------------------------------------------------------------------
+
+def test_from_ensemble_contains_every_member_and_is_tight():
+  rng = np.random.default_rng(0)
+  st = _stacked(rng)
+  hyper = H.from_ensemble(st)
+  assert isinstance(hyper["a"], Interval) and hyper["a"].shape == (3, 2)
+  for m in range(6):
+    assert H.contains(hyper, jax.tree_util.tree_map(lambda l: l[m], st))
+  assert H.contains_members(hyper, st).all()
+  lo, hi = H.flat_bounds(hyper)
+  w = H.flatten_stacked(st)
+  assert np.all((w == lo).any(axis=0)) and np.all((w == hi).any(axis=0))   # bounds attained
+  sub = H.from_ensemble(st, members=[1, 4])
+  inside = H.contains_members(sub, st)
+  assert inside[1] and inside[4]
+  assert not inside[[0, 2, 3, 5]].any()            # generic draws stick out of a 2-member hull
+  with pytest.raises(ValueError, match="no members"):
+    H.from_ensemble(st, members=np.zeros(6, bool))
+
+
+def test_contains_hand_made():
+  hyper = {"w": Interval(jnp.array([1.0, 1.0]), jnp.array([3.0, 2.0])), "b": Interval.point(1.0)}
+  assert H.contains(hyper, {"w": jnp.array([1.0, 2.0]), "b": jnp.array(1.0)})
+  assert not H.contains(hyper, {"w": jnp.array([0.99, 2.0]), "b": jnp.array(1.0)})
+  assert not H.contains(hyper, {"w": jnp.array([2.0, 2.0]), "b": jnp.array(1.1)})
+  point = H.point({"w": jnp.array([1.0, 2.0])})
+  assert H.contains(point, {"w": jnp.array([1.0, 2.0])})
+
+
+def test_from_flat_bounds_rounds_outward_to_float32():
+  rng = np.random.default_rng(1)
+  lo = rng.normal(size=50)
+  hi = lo + rng.random(50) * 1e-7
+  like = {"w": np.zeros((5, 10), np.float32)}
+  hyper = H.from_flat_bounds(lo, hi, like)
+  flo, fhi = H.flat_bounds(hyper)
+  assert flo.dtype == np.float32
+  assert np.all(flo.astype(np.float64) <= lo) and np.all(fhi.astype(np.float64) >= hi)
+
+
+# ---------------------------------------------------------------------------------------------
+# Jaccard
+# ---------------------------------------------------------------------------------------------
+
+def test_jaccard_properties():
+  a = (np.array([0.0, 0.0, 1.0, 2.0]), np.array([1.0, 2.0, 1.0, 3.0]))
+  b = (np.array([0.5, 3.0, 1.0, 2.0]), np.array([1.5, 4.0, 1.0, 3.0]))
+  j = H.jaccard(a, b)
+  np.testing.assert_allclose(j, [0.5 / 1.5, 0.0, 1.0, 1.0])
+  np.testing.assert_allclose(H.jaccard(b, a), j)
+  np.testing.assert_array_equal(H.jaccard(a, None), 0.0)
+  np.testing.assert_array_equal(H.jaccard(a, a), 1.0)
+  assert H.jaccard((np.array([0.0]), np.array([0.0])), (np.array([1.0]), np.array([1.0])))[0] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# PredInt pieces (Sphynx spec §3, properties 1-8)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lam", [0.0, 0.3, 1.0, 1.7, 2.0])
+def test_yeo_johnson_bijection_monotone(lam):
+  z = np.linspace(-50, 50, 2001)
+  t = H.yeo_johnson(z, lam)
+  np.testing.assert_allclose(H.yeo_johnson_inv(t, lam), z, atol=1e-10, rtol=1e-12)
+  assert np.all(np.diff(t) > 0)
+  assert H.yeo_johnson(np.array([0.0]), lam)[0] == 0.0
+  np.testing.assert_allclose(t, stats.yeojohnson(z, lmbda=lam), rtol=1e-10, atol=1e-12)
+  # Unbounded both ways. (Spec §3 property 2 asks |T(±1e6)| > 1e2, which fails at the log ends:
+  # T_0(1e6) = log(1 + 1e6) = 13.8; a log still diverges, so test further out.)
+  assert np.all(np.abs(H.yeo_johnson(np.array([-1e100, 1e100]), lam)) > 1e2)
+
+
+def test_yeo_johnson_continuous_in_lambda_at_0_and_2():
+  z = np.linspace(-20, 20, 101)
+  for edge in (0.0, 2.0):
+    for eps in (1e-9, -1e-9):
+      if 0 <= edge + eps <= 2:
+        np.testing.assert_allclose(H.yeo_johnson(z, edge + eps), H.yeo_johnson(z, edge),
+                                   rtol=1e-6, atol=1e-8)
+
+
+def test_lambda_mle_matches_scipy_bounded_optimisation():
+  rng = np.random.default_rng(2)
+  cols = [rng.normal(size=300), rng.lognormal(size=300), -rng.lognormal(size=300),
+          rng.standard_t(5, size=300), rng.exponential(size=300) ** 3]
+  z, _, _ = H.l1_normalize(np.stack(cols, axis=1))
+  lam = H.yj_lambda_mle(z)
+  for j in range(z.shape[1]):
+    np.testing.assert_allclose(H.yj_gaussian_loglik(z[:, j:j + 1], lam[j:j + 1])[0],
+                               stats.yeojohnson_llf(lam[j], z[:, j]), rtol=1e-10)
+    ref = optimize.minimize_scalar(lambda l: -stats.yeojohnson_llf(l, z[:, j]), bounds=(0, 2),
+                                   method="bounded", options=dict(xatol=1e-10))
+    best_ref = max(stats.yeojohnson_llf(ref.x, z[:, j]), stats.yeojohnson_llf(0.0, z[:, j]),
+                   stats.yeojohnson_llf(2.0, z[:, j]))
+    assert stats.yeojohnson_llf(lam[j], z[:, j]) >= best_ref - 1e-7
+    assert 0.0 <= lam[j] <= 2.0
+  assert (lam == 0.0).any() or (lam == 2.0).any()          # a boundary optimum is reached
+
+
+def test_kde_closed_form_is_the_exact_quantile_and_bisection_agrees():
+  rng = np.random.default_rng(3)
+  y = rng.normal(size=(200, 7)) * rng.random(7) * 3
+  h = np.mean(np.abs(y - np.median(y, 0)), 0)
+  a = 1e-3                                                # <= 1/K: closed form applies
+  ly, uy = H.laplace_kde_interval(y, a)
+  np.testing.assert_allclose(H.laplace_kde_cdf(ly, y, h), a / 2, atol=1e-9)
+  np.testing.assert_allclose(H.laplace_kde_cdf(uy, y, h), 1 - a / 2, atol=1e-9)
+  assert np.all(ly <= y.min(0)) and np.all(uy >= y.max(0))
+  bl = H._bisect_cdf(y, h, np.full(7, a / 2), ly - 5 * h, y.max(0), 200)
+  bu = H._bisect_cdf(y, h, np.full(7, 1 - a / 2), y.min(0), uy + 5 * h, 200)
+  np.testing.assert_allclose(bl, ly, atol=1e-9)
+  np.testing.assert_allclose(bu, uy, atol=1e-9)
+
+
+def test_kde_fallback_when_closed_form_does_not_apply():
+  rng = np.random.default_rng(4)
+  y = rng.normal(size=(50, 5))
+  h = np.mean(np.abs(y - np.median(y, 0)), 0)
+  a = 0.2                                                 # > 1/K: quantiles inside the data
+  ly, uy = H.laplace_kde_interval(y, a)
+  assert np.sum(ly > y.min(0)) >= 3 and np.sum(uy < y.max(0)) >= 3   # mostly the fallback
+  np.testing.assert_allclose(H.laplace_kde_cdf(ly, y, h), a / 2, atol=1e-9)
+  np.testing.assert_allclose(H.laplace_kde_cdf(uy, y, h), 1 - a / 2, atol=1e-9)
+
+
+def test_pred_int_covers_observed_values_and_is_equivariant():
+  """Equivariance holds to 1e-6 relative, not the spec's 1e-9: λ is the argmax of a likelihood
+  that is flat at its optimum, so rounding differences of ~1e-16 in z move λ by ~1e-8."""
+  rng = np.random.default_rng(5)
+  v = np.concatenate([rng.normal(size=(400, 4)), rng.lognormal(size=(400, 3))], axis=1)
+  a = 1e-4
+  lo, hi = H.pred_int(v, a)
+  assert np.all(lo <= v.min(0)) and np.all(hi >= v.max(0))
+  lo2, hi2 = H.pred_int(3.5 * v - 2.0, a)
+  np.testing.assert_allclose(lo2, 3.5 * lo - 2.0, rtol=1e-6)
+  np.testing.assert_allclose(hi2, 3.5 * hi - 2.0, rtol=1e-6)
+
+
+def test_pred_int_degenerate_and_errors():
+  v = np.column_stack([np.full(10, 0.25), np.arange(10.0)])
+  lo, hi = H.pred_int(v, 0.01)
+  assert lo[0] == hi[0] == 0.25 and np.all(np.isfinite([lo, hi]))
+  with pytest.raises(ValueError, match="alpha"):
+    H.pred_int(v, 1.5)
+  with pytest.raises(ValueError, match="NaN"):
+    H.pred_int(np.array([[1.0], [np.nan]]), 0.1)
+  with pytest.raises(ValueError, match="variant"):
+    H.pred_int(v, 0.1, variant="bogus")
+
+
+def test_pred_int_variants_cover_and_differ():
+  rng = np.random.default_rng(6)
+  v = rng.lognormal(size=(300, 5)) * 0.1 + 1.0
+  out = {k: H.pred_int(v, 1e-3, variant=k) for k in H.PRED_INT_VARIANTS}
+  for k, (lo, hi) in out.items():
+    assert np.all(lo < hi), k
+    if k != "gaussian":                     # the KDE variants cover the data when α' <= 1/K
+      assert np.all(lo < v.min(0)) and np.all(hi > v.max(0)), k
+  assert not np.allclose(out["predint"][1], out["gaussian"][1])
+
+
+def test_pred_int_calibration():
+  """Spec §3 property 7 (statistical, fixed seed): miss rate on fresh draws <= α' + margin."""
+  rng = np.random.default_rng(7)
+  a, p, fresh = 1e-3, 20, 5000
+  sources = {
+      "normal": lambda s: rng.normal(size=s),
+      "laplace": lambda s: rng.laplace(size=s),
+      "lognormal": lambda s: rng.lognormal(size=s),
+      "mixture": lambda s: np.where(rng.random(s) < 0.3, rng.normal(3, 0.5, s), rng.normal(0, 1, s)),
+      "student5": lambda s: rng.standard_t(5, size=s),
+  }
+  for name, draw in sources.items():
+    lo, hi = H.pred_int(draw((1000, p)), a)
+    new = draw((fresh, p))
+    miss = np.mean((new < lo) | (new > hi))
+    trials = fresh * p
+    margin = 3 * np.sqrt(a * (1 - a) / trials)
+    assert miss <= a + margin, (name, miss)
+
+
+def test_union_bound_network_coverage():
+  """Spec §3 property 8: P independent parameters at α' = α/P; ≥ 1 - α of fresh networks inside."""
+  rng = np.random.default_rng(8)
+  p, alpha, fresh = 200, 0.1, 2000
+  scale, shift = rng.random(p) + 0.1, rng.normal(size=p)
+  draw = lambda m: rng.standard_t(8, size=(m, p)) * scale + shift
+  lo, hi = H.pred_int(draw(1000), alpha / p)
+  inside = np.mean(np.all((draw(fresh) >= lo) & (draw(fresh) <= hi), axis=1))
+  assert inside >= 1 - alpha - 3 * np.sqrt(alpha * (1 - alpha) / fresh)
+
+
+# ---------------------------------------------------------------------------------------------
+# PredHyperNet
+# ---------------------------------------------------------------------------------------------
+
+def test_pred_hyper_net_with_stationary_mock_trainer():
+  rng = np.random.default_rng(9)
+  full = {"w": np.zeros((4, 3), np.float32), "b": np.zeros(3, np.float32)}
+  seen = []
+
+  def train_fn(idx):
+    seen.append(np.asarray(idx).copy())
+    m = len(idx)
+    return {"w": rng.normal(size=(m, 4, 3)).astype(np.float32),
+            "b": rng.laplace(size=(m, 3)).astype(np.float32)}
+
+  res = H.pred_hyper_net(train_fn, full, n=5000, k=100, alpha=0.01, seed=0, progress=False)
+  assert res.converged and res.iterations >= 2
+  assert res.networks.shape[0] == 1 + 100 * res.iterations >= 201
+  allidx = np.concatenate(seen)
+  assert len(np.unique(allidx)) == allidx.size and np.array_equal(allidx, res.entries)
+  assert res.alpha_p == pytest.approx(0.01 / 15)          # <= 1/K: observed values covered
+  assert H.contains_members(res.hyper, {"b": res.networks[:, :3],           # leaf order: b, w
+                                        "w": res.networks[:, 3:].reshape(-1, 4, 3)}).all()
+  assert res.converged_fraction[-1] >= 0.9
+  again = H.pred_hyper_net(lambda idx: {"w": np.zeros((len(idx), 4, 3), np.float32),
+                                        "b": np.zeros((len(idx), 3), np.float32)},
+                           full, n=250, k=100, progress=False)
+  assert again.converged and again.iterations == 1       # all-identical networks: J = 1 at once
+  capped = H.pred_hyper_net(train_fn, full, n=5000, k=100, R=0.0, M=1.0, max_networks=301,
+                            progress=False)
+  assert not capped.converged and capped.networks.shape[0] == 301
+
+
+def test_pred_hyper_net_real_leave_one_out_coverage():
+  """Spec §3 property 10 on a small synthetic task: PredHyperNet from sampled leave-one-out
+  networks covers fresh leave-one-out networks (never sampled) at ≥ 1 - α minus a margin, and
+  does better than the min/max of the same networks."""
+  rng = np.random.default_rng(10)
+  n, d = 600, 6
+  x = rng.random((n, d)).astype(np.float32)
+  y = (x @ rng.normal(size=d) > 0).astype(np.int32)
+  model = MLP(hidden=(6,), out=2)
+  params = model.init(jax.random.PRNGKey(0), x[:1])
+  kw = dict(epochs=2, batch_size=64, seed=0, progress=False, chunk_size=256)
+  opt = E.sgd(0.1, l1=1e-5)
+  full = E.train_single(model, params, opt, x, y, None, epochs=2, batch_size=64, seed=0)
+  res = H.pred_hyper_net(H.ensemble_trainer(model, params, opt, x, y, **kw), full, n, k=50,
+                         alpha=0.1, progress=False)
+  unseen = np.setdiff1d(np.arange(n), res.entries)[:200]
+  fresh = E.train_ensemble(model, params, opt, x, y, E.leave_k_out(unseen, include_full=False),
+                           **kw)
+  rate = H.network_abstraction_rate(res.hyper, fresh.params)
+  assert rate >= 100 * (0.9 - 3 * np.sqrt(0.09 / 200))
+  exact = H.from_ensemble({"all": res.networks})
+  exact = {"lo": exact["all"].lower, "hi": exact["all"].upper}
+  rate_minmax = H.network_abstraction_rate((np.asarray(exact["lo"]), np.asarray(exact["hi"])),
+                                           H.flatten_stacked(fresh.params))
+  assert rate >= rate_minmax
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics (spec §4.5) on hand-made examples
+# ---------------------------------------------------------------------------------------------
+
+def test_metrics_hand_made():
+  nets = np.array([[0.0, 0.0, 5.0, 1.0],
+                   [1.0, 2.0, 5.0, 1.0],
+                   [2.0, 4.0, 5.0, 1.0]])             # I* = [0,2], [0,4], [5,5], [1,1]
+  lo = np.array([0.0, 1.0, 4.0, 1.0])
+  hi = np.array([4.0, 3.0, 6.0, 1.0])                  # pred = [0,4], [1,3], [4,6], [1,1]
+  m = H.sphynx_metrics((lo, hi), nets)
+  assert m["weight_abstraction_rate"] == pytest.approx(75.0)           # params 0, 2, 3
+  # miscoverage: (0/4 + 2/2 + 0/2) / 3, parameter 3 (zero predicted width) excluded
+  assert m["miscoverage"] == pytest.approx(1 / 3) and m["miscoverage_excluded"] == 1
+  # overcoverage: geometric mean of |pred ⊔ I*| / |I*| = 4/2, 4/4; params 2, 3 excluded
+  assert m["overcoverage"] == pytest.approx(np.sqrt(2.0)) and m["overcoverage_excluded"] == 2
+  # networks inside: row 0 (param 1 = 0 < 1) no, row 1 yes, row 2 (4 > 3) no
+  assert m["network_abstraction_rate"] == pytest.approx(100 / 3)
+  exact = H.sphynx_metrics((nets.min(0), nets.max(0)), nets)
+  assert exact["weight_abstraction_rate"] == 100 and exact["network_abstraction_rate"] == 100
+  assert exact["miscoverage"] == 0 and exact["overcoverage"] == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Output bounds of a hyper-network (bj.ibp with interval parameters): soundness by sampling
+# ---------------------------------------------------------------------------------------------
+
+def test_hyper_output_bounds_contain_sampled_networks_and_inputs():
+  pytest.importorskip("boundjax.transforms")
+  rng = np.random.default_rng(11)
+  model = MLP(hidden=(8, 8), out=2)
+  x = rng.random((40, 5)).astype(np.float32)
+  y = (x[:, 0] > 0.5).astype(np.int32)
+  params = model.init(jax.random.PRNGKey(0), x[:1])
+  ens = E.train_ensemble(model, params, E.sgd(0.5), x, y, E.leave_k_out(np.arange(12)),
+                         epochs=2, batch_size=8, progress=False)
+  hyper = H.from_ensemble(ens.params)
+  box = Interval.around(jnp.asarray(x[:3]), 0.05, domain=(0.0, 1.0))
+  out = H.hyper_output_bounds(model.apply, hyper, box)
+  lo, hi = np.asarray(out.lower), np.asarray(out.upper)
+  leaves, treedef = jax.tree_util.tree_flatten(hyper, is_leaf=lambda l: isinstance(l, Interval))
+  nets = [ens.member(i) for i in range(ens.n_members)]
+  for _ in range(60):                                   # uniform points and vertices of the box
+    pick = rng.random()
+    nets.append(jax.tree_util.tree_unflatten(treedef, [
+        np.where(rng.random(l.shape) < 0.5, l.lower, l.upper) if pick < 0.5 else
+        l.lower + rng.random(l.shape).astype(np.float32) * (l.upper - l.lower) for l in leaves]))
+  for net in nets:
+    xs = np.asarray(box.lower) + rng.random((3, 5)).astype(np.float32) * np.asarray(box.width)
+    z = np.asarray(model.apply(net, xs))
+    assert np.all(z >= lo - 1e-5) and np.all(z <= hi + 1e-5)
