@@ -132,12 +132,36 @@ def test_adult_sensitive_metadata():
 
 
 def test_adult_cached_and_read_only():
-  a, b = data.load_adult(), data.load_adult()
-  assert a is b
+  a, b = data.load_adult(), data.load_adult(encoding="sphynx")
+  assert a is b and data.load_credit() is data.load_credit("sphynx", "Age", 0.2, 0)
   with pytest.raises(ValueError):
     a.x_train[0, 0] = 0.5
   with pytest.raises(TypeError):
     a.meta["source"] = "x"
+
+
+def test_attribute_variants_and_box():
+  ds = data.load_adult()
+  x = ds.x_test[:5]
+  for g in (ds.sensitive, ds.group("race")):
+    v = data.attribute_variants(x, g)
+    assert v.shape == (5, len(g.categories), 21)
+    other = [c for c in range(21) if c not in g.columns]
+    np.testing.assert_array_equal(v[:, :, other], np.repeat(x[:, None, other], v.shape[1], 1))
+    np.testing.assert_array_equal(v[:, :, list(g.columns)],
+                                  np.broadcast_to(g.values, (5,) + g.values.shape))
+    lo, hi = data.attribute_box(x, g)
+    assert np.all((lo[:, None] <= v) & (v <= hi[:, None]))
+    assert np.all((lo <= x) & (x <= hi)) and lo.min() >= 0.0 and hi.max() <= 1.0
+    np.testing.assert_array_equal(lo[:, other], x[:, other])
+  # The original point is one of the variants (its own category).
+  v = data.attribute_variants(x, ds.sensitive)
+  assert all(any(np.array_equal(v[i, j], x[i]) for j in range(2)) for i in range(5))
+  age = ds.group("age")
+  lo, hi = data.attribute_box(x[0], age)
+  assert lo[age.columns[0]] == 0.0 and hi[age.columns[0]] == 1.0
+  with pytest.raises(ValueError, match="continuous"):
+    data.attribute_variants(x, age)
 
 
 def test_adult_bad_encoding():

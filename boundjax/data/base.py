@@ -158,7 +158,7 @@ class Dataset:
     return tuple(g for g in self.groups if g.kind != CONTINUOUS)
 
   def group(self, name: str) -> FeatureGroup:
-    """The `FeatureGroup` of the attribute called ``name`` (``KeyError`` listing names if absent)."""
+    """The `FeatureGroup` of the attribute ``name`` (``KeyError`` listing the names if absent)."""
     for g in self.groups:
       if g.name == name:
         return g
@@ -172,8 +172,44 @@ class Dataset:
             f"{self.num_classes} classes (train counts {counts.tolist()})")
 
 
+def attribute_variants(x: np.ndarray, group: FeatureGroup) -> np.ndarray:
+  """Every point of ``x`` with attribute ``group`` set to each of its encoded values.
+
+  For a row ``x`` of shape ``(d,)`` returns ``(m, d)``: row ``i`` is ``x`` with ``group.columns``
+  replaced by ``group.values[i]`` — the finite "Sensitivity" neighbourhood of spec 003 §1.2 in
+  its discrete form. For a batch ``(n, d)`` returns ``(n, m, d)``.
+
+  Raises:
+    ValueError: ``group`` is continuous (no finite set of values; use `attribute_box`).
+  """
+  if group.values is None:
+    raise ValueError(f"attribute_variants: {group.name!r} is continuous; use attribute_box.")
+  x = np.asarray(x, dtype=np.float32)
+  out = np.repeat(x[..., None, :], len(group.categories), axis=-2)
+  out[..., list(group.columns)] = group.values
+  return out
+
+
+def attribute_box(x: np.ndarray, group: FeatureGroup) -> tuple[np.ndarray, np.ndarray]:
+  """``(lower, upper)`` of the box around ``x`` where only attribute ``group`` is free.
+
+  The free columns range over ``[min, max]`` of the attribute's encoded values (``[0, 1]`` for a
+  continuous attribute); every other column is fixed to ``x``. This is the continuous form of the
+  "Sensitivity" neighbourhood (spec 003 §1.2, default: continuous), intersected with ``[0, 1]``;
+  it contains every point of `attribute_variants`.
+  """
+  x = np.asarray(x, dtype=np.float32)
+  lo, hi = x.copy(), x.copy()
+  cols = list(group.columns)
+  if group.values is None:
+    lo[..., cols], hi[..., cols] = 0.0, 1.0
+  else:
+    lo[..., cols], hi[..., cols] = group.values.min(axis=0), group.values.max(axis=0)
+  return lo, hi
+
+
 def signed_labels(y: np.ndarray) -> np.ndarray:
-  """Maps binary labels ``{0, 1}`` to ``{-1, +1}`` (``2y - 1``), the form Sphynx uses (spec 003 §4.2)."""
+  """Maps binary labels ``{0, 1}`` to ``{-1, +1}`` (``2y - 1``), Sphynx's form (spec 003 §4.2)."""
   y = np.asarray(y)
   if y.size and not np.isin(y, (0, 1)).all():
     raise ValueError("signed_labels: labels must be binary {0, 1}.")

@@ -38,7 +38,7 @@ _FILES = {"train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
 
 
 def read_idx(path: str | pathlib.Path) -> np.ndarray:
-  """Reads an idx file (optionally gzipped): big-endian magic ``0x00 0x00 dtype ndim``, dims, data."""
+  """Reads an idx file (optionally gzipped): magic ``00 00 dtype ndim``, big-endian dims, data."""
   path = pathlib.Path(path)
   opener = gzip.open if path.suffix == ".gz" else open
   with opener(path, "rb") as f:
@@ -107,7 +107,8 @@ def load_fashion_mnist(flatten: bool = False, data_dir: str = FASHION_MNIST_DIR)
       name="fashion_mnist", x_train=x_tr, y_train=y_tr,
       x_test=x_te, y_test=y_te, feature_names=(), groups=(), sensitive=None,
       num_classes=10,
-      meta={"source": f"Debian dataset-fashion-mnist ({data_dir})", "classes": FASHION_MNIST_CLASSES,
+      meta={"source": f"Debian dataset-fashion-mnist ({data_dir})",
+            "classes": FASHION_MNIST_CLASSES,
             "split": "original train / t10k", "layout": "flat" if flatten else "NHWC",
             "scaling": "pixel / 255"})
 
@@ -123,7 +124,8 @@ def load_fashion_mnist_binary(negative: Sequence[int] = (0,), positive: Sequence
   negative, positive = tuple(int(c) for c in negative), tuple(int(c) for c in positive)
   chosen = negative + positive
   if not negative or not positive:
-    raise ValueError("load_fashion_mnist_binary: need at least one negative and one positive class.")
+    raise ValueError("load_fashion_mnist_binary: need at least one negative and one positive "
+                     "class.")
   if len(set(chosen)) != len(chosen) or not all(0 <= c < 10 for c in chosen):
     raise ValueError(f"load_fashion_mnist_binary: classes must be distinct in 0..9, got "
                      f"negative={negative}, positive={positive}.")

@@ -50,7 +50,6 @@ def blob_features(points: np.ndarray, dataset: Dataset | None = None) -> np.ndar
   return minmax_apply(f, lo, hi)[0]
 
 
-@functools.lru_cache(maxsize=8)
 def make_blobs(setting: str = "separable", n_train: int = 5000, seed: int = 0,
                scale: bool = True) -> Dataset:
   """AGT's blobs: ``int(1.25 * n_train)`` points, 80/20 split, 6 polynomial features.
@@ -61,14 +60,19 @@ def make_blobs(setting: str = "separable", n_train: int = 5000, seed: int = 0,
     seed: seeds both the sampling and the split (AGT's ``random_state``).
     scale: min–max the features to ``[0, 1]`` (fitted on train); ``False`` = AGT's raw features.
   """
-  from sklearn.datasets import make_blobs as sk_make_blobs
-  from sklearn.model_selection import train_test_split
   key = _ALIASES.get(setting, setting)
   if key not in BLOB_SETTINGS:
     raise ValueError(f"make_blobs: unknown setting {setting!r}; choose one of "
                      f"{tuple(BLOB_SETTINGS) + tuple(_ALIASES)}.")
   if n_train < 4:
     raise ValueError(f"make_blobs: n_train must be at least 4, got {n_train}.")
+  return _make_blobs(key, int(n_train), int(seed), bool(scale))
+
+
+@functools.lru_cache(maxsize=8)
+def _make_blobs(key: str, n_train: int, seed: int, scale: bool) -> Dataset:
+  from sklearn.datasets import make_blobs as sk_make_blobs
+  from sklearn.model_selection import train_test_split
   c, s = BLOB_SETTINGS[key]
   centers = np.array([[c, c], [-c, -c]])
   pts, y = sk_make_blobs(n_samples=int(1.25 * n_train), n_features=2, centers=centers,
@@ -82,6 +86,8 @@ def make_blobs(setting: str = "separable", n_train: int = 5000, seed: int = 0,
     f_te, clipped = minmax_apply(f_te, lo, hi)
   else:
     lo, hi = f_tr.min(axis=0), f_tr.max(axis=0)
+  p_tr, p_te = p_tr.astype(np.float32), p_te.astype(np.float32)
+  p_tr.setflags(write=False), p_te.setflags(write=False)
   groups = tuple(FeatureGroup(n, CONTINUOUS, (i,), raw_range=(float(lo[i]), float(hi[i])))
                  for i, n in enumerate(FEATURE_NAMES))
   return Dataset(
@@ -89,6 +95,6 @@ def make_blobs(setting: str = "separable", n_train: int = 5000, seed: int = 0,
       feature_names=FEATURE_NAMES, groups=groups, sensitive=None, num_classes=2,
       meta={"source": "AGT blobs (sklearn make_blobs)", "setting": key, "center": c, "std": s,
             "seed": seed, "scaled": scale, "test_values_clipped": clipped,
-            "points_train": p_tr.astype(np.float32), "points_test": p_te.astype(np.float32),
+            "points_train": p_tr, "points_test": p_te,
             "split": f"train_test_split(test_size=0.2, random_state={seed})",
             "classes": (f"+({c}, {c})", f"-({c}, {c})"), "spec": "001-agt §4.2"})

