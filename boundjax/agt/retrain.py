@@ -1,0 +1,230 @@
+"""Empirical soundness checks of AGT by real retraining (spec §3 checks 8, 9 and 14).
+
+The bounds of `boundjax.agt.fit` claim (Def 4.3) that training on any dataset D' whose batches
+each differ from the nominal ones by at most k removals and k additions stays inside the box at
+every step. These helpers build such D' (random and adversarial removals, random, large-norm and
+label-flipped additions, substitutions), retrain on them with the *same* initialisation, batch
+schedule, step sizes, clipping and optimiser, many datasets at once (``vmap`` over datasets,
+``lax.scan`` over steps), and count every parameter that leaves the box and every certified
+prediction that changes.
+
+A modified batch of the nominal batch B (size b) is represented with fixed shapes: the b nominal
+points with 0/1 weights (0 = removed) followed by k extra slots (weight 1 = added point). The
+descent direction is ``sum_i w_i Clip(g_i) / sum_i w_i`` (true SGD on the modified batch), or
+``/ b`` with ``normalise="nominal"`` (the fixed-1/b convention); Thm 4.6 covers both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from boundjax.agt import descent, losses
+from boundjax.agt.certify import certify, predict
+from boundjax.agt.config import Config
+from boundjax.agt.train import State, batches, init, make_step, nominal_grad_fn, update
+from boundjax.interval import Interval
+
+Array = jax.Array
+_is_iv = lambda x: isinstance(x, Interval)  # noqa: E731
+
+
+class Neighbours(NamedTuple):
+  """A stack of M modified datasets, per batch (nb batches of size b, k extra slots).
+
+  Attributes:
+    keep: (M, nb, b) weights of the nominal points (0 = removed).
+    x_add: (M, nb, k, *x_shape) added inputs; y_add: (M, nb, k, *y_shape) their labels.
+    w_add: (M, nb, k) 1 where a slot holds an added point.
+  """
+  keep: Array
+  x_add: Array
+  y_add: Array
+  w_add: Array
+
+  @property
+  def n_removed(self) -> int:
+    return int(np.sum(1 - np.asarray(self.keep)))
+
+  @property
+  def n_added(self) -> int:
+    return int(np.sum(np.asarray(self.w_add)))
+
+
+def agt_trajectory(model_apply: Callable, params: Any, X: Array, y: Array, config: Config,
+                   backend: str = "mlp") -> tuple[Any, Any]:
+  """AGT on the fixed schedule, returning the nominal parameters and boxes after EVERY step.
+
+  Returns ``(params_traj, bounds_traj)``: pytrees whose leaves have a leading axis of length
+  ``n_epochs * n_batches``.
+  """
+  sched = jnp.asarray(batches(X.shape[0], config))
+  step = make_step(model_apply, config, backend)
+  idx = jnp.tile(sched, (config.n_epochs, 1))
+
+  def body(state, i):
+    state = step(state, X[i], y[i])
+    return state, (state.params, state.bounds)
+  _, (pt, bt) = jax.jit(lambda s: jax.lax.scan(body, s, idx))(init(params, config))
+  return pt, bt
+
+
+def retrain(model_apply: Callable, params: Any, X: Array, y: Array, config: Config,
+            nb: Neighbours, normalise: str = "actual") -> Any:
+  """Plain (clipped) training on every dataset in ``nb``; parameters after every step.
+
+  Uses the same step sizes, optimiser, regularisation and clipping as AGT's nominal run.
+  Returns a pytree whose leaves have shape (M, steps, *param_shape).
+  """
+  if normalise not in ("actual", "nominal"):
+    raise ValueError(f"retrain: normalise must be 'actual' or 'nominal', got {normalise!r}.")
+  sched = jnp.asarray(batches(X.shape[0], config))
+  n_b = sched.shape[0]
+  steps = config.n_epochs * n_b
+  gfn = nominal_grad_fn(model_apply, config.loss)
+  gamma = config.clip_gamma
+  b = config.batch_size
+  k = nb.w_add.shape[-1]
+
+  def one(keep, x_add, y_add, w_add):
+    def body(state, t):
+      j = t % n_b
+      xi = X[sched[j]]
+      yi = y[sched[j]]
+      w = keep[j]
+      if k:
+        xi = jnp.concatenate([xi, x_add[j]], 0)
+        yi = jnp.concatenate([yi, y_add[j].astype(yi.dtype)], 0)
+        w = jnp.concatenate([w, w_add[j]], 0)
+      g = descent.clip(gfn(state.params, xi, yi), gamma)
+      denom = jnp.sum(w) if normalise == "actual" else b
+      d = jax.tree_util.tree_map(
+          lambda a: jnp.tensordot(w.astype(a.dtype), a, axes=(0, 0)) / denom, g)
+      state = update(config, state, d, d, d)
+      return state, state.params
+    _, traj = jax.lax.scan(body, init(params, config), jnp.arange(steps))
+    return traj
+  return jax.jit(jax.vmap(one))(nb.keep, nb.x_add, nb.y_add, nb.w_add)
+
+
+def make_neighbours(seed: int, model_apply: Callable, params: Any, X: Array, y: Array,
+                    config: Config, n_sets: int, k: int | None = None,
+                    n_classes: int | None = None) -> Neighbours:
+  """M = ``n_sets`` datasets, each batch changed by up to k removals and up to k additions.
+
+  The kinds cycle over: random removals; adversarial removals (the k points of each batch with
+  the largest loss under ``params``, and with the largest gradient norm); additions of random
+  points, of large-norm points (x 5 the data scale) and of label-flipped copies of batch points;
+  substitutions (k removals + k additions); and mixtures with random counts in [0, k].
+  """
+  k = config.k_private if k is None else k
+  sched = np.asarray(batches(X.shape[0], config))
+  n_b, b = sched.shape
+  Xn, yn = np.asarray(X), np.asarray(y)
+  rng = np.random.default_rng(seed)
+  lf = losses.per_sample_loss(config.loss)
+  loss_i = np.asarray(jax.vmap(lambda x_, y_: lf(model_apply(params, x_[None])[0], y_))(X, y))
+  g = nominal_grad_fn(model_apply, config.loss)(params, X, y)
+  gnorm = np.sqrt(sum(np.sum(np.asarray(a).reshape(a.shape[0], -1) ** 2, 1)
+                      for a in jax.tree_util.tree_leaves(g)))
+  scale = float(np.abs(Xn).max())
+  if n_classes is None:
+    n_classes = 2 if config.loss != "cross_entropy" else int(yn.max()) + 1
+
+  keep = np.ones((n_sets, n_b, b), Xn.dtype)
+  x_add = np.zeros((n_sets, n_b, k) + Xn.shape[1:], Xn.dtype)
+  y_add = np.zeros((n_sets, n_b, k) + yn.shape[1:], yn.dtype)
+  w_add = np.zeros((n_sets, n_b, k), Xn.dtype)
+  kinds = ["rand_rm", "loss_rm", "grad_rm", "rand_add", "big_add", "flip_add", "subst", "mix"]
+
+  def new_label(lbl):
+    if config.loss == "mse":
+      return lbl + rng.normal(size=np.shape(lbl)) * 3
+    return (lbl + rng.integers(1, n_classes)) % n_classes if n_classes > 2 else 1 - lbl
+
+  for m in range(n_sets):
+    kind = kinds[m % len(kinds)]
+    for j in range(n_b):
+      idx = sched[j]
+      r = a = 0
+      if kind in ("rand_rm", "loss_rm", "grad_rm"):
+        r = k
+      elif kind in ("rand_add", "big_add", "flip_add"):
+        a = k
+      elif kind == "subst":
+        r = a = k
+      else:
+        r, a = rng.integers(0, k + 1), rng.integers(0, k + 1)
+      if r:
+        if kind == "loss_rm":
+          rm = np.argsort(-loss_i[idx])[:r]
+        elif kind == "grad_rm":
+          rm = np.argsort(-gnorm[idx])[:r]
+        else:
+          rm = rng.choice(b, r, replace=False)
+        keep[m, j, rm] = 0
+      for s in range(a):
+        src = idx[rng.integers(b)]
+        if kind == "big_add":
+          xa = rng.normal(size=Xn.shape[1:]) * 5 * scale
+          ya = new_label(yn[src])
+        elif kind == "flip_add" or (kind in ("subst", "mix") and s % 2 == 0):
+          xa = Xn[src]
+          ya = new_label(yn[src])
+        else:
+          xa = rng.normal(size=Xn.shape[1:]) * scale
+          ya = yn[rng.integers(len(yn))]
+        x_add[m, j, s], y_add[m, j, s], w_add[m, j, s] = xa, ya, 1
+  return Neighbours(jnp.asarray(keep), jnp.asarray(x_add), jnp.asarray(y_add), jnp.asarray(w_add))
+
+
+@dataclasses.dataclass
+class RetrainReport:
+  """Counts from `empirical_retrain_test` (all violation counts must be zero)."""
+  k: int
+  retrained_models: int
+  steps_checked: int
+  removals: int
+  additions: int
+  param_violations: int         # (model, step) pairs with a parameter outside the box
+  max_excess: float             # largest distance outside the box (0 when sound)
+  certified_points: int
+  certified_checks: int         # (model, certified point) pairs compared
+  prediction_changes: int       # certified predictions that changed under retraining
+
+
+def empirical_retrain_test(model_apply: Callable, params: Any, X: Array, y: Array,
+                           config: Config, X_test: Array, *, n_sets: int = 32, seed: int = 0,
+                           backend: str = "mlp", normalise: str = "actual",
+                           tol: float = 0.0) -> RetrainReport:
+  """Retrains on ``n_sets`` neighbouring datasets and checks the AGT box at every step.
+
+  Returns a `RetrainReport`; the caller asserts ``param_violations == 0`` and
+  ``prediction_changes == 0``.
+  """
+  pt, bt = agt_trajectory(model_apply, params, X, y, config, backend)
+  final_params = jax.tree_util.tree_map(lambda a: a[-1], pt)
+  final_box = jax.tree_util.tree_map(lambda a: a[-1], bt)
+  nb = make_neighbours(seed, model_apply, final_params, X, y, config, n_sets)
+  rt = retrain(model_apply, params, X, y, config, nb, normalise)
+  lo = jax.tree_util.tree_map(lambda b: b.lower, bt, is_leaf=_is_iv)
+  hi = jax.tree_util.tree_map(lambda b: b.upper, bt, is_leaf=_is_iv)
+  excess = [jnp.maximum(l[None] - r, r - h[None]).reshape(r.shape[0], r.shape[1], -1).max(-1)
+            for l, h, r in zip(jax.tree_util.tree_leaves(lo), jax.tree_util.tree_leaves(hi),
+                               jax.tree_util.tree_leaves(rt))]
+  exc = np.max(np.stack([np.asarray(e) for e in excess]), 0)        # (M, steps)
+  viol = int(np.sum(exc > tol))
+  cert = certify(model_apply, final_params, final_box, X_test, backend=backend)
+  nominal = np.asarray(predict(model_apply, final_params, X_test))
+  rt_final = jax.tree_util.tree_map(lambda a: a[:, -1], rt)
+  preds = np.asarray(jax.vmap(lambda p: predict(model_apply, p, X_test))(rt_final))
+  changes = int(np.sum((preds != nominal[None]) & cert[None]))
+  return RetrainReport(
+      k=config.k_private, retrained_models=n_sets, steps_checked=int(exc.size),
+      removals=nb.n_removed, additions=nb.n_added, param_violations=viol,
+      max_excess=float(max(exc.max(), 0.0)), certified_points=int(cert.sum()),
+      certified_checks=int(cert.sum()) * n_sets, prediction_changes=changes)

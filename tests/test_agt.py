@@ -1,0 +1,411 @@
+"""Unit tests of boundjax.agt: Thm 4.6, streaming top-k, gradient bounds, updates (spec §3)."""
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from boundjax import agt
+from boundjax.agt import descent, losses, mlp, retrain
+from boundjax.agt import bounds as bnd
+from boundjax.interval import Interval
+
+
+@pytest.fixture(autouse=True)
+def x64():
+  with jax.enable_x64(True):
+    yield
+
+
+def _is_iv(x):
+  return isinstance(x, Interval)
+
+
+# ---------------------------------------------------------------------------------------------
+# Config
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(k_private=10), "k_private"),
+    (dict(k_private=1), "clip_gamma must be finite"),
+    (dict(loss="hinge"), "loss"),
+    (dict(optimizer="adam"), "optimizer"),
+    (dict(momentum=0.9), "optimizer='sgdm'"),
+    (dict(l1_reg=0.1, l2_reg=0.1), "l1_reg"),
+    (dict(l2_reg=5.0), "monotone"),
+    (dict(learning_rate=0.0), "learning_rate"),
+])
+def test_config_rejects_bad_values(kw, msg):
+  base = dict(n_epochs=1, learning_rate=0.5, batch_size=10)
+  base.update(kw)
+  with pytest.raises(ValueError, match=msg):
+    agt.Config(**base)
+
+
+def test_lr_schedule():
+  c = agt.Config(n_epochs=1, learning_rate=2.0, batch_size=4, lr_decay=0.5, lr_min=0.5)
+  np.testing.assert_allclose([float(c.lr(n)) for n in range(5)], [2.0, 2 / 1.5, 1.0, 0.8, 2 / 3])
+  assert float(c.lr(100)) == 0.5
+
+
+# ---------------------------------------------------------------------------------------------
+# Thm 4.6 by brute force (spec §3 check 4) and the streaming form (check 5)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("b, k", [(5, 1), (6, 2), (4, 3)])
+def test_thm46_brute_force(b, k):
+  rng = np.random.default_rng(b * 10 + k)
+  d, gamma = 3, 0.7
+  gl = rng.uniform(-1.5, 1.5, (b, d))
+  delta_l = np.clip(gl, -gamma, gamma)
+  delta_u = np.clip(gl + rng.uniform(0, 0.6, (b, d)), -gamma, gamma)
+  lo, hi = map(np.asarray, descent.descent_bounds_dense(jnp.asarray(delta_l), jnp.asarray(delta_u),
+                                                        k, gamma))
+  checked = 0
+  for r in range(k + 1):
+    for rm in itertools.combinations(range(b), r):
+      keep = [i for i in range(b) if i not in rm]
+      for a in range(k + 1):
+        adds = [np.array(v) for v in itertools.product([-gamma, gamma], repeat=d)]
+        adds += [rng.uniform(-gamma, gamma, d) for _ in range(4)]
+        for combo in itertools.combinations_with_replacement(range(len(adds)), a):
+          for _ in range(2):   # a concrete gradient of each kept point inside its bound
+            t = rng.uniform(size=(len(keep), d))
+            t[: len(keep) // 2] = np.round(t[: len(keep) // 2])
+            g = delta_l[keep] + t * (delta_u[keep] - delta_l[keep])
+            tot = g.sum(0) + sum((adds[c] for c in combo), np.zeros(d))
+            n = len(keep) + a
+            # true SGD on the changed batch (1/|B~|); the fixed-1/b convention only when the
+            # batch does not grow (a <= r): see test_fixed_b_normalisation_needs_a_le_r.
+            for mean in ((tot / n, tot / b) if a <= r else (tot / n,)):
+              assert np.all(lo <= mean + 1e-12) and np.all(mean <= hi + 1e-12)
+              checked += 1
+  assert checked > 100
+
+
+def test_fixed_b_normalisation_needs_a_le_r():
+  """Spec §2.6 claims Thm 4.6 also covers dividing by the nominal b; not when a > r.
+
+  With k additions and no removal, sum/b of b + k clipped gradients can exceed gamma, so it
+  exceeds the bound. True SGD on the changed batch divides by |B~| and stays covered.
+  """
+  b, k, gamma = 4, 2, 1.0
+  d = jnp.full((b, 1), 0.9)
+  lo, hi = descent.descent_bounds_dense(d, d, k, gamma)
+  tot = 0.9 * b + k * gamma
+  assert tot / (b + k) <= float(hi[0])
+  assert tot / b > float(hi[0])
+
+
+def test_thm46_is_tight_at_the_worst_case():
+  """The bound is attained: remove the k largest lower bounds, add k copies of -gamma."""
+  rng = np.random.default_rng(0)
+  b, k, gamma = 7, 2, 1.0
+  dl = rng.uniform(-1, 1, (b, 1))
+  lo, _ = descent.descent_bounds_dense(jnp.asarray(dl), jnp.asarray(dl), k, gamma)
+  worst = (np.sort(dl[:, 0])[: b - k].sum() - k * gamma) / b
+  np.testing.assert_allclose(np.asarray(lo)[0], worst)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 11])
+@pytest.mark.parametrize("frag", [1, 3, 5, 12])
+def test_streaming_topk_equals_dense(k, frag):
+  rng = np.random.default_rng(k + 7 * frag)
+  b = 12
+  dl = jnp.asarray(rng.normal(size=(b, 4, 3)))
+  du = dl + jnp.asarray(rng.uniform(size=(b, 4, 3)))
+  ref = descent.descent_bounds_dense(dl, du, k, 0.8)
+  got = descent.descent_bounds(dl, du, k, 0.8, fragsize=frag)
+  perm = rng.permutation(b)
+  got_perm = descent.descent_bounds(dl[perm], du[perm], k, 0.8, fragsize=frag)
+  for r, g, gp in zip(ref, got, got_perm):
+    np.testing.assert_allclose(g, r, atol=1e-12)
+    np.testing.assert_allclose(gp, r, atol=1e-12)
+
+
+def test_descent_bounds_monotone_in_k():
+  rng = np.random.default_rng(3)
+  dl = jnp.asarray(np.clip(rng.normal(size=(20, 5)), -1, 1))
+  du = jnp.minimum(dl + 0.3, 1.0)
+  prev = None
+  for k in range(0, 19):
+    lo, hi = descent.descent_bounds_dense(dl, du, k, 1.0)
+    if prev is not None:
+      assert np.all(np.asarray(lo) <= np.asarray(prev[0]) + 1e-12)
+      assert np.all(np.asarray(hi) >= np.asarray(prev[1]) - 1e-12)
+    prev = (lo, hi)
+
+
+def test_descent_bounds_rejects_k_ge_b():
+  with pytest.raises(ValueError, match="k < batch size"):
+    descent.descent_bounds(jnp.zeros((3, 2)), jnp.zeros((3, 2)), 3, 1.0)
+
+
+def test_clip_intervals():
+  iv = Interval(jnp.array([-3.0, 0.1]), jnp.array([2.0, 0.2]))
+  c = descent.clip({"a": iv, "b": jnp.array([5.0])}, 1.0)
+  np.testing.assert_allclose(c["a"].lower, [-1.0, 0.1])
+  np.testing.assert_allclose(c["a"].upper, [1.0, 0.2])
+  np.testing.assert_allclose(c["b"], [1.0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss-gradient and parameter-gradient bounds (checks 1-3)
+# ---------------------------------------------------------------------------------------------
+
+def test_softmax_bounds_contain_samples_and_fix_typo():
+  rng = np.random.default_rng(0)
+  zl = rng.normal(size=(50, 4))
+  zu = zl + rng.uniform(0, 2, (50, 4))
+  pl, pu = map(np.asarray, losses.softmax_bounds(jnp.asarray(zl), jnp.asarray(zu)))
+  assert np.all(pl <= pu)
+  for _ in range(200):
+    z = zl + rng.uniform(size=zl.shape) * (zu - zl)
+    p = np.asarray(jax.nn.softmax(jnp.asarray(z)))
+    assert np.all(pl <= p + 1e-12) and np.all(p <= pu + 1e-12)
+  # p_U is attained at own logit upper, others lower (the paper prints p_L twice)
+  zc = np.where(np.eye(4, dtype=bool)[0], zu[0], zl[0])
+  np.testing.assert_allclose(np.asarray(jax.nn.softmax(jnp.asarray(zc)))[0], pu[0, 0])
+
+
+def _net(key, sizes):
+  return mlp.init(key, sizes, jnp.float64)
+
+
+def _widen(params, key, r=0.1):
+  leaves, tdef = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(key, 2 * len(leaves))
+  out = []
+  for i, p in enumerate(leaves):
+    lo = p - jax.random.uniform(keys[2 * i], p.shape, p.dtype, 0, r)
+    hi = p + jax.random.uniform(keys[2 * i + 1], p.shape, p.dtype, 0, r)
+    out.append(Interval(lo, hi))
+  return tdef.unflatten(out)
+
+
+def _sample(box, key, corner):
+  leaves, tdef = jax.tree_util.tree_flatten(box, is_leaf=_is_iv)
+  keys = jax.random.split(key, len(leaves))
+  out = []
+  for kk, iv in zip(keys, leaves):
+    t = jax.random.uniform(kk, iv.shape, iv.dtype)
+    if corner:
+      t = jnp.round(t)
+    out.append(iv.lower + t * (iv.upper - iv.lower))
+  return tdef.unflatten(out)
+
+
+@pytest.mark.parametrize("loss, sizes", [
+    ("binary_cross_entropy", [3, 6, 5, 1]),
+    ("cross_entropy", [3, 6, 4]),
+    ("mse", [3, 5, 2]),
+])
+@pytest.mark.parametrize("method", ["rump", "exact"])
+def test_grad_bounds_contain_sampled_gradients(loss, sizes, method):
+  key = jax.random.PRNGKey(sizes[-1] + len(loss))
+  k1, k2, k3 = jax.random.split(key, 3)
+  params = _net(k1, sizes)
+  box = _widen(params, k2)
+  xs = jax.random.normal(k3, (6, sizes[0]), jnp.float64)
+  if loss == "cross_entropy":
+    ys = jnp.arange(6) % sizes[-1]
+  elif loss == "mse":
+    ys = jax.random.normal(k3, (6, sizes[-1]), jnp.float64)
+  else:
+    ys = (jnp.arange(6) % 2).astype(jnp.float64)
+  gb = jax.jit(lambda pb: mlp.grad_bounds(pb, xs, ys, loss, method))(box)
+  fb = mlp.forward_bounds(box, xs, method)
+  gfn = jax.jit(agt.train.nominal_grad_fn(mlp.apply, loss))
+  lo = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda b: b.lower, gb, is_leaf=_is_iv))
+  hi = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda b: b.upper, gb, is_leaf=_is_iv))
+  for i, kk in enumerate(jax.random.split(k3, 60)):
+    theta = _sample(box, kk, corner=i % 2 == 0)
+    g = jax.tree_util.tree_leaves(gfn(theta, xs, ys))
+    for a, l, h in zip(g, lo, hi):
+      assert bool(jnp.all((l <= a + 1e-10) & (a <= h + 1e-10)))
+    z = mlp.apply(theta, xs)
+    assert bool(jnp.all((fb.lower <= z + 1e-10) & (z <= fb.upper + 1e-10)))
+
+
+@pytest.mark.parametrize("loss, sizes", [("binary_cross_entropy", [3, 7, 1]),
+                                         ("cross_entropy", [3, 7, 6, 3])])
+def test_zero_width_bounds_equal_jax_grad(loss, sizes):
+  key = jax.random.PRNGKey(1)
+  params = _net(key, sizes)
+  box = jax.tree_util.tree_map(lambda p: Interval(p, p), params)
+  xs = jax.random.normal(key, (5, 3), jnp.float64)
+  ys = (jnp.arange(5) % sizes[-1]).astype(jnp.float64 if sizes[-1] == 1 else jnp.int32)
+  if sizes[-1] == 1:
+    ys = (jnp.arange(5) % 2).astype(jnp.float64)
+  gb = mlp.grad_bounds(box, xs, ys, loss)
+  g = agt.train.nominal_grad_fn(mlp.apply, loss)(params, xs, ys)
+  for a, iv in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(gb, is_leaf=_is_iv)):
+    np.testing.assert_allclose(iv.lower, a, atol=1e-10)
+    np.testing.assert_allclose(iv.upper, a, atol=1e-10)
+
+
+def test_margin_bounds_contain_sampled_margins():
+  key = jax.random.PRNGKey(4)
+  params = _net(key, [3, 6, 4])
+  box = _widen(params, key, 0.05)
+  xs = jax.random.normal(key, (20, 3), jnp.float64)
+  cls = jnp.argmax(mlp.apply(params, xs), -1)
+  m = mlp.margin_bounds(box, xs, cls)
+  fb = mlp.forward_bounds(box, xs)
+  loose = jnp.take_along_axis(fb.lower, cls[:, None], -1) - fb.upper
+  assert bool(jnp.all(m >= loose - 1e-12))            # never looser than logit bounds
+  for kk in jax.random.split(key, 100):
+    z = mlp.apply(_sample(box, kk, corner=False), xs)
+    marg = jnp.take_along_axis(z, cls[:, None], -1) - z
+    assert bool(jnp.all(m <= marg + 1e-10))
+
+
+def test_mlp_containers_and_auto_backend():
+  import flax.linen as nn
+
+  class M(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      h = nn.relu(nn.Dense(5)(x))
+      return nn.Dense(1)(h)
+  x = jnp.ones((2, 3))
+  m = M()
+  p = m.init(jax.random.PRNGKey(0), x)
+  assert bnd.resolve("auto", m.apply, p, x) == "mlp"
+  np.testing.assert_allclose(mlp.apply(p, x), m.apply(p, x), rtol=1e-6)
+  with pytest.raises(ValueError, match="reproduces"):
+    bnd.resolve("mlp", lambda p, x: jnp.tanh(m.apply(p, x)), p, x)
+
+
+# ---------------------------------------------------------------------------------------------
+# The step and fit (checks 6, 7, 10, 16) and equality with optax at k = 0
+# ---------------------------------------------------------------------------------------------
+
+def _data(n=48, d=3, key=0):
+  k = jax.random.PRNGKey(key)
+  X = jax.random.normal(k, (n, d), jnp.float64)
+  y = (X[:, 0] - X[:, 1] > 0).astype(jnp.float64)
+  return X, y
+
+
+@pytest.mark.parametrize("opt", [
+    dict(optimizer="sgd"),
+    dict(optimizer="sgdm", momentum=0.9, nesterov=True),
+    dict(optimizer="sgdm", momentum=0.5),
+    dict(optimizer="sgd", l2_reg=0.1),
+])
+def test_k0_point_box_equals_optax_sgd(opt):
+  X, y = _data()
+  params = _net(jax.random.PRNGKey(2), [3, 8, 1])
+  cfg = agt.Config(n_epochs=2, learning_rate=0.3, batch_size=16, lr_decay=0.5, fragsize=5, **opt)
+  pt, bt = retrain.agt_trajectory(mlp.apply, params, X, y, cfg)
+  sched = agt.batches(X.shape[0], cfg)
+  lr = lambda n: cfg.learning_rate / (1 + cfg.lr_decay * n)  # noqa: E731
+  tx = optax.sgd(lr, momentum=cfg.momentum or None, nesterov=cfg.nesterov)
+  if cfg.l2_reg:
+    tx = optax.chain(optax.add_decayed_weights(cfg.l2_reg), optax.sgd(lr))
+  lf = losses.per_sample_loss(cfg.loss)
+  mean_loss = lambda p, xb, yb: jnp.mean(jax.vmap(lambda a, b: lf(mlp.apply(p, a[None])[0], b))(xb, yb))  # noqa: E731,E501
+  p, st = params, tx.init(params)
+  t = 0
+  for _ in range(cfg.n_epochs):
+    for idx in sched:
+      g = jax.grad(mean_loss)(p, X[idx], y[idx])
+      u, st = tx.update(g, st, p)
+      p = optax.apply_updates(p, u)
+      for a, b, iv in zip(jax.tree_util.tree_leaves(p),
+                          jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda q: q[t], pt)),
+                          jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda q: q[t], bt),
+                                                    is_leaf=_is_iv)):
+        np.testing.assert_allclose(b, a, atol=1e-10)
+        np.testing.assert_allclose(iv.lower, a, atol=1e-10)   # box stays a point at k=0
+        np.testing.assert_allclose(iv.upper, a, atol=1e-10)
+      t += 1
+
+
+def test_step_is_jittable_and_fragment_invariant():
+  X, y = _data(40)
+  params = _net(jax.random.PRNGKey(3), [3, 6, 1])
+  outs = []
+  for frag in (40, 7, 1):
+    cfg = agt.Config(n_epochs=1, learning_rate=0.5, batch_size=40, k_private=3, clip_gamma=0.2,
+                     fragsize=frag)
+    step = jax.jit(agt.make_step(mlp.apply, cfg))
+    s = agt.init(params, cfg)
+    s = step(s, X, y)
+    s = step(s, X, y)
+    outs.append(s)
+  for s in outs[1:]:
+    for a, b in zip(jax.tree_util.tree_leaves(outs[0]), jax.tree_util.tree_leaves(s)):
+      np.testing.assert_allclose(a, b, atol=1e-12)
+  s = outs[0]
+  for p, iv in zip(jax.tree_util.tree_leaves(s.params),
+                   jax.tree_util.tree_leaves(s.bounds, is_leaf=_is_iv)):
+    assert bool(jnp.all((iv.lower <= p) & (p <= iv.upper)))
+    assert float(jnp.max(iv.width)) > 0
+
+
+def test_boxes_nest_in_k():
+  X, y = _data(60)
+  params = _net(jax.random.PRNGKey(5), [3, 6, 1])
+  base = agt.Config(n_epochs=2, learning_rate=0.5, batch_size=30, clip_gamma=0.3,
+                    interval_matmul="exact")
+  prev = None
+  for k in (0, 1, 3):
+    _, box = agt.fit(mlp.apply, params, X, y, dataclasses.replace(base, k_private=k),
+                     progress=False)
+    if prev is not None:
+      for a, b in zip(jax.tree_util.tree_leaves(prev, is_leaf=_is_iv),
+                      jax.tree_util.tree_leaves(box, is_leaf=_is_iv)):
+        assert bool(jnp.all((b.lower <= a.lower + 1e-12) & (a.upper <= b.upper + 1e-12)))
+    prev = box
+
+
+def test_fit_history_certify_and_k_grid():
+  X, y = _data(90)
+  params = _net(jax.random.PRNGKey(6), [3, 6, 1])
+  cfg = agt.Config(n_epochs=2, learning_rate=1.0, batch_size=40, clip_gamma=0.1)
+  hist = []
+  nominal, grid = agt.fit_k_grid(mlp.apply, params, X, y, cfg, [0, 1, 4],
+                                 X_val=X, y_val=y, history=hist, progress=False)
+  assert len(hist) == 6 and 0 <= hist[-1]["val_certified"] <= 1
+  assert agt.certify(mlp.apply, nominal, grid[0], X).all()   # k = 0 certifies every point
+  kmax = agt.max_certified_k(mlp.apply, nominal, grid, X)
+  assert set(np.unique(kmax)) <= {0, 1, 4}
+  c4 = agt.certify(mlp.apply, nominal, grid[4], X)
+  assert np.all(kmax[c4] == 4)
+  bad = {0: nominal, 1: jax.tree_util.tree_map(lambda a: a + 1, nominal)}
+  with pytest.raises(ValueError, match="share one nominal"):
+    agt.check_shared_nominal(bad)
+
+
+def test_fit_rejects_small_dataset_and_bad_shapes():
+  X, y = _data(10)
+  params = _net(jax.random.PRNGKey(0), [3, 2, 1])
+  with pytest.raises(ValueError, match="fewer than batch_size"):
+    agt.fit(mlp.apply, params, X, y, agt.Config(n_epochs=1, learning_rate=0.1, batch_size=20),
+            progress=False)
+  with pytest.raises(ValueError, match="rows"):
+    agt.fit(mlp.apply, params, X, y[:5], agt.Config(n_epochs=1, learning_rate=0.1, batch_size=5),
+            progress=False)
+
+
+def test_engine_backend_matches_when_available():
+  pytest.importorskip("boundjax.transforms")
+  X, y = _data(32)
+  params = _net(jax.random.PRNGKey(7), [3, 5, 1])
+  box = _widen(params, jax.random.PRNGKey(8), 0.05)
+  g_mlp = mlp.grad_bounds(box, X, y, "binary_cross_entropy")
+  g_ibp = bnd.grad_bounds_fn(mlp.apply, "binary_cross_entropy", "ibp")(box, X, y)
+  gfn = agt.train.nominal_grad_fn(mlp.apply, "binary_cross_entropy")
+  for kk in jax.random.split(jax.random.PRNGKey(9), 30):
+    g = gfn(_sample(box, kk, corner=True), X, y)
+    for a, iv in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g_ibp, is_leaf=_is_iv)):
+      assert bool(jnp.all((iv.lower <= a + 1e-10) & (a <= iv.upper + 1e-10)))
+  w_mlp = sum(float(jnp.sum(iv.width)) for iv in jax.tree_util.tree_leaves(g_mlp, is_leaf=_is_iv))
+  w_ibp = sum(float(jnp.sum(iv.width)) for iv in jax.tree_util.tree_leaves(g_ibp, is_leaf=_is_iv))
+  assert np.isfinite(w_ibp) and w_mlp > 0
