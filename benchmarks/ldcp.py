@@ -160,13 +160,15 @@ def run_arch(name: str, ds, args) -> dict:
       rec = dict(row=int(r), label=label, sphynx=sp.verdict, sphynx_s=sp.seconds,
                  sphynx_method=sp.hyper_result.method if sp.hyper_result else sp.n_result.method,
                  sphynx_binaries=sp.hyper_result.n_binaries if sp.hyper_result else 0,
+                 sphynx_build_s=sp.hyper_result.build_seconds if sp.hyper_result else 0.0,
+                 sphynx_solve_s=sp.hyper_result.solve_seconds if sp.hyper_result else 0.0,
                  exact=ex.verdict, exact_s=ex.seconds, truth=nv.ldcp, naive_s=nv.seconds,
                  naive_milps=nv.n_milp, naive_bounds_verified=nv.n_bounds_verified,
                  naive_sampling_falsified=nv.n_sampling_falsified)
       if args.crown and sp.hyper_result is not None and sp.hyper_result.method == "milp":
         t0 = time.perf_counter()
-        cr = ldcp.verify(None, full, h_pred, nb, label, cfg=cfg, bounds="crown", output="sign",
-                         samples=0)
+        cr = ldcp.verify(None, full, h_pred, nb, label, members=sphynx_members, cfg=cfg,
+                         bounds="crown", output="sign")
         rec.update(crown_s=time.perf_counter() - t0, crown_verdict=cr.verdict,
                    ibp_unstable=sp.hyper_result.n_unstable,
                    crown_unstable=cr.hyper_result.n_unstable if cr.hyper_result else None)
@@ -187,6 +189,9 @@ def run_arch(name: str, ds, args) -> dict:
         max_sphynx_s=max(sph_t),
         median_naive_s=statistics.median(nai_t), mean_naive_s=statistics.fmean(nai_t),
         naive_milps=sum(q["naive_milps"] for q in recs),
+        hyper_milps=sum(q["sphynx_method"] == "milp" for q in recs),
+        milp_build_s_total=sum(q["sphynx_build_s"] for q in recs),
+        milp_solve_s_total=sum(q["sphynx_solve_s"] for q in recs),
         median_ibp_milp_s=statistics.median([a for a, _ in crown_pairs]) if crown_pairs else None,
         median_crown_milp_s=statistics.median([b for _, b in crown_pairs]) if crown_pairs else None,
     )

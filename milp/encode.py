@@ -39,7 +39,7 @@ from ortools.math_opt.elemental.python import enums
 from ortools.math_opt.python import mathopt
 
 from milp import bounds as bounds_lib
-from milp.network import Network
+from milp.network import AffineLayer, Network
 from milp.neighbourhoods import Neighbourhood
 
 _VAR = enums.ElementType.VARIABLE
@@ -251,7 +251,6 @@ class Encoding:
     row_width = np.asarray(abs(diff).sum(axis=1)).reshape(-1) + (layer.b_upper - layer.b_lower)
     point_rows = (row_width == 0) if point_eq else np.zeros(n_out, bool)
     eye = sp.identity(n_out, format="csr")
-    n_var = len(cols)
 
     def rows_for(mask, w, lo, hi):
       idx = np.flatnonzero(mask)
@@ -262,7 +261,6 @@ class Encoding:
       self.add_rows(A.row, all_cols[A.col], A.data, lo[idx], hi[idx])
 
     inf = np.full(n_out, np.inf)
-    del n_var
     # z - W h = b  (concrete rows)
     rows_for(point_rows, wl, layer.b_lower, layer.b_lower)
     iv = ~point_rows
@@ -301,7 +299,6 @@ def reconstruct_member(net: Network, x: np.ndarray, pre: Sequence[np.ndarray],
   ``[0, 1]`` (0 when the denominator is 0); the member has ``W = W_l + t (W_u - W_l)``,
   ``b = b_l + t (b_u - b_l)``. Exact when every ``h >= 0``.
   """
-  from milp.network import AffineLayer  # local: avoid a cycle in type-only use
   layers = []
   for layer, z, h in zip(net.layers, pre, post_inputs):
     wl = layer.w_lower.toarray() if sp.issparse(layer.w_lower) else layer.w_lower

@@ -209,9 +209,10 @@ def verify(net: Network, nbhd: Neighbourhood, label: int, cfg: SolveConfig = Sol
         note = ("MILP candidate did not replay (margin within solver tolerance "
                 f"{cfg.tol:g}); class {c}")
         break
+      # the MILP trace: layer inputs (solver's x, then post-ReLU values) and pre-activations
       pre = [enc.values(out.result, p) for p in nv.pre]
-      hs = [xc] + [np.maximum(enc.values(out.result, p), 0.0) for p in nv.post]
-      hs = [enc.values(out.result, x)] + hs[1:]
+      hs = [enc.values(out.result, x)] + [np.maximum(enc.values(out.result, p), 0.0)
+                                          for p in nv.post]
       wit = reconstruct_member(net, hs[0], pre, hs)
       return VerifyResult(Status.NOT_VERIFIED, "milp", -np.inf, xc,
                           float(out.primal_value), wit, seconds=time.perf_counter() - t0,
