@@ -188,7 +188,7 @@ def load_amazon_reviews_embedded(cache_dir: str | os.PathLike | None = None,
   """Amazon reviews as 384-d embeddings mapped to ``[0, 1]`` by ``(e + 1) / 2`` (4,000 / 1,000).
 
   Embeddings are cached under ``cache_dir`` (default `default_cache_dir` ``/embeddings``); the
-  first call embeds 5,000 reviews on the CPU (about a minute).
+  first call embeds 5,000 reviews on the CPU (about 4 CPU-minutes; cached afterwards).
   """
   text = load_amazon_reviews()
   root = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir() / "embeddings"
