@@ -52,7 +52,8 @@ def _gaussian_bump(t):
 
 
 def _sech(t):
-  return 1.0 / jnp.cosh(t)
+  e = jnp.exp(-jnp.abs(t))  # overflow-free, and so is its derivative
+  return 2.0 * e / (1.0 + e * e)
 
 
 #: Ridge profiles ``g: R -> R`` with their Barron constants ``C_g`` (spec §4.1 A table).
@@ -82,6 +83,7 @@ def profile(name: str) -> tuple[Callable[[Array], Array], float]:
   raise ValueError(f"unknown profile/activation {name!r}; expected one of {sorted(PROFILES)}.")
 
 
+@jax.jit
 def gaussian_norm_mean(cov: Any) -> Array:
   """``E ||W||_2`` for ``W ~ N(0, cov)``, by a 1-D quadrature that is exact up to ~1e-12.
 
@@ -104,8 +106,12 @@ def gaussian_norm_mean(cov: Any) -> Array:
   return jnp.sqrt(scale) * integral / (2.0 * jnp.sqrt(jnp.pi))
 
 
+def _concrete(tree: Any) -> bool:
+  return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
+
+
 def closed_form(kind: str, **p: Any) -> Array:
-  """Barron constant from the spec's table (§4.1 A).
+  """Barron constant from the spec's table (§4.1 A); float64 unless called under a trace.
 
   Kinds and parameters:
 
@@ -122,6 +128,13 @@ def closed_form(kind: str, **p: Any) -> Array:
 
   Translation (``b``, centres) never changes the constant.
   """
+  if _concrete(p):
+    with jax.enable_x64(True):
+      return _closed_form(kind, **p)
+  return _closed_form(kind, **p)
+
+
+def _closed_form(kind: str, **p: Any) -> Array:
   amp = jnp.abs(jnp.asarray(p.get("A", 1.0), dtype=float))
   if kind in ("tanh", "tanh_half", "logistic", "erf", "sech"):
     a = jnp.atleast_1d(jnp.asarray(p.get("a", 1.0), dtype=float))
@@ -172,6 +185,13 @@ def network_upper_bound(w1: Any, w2: Any, activation: str = "tanh_half", b1: Any
   """
   del b1  # translation invariance
   _, c_sigma = profile(activation)
+  if _concrete((w1, w2)):
+    with jax.enable_x64(True):
+      return _network_upper_bound(jnp.asarray(w1, float), jnp.asarray(w2, float), c_sigma)
+  return _network_upper_bound(w1, w2, c_sigma)
+
+
+def _network_upper_bound(w1: Any, w2: Any, c_sigma: float) -> Array:
   w1 = jnp.asarray(w1)
   w2 = jnp.asarray(w2)
   if w1.ndim == 1:
@@ -186,6 +206,38 @@ def network_upper_bound(w1: Any, w2: Any, activation: str = "tanh_half", b1: Any
   if w2.ndim == 1:
     return c_sigma * jnp.sum(jnp.abs(w2) * a_norm)
   return c_sigma * jnp.einsum("km,k->m", jnp.abs(w2), a_norm)
+
+
+def staircase_network_1d(h: Callable, dh: Callable, lo: float, hi: float, k: int,
+                         sharpness: float | None = None, grid: int = 200_001) -> dict:
+  """A width-``k`` network of eq. 5 approximating ``h`` on ``[lo, hi]`` (Barron's Prop. 1, 1-D).
+
+  Writes ``h(t) = h(lo) + int_lo^hi h'(s) 1{t > s} ds`` and quantises the measure ``h'(s) ds``
+  into ``k`` pieces of equal mass ``TV/k``: unit ``i`` is a steep ``tanh(./2)`` step at the
+  piece's median with output weight ``c_i = w_i / 2`` (``w_i`` the signed mass), so
+  ``sum_i |c_i| = TV(h; [lo, hi]) / 2 <= (hi - lo) sup|h'| / 2 <= Dia C_h / 2`` — within
+  Prop. 1's coefficient budget ``Dia C_h`` — and the sup error away from the steps is
+  ``<= TV / k``. Deterministic stand-in for Maurey sampling (spec §6 item 7).
+
+  Returns params ``{"a": [1, k], "b": [k], "c": [k], "c0": []}`` for `auditing.adversary_apply`.
+  """
+  if k < 1 or not hi > lo:
+    raise ValueError(f"staircase_network_1d: need k >= 1 and hi > lo, got k={k}, [{lo}, {hi}].")
+  with jax.enable_x64(True):
+    s = np.linspace(lo, hi, grid)
+    d = np.asarray(dh(jnp.asarray(s)), float)
+    ds = s[1] - s[0]
+    mass = np.concatenate([[0.0], np.cumsum(0.5 * (np.abs(d[1:]) + np.abs(d[:-1])) * ds)])
+    signed = np.concatenate([[0.0], np.cumsum(0.5 * (d[1:] + d[:-1]) * ds)])
+    tv = mass[-1]
+    edges = np.interp(np.linspace(0.0, tv, k + 1), mass, s) if tv > 0 else np.linspace(lo, hi, k + 1)
+    w = np.diff(np.interp(edges, s, signed))
+    mids = np.interp(0.5 * (edges[1:] + edges[:-1]), s, s) if tv == 0 else np.interp(
+        np.linspace(0.0, tv, 2 * k + 1)[1::2], mass, s)
+    A = sharpness if sharpness is not None else 200.0 * k / (hi - lo)
+    h_lo = float(h(jnp.asarray(lo)))
+  return {"a": np.full((1, k), A, np.float32), "b": (-A * mids).astype(np.float32),
+          "c": (0.5 * w).astype(np.float32), "c0": np.float32(h_lo + 0.5 * np.sum(w))}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -484,6 +536,6 @@ def barron_constant(h: Callable | None = None, *, q: int = 1,
 
 __all__ = [
     "CATALAN", "PROFILES", "profile", "closed_form", "gaussian_norm_mean", "network_upper_bound",
-    "fft_1d", "fft_2d", "posdef_shortcut", "Estimate", "monte_carlo", "GaussianMixture",
+    "staircase_network_1d", "fft_1d", "fft_2d", "posdef_shortcut", "Estimate", "monte_carlo", "GaussianMixture",
     "gaussian_mixture_mc", "barron_constant",
 ]

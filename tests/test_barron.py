@@ -1,0 +1,236 @@
+"""Barron constants (spec 004 §6 items 1-3): closed forms, FFT, Monte Carlo, invariances, and the
+network upper bound checked against FFT estimates of random networks."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from boundjax import barron
+from boundjax.auditing import adversary_apply
+
+G = barron.CATALAN
+
+
+def _sech2(mu):
+  return lambda t: mu / jnp.cosh(mu * t) ** 2
+
+
+# --- 1. closed forms ----------------------------------------------------------------------------
+
+def test_tanh_mu_by_fft_batched_matches_abs_mu():
+  mus = jnp.array([0.01, 0.1, 0.5, 1.0, 2.0])
+  with jax.enable_x64(True):
+    got = barron.fft_1d(dh=lambda t, m: m / jnp.cosh(m * t) ** 2, L=4040.0, N=2 ** 22,
+                        params=jnp.asarray(mus, jnp.float64))
+  np.testing.assert_allclose(np.asarray(got), np.abs(np.asarray(mus, float)), rtol=1e-6)
+  # the sign correction of eq. 48: C for tanh(-mu t) is |mu|
+  neg = barron.fft_1d(dh=_sech2(-0.1), L=440.0, N=2 ** 21)
+  assert abs(float(neg) - 0.1) < 1e-7
+  assert float(barron.closed_form("tanh", a=-0.1)) == pytest.approx(0.1, rel=1e-12)
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("tanh", 1.0), ("tanh_half", 0.5), ("logistic", 0.25), ("erf", 2.0 / math.sqrt(math.pi))])
+def test_activation_profiles_by_fft(name, expected):
+  g, c = barron.PROFILES[name]
+  assert c == pytest.approx(expected, rel=1e-15)
+  got = float(barron.fft_1d(g, L=200.0, N=2 ** 20))  # gradient form through jax.grad
+  assert got == pytest.approx(expected, rel=1e-6)
+  assert float(barron.closed_form(name)) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("s", [0.5, 1.0, 2.0])
+def test_gaussian_direct_fft(s):
+  got = float(barron.fft_1d(lambda t: jnp.exp(-t * t / (2 * s * s)), L=200.0, N=2 ** 20,
+                            form="direct"))
+  assert got == pytest.approx(math.sqrt(2 / math.pi) / s, rel=1e-3)
+  assert float(barron.closed_form("gaussian", s=s)) == pytest.approx(
+      0.7978845608028654 / s, rel=1e-6)
+
+
+def test_sech_direct_fft():
+  got = float(barron.fft_1d(lambda t: 1 / jnp.cosh(t), L=200.0, N=2 ** 20, form="direct"))
+  assert got == pytest.approx(8 * G / math.pi ** 2, rel=1e-3)
+  assert 8 * G / math.pi ** 2 == pytest.approx(0.7424537, abs=1e-7)
+
+
+def test_posdef_shortcut():
+  for dh, c in ((_sech2(1.0), 1.0), (lambda t: 0.25 / jnp.cosh(t / 2) ** 2, 0.25),
+                (lambda t: 2 / math.sqrt(math.pi) * jnp.exp(-t * t), 2 / math.sqrt(math.pi))):
+    ok, v = barron.posdef_shortcut(dh)
+    assert ok and float(v) == pytest.approx(c, rel=1e-12)
+  ok, _ = barron.posdef_shortcut(lambda t: -jnp.tanh(t) / jnp.cosh(t))  # sech': odd
+  assert not ok
+
+
+# --- 2. q-D Gaussians ---------------------------------------------------------------------------
+
+def _gauss_q(q, s=1.0):
+  return math.sqrt(2) * math.exp(math.lgamma((q + 1) / 2) - math.lgamma(q / 2)) / s
+
+
+def test_gaussian_table_values():
+  for q, v in ((1, 0.7978846), (2, 1.2533141), (3, 1.5957691), (8, 2.7416247), (10, 3.0843278)):
+    assert float(barron.closed_form("gaussian", q=q)) == pytest.approx(v, abs=1e-6)
+    with jax.enable_x64(True):
+      iso = float(barron.closed_form("gaussian_cov", cov=np.eye(q) * 2.25))
+    assert iso == pytest.approx(_gauss_q(q, 1.5), rel=1e-10)
+
+
+def test_gaussian_2d_fft():
+  s = 1.3
+  got = float(barron.fft_2d(lambda x: jnp.exp(-jnp.sum(x * x) / (2 * s * s)), L=30.0, N=1024))
+  assert got == pytest.approx(_gauss_q(2, s), rel=1e-3)
+
+
+@pytest.mark.parametrize("q", [2, 8, 10])
+def test_gaussian_mc_within_4_stderr(q):
+  s = 0.7
+  mix = barron.GaussianMixture(jnp.array([2.0]), jnp.zeros((1, q)), (s * s * jnp.eye(q))[None])
+  est = barron.barron_constant(mix, key=jax.random.key(q), num_samples=50_000)
+  assert est.method == "mc"
+  assert abs(float(est.value) - 2.0 * _gauss_q(q, s)) <= 4 * float(est.stderr)
+  assert float(est.stderr) < 0.02 * float(est.value)
+
+
+def test_anisotropic_gaussian_closed_vs_fft_and_mc():
+  rng = np.random.default_rng(0)
+  M = rng.normal(size=(2, 2))
+  cov = M @ M.T + 0.5 * np.eye(2)
+  prec = np.linalg.inv(cov)
+  with jax.enable_x64(True):
+    closed = float(barron.closed_form("gaussian_cov", cov=cov))
+  fft = float(barron.fft_2d(lambda x: jnp.exp(-0.5 * x @ jnp.asarray(prec) @ x), L=40.0, N=1024))
+  assert fft == pytest.approx(closed, rel=1e-3)
+  mix = barron.GaussianMixture(jnp.ones(1), jnp.zeros((1, 2)), jnp.asarray(cov)[None])
+  est = barron.gaussian_mixture_mc(jax.random.key(1), mix, 50_000)
+  assert abs(float(est.value) - closed) <= 4 * float(est.stderr)
+
+
+def test_mixture_mc_below_triangle_bound():
+  mix = barron.GaussianMixture(jnp.array([1.0, -0.7, 0.4]),
+                               jnp.array([[0.0, 0.0, 0.0], [1.0, 0.5, 0.0], [-2.0, 0.0, 1.0]]),
+                               jnp.stack([jnp.eye(3), 0.5 * jnp.eye(3), jnp.diag(jnp.array(
+                                   [2.0, 1.0, 0.3]))]))
+  est = barron.gaussian_mixture_mc(jax.random.key(2), mix, 50_000, batch=25_000)
+  assert float(est.value) - 4 * float(est.stderr) <= float(mix.triangle_bound())
+  # cancellation between components makes the constant strictly smaller
+  assert float(est.value) + 4 * float(est.stderr) < float(mix.triangle_bound())
+
+
+# --- 3. invariances -----------------------------------------------------------------------------
+
+def test_translation_invariance():
+  base = float(barron.fft_1d(dh=_sech2(0.7), L=200.0, N=2 ** 21))
+  shifted = float(barron.fft_1d(dh=lambda t: 0.7 / jnp.cosh(0.7 * (t - 3.3)) ** 2, L=200.0,
+                                N=2 ** 21))
+  assert shifted == pytest.approx(base, rel=1e-6)
+  g0 = float(barron.fft_1d(lambda t: jnp.exp(-t * t / 2), L=200.0, N=2 ** 20))
+  g1 = float(barron.fft_1d(lambda t: jnp.exp(-(t + 5.1) ** 2 / 2), L=200.0, N=2 ** 20))
+  assert g1 == pytest.approx(g0, rel=1e-6)
+
+
+@pytest.mark.parametrize("scale", [0.5, -2.0, 3.0])
+def test_scaling_and_amplitude(scale):
+  g = lambda t: 1 / jnp.cosh(t)
+  c = float(barron.fft_1d(g, L=200.0, N=2 ** 20))
+  cs = float(barron.fft_1d(lambda t: g(scale * t), L=200.0, N=2 ** 20))
+  assert cs == pytest.approx(abs(scale) * c, rel=1e-3)
+  ca = float(barron.fft_1d(lambda t: scale * g(t), L=200.0, N=2 ** 20))
+  assert ca == pytest.approx(abs(scale) * c, rel=1e-9)
+
+
+def test_ridge_in_2d():
+  w1 = 1.7
+  got = float(barron.fft_2d(lambda x: jnp.exp(-0.5 * (w1 * x[0] + 0.3) ** 2), L=30.0, N=512))
+  assert got == pytest.approx(w1 * math.sqrt(2 / math.pi), rel=1e-3)
+  closed = float(barron.closed_form("ridge", w=[w1, 0.0], profile="gaussian"))
+  assert closed == pytest.approx(w1 * math.sqrt(2 / math.pi), rel=1e-6)
+  assert float(barron.closed_form("ridge", w=[3.0, 4.0], profile="tanh_half")) == pytest.approx(2.5)
+  assert float(barron.closed_form("erf", a=[3.0, 4.0], A=-2.0)) == pytest.approx(
+      10 * 2 / math.sqrt(math.pi), rel=1e-6)
+
+
+def test_subadditivity():
+  rng = np.random.default_rng(3)
+  for _ in range(2):
+    a1, a2, x0, al = rng.uniform(0.3, 2.0), rng.uniform(0.3, 2.0), rng.uniform(-2, 2), rng.normal()
+    h1 = lambda t: jnp.tanh(a1 * t)
+    h2 = lambda t: al * jnp.exp(-a2 * (t - x0) ** 2)
+    c1 = float(barron.fft_1d(h1, L=200.0, N=2 ** 20))
+    c2 = float(barron.fft_1d(h2, L=200.0, N=2 ** 20))
+    c12 = float(barron.fft_1d(lambda t: h1(t) + h2(t), L=200.0, N=2 ** 20))
+    assert c12 <= c1 + c2 + 1e-9
+  # strict when the derivatives cancel: tanh(t) - tanh(t - 1)
+  c = float(barron.fft_1d(lambda t: jnp.tanh(t) - jnp.tanh(t - 1.0), L=200.0, N=2 ** 20))
+  assert c < 2.0 - 0.1
+
+
+# --- network upper bound: try to break it with random networks --------------------------------
+
+@pytest.mark.parametrize("act", ["tanh_half", "tanh", "logistic", "erf", "gaussian", "sech"])
+def test_network_bound_dominates_fft_estimate(act):
+  rng = np.random.default_rng(hash(act) % 2 ** 32)
+  for trial in range(3):
+    k = int(rng.integers(1, 12))
+    params = {"a": jnp.asarray(rng.normal(size=(1, k)) * 2.0),
+              "b": jnp.asarray(rng.normal(size=(k,)) * 3.0),
+              "c": jnp.asarray(rng.normal(size=(k,))), "c0": jnp.asarray(rng.normal())}
+    h = lambda t: adversary_apply(params, jnp.reshape(t, (1, 1)), act)[0]
+    est = float(barron.fft_1d(h, L=300.0, N=2 ** 20))
+    bound = float(barron.network_upper_bound(params["a"], params["c"], act))
+    assert est <= bound * (1 + 1e-6) + 1e-9, (act, trial, est, bound)
+  # a single unit is tight: C = |c| |a| C_sigma
+  h = lambda t: -0.8 * barron.PROFILES[act][0](1.5 * t + 0.2)
+  est = float(barron.fft_1d(h, L=300.0, N=2 ** 20))
+  bound = float(barron.network_upper_bound(jnp.array([[1.5]]), jnp.array([-0.8]), act))
+  assert est == pytest.approx(bound, rel=1e-3)
+
+
+def test_network_bound_shapes_and_errors():
+  w1 = jnp.ones((3, 4))
+  w2 = jnp.arange(8.0).reshape(4, 2)
+  out = barron.network_upper_bound(w1, w2, "tanh")
+  np.testing.assert_allclose(np.asarray(out), math.sqrt(3) * np.asarray(w2).sum(0), rtol=1e-6)
+  with pytest.raises(ValueError, match="relu"):
+    barron.network_upper_bound(w1, w2, "relu")
+  with pytest.raises(ValueError, match="hidden units"):
+    barron.network_upper_bound(w1, jnp.ones(5))
+
+
+# --- dispatcher and errors ----------------------------------------------------------------------
+
+def test_barron_constant_dispatch():
+  e = barron.barron_constant(kind="tanh", a=0.3)
+  assert e.method == "closed" and float(e.value) == pytest.approx(0.3)
+  e = barron.barron_constant(jnp.tanh)
+  assert e.method == "fft" and float(e.value) == pytest.approx(1.0, rel=1e-6)
+  e = barron.barron_constant(lambda x: jnp.exp(-jnp.sum(x * x) / 2), q=2, N=512, L=25.0)
+  assert float(e.value) == pytest.approx(_gauss_q(2), rel=1e-3)
+  q = 5
+  e = barron.barron_constant(
+      q=q, fourier=lambda o: jnp.exp(-0.5 * jnp.sum(o * o)), key=jax.random.key(0),
+      num_samples=100_000)
+  assert abs(float(e.value) - _gauss_q(q)) <= 4 * float(e.stderr)
+
+
+def test_errors():
+  with pytest.raises(ValueError, match="power of two"):
+    barron.fft_1d(jnp.tanh, N=1000)
+  with pytest.raises(ValueError, match="give h or dh"):
+    barron.fft_1d()
+  with pytest.raises(ValueError, match="unknown kind"):
+    barron.closed_form("relu")
+  with pytest.raises(ValueError, match="s must be > 0"):
+    barron.closed_form("gaussian", s=-1.0)
+  with pytest.raises(ValueError, match="positive definite"):
+    barron.closed_form("gaussian_cov", cov=[[1.0, 0.0], [0.0, -1.0]])
+  with pytest.raises(ValueError, match="q=3 > 2"):
+    barron.barron_constant(lambda x: x.sum(), q=3)
+  with pytest.raises(ValueError, match="PRNG key"):
+    barron.barron_constant(q=3, method="mc", fourier=lambda o: 1.0)
+  with pytest.raises(ValueError, match="means"):
+    barron.GaussianMixture(jnp.ones(2), jnp.zeros((1, 2)), jnp.eye(2)[None])
