@@ -25,8 +25,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from boundjax.data.base import (Dataset, DatasetNotFoundError, locate_dir_file,
-                                locate_package_file, stratified_split)
+from boundjax.data.base import Dataset, locate_dir_file, locate_package_file, stratified_split
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_INSTALL = "sudo apt-get update && sudo apt-get install dataset-fashion-mnist"
@@ -177,4 +176,4 @@ def load_mnist5k(flatten: bool = False, test_fraction: float = 0.2, seed: int = 
 
 
 __all__ = ["load_fashion_mnist", "load_fashion_mnist_binary", "load_mnist5k", "read_idx",
-           "fashion_mnist_available", "DatasetNotFoundError"]
+           "fashion_mnist_available"]
