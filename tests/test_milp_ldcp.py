@@ -162,3 +162,30 @@ def test_time_limit_gives_unknown_not_ldcp_proof():
   label = ldcp.predicted_label(n_net, xc)
   r = verify(h_net, nb, label, SolveConfig(time_limit=1e-3), samples=0, use_bounds_shortcut=False)
   assert r.status == Status.UNKNOWN
+
+
+def test_sphynx_end_to_end_pred_hyper_net_then_one_milp():
+  model, ens, x = trained_family()
+  rng = np.random.default_rng(0)
+  n, d = 40, 4
+  xs = rng.random((n, d)).astype(np.float32)
+  xs[:, 0] = (rng.random(n) < 0.5).astype(np.float32)
+  y = ((xs[:, 1] + 0.3 * xs[:, 0] + 0.2 * rng.normal(size=n)) > 0.6).astype(np.int32)
+  assert np.array_equal(xs, x)  # same data as the trained family
+  init = model.init(jax.random.PRNGKey(0), jnp.zeros((1, d)))
+  res = ldcp.sphynx(model, init, xs, y, ens.full, epochs=10, batch_size=16, k=10,
+                    max_networks=21, progress=False, loss_fn=ensembles.softmax_cross_entropy)
+  assert res.networks.shape[0] == 21 and len(set(res.entries.tolist())) == 20
+  members = ldcp.family_from_flat(res.networks, ens.full)
+  # PredHyperNet's networks are the same leave-one-out networks the family holds
+  fam = ldcp.family_from_stacked(ens.params)
+  rows = [int(np.flatnonzero(ens.removed[:, 0] == e)[0]) for e in res.entries[:3]]
+  for j, r in enumerate(rows):
+    np.testing.assert_allclose(members.ws[0][j + 1], fam.ws[0][r], atol=1e-6)
+  h = N.from_params(res.hyper)
+  assert all(N.contains(h, members.member(k), tol=0.0) for k in range(members.size))
+  nb = NB.linf_ball(x[0].astype(np.float64), 0.05)
+  out = ldcp.verify(None, ens.full, res.hyper, nb, members=members)
+  assert out.verdict in ("LDCP", "NOT_LDCP", "NOT_PROVEN")
+  if out.verdict == "NOT_LDCP":
+    assert nb.contains(out.counterexample)
