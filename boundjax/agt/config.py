@@ -46,6 +46,11 @@ class Config:
       (sign-split products; exact when one factor is sign-definite, e.g. post-ReLU activations).
     fragsize: number of samples bounded at once; memory is O(fragsize * #params + k * #params).
     seed: seed for the fixed data order used by `fit` (shuffled once, then fixed).
+    fp_margin: widen every step outward by a bound on the rounding error of the batch sums and
+      of the update (`boundjax.agt.descent.rounding_margin`), so that retrained runs computed
+      in the same floating point stay inside the box. The per-sample gradient bounds
+      themselves are computed in ordinary rounding (as in the public code): the guarantee is
+      exact in real arithmetic, and checked empirically in float64 by the retraining tests.
   """
 
   n_epochs: int
@@ -66,6 +71,7 @@ class Config:
   interval_matmul: Literal["rump", "exact"] = "rump"
   fragsize: int = 10_000
   seed: int = 0
+  fp_margin: bool = True
 
   def __post_init__(self):
     def bad(msg):

@@ -74,18 +74,21 @@ class Accumulator(NamedTuple):
     sum_l, sum_u: sums of the lower / upper per-sample bounds.
     top_l: the k largest lower bounds per coordinate, shape (*leaf, k) (-inf until filled).
     bot_u: the k smallest upper bounds per coordinate, shape (*leaf, k) (+inf until filled).
+    sum_abs: sum of max(|delta_L|, |delta_U|), for the rounding-error margin of `finalize`.
   """
   sum_n: Array
   sum_l: Array
   sum_u: Array
   top_l: Array
   bot_u: Array
+  sum_abs: Array
 
 
 def init_accumulator(leaf: Array, k: int) -> Accumulator:
   z = jnp.zeros_like(leaf)
   shape = jnp.shape(leaf) + (k,)
-  return Accumulator(z, z, z, jnp.full(shape, -jnp.inf, z.dtype), jnp.full(shape, jnp.inf, z.dtype))
+  return Accumulator(z, z, z, jnp.full(shape, -jnp.inf, z.dtype), jnp.full(shape, jnp.inf, z.dtype),
+                     z)
 
 
 def accumulate(acc: Accumulator, g_n: Array, d_l: Array, d_u: Array, mask: Array) -> Accumulator:
@@ -99,24 +102,47 @@ def accumulate(acc: Accumulator, g_n: Array, d_l: Array, d_u: Array, mask: Array
   sum_n = acc.sum_n + jnp.sum(jnp.where(m, g_n, zero), axis=0)
   sum_l = acc.sum_l + jnp.sum(jnp.where(m, d_l, zero), axis=0)
   sum_u = acc.sum_u + jnp.sum(jnp.where(m, d_u, zero), axis=0)
+  big = jnp.maximum(jnp.maximum(jnp.abs(d_l), jnp.abs(d_u)), jnp.abs(g_n))
+  sum_abs = acc.sum_abs + jnp.sum(jnp.where(m, big, zero), axis=0)
   k = acc.top_l.shape[-1]
   if k == 0:
-    return Accumulator(sum_n, sum_l, sum_u, acc.top_l, acc.bot_u)
+    return Accumulator(sum_n, sum_l, sum_u, acc.top_l, acc.bot_u, sum_abs)
   cand_l = jnp.where(m, d_l, -jnp.inf)
   cand_u = jnp.where(m, d_u, jnp.inf)
   top_l = jax.lax.top_k(jnp.concatenate([acc.top_l, jnp.moveaxis(cand_l, 0, -1)], -1), k)[0]
   bot_u = -jax.lax.top_k(-jnp.concatenate([acc.bot_u, jnp.moveaxis(cand_u, 0, -1)], -1), k)[0]
-  return Accumulator(sum_n, sum_l, sum_u, top_l, bot_u)
+  return Accumulator(sum_n, sum_l, sum_u, top_l, bot_u, sum_abs)
 
 
-def finalize(acc: Accumulator, b: int, gamma: float) -> tuple[Array, Array, Array]:
-  """Returns ``(dtheta_nominal, dtheta_L, dtheta_U)`` of Thm 4.6 from a full batch of size b."""
+def rounding_margin(acc: Accumulator, b: int, gamma: float) -> Array:
+  """A bound on the floating-point error of the batch means (bound side and retrained side).
+
+  Recursive summation of n terms errs by at most (n - 1) u sum|x_i| (u = unit roundoff); the
+  bound and any retrained run each sum at most b + k terms of magnitude <= sum_abs + k gamma,
+  so ``2 (b + k + 2) eps (sum_abs + k gamma) / b`` covers both with room to spare.
+  """
+  k = acc.top_l.shape[-1]
+  eps = jnp.finfo(acc.sum_l.dtype).eps
+  return 2 * (b + k + 2) * eps * (acc.sum_abs + k * gamma) / b
+
+
+def finalize(acc: Accumulator, b: int, gamma: float, fp_margin: bool = False
+             ) -> tuple[Array, Array, Array]:
+  """Returns ``(dtheta_nominal, dtheta_L, dtheta_U)`` of Thm 4.6 from a full batch of size b.
+
+  With ``fp_margin`` the bounds are widened by `rounding_margin`.
+  """
   k = acc.top_l.shape[-1]
   if k == 0:
-    return acc.sum_n / b, acc.sum_l / b, acc.sum_u / b
-  semin_l = acc.sum_l - jnp.sum(acc.top_l, -1)   # SEMin_{b-k} = sum - topk_k
-  semax_u = acc.sum_u - jnp.sum(acc.bot_u, -1)   # SEMax_{b-k} = sum - bottomk_k
-  return acc.sum_n / b, (semin_l - k * gamma) / b, (semax_u + k * gamma) / b
+    lo, hi = acc.sum_l / b, acc.sum_u / b
+  else:
+    semin_l = acc.sum_l - jnp.sum(acc.top_l, -1)   # SEMin_{b-k} = sum - topk_k
+    semax_u = acc.sum_u - jnp.sum(acc.bot_u, -1)   # SEMax_{b-k} = sum - bottomk_k
+    lo, hi = (semin_l - k * gamma) / b, (semax_u + k * gamma) / b
+  if fp_margin:
+    m = rounding_margin(acc, b, gamma)
+    lo, hi = lo - m, hi + m
+  return acc.sum_n / b, lo, hi
 
 
 def descent_bounds(delta_l: Array, delta_u: Array, k: int, gamma: float,

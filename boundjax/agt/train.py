@@ -116,7 +116,7 @@ def descent_directions(model_apply: Callable, config: Config, backend: str,
 
   acc, _ = jax.lax.scan(body, acc0, (xs, ys, mask))
   gam = gamma if math.isfinite(gamma) else 0.0
-  fin = [descent.finalize(a, b, gam) for a in tdef.flatten_up_to(acc)]
+  fin = [descent.finalize(a, b, gam, config.fp_margin) for a in tdef.flatten_up_to(acc)]
   return tuple(tdef.unflatten([t[i] for t in fin]) for i in range(3))
 
 
@@ -127,6 +127,21 @@ def _l1_step(t_l, t_u, t_n, lam):
   hi = t_u - lam * jnp.sign(t_u)
   hi = jnp.where((t_l < 0) & (t_u >= 0), jnp.maximum(hi, lam), hi)
   return lo, hi, t_n - lam * jnp.sign(t_n)
+
+
+def _outward(config: Config, lo: Any, hi: Any, *terms) -> tuple[Any, Any]:
+  """Widens ``[lo, hi]`` by 4 eps (|lo| + sum |terms|) (rounding of the update), if enabled."""
+  if not config.fp_margin:
+    return lo, hi
+  tm = jax.tree_util.tree_map
+
+  def w(l, h, *ts):
+    eps = jnp.finfo(l.dtype).eps
+    mag = jnp.maximum(jnp.abs(l), jnp.abs(h)) + sum(jnp.abs(t) for t in ts)
+    return l - 4 * eps * mag, h + 4 * eps * mag
+  lo = tm(lambda l, h, *ts: w(l, h, *ts)[0], lo, hi, *terms)
+  hi = tm(lambda l, h, *ts: w(l, h, *ts)[1], lo, hi, *terms)
+  return lo, hi
 
 
 def update(config: Config, state: State, d_n: Any, d_l: Any, d_u: Any) -> State:
@@ -147,6 +162,8 @@ def update(config: Config, state: State, d_n: Any, d_l: Any, d_u: Any) -> State:
     new_n = tm(lambda p, g: p - a * g, s_n, d_n)
     new_l = tm(lambda p, g: p - a * g, s_l, d_u)
     new_u = tm(lambda p, g: p - a * g, s_u, d_l)
+    new_l, new_u = _outward(config, new_l, new_u, t_l, t_u, tm(lambda g: a * g, d_u),
+                            tm(lambda g: a * g, d_l))
     return State(new_n, _join(new_l, new_u), state.step + 1, state.mom)
   # momentum (torch convention, v_0 = 0): v <- m v + (1 - d) g; nesterov g <- g + m v.
   m, damp = config.momentum, config.dampening
@@ -164,6 +181,8 @@ def update(config: Config, state: State, d_n: Any, d_l: Any, d_u: Any) -> State:
   new_n = tm(lambda p, u: p - a * u, t_n, u_n)
   new_l = tm(lambda p, u: p - a * u, t_l, u_u)
   new_u = tm(lambda p, u: p - a * u, t_u, u_l)
+  new_l, new_u = _outward(config, new_l, new_u, t_l, t_u, tm(lambda u: a * u, u_u),
+                          tm(lambda u: a * u, u_l))
   return State(new_n, _join(new_l, new_u), state.step + 1, (v_n, v_l, v_u))
 
 
