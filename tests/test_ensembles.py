@@ -252,3 +252,8 @@ def test_sharded_member_axis_matches_unsharded(tmp_path, data, setup):
   subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=120)
   out = E.Ensemble.load(tmp_path / "out.npz")
   assert _max_diff(out.params, ref.params) <= 1e-6
+
+
+def test_demo_section_reports_a_sound_family():
+  text = E.demo_section(members=16, epochs=3)
+  assert "16 networks" in text and "contains every member: True" in text
