@@ -345,6 +345,46 @@ def fft_2d(h: Callable | None = None, grad_h: Callable | None = None, *, L: floa
     return jax.jit(lambda L_: _fft_2d_single(h, grad_h, L_, N))(jnp.asarray(L, dtype=float))
 
 
+def fft_grid(values: Any, L: float, form: Literal["direct", "gradient"] = "direct",
+             x64: bool = True) -> Array:
+  """Barron constant of a function given by samples on the centred grid of `fft_1d`/`fft_2d`.
+
+  ``values``: ``[N]`` (q = 1) or ``[N, N]`` (q = 2) samples of ``h`` at ``t_j = (j - N/2) 2L/N``
+  (``form="direct"``; ``h`` must decay to 0 at the borders, e.g. ``h - c`` for a cut-off
+  extension), or ``[q, N, ...]`` samples of ``grad h`` (``form="gradient"``). Used for data-driven
+  ``eta`` (spec §4.1 E), where no callable exists; an estimate, not a bound.
+  """
+  with jax.enable_x64(x64):
+    v = jnp.asarray(values, dtype=float)
+    if form == "direct":
+      q = v.ndim
+      grads = None
+    elif form == "gradient":
+      q = v.ndim - 1
+      if v.shape[0] != q:
+        raise ValueError(f"fft_grid: gradient samples must have shape [q, N, ...], got {v.shape}.")
+    else:
+      raise ValueError(f"fft_grid: form must be 'direct' or 'gradient', got {form!r}.")
+    if q not in (1, 2):
+      raise ValueError(f"fft_grid: only q = 1, 2 grids are supported, got q={q}.")
+    n = v.shape[-1]
+    if any(d != n for d in v.shape[-q:]) or n < 16 or n & (n - 1):
+      raise ValueError(f"fft_grid: grid sides must be equal powers of two >= 16, got {v.shape}.")
+    dt = 2.0 * L / n
+    if form == "direct":
+      mag, dw = _unitary_fft_abs_sum(v, dt, tuple(range(q)))
+      om = _omega_1d(n, dt)
+      if q == 1:
+        w = jnp.abs(om)
+      else:
+        w = jnp.sqrt(om[:, None] ** 2 + om[None, :] ** 2)
+      total = jnp.sum(w * mag)
+    else:
+      mag, dw = _unitary_fft_abs_sum(v, dt, tuple(range(1, q + 1)))
+      total = jnp.sum(jnp.sqrt(jnp.sum(mag ** 2, axis=0)))
+    return dw ** q / (2.0 * jnp.pi) ** (q / 2) * total
+
+
 def posdef_shortcut(dh: Callable, *, L: float = 200.0, N: int = 2 ** 20,
                     rtol: float = 1e-9) -> tuple[bool, Array]:
   """The paper's trick (§5.2; spec §4.1 A): if ``F(h') >= 0`` then ``C_h = h'(0)``.
@@ -536,6 +576,6 @@ def barron_constant(h: Callable | None = None, *, q: int = 1,
 
 __all__ = [
     "CATALAN", "PROFILES", "profile", "closed_form", "gaussian_norm_mean", "network_upper_bound",
-    "staircase_network_1d", "fft_1d", "fft_2d", "posdef_shortcut", "Estimate", "monte_carlo", "GaussianMixture",
+    "staircase_network_1d", "fft_1d", "fft_2d", "fft_grid", "posdef_shortcut", "Estimate", "monte_carlo", "GaussianMixture",
     "gaussian_mixture_mc", "barron_constant",
 ]
