@@ -234,3 +234,20 @@ def test_errors():
     barron.barron_constant(q=3, method="mc", fourier=lambda o: 1.0)
   with pytest.raises(ValueError, match="means"):
     barron.GaussianMixture(jnp.ones(2), jnp.zeros((1, 2)), jnp.eye(2)[None])
+
+
+def test_fft_grid_of_samples():
+  N, L = 512, 20.0
+  t = (np.arange(N) - N // 2) * (2 * L / N)
+  x1, x2 = np.meshgrid(t, t, indexing="ij")
+  g = np.exp(-(x1 ** 2 + x2 ** 2) / 2)
+  assert float(barron.fft_grid(g, L)) == pytest.approx(_gauss_q(2), rel=1e-3)
+  grad = np.stack([-x1 * g, -x2 * g])
+  assert float(barron.fft_grid(grad, L, form="gradient")) == pytest.approx(_gauss_q(2), rel=1e-3)
+  t1 = (np.arange(2 ** 16) - 2 ** 15) * (400.0 / 2 ** 16)
+  assert float(barron.fft_grid(np.exp(-t1 ** 2 / 2), 200.0)) == pytest.approx(
+      _gauss_q(1), rel=1e-3)
+  with pytest.raises(ValueError, match="powers of two"):
+    barron.fft_grid(np.zeros((100, 100)), L)
+  with pytest.raises(ValueError, match="q = 1, 2"):
+    barron.fft_grid(np.zeros((16, 16, 16)), L)
