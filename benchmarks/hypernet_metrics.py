@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from boundjax.data.adult import load_adult
 from boundjax.models import MLP
 
 RESULTS = Path(__file__).parent / "results"
+CACHE = Path(os.environ.get("BOUNDJAX_CACHE", Path.home() / ".cache" / "boundjax"))
 
 #: Sphynx Table 4, Adult 2×50 (network abstraction rate %, overcoverage) and Table 3 (Adult 2×100).
 PAPER_TABLE4_ADULT_2x50 = {"int_abs": {"network_abstraction_rate": 77.04, "overcoverage": 1.00},
@@ -77,7 +79,8 @@ def main(argv=None):
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--chunk", type=int, default=128)
   ap.add_argument("--epochs", type=int, default=10)
-  ap.add_argument("--ckpt", default=str(RESULTS / "ckpt_adult_2x50_pool"))
+  ap.add_argument("--ckpt", default=str(CACHE / "ckpt_adult_2x50_pool"),
+                  help="checkpoint directory of the pool (resumable; large, outside the repo)")
   ap.add_argument("--out", default=str(RESULTS / "hypernet_adult_2x50.json"))
   args = ap.parse_args(argv)
 
