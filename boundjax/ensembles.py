@@ -29,6 +29,10 @@ Decisions where the papers are silent (recorded here and in the tests):
   which is exactly ``torch.optim.SGD(weight_decay=wd)``.
 * Precision: float32 (the papers train in PyTorch float32); pass float64 data and parameters with
   ``jax_enable_x64`` for a float64 run.
+* Determinism: same settings give bit-identical parameters on CPU (tested). On GPU set
+  ``XLA_FLAGS=--xla_gpu_deterministic_ops=true`` (Sphynx spec §2.2). A vmapped member and the same
+  network trained alone (`train_single`) agree to float32 rounding (tested to 1e-6), not bit for
+  bit: XLA may order a batched matmul's sums differently.
 """
 
 from __future__ import annotations
@@ -460,6 +464,7 @@ def train_ensemble(model: Any, init_params: PyTree, optimizer: optax.GradientTra
   if shard:
     member_sh, repl = _member_sharding(n_dev)
     xs, ys, schedule = (jax.device_put(a, repl) for a in (xs, ys, schedule))
+    init_params = jax.device_put(init_params, repl)
 
   bar = None
   if progress:
