@@ -1,0 +1,312 @@
+"""Tests of `boundjax.domains.linear.crown` (CROWN): soundness by sampling, tightness against
+IBP, exactness on point boxes, jit, batching, sound floating point and error reporting."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import boundjax as bj
+from boundjax.domains.linear import crown, demo_section
+from boundjax.errors import UnsupportedPrimitiveError
+from tests.helpers import assert_inside, sample_box
+
+N_SAMPLES = 10_000
+
+
+class MLP(nn.Module):
+  widths: tuple
+  out: int
+
+  @nn.compact
+  def __call__(self, x):
+    for w in self.widths:
+      x = nn.relu(nn.Dense(w)(x))
+    return nn.Dense(self.out)(x)
+
+
+class CNN(nn.Module):
+  features: tuple
+  kernel: int
+  stride: int
+  padding: str
+  pool: bool
+  dense: int
+  out: int
+
+  @nn.compact
+  def __call__(self, x):
+    for i, f in enumerate(self.features):
+      x = nn.relu(nn.Conv(f, (self.kernel, self.kernel), strides=self.stride if i == 0 else 1,
+                          padding=self.padding)(x))
+    if self.pool:
+      x = nn.avg_pool(x, (2, 2), (2, 2))
+    x = x.reshape((x.shape[0], -1))
+    x = nn.relu(nn.Dense(self.dense)(x))
+    return nn.Dense(self.out)(x)
+
+
+def _random_mlp(seed: int):
+  rng = np.random.default_rng(seed)
+  depth = int(rng.integers(1, 4))
+  widths = tuple(int(w) for w in rng.integers(3, 24, size=depth))
+  d_in, out = int(rng.integers(2, 12)), int(rng.integers(1, 6))
+  return MLP(widths, out), (d_in,)
+
+
+def _random_cnn(seed: int):
+  rng = np.random.default_rng(seed)
+  model = CNN(features=tuple(int(f) for f in rng.integers(2, 5, size=int(rng.integers(1, 3)))),
+              kernel=int(rng.integers(2, 4)), stride=int(rng.integers(1, 3)),
+              padding=str(rng.choice(["SAME", "VALID"])), pool=bool(rng.integers(0, 2)),
+              dense=int(rng.integers(3, 12)), out=int(rng.integers(2, 5)))
+  return model, (8, 8, int(rng.integers(1, 3)))
+
+
+def _random_box(seed: int, batch: int, shape: tuple) -> bj.Interval:
+  """Random centres and per-coordinate radii (some zero) of mixed sizes."""
+  rng = np.random.default_rng(seed + 1000)
+  c = rng.normal(size=(batch, *shape)).astype(np.float32)
+  r = rng.uniform(0, 1, size=(batch, *shape)).astype(np.float32) * float(rng.choice([0.02, 0.2, 1.0]))
+  r[rng.uniform(size=r.shape) < 0.1] = 0.0
+  return bj.Interval(jnp.asarray(c - r), jnp.asarray(c + r))
+
+
+def _init(model, shape, seed):
+  return model.init(jax.random.PRNGKey(seed), jnp.zeros((1, *shape), jnp.float32))
+
+
+def _samples_per_example(box: bj.Interval, seed: int, n: int = N_SAMPLES):
+  """(n, batch, ...) points: half at random box vertices, half uniform (`sample_box`)."""
+  pts = [sample_box(jax.random.PRNGKey(seed + b), box[b], n) for b in range(box.shape[0])]
+  return jnp.stack(pts, axis=1)
+
+
+def _outputs(model, params, pts):
+  n, b = pts.shape[:2]
+  ys = model.apply(params, pts.reshape((n * b, *pts.shape[2:])))
+  return ys.reshape((n, b, *ys.shape[1:]))
+
+
+def _check_sound_and_within_ibp(model, shape, seed, batch=2):
+  params = _init(model, shape, seed)
+  box = _random_box(seed, batch, shape)
+  ys = _outputs(model, params, _samples_per_example(box, seed))
+  ibp = bj.ibp(model.apply)(params, box)
+  for inter in ("crown", "ibp"):
+    out = crown(model.apply, intermediate=inter)(params, box)
+    assert out.shape == ys.shape[1:]
+    assert_inside(out, ys, what=f"crown(intermediate={inter!r})")
+    # never looser than IBP (up to float noise in the comparison of two float computations)
+    tol = 1e-5 * (1 + np.abs(np.asarray(ibp.lower)))
+    assert np.all(np.asarray(out.lower) >= np.asarray(ibp.lower) - tol)
+    assert np.all(np.asarray(out.upper) <= np.asarray(ibp.upper) + tol)
+  return out, ibp
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, pytest.param(3, marks=pytest.mark.slow),
+                                  pytest.param(4, marks=pytest.mark.slow),
+                                  pytest.param(5, marks=pytest.mark.slow)])
+def test_random_mlp_sound_and_within_ibp(seed):
+  model, shape = _random_mlp(seed)
+  _check_sound_and_within_ibp(model, shape, seed)
+
+
+@pytest.mark.parametrize("seed", [0, 1, pytest.param(2, marks=pytest.mark.slow),
+                                  pytest.param(3, marks=pytest.mark.slow)])
+def test_random_cnn_sound_and_within_ibp(seed):
+  model, shape = _random_cnn(seed)
+  _check_sound_and_within_ibp(model, shape, seed)
+
+
+def test_all_vertices_of_small_box():
+  """Every one of the 2^10 vertices plus 10^4 uniform points of a 10-d box."""
+  model = MLP((16, 16), 3)
+  params = _init(model, (10,), 0)
+  box = bj.Interval.around(jnp.linspace(-1, 1, 10)[None], 0.3)
+  corners = np.array(np.meshgrid(*[[0, 1]] * 10)).reshape(10, -1).T
+  verts = np.where(corners == 1, np.asarray(box.upper), np.asarray(box.lower))
+  uni = jax.random.uniform(jax.random.PRNGKey(0), (N_SAMPLES, 1, 10), minval=box.lower,
+                           maxval=box.upper)
+  pts = jnp.concatenate([jnp.asarray(verts, jnp.float32)[:, None], uni])
+  ys = _outputs(model, params, pts)
+  assert_inside(crown(model.apply)(params, box), ys, what="crown")
+  # the bound is attained closely: CROWN's lower bound is within the sampled range's reach
+  out = crown(model.apply)(params, box)
+  assert np.all(np.asarray(out.lower) <= np.asarray(ys.min(0)))
+
+
+@pytest.mark.parametrize("model,shape", [(MLP((8, 8), 3), (5,)),
+                                         (CNN((3,), 3, 2, "SAME", True, 6, 3), (8, 8, 2))])
+def test_point_box_reproduces_fn(model, shape):
+  params = _init(model, shape, 1)
+  x = jax.random.normal(jax.random.PRNGKey(3), (3, *shape))
+  out = crown(model.apply)(params, bj.Interval.point(x))
+  y = model.apply(params, x)
+  np.testing.assert_allclose(out.lower, y, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(out.upper, y, atol=1e-5, rtol=1e-5)
+
+
+def test_jit_matches_eager_and_batch_axis_none():
+  model = CNN((2,), 3, 2, "SAME", True, 5, 3)
+  params = _init(model, (6, 6, 1), 2)
+  box = _random_box(2, 3, (6, 6, 1))
+  eager = crown(model.apply)(params, box)
+  jitted = jax.jit(crown(model.apply))(params, box)
+  np.testing.assert_allclose(jitted.lower, eager.lower, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(jitted.upper, eager.upper, rtol=1e-5, atol=1e-5)
+  # the whole batch as one problem: cross-example coefficients vanish, same bounds
+  whole = crown(model.apply, batch_axis=None)(params, box)
+  np.testing.assert_allclose(whole.lower, eager.lower, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(whole.upper, eager.upper, rtol=1e-4, atol=1e-4)
+  # chunking does not change the result
+  chunked = crown(model.apply, chunk_size=2)(params, box)
+  np.testing.assert_allclose(chunked.lower, eager.lower, rtol=1e-5, atol=1e-5)
+
+
+def test_tighter_than_ibp_on_deep_mlp(record_property):
+  """A 6-layer ReLU MLP: CROWN beats IBP by a wide margin (mean width ratio reported)."""
+  model = MLP((64,) * 6, 10)
+  params = _init(model, (20,), 4)
+  x = jax.random.uniform(jax.random.PRNGKey(5), (4, 20))
+  box = bj.Interval.around(x, 0.05)
+  ibp = bj.ibp(model.apply)(params, box)
+  out = crown(model.apply)(params, box)
+  cibp = crown(model.apply, intermediate="ibp")(params, box)
+  ratio = float(jnp.mean(out.width / ibp.width))
+  record_property("crown_over_ibp_mean_width_ratio", ratio)
+  record_property("crown_ibp_over_ibp_mean_width_ratio", float(jnp.mean(cibp.width / ibp.width)))
+  print(f"mean width ratio CROWN/IBP = {ratio:.4f}, CROWN-IBP/IBP = "
+        f"{float(jnp.mean(cibp.width / ibp.width)):.4f}")
+  assert ratio < 0.5
+  assert bool(jnp.all(out.width < ibp.width))
+  assert float(jnp.mean(out.width)) <= float(jnp.mean(cibp.width))
+  ys = _outputs(model, params, _samples_per_example(box, 5))
+  assert_inside(out, ys, what="crown deep mlp")
+
+
+def test_affine_function_is_exact():
+  """No ReLU: CROWN gives the exact range ``W c ± |W| r`` of an affine map."""
+  w = jax.random.normal(jax.random.PRNGKey(0), (6, 4))
+  b = jnp.arange(4.0)
+  f = lambda w, b, x: x @ w + b
+  box = bj.Interval.around(jax.random.normal(jax.random.PRNGKey(1), (2, 6)), 0.1)
+  out = crown(f)(w, b, box)
+  np.testing.assert_allclose(out.lower, box.center @ w + b - box.radius @ jnp.abs(w), rtol=1e-5,
+                             atol=1e-5)
+  np.testing.assert_allclose(out.upper, box.center @ w + b + box.radius @ jnp.abs(w), rtol=1e-5,
+                             atol=1e-5)
+
+
+def test_nested_calls_fanout_clip_and_pytrees():
+  """jit, checkpoint, custom_vjp, residual fan-out, clip (max/min with constants), two boxes
+  and a dict output."""
+  k1, k2 = jax.random.split(jax.random.PRNGKey(7))
+  w1 = jax.random.normal(k1, (5, 5))
+  w2 = jax.random.normal(k2, (5, 5))
+
+  @jax.custom_vjp
+  def scale(x):
+    return 0.5 * x
+  scale.defvjp(lambda x: (scale(x), None), lambda _, g: (0.5 * g,))
+
+  @jax.jit
+  def block(x):
+    return jax.nn.relu(x @ w1) + x  # residual: x is used twice
+
+  def f(params, inputs):
+    h = jax.checkpoint(block)(inputs["a"]) - scale(inputs["b"])
+    h = jnp.clip(h, -1.0, 0.7) @ params["w"]
+    return {"out": jax.nn.relu(h), "mean": jnp.mean(h, axis=-1, keepdims=True)}
+
+  params = {"w": w2}
+  boxes = {"a": bj.Interval.around(jax.random.normal(k1, (2, 5)), 0.3),
+           "b": bj.Interval.around(jax.random.normal(k2, (2, 5)), 0.2)}
+  out = crown(f)(params, boxes)
+  keys = jax.random.split(jax.random.PRNGKey(8), 2)
+  pa = jnp.stack([sample_box(jax.random.fold_in(keys[0], b), boxes["a"][b], N_SAMPLES)
+                  for b in range(2)], 1)
+  pb = jnp.stack([sample_box(jax.random.fold_in(keys[1], b), boxes["b"][b], N_SAMPLES)
+                  for b in range(2)], 1)
+  ys = jax.vmap(lambda a, b: f(params, {"a": a, "b": b}))(pa, pb)
+  assert_inside(out["out"], ys["out"], what="out")
+  assert_inside(out["mean"], ys["mean"], what="mean")
+
+
+def test_sound_fp_holds_in_exact_arithmetic():
+  """Sound mode encloses the float64 evaluation (a proxy for exact arithmetic) with zero
+  tolerance, and contains the default-mode bounds."""
+  model = MLP((16, 16, 16), 4)
+  params = _init(model, (8,), 9)
+  x = jax.random.uniform(jax.random.PRNGKey(9), (2, 8))
+  box = bj.Interval.around(x, 0.05)
+  fast = crown(model.apply)(params, box)
+  sound = crown(model.apply, sound_fp=True)(params, box)
+  assert bool(jnp.all(sound.lower <= fast.lower)) and bool(jnp.all(sound.upper >= fast.upper))
+  # the price is small next to the magnitudes involved (a γ_n-relative slack)
+  scale = 1 + jnp.abs(fast.lower) + jnp.abs(fast.upper)
+  assert float(jnp.max((sound.width - fast.width) / scale)) < 1e-4
+  pts = _samples_per_example(box, 9)
+  with jax.enable_x64(True):
+    p64 = jax.tree_util.tree_map(lambda a: jnp.asarray(np.asarray(a), jnp.float64), params)
+    ys = np.asarray(_outputs(model, p64, jnp.asarray(np.asarray(pts), jnp.float64)))
+  assert ys.dtype == np.float64
+  assert_inside(sound, ys, tol=0.0, what="sound_fp")
+  sibp = crown(model.apply, intermediate="ibp", sound_fp=True)(params, box)
+  assert_inside(sibp, ys, tol=0.0, what="sound_fp crown-ibp")
+  ibp_sound = bj.ibp(model.apply, sound=True)(params, box)
+  assert bool(jnp.all(sibp.lower >= ibp_sound.lower)) and bool(jnp.all(sibp.upper <= ibp_sound.upper))
+
+
+def test_unsupported_primitive_names_it_and_the_line():
+  f = lambda x: jnp.tanh(x) @ jnp.ones((3, 2))  # the line below is reported
+  box = bj.Interval.around(jnp.zeros((1, 3)), 0.1)
+  with pytest.raises(UnsupportedPrimitiveError, match=r"'tanh'.*test_crown.py:\d+"):
+    crown(f)(box)
+  with pytest.raises(UnsupportedPrimitiveError, match="'mul'.*two box-dependent"):
+    crown(lambda x: x * x)(box)
+  with pytest.raises(UnsupportedPrimitiveError, match="'max'"):
+    crown(lambda x, y: jnp.maximum(x, y))(box, box)
+  with pytest.raises(UnsupportedPrimitiveError, match="'reduce_max'"):
+    crown(lambda x: jnp.max(x, axis=-1))(box)
+  with pytest.raises(UnsupportedPrimitiveError, match="'dot_general'.*interval parameters"):
+    crown(lambda w, x: x @ w, batch_axis=None)(bj.Interval.around(jnp.ones((3, 2)), 0.1), box)
+
+
+def test_bad_inputs_raise_value_error():
+  model = MLP((4,), 2)
+  params = _init(model, (3,), 0)
+  box = bj.Interval.around(jnp.zeros((2, 3)), 0.1)
+  with pytest.raises(ValueError, match="intermediate"):
+    crown(model.apply, intermediate="deeppoly")
+  with pytest.raises(ValueError, match="batch_axis"):
+    crown(model.apply, batch_axis="0")
+  with pytest.raises(ValueError, match="sound_fp"):
+    crown(model.apply, sound_fp=1)
+  with pytest.raises(ValueError, match="chunk_size"):
+    crown(model.apply, chunk_size=0)
+  with pytest.raises(ValueError, match="out of range"):
+    crown(model.apply, batch_axis=3)(params, box)
+  with pytest.raises(ValueError, match="batch size"):
+    crown(lambda a, b: a + b)(box, bj.Interval.around(jnp.zeros((3, 3)), 0.1))
+  with pytest.raises(ValueError, match="floating point"):
+    crown(lambda a: a)(bj.Interval(jnp.zeros((2, 3), jnp.int32), jnp.ones((2, 3), jnp.int32)))
+  with pytest.raises(ValueError, match="batch axis of size 1"):
+    crown(lambda a: jnp.sum(a))(box)
+  with pytest.raises(ValueError, match="lower > upper"):
+    bj.Interval(jnp.ones(3), jnp.zeros(3))
+
+
+def test_no_box_is_plain_call():
+  model = MLP((4,), 2)
+  params = _init(model, (3,), 0)
+  x = jnp.ones((2, 3))
+  np.testing.assert_array_equal(crown(model.apply)(params, x), model.apply(params, x))
+
+
+def test_demo_section_reports_ratio():
+  text = demo_section()
+  assert "CROWN" in text and "IBP" in text and "(violations): 0" in text
