@@ -40,6 +40,7 @@ Decisions where the papers are silent (recorded here and in the tests):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -263,23 +264,17 @@ def train_single(model: Any, init_params: PyTree, optimizer: optax.GradientTrans
   return fn(init_params, jnp.asarray(row), jnp.asarray(x), jnp.asarray(y), jnp.asarray(schedule))
 
 
-_JIT_CACHE: dict = {}
-
-
+# Compiled trainers, keyed by (apply_fn, optimizer, loss_fn). Bounded: every `sgd(...)` call makes
+# a new optimizer object, and each entry keeps its compiled programs alive.
+@functools.lru_cache(maxsize=16)
 def _jitted_single(apply_fn, optimizer, loss_fn):
-  key = ("single", apply_fn, optimizer, loss_fn)
-  if key not in _JIT_CACHE:
-    _JIT_CACHE[key] = jax.jit(lambda p, r, x, y, s: _train_one(apply_fn, optimizer, loss_fn,
-                                                                p, r, x, y, s))
-  return _JIT_CACHE[key]
+  return jax.jit(lambda p, r, x, y, s: _train_one(apply_fn, optimizer, loss_fn, p, r, x, y, s))
 
 
+@functools.lru_cache(maxsize=16)
 def _jitted_vmapped(apply_fn, optimizer, loss_fn):
-  key = ("vmap", apply_fn, optimizer, loss_fn)
-  if key not in _JIT_CACHE:
-    one = lambda p, r, x, y, s: _train_one(apply_fn, optimizer, loss_fn, p, r, x, y, s)
-    _JIT_CACHE[key] = jax.jit(jax.vmap(one, in_axes=(None, 0, None, None, None)))
-  return _JIT_CACHE[key]
+  one = lambda p, r, x, y, s: _train_one(apply_fn, optimizer, loss_fn, p, r, x, y, s)
+  return jax.jit(jax.vmap(one, in_axes=(None, 0, None, None, None)))
 
 
 # ---------------------------------------------------------------------------------------------

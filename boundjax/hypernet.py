@@ -39,8 +39,11 @@ from scipy import special, stats
 from boundjax.interval import Interval, is_interval, tree_contains
 
 PyTree = Any
+#: A hyper-network: a parameter pytree whose leaves are `Interval` s (array leaves are points).
+HyperNetwork = Any
 
 __all__ = [
+    "HyperNetwork",
     "from_ensemble",
     "point",
     "interval_leaves",
