@@ -1,0 +1,78 @@
+"""Tests of `boundjax.rounding`: γ_n, one-step rounding and outward widening, and an attempt to
+break the error model on float32 dot products and sums computed by XLA."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from boundjax import rounding
+
+F32 = st.floats(min_value=float(np.float32(-1e30)), max_value=float(np.float32(1e30)), allow_nan=False, allow_infinity=False, width=32)
+
+
+def test_gamma_values_and_limits():
+  u = 2.0 ** -24
+  assert rounding.unit_roundoff(jnp.float32) == u
+  assert rounding.gamma(1, jnp.float32) == pytest.approx(u / (1 - u), rel=1e-12)
+  assert rounding.gamma(1000, jnp.float64) == pytest.approx(1000 * 2.0 ** -53, rel=1e-9)
+  assert rounding.gamma(10, jnp.float32) < rounding.gamma(11, jnp.float32)
+  with pytest.raises(ValueError, match="too large"):
+    rounding.gamma(2 ** 24, jnp.float32)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(F32, min_size=1, max_size=8))
+def test_round_up_down_are_one_step(xs):
+  x = np.asarray(xs, np.float32)
+  up, down = np.asarray(rounding.round_up(x)), np.asarray(rounding.round_down(x))
+  assert np.all(up > x) and np.all(down < x)
+  np.testing.assert_array_equal(up, np.nextafter(x, np.float32(np.inf)))
+  np.testing.assert_array_equal(down, np.nextafter(x, np.float32(-np.inf)))
+
+
+def test_round_at_zero_and_subnormals():
+  z = jnp.zeros(2, jnp.float32)
+  assert float(rounding.round_up(z)[0]) > 0 and float(rounding.round_down(z)[0]) < 0
+
+
+def test_outward_widens_strictly():
+  lo = jnp.asarray([-1.0, 0.0, 3.0], jnp.float32)
+  hi = jnp.asarray([1.0, 0.0, 4.0], jnp.float32)
+  lo2, hi2 = rounding.outward(lo, hi, ulps=1, abs_err=jnp.asarray([0.5, 0.0, 0.0]))
+  assert bool(jnp.all(lo2 < lo)) and bool(jnp.all(hi2 > hi))
+  assert float(lo2[0]) <= -1.5 and float(hi2[0]) >= 1.5
+
+
+@pytest.mark.parametrize("n", [10, 1000, 20000])
+def test_gamma_bounds_float32_dot_products(n):
+  """|fl32(a·b) − a·b| <= γ_n Σ|a_k b_k| for XLA's float32 dot, including heavy cancellation
+  (the exact value is computed in float64, where products of float32 numbers are exact)."""
+  rng = np.random.default_rng(n)
+  a = rng.normal(size=(64, n)).astype(np.float32)
+  b = rng.normal(size=(n,)).astype(np.float32)
+  # cancellation: rows that sum to almost zero
+  a[:16] = np.concatenate([a[:16, : n // 2], -a[:16, : n // 2] * (1 + 1e-3)], axis=1)[:, :n]
+  got = np.asarray(jnp.dot(jnp.asarray(a), jnp.asarray(b)), np.float64)
+  exact = a.astype(np.float64) @ b.astype(np.float64)
+  bound = rounding.gamma(n, jnp.float32) * (np.abs(a).astype(np.float64) @ np.abs(b))
+  assert np.all(np.abs(got - exact) <= bound)
+  # reduce_sum too
+  s = np.asarray(jnp.sum(jnp.asarray(a), axis=1), np.float64)
+  assert np.all(np.abs(s - a.astype(np.float64).sum(1))
+                <= rounding.gamma(n, jnp.float32) * np.abs(a).astype(np.float64).sum(1))
+
+
+def test_outward_moves_past_float_error_of_a_sum():
+  """A float32 sum widened by γ_n Σ|x| and rounded out contains the exact sum."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(200, 5000)).astype(np.float32) * 1e3
+  s = jnp.sum(jnp.asarray(x), axis=1)
+  err = rounding.gamma(5000, jnp.float32) * jnp.sum(jnp.abs(jnp.asarray(x)), axis=1)
+  lo, hi = rounding.outward(s, s, ulps=1, abs_err=err)
+  exact = x.astype(np.float64).sum(1)
+  assert np.all(np.asarray(lo, np.float64) <= exact) and np.all(exact <= np.asarray(hi, np.float64))
