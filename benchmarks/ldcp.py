@@ -52,6 +52,7 @@ from boundjax.models import MLP  # noqa: E402
 from milp import ldcp, neighbourhoods as NB  # noqa: E402
 from milp import network as net_lib  # noqa: E402
 from milp.solve import SolveConfig  # noqa: E402
+from milp.verify import verify as verify_net  # noqa: E402
 
 ARCHS = {"2x50": (50, 50), "2x100": (100, 100), "4x50": (50, 50, 50, 50)}
 
@@ -65,12 +66,14 @@ def parse(argv=None):
                  help="PredHyperNet cap on K (default: 2 rounds, 1 + 2k, at most pool + 1)")
   p.add_argument("--inputs", type=int, default=20, help="test inputs per neighbourhood kind")
   p.add_argument("--eps", type=float, default=0.05)
-  p.add_argument("--time-limit", type=float, default=60.0)
+  p.add_argument("--time-limit", type=float, default=30.0)
+  p.add_argument("--bounds", default="crown", choices=("ibp", "crown"),
+                 help="big-M constants for every query (Sphynx, exact, naive)")
+  p.add_argument("--bigm-inputs", type=int, default=8,
+                 help="inputs per kind on which the hyper-network MILP is timed with IBP and "
+                      "with CROWN big-M, bounds shortcut off")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--full", action="store_true", help="train all |D| + 1 networks, k = 400")
-  p.add_argument("--crown", action="store_true", default=True,
-                 help="also time the hyper-network MILPs with CROWN big-M (default on)")
-  p.add_argument("--no-crown", dest="crown", action="store_false")
   p.add_argument("--checkpoint-dir", default=os.path.expanduser("~/.cache/boundjax/ldcp"))
   p.add_argument("--out", default=str(ROOT / "benchmarks/results/ldcp.json"))
   a = p.parse_args(argv)
@@ -105,12 +108,19 @@ def run_arch(name: str, ds, args) -> dict:
   pool = n if args.full else min(args.pool, n)
   pool_idx = order[:pool]
   opt = ensembles.sgd(0.1, l1=1e-5)
+  ckpt = pathlib.Path(args.checkpoint_dir) / f"{name}_s{args.seed}_p{pool}"
+  fresh = not list(ckpt.glob("chunk_*.npz"))
   t0 = time.perf_counter()
   ens = ensembles.train_ensemble(
       model, init, opt, ds.x_train, ds.y_train, ensembles.leave_k_out(pool_idx), epochs=10,
       batch_size=1024, seed=args.seed, loss_fn=ensembles.binary_logistic_loss, chunk_size=128,
-      checkpoint_dir=os.path.join(args.checkpoint_dir, f"{name}_s{args.seed}_p{pool}"))
+      checkpoint_dir=ckpt)
   train_s = time.perf_counter() - t0
+  timing = ckpt / "train_seconds.json"
+  if fresh:  # the pool was trained from scratch in this run: remember how long it took
+    timing.write_text(json.dumps({"seconds": train_s}))
+  elif timing.exists():  # loaded from the checkpoint: report the original training time
+    train_s = json.loads(timing.read_text())["seconds"]
   per_net = train_s / (pool + 1)
   full = ens.full
   acc = float(np.mean((np.asarray(model.apply(full, ds.x_test))[:, 0] >= 0) == (ds.y_test == 1)))
@@ -153,10 +163,11 @@ def run_arch(name: str, ds, args) -> dict:
       nb = make(x)
       label = ldcp.predicted_label(n_net, x)
       sp = ldcp.verify(None, full, h_pred, nb, label, members=sphynx_members, cfg=cfg,
-                       output="sign")
+                       bounds=args.bounds, output="sign")
       ex = ldcp.verify(None, full, h_exact, nb, label, members=pool_family, cfg=cfg,
-                       output="sign")
-      nv = ldcp.verify_naive(None, pool_family, nb, label, cfg=cfg, output="sign")
+                       bounds=args.bounds, output="sign")
+      nv = ldcp.verify_naive(None, pool_family, nb, label, cfg=cfg, bounds=args.bounds,
+                             output="sign")
       rec = dict(row=int(r), label=label, sphynx=sp.verdict, sphynx_s=sp.seconds,
                  sphynx_method=sp.hyper_result.method if sp.hyper_result else sp.n_result.method,
                  sphynx_binaries=sp.hyper_result.n_binaries if sp.hyper_result else 0,
@@ -165,22 +176,22 @@ def run_arch(name: str, ds, args) -> dict:
                  exact=ex.verdict, exact_s=ex.seconds, truth=nv.ldcp, naive_s=nv.seconds,
                  naive_milps=nv.n_milp, naive_bounds_verified=nv.n_bounds_verified,
                  naive_sampling_falsified=nv.n_sampling_falsified)
-      if args.crown and sp.hyper_result is not None and sp.hyper_result.method == "milp":
-        t0 = time.perf_counter()
-        cr = ldcp.verify(None, full, h_pred, nb, label, members=sphynx_members, cfg=cfg,
-                         bounds="crown", output="sign")
-        rec.update(crown_s=time.perf_counter() - t0, crown_verdict=cr.verdict,
-                   ibp_unstable=sp.hyper_result.n_unstable,
-                   crown_unstable=cr.hyper_result.n_unstable if cr.hyper_result else None)
-        if (cr.verdict == "LDCP") != (sp.verdict == "LDCP") and "UNKNOWN" not in (
-            sp.hyper_result.status.value, cr.hyper_result.status.value if cr.hyper_result else ""):
-          raise AssertionError(f"IBP and CROWN big-M disagree at test row {r}: {sp.verdict} vs "
-                               f"{cr.verdict}")
+      if len(recs) < args.bigm_inputs:  # big-M study: the MILP itself, IBP vs CROWN
+        bigm = {}
+        for b in ("ibp", "crown"):
+          q = verify_net(h_pred, nb, label, cfg, bounds=b, samples=0, use_bounds_shortcut=False)
+          bigm[b] = (q.status.value, q.seconds, q.n_unstable)
+        rec.update(ibp_milp_s=bigm["ibp"][1], crown_milp_s=bigm["crown"][1],
+                   ibp_unstable=bigm["ibp"][2], crown_unstable=bigm["crown"][2],
+                   ibp_status=bigm["ibp"][0], crown_status=bigm["crown"][0])
+        if "UNKNOWN" not in (bigm["ibp"][0], bigm["crown"][0]) and bigm["ibp"][0] != bigm["crown"][0]:
+          raise AssertionError(f"IBP and CROWN big-M disagree at test row {r}: {bigm}")
       recs.append(rec)
     truth = [q["truth"] for q in recs]
     sph_t = [q["sphynx_s"] for q in recs]
     nai_t = [q["naive_s"] for q in recs]
-    crown_pairs = [(q["sphynx_s"], q["crown_s"]) for q in recs if "crown_s" in q]
+    crown_pairs = [(q["ibp_milp_s"], q["crown_milp_s"]) for q in recs if "ibp_milp_s" in q]
+    unst = [(q["ibp_unstable"], q["crown_unstable"]) for q in recs if "ibp_milp_s" in q]
     out_kinds[kind] = dict(
         records=recs,
         confusion_sphynx=confusion([q["sphynx"] == "LDCP" for q in recs], truth),
@@ -194,6 +205,8 @@ def run_arch(name: str, ds, args) -> dict:
         milp_solve_s_total=sum(q["sphynx_solve_s"] for q in recs),
         median_ibp_milp_s=statistics.median([a for a, _ in crown_pairs]) if crown_pairs else None,
         median_crown_milp_s=statistics.median([b for _, b in crown_pairs]) if crown_pairs else None,
+        median_ibp_unstable=statistics.median([a for a, _ in unst]) if unst else None,
+        median_crown_unstable=statistics.median([b for _, b in unst]) if unst else None,
     )
   return dict(
       arch=name, n_train=int(n), accuracy=acc, pool_members=int(pool), family_size=int(n + 1),
@@ -215,19 +228,31 @@ def table(results: list[dict]) -> str:
       a, b = k["confusion_sphynx"], k["confusion_exact"]
       lines.append(f"{r['arch']:6} {kind:14} {a['TP']:3d} {a['TN']:3d} {a['FP']:3d} {a['FN']:3d} | "
                    f"{b['TP']:3d} {b['TN']:3d} {b['FP']:3d} {b['FN']:3d}  {a['truth_unknown']}")
-  lines += ["", "Table 2 - networks trained and time (CPU, 2 shared cores)",
+  lines += ["", "Table 2 - networks trained and time per neighbourhood (CPU, 2 shared cores)",
             f"{'arch':6} {'acc':>5} {'K':>5} {'K/(n+1)':>8} {'train K (s)':>11} "
-            f"{'train n+1 est (h)':>17} {'kind':14} {'hyper med (s)':>13} {'naive med (s)':>13} "
-            f"{'ratio':>6} {'ibp/crown med (s)':>17}"]
+            f"{'train n+1 est (h)':>17} {'kind':14} {'hyper med (s)':>13} {'hyper max (s)':>13} "
+            f"{'naive med (s)':>13} {'ratio':>6} {'naive MILPs':>11}"]
   for r in results:
     for kind, k in r["kinds"].items():
       ratio = k["median_naive_s"] / max(k["median_sphynx_s"], 1e-9)
-      ic = (f"{k['median_ibp_milp_s']:.2f}/{k['median_crown_milp_s']:.2f}"
-            if k["median_ibp_milp_s"] is not None else "-")
       lines.append(
           f"{r['arch']:6} {r['accuracy']:5.3f} {r['K']:5d} {r['fraction_trained_sphynx']:8.4f} "
           f"{r['train_sphynx_s_est']:11.1f} {r['train_naive_full_s_est'] / 3600:17.2f} {kind:14} "
-          f"{k['median_sphynx_s']:13.3f} {k['median_naive_s']:13.3f} {ratio:6.2f} {ic:>17}")
+          f"{k['median_sphynx_s']:13.3f} {k['max_sphynx_s']:13.3f} {k['median_naive_s']:13.3f} "
+          f"{ratio:6.1f} {k['naive_milps']:11d}")
+  lines += ["", "Table 3 - big-M constants: the predicted hyper-network's MILP with IBP vs CROWN "
+            "(bounds shortcut off; medians)",
+            f"{'arch':6} {'kind':14} {'unstable IBP':>12} {'unstable CROWN':>14} "
+            f"{'MILP IBP (s)':>12} {'MILP CROWN (s)':>14} {'speed-up':>8}"]
+  for r in results:
+    for kind, k in r["kinds"].items():
+      if k["median_ibp_milp_s"] is None:
+        continue
+      lines.append(
+          f"{r['arch']:6} {kind:14} {k['median_ibp_unstable']:12.0f} "
+          f"{k['median_crown_unstable']:14.0f} {k['median_ibp_milp_s']:12.3f} "
+          f"{k['median_crown_milp_s']:14.3f} "
+          f"{k['median_ibp_milp_s'] / max(k['median_crown_milp_s'], 1e-9):8.1f}")
   lines.append("")
   lines.append("Ground truth = every network of the pool (N + pool leave-one-out members); "
                "naive times are for the pool, not for all |D|+1 networks.")

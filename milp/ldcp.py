@@ -252,7 +252,8 @@ class NaiveResult:
       member UNKNOWN and none falsified).
     label: the label checked.
     n_members: family size.
-    n_sampling_falsified, n_bounds_verified, n_milp: how members were settled (with
+    n_sampling_falsified, n_bounds_verified, n_milp: how members were settled: sampled points,
+      bounds (vectorised IBP, then each member's own ``bounds`` method), or a MILP (with
       ``stop_at_first``, members after the first failure are not counted).
     statuses: per member, ``"VERIFIED"``, ``"FALSIFIED"``, ``"UNKNOWN"`` or ``""`` (not checked).
     failing_member, counterexample: the first failure found.
@@ -340,8 +341,11 @@ def verify_naive(model: Any, family: Family | PyTree, neighbourhood: Neighbourho
             for k in block]
     res = solve_many(jobs, executor=executor, max_workers=max_workers, ray_address=ray_address)
     for k, r in zip(block, res):
-      n_milp += 1
-      milp_s += r.seconds
+      if r.method == "bounds":  # settled by the job's own (e.g. CROWN) bounds
+        n_bnd += 1
+      else:
+        n_milp += 1
+        milp_s += r.seconds
       statuses[k] = r.status.value
       if r.status == Status.FALSIFIED and first_cex is None:
         first_cex = r.counterexample
