@@ -162,6 +162,19 @@ def test_save_load_roundtrip(tmp_path, ensemble):
   assert _max_diff(back.full, ens.member(0)) == 0.0
 
 
+def test_flat_and_select(ensemble):
+  removed, ens = ensemble
+  flat = ens.flat()
+  assert flat.shape == (5, 4 * 8 + 8 + 8 * 8 + 8 + 8 * 2 + 2)
+  np.testing.assert_array_equal(flat[2], np.concatenate(
+      [np.asarray(l).ravel() for l in jax.tree_util.tree_leaves(ens.member(2))]))
+  sub = ens.select([0, 3])
+  np.testing.assert_array_equal(sub.removed, removed[[0, 3]])
+  np.testing.assert_array_equal(sub.flat(), flat[[0, 3]])
+  with pytest.raises(ValueError, match="no member trained on all"):
+    ens.select([1, 2]).full
+
+
 def test_leave_k_out_and_validation(data, setup):
   r = E.leave_k_out([4, 7, 9])
   np.testing.assert_array_equal(r, [[-1], [4], [7], [9]])

@@ -245,6 +245,23 @@ def test_pred_hyper_net_with_stationary_mock_trainer():
   assert not capped.converged and capped.networks.shape[0] == 301
 
 
+def test_pred_hyper_net_is_deterministic():
+  """Spec §3 property 11: the same seed gives the same entries and the same hyper-network."""
+  full = {"w": np.zeros(6, np.float32)}
+
+  def train_fn(idx):            # a deterministic "training": a smooth function of the index
+    idx = np.asarray(idx, np.float64)[:, None]
+    return {"w": (np.sin(idx * np.arange(1, 7)) * 1e-3).astype(np.float32)}
+
+  runs = [H.pred_hyper_net(train_fn, full, n=3000, k=200, seed=3, progress=False)
+          for _ in range(2)]
+  np.testing.assert_array_equal(runs[0].entries, runs[1].entries)
+  for a, b in zip(H.flat_bounds(runs[0].hyper), H.flat_bounds(runs[1].hyper)):
+    np.testing.assert_array_equal(a, b)
+  other = H.pred_hyper_net(train_fn, full, n=3000, k=200, seed=4, progress=False)
+  assert not np.array_equal(other.entries[:200], runs[0].entries[:200])
+
+
 def test_pred_hyper_net_real_leave_one_out_coverage():
   """Spec §3 property 10 on a small synthetic task: PredHyperNet from sampled leave-one-out
   networks covers fresh leave-one-out networks (never sampled) at ≥ 1 - α minus a margin, and
