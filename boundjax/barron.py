@@ -319,30 +319,38 @@ def fft_1d(h: Callable | None = None, dh: Callable | None = None, *, L: float = 
     return jax.jit(jax.vmap(lambda p: _fft_1d_single(h, dh, form, L_arr, N, p)))(params)
 
 
-def _fft_2d_single(h, grad_h, L, N):
+def _fft_2d_single(h, grad_h, L, N, p=None):
   t, dt = _grid_1d(L, N)
   x1, x2 = jnp.meshgrid(t, t, indexing="ij")
   pts = jnp.stack([x1.ravel(), x2.ravel()], axis=-1)
-  g = grad_h if grad_h is not None else jax.grad(h)
+  if grad_h is not None:
+    g = grad_h if p is None else (lambda x: grad_h(x, p))
+  else:
+    g = jax.grad(h) if p is None else jax.grad(lambda x: h(x, p))
   grads = jax.lax.map(jax.vmap(g), pts.reshape(N, N, 2))  # row by row: bounded memory
   mag, dw = _unitary_fft_abs_sum(jnp.moveaxis(grads, -1, 0), dt, (1, 2))
   return dw ** 2 / (2.0 * jnp.pi) * jnp.sum(jnp.sqrt(jnp.sum(mag ** 2, axis=0)))
 
 
 def fft_2d(h: Callable | None = None, grad_h: Callable | None = None, *, L: float = 30.0,
-           N: int = 1024, x64: bool = True) -> Array:
+           N: int = 1024, params: Any = None, x64: bool = True) -> Array:
   """Barron constant of ``h: R^2 -> R`` by 2-D FFT of its gradient (spec §4.1 C).
 
   ``C ~ (2 pi)^-1 d omega^2 sum_omega ||F(grad h)(omega)||_2`` on an ``N x N`` grid over
   ``[-L, L)^2``. ``h`` takes a point of shape ``[2]`` and returns a scalar; ``grad_h`` (optional)
-  returns its gradient (else ``jax.grad(h)``). Memory is ``O(N^2)``. An estimate, not a bound.
+  returns its gradient (else ``jax.grad(h)``). With ``params`` (a pytree with a leading batch
+  axis) ``h(x, p)`` is evaluated for every ``p`` in one vmapped, jitted call (memory
+  ``O(batch N^2)``). An estimate, not a bound.
   """
   if h is None and grad_h is None:
     raise ValueError("fft_2d: give h or grad_h.")
   if N < 16 or N & (N - 1):
     raise ValueError(f"fft_2d: N must be a power of two >= 16, got {N}.")
   with jax.enable_x64(x64):
-    return jax.jit(lambda L_: _fft_2d_single(h, grad_h, L_, N))(jnp.asarray(L, dtype=float))
+    L_arr = jnp.asarray(L, dtype=float)
+    if params is None:
+      return jax.jit(lambda L_: _fft_2d_single(h, grad_h, L_, N))(L_arr)
+    return jax.jit(jax.vmap(lambda p: _fft_2d_single(h, grad_h, L_arr, N, p)))(params)
 
 
 def fft_grid(values: Any, L: float, form: Literal["direct", "gradient"] = "direct",

@@ -84,6 +84,11 @@ def test_gaussian_2d_fft():
   s = 1.3
   got = float(barron.fft_2d(lambda x: jnp.exp(-jnp.sum(x * x) / (2 * s * s)), L=30.0, N=1024))
   assert got == pytest.approx(_gauss_q(2, s), rel=1e-3)
+  scales = np.array([0.8, 1.6])
+  with jax.enable_x64(True):
+    batched = barron.fft_2d(lambda x, sc: jnp.exp(-jnp.sum(x * x) / (2 * sc * sc)), L=30.0,
+                            N=512, params=jnp.asarray(scales))
+  np.testing.assert_allclose(np.asarray(batched), [_gauss_q(2, v) for v in scales], rtol=1e-3)
 
 
 @pytest.mark.parametrize("q", [2, 8, 10])
