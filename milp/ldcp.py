@@ -52,7 +52,11 @@ class Family:
 
   ws: list[np.ndarray]
   bs: list[np.ndarray]
-  output: str = "logits"
+  output: str | None = None
+
+  def __post_init__(self):
+    if self.output is None:
+      self.output = "sign" if self.ws[-1].shape[1] == 1 else "logits"
 
   @property
   def size(self) -> int:
@@ -98,7 +102,7 @@ class Family:
     return np.min(zl[:, [label]] - zu[:, others], axis=1)
 
 
-def family_from_stacked(stacked: PyTree, output: str = "logits") -> Family:
+def family_from_stacked(stacked: PyTree, output: str | None = None) -> Family:
   """A `Family` from stacked MLP parameters (``Ensemble.params``: leading member axis)."""
   tree = stacked["params"] if isinstance(stacked, dict) and "params" in stacked else stacked
   if not isinstance(tree, dict):
@@ -114,7 +118,7 @@ def family_from_stacked(stacked: PyTree, output: str = "logits") -> Family:
   return Family(ws, bs, output)
 
 
-def family_from_flat(rows: np.ndarray, like: PyTree, output: str = "logits") -> Family:
+def family_from_flat(rows: np.ndarray, like: PyTree, output: str | None = None) -> Family:
   """A `Family` from ``(K, P)`` flat parameter rows in pytree-leaf order of ``like``."""
   leaves, treedef = jax.tree_util.tree_flatten(like)
   rows = np.asarray(rows)
@@ -174,7 +178,7 @@ class LDCPResult:
 def verify(model: Any, params: PyTree, hyper: PyTree, neighbourhood: Neighbourhood,
            label: int | None = None, *, members: Family | PyTree | None = None,
            cfg: SolveConfig = SolveConfig(), bounds: str = "ibp",
-           input_shape: Sequence[int] | None = None, output: str = "logits",
+           input_shape: Sequence[int] | None = None, output: str | None = None,
            samples: int = 64) -> LDCPResult:
   """Sphynx's LDCP query: N and the hyper-network on one neighbourhood (spec §2.7).
 
@@ -188,7 +192,7 @@ def verify(model: Any, params: PyTree, hyper: PyTree, neighbourhood: Neighbourho
       confirm a hyper-network counterexample.
     cfg, bounds: solver settings and big-M bounds (``"ibp"`` or ``"crown"``).
     input_shape: one input's shape, needed with ``model``.
-    output: ``"logits"`` or ``"sign"``.
+    output: ``"logits"``, ``"sign"``, or ``None``: by the number of output units.
     samples: random points tried before each MILP.
   """
   t0 = time.perf_counter()
@@ -276,7 +280,7 @@ class NaiveResult:
 
 def verify_naive(model: Any, family: Family | PyTree, neighbourhood: Neighbourhood,
                  label: int, *, cfg: SolveConfig = SolveConfig(), bounds: str = "ibp",
-                 output: str = "logits", samples: int = 64, stop_at_first: bool = True,
+                 output: str | None = None, samples: int = 64, stop_at_first: bool = True,
                  executor: str = "serial", max_workers: int | None = None,
                  ray_address: str | None = None, chunk: int = 8) -> NaiveResult:
   """Ground-truth LDCP: every member of a trained family verified separately (spec §2.7).
@@ -422,8 +426,8 @@ def demo_section(members: int = 48, inputs: int = 8, eps: float = 0.05, epochs: 
     for i in range(inputs):
       xi = np.asarray(ds.x_test[i], np.float64)
       nbhd = make(xi)
-      r = verify(None, ens.full, h_net, nbhd, members=fam)
-      g = verify_naive(None, fam, nbhd, r.label)
+      r = verify(None, ens.full, h_net, nbhd, members=fam, bounds="crown")
+      g = verify_naive(None, fam, nbhd, r.label, bounds="crown")
       verdicts.append((r.verdict, g.ldcp))
       hyper_s.append(r.seconds)
       naive_s.append(g.seconds)

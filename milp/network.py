@@ -103,18 +103,24 @@ class Network:
     layers: the affine layers in order.
     input_shape: shape of one input (without batch axis); the MILP sees it flattened.
     output: ``"logits"`` (class = argmax, first index on ties) or ``"sign"`` (one output unit,
-      class 1 iff ``N(x) >= 0``, else 0: the Sphynx convention, spec §1.1).
+      class 1 iff ``N(x) >= 0``, else 0: the Sphynx convention, spec §1.1). ``None`` (default)
+      picks ``"sign"`` for one output unit and ``"logits"`` otherwise.
   """
 
   layers: tuple[AffineLayer, ...]
   input_shape: tuple[int, ...]
-  output: str = "logits"
+  output: str | None = None
 
   def __post_init__(self):
     if not self.layers:
       raise ValueError("Network: needs at least one affine layer.")
+    if self.output is None:  # one output unit: a sign classifier; several: logits
+      object.__setattr__(self, "output", "sign" if self.layers[-1].shape[0] == 1 else "logits")
     if self.output not in ("logits", "sign"):
       raise ValueError(f"Network: output must be 'logits' or 'sign', got {self.output!r}.")
+    if self.output == "logits" and self.layers[-1].shape[0] < 2:
+      raise ValueError("Network: output='logits' needs at least 2 output units; a network "
+                       "with one output unit is a sign classifier (output='sign').")
     if int(np.prod(self.input_shape)) != self.layers[0].shape[1]:
       raise ValueError(
           f"Network: input_shape {self.input_shape} has {int(np.prod(self.input_shape))} "
@@ -213,13 +219,13 @@ def _layer_order(names: Sequence[str]) -> list[str]:
   return list(names)
 
 
-def from_params(params: Any, output: str = "logits") -> Network:
+def from_params(params: Any, output: str | None = None) -> Network:
   """A `Network` from a Flax linen MLP's parameters (Dense layers only, ReLU between).
 
   Args:
     params: ``{'params': {'Dense_0': {'kernel', 'bias'}, ...}}`` (or the inner dict). Leaves may be
       arrays or `Interval`; the whole tree may also be one `Interval` over parameter trees.
-    output: ``"logits"`` or ``"sign"`` (see `Network`).
+    output: ``"logits"``, ``"sign"`` or ``None`` (by the number of outputs; see `Network`).
   """
   lo, hi = _split_interval_tree(params)
   if isinstance(lo, dict) and "params" in lo:
@@ -265,7 +271,7 @@ def _module_affine(module, variables, in_shape) -> tuple[np.ndarray, np.ndarray]
   return cols.T.copy(), bias
 
 
-def from_flax(model, params: Any, input_shape: Sequence[int], output: str = "logits",
+def from_flax(model, params: Any, input_shape: Sequence[int], output: str | None = None,
               check: bool = True, sparse_threshold: float = 0.25) -> Network:
   """A `Network` from a linen model that chains ``nn.Dense``/``nn.Conv`` with ReLU between.
 
@@ -342,7 +348,7 @@ def from_flax(model, params: Any, input_shape: Sequence[int], output: str = "log
   return net
 
 
-def stack_members(stacked: Any, output: str = "logits") -> list[Network]:
+def stack_members(stacked: Any, output: str | None = None) -> list[Network]:
   """Concrete `Network`s from stacked MLP params (every leaf has a leading member axis)."""
   leaves = jax.tree_util.tree_leaves(stacked)
   if not leaves:
@@ -369,7 +375,7 @@ def contains(hyper: Network, net: Network, tol: float = 0.0) -> bool:
 
 def interval_network(layers_lo: Sequence[tuple[Any, Any]],
                      layers_hi: Sequence[tuple[Any, Any]], input_shape=None,
-                     output: str = "logits") -> Network:
+                     output: str | None = None) -> Network:
   """A hyper-network from lists of ``(W (out,in), b)`` lower and upper parameters."""
   layers = tuple(AffineLayer(_as_f64(wl), _as_f64(wu), _as_f64(bl), _as_f64(bu))
                  for (wl, bl), (wu, bu) in zip(layers_lo, layers_hi))

@@ -390,5 +390,9 @@ def test_bad_inputs_raise_clear_errors():
     SolveConfig(time_limit=0.0)
   with pytest.raises(ValueError, match="lower parameter bound"):
     N.AffineLayer(np.ones((1, 1)), np.zeros((1, 1)), np.zeros(1), np.zeros(1))
+  one = [(np.ones((1, 2)), np.zeros(1))]
+  assert N.interval_network(one, one).output == "sign"  # one output unit: sign classifier
+  with pytest.raises(ValueError, match="needs at least 2 output units"):
+    N.interval_network(one, one, output="logits")
   with pytest.raises(ValueError, match="unknown method"):
     B.compute(net, np.zeros(2), np.ones(2), "deeppoly")
