@@ -18,6 +18,7 @@ the L, nominal and U sequences, valid since momentum and 1 - dampening are >= 0)
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -206,6 +207,12 @@ def make_step(model_apply: Callable, config: Config, backend: str = "mlp"
   return step
 
 
+@functools.lru_cache(maxsize=64)
+def _jitted_step(model_apply: Callable, config: Config, backend: str):
+  """One compiled step per (model, config, back-end), so k-sweeps and ensembles reuse it."""
+  return jax.jit(make_step(model_apply, config, backend))
+
+
 def batches(n: int, config: Config) -> np.ndarray:
   """The fixed batch schedule: indices of shape (n // b, b) (seeded order, last batch dropped).
 
@@ -247,9 +254,8 @@ def fit(model_apply: Callable, params: Any, X: Any, y: Any, config: Config, *,
     raise ValueError(f"fit: X has {X.shape[0]} rows but y has {y.shape[0]}.")
   backend = bnd.resolve(backend, model_apply, params, X[:2])
   sched = batches(X.shape[0], config)
-  step = make_step(model_apply, config, backend)
-  if jit:
-    step = jax.jit(step)
+  step = _jitted_step(model_apply, config, backend) if jit else make_step(model_apply, config,
+                                                                          backend)
   state = init(params, config)
   total = config.n_epochs * sched.shape[0]
   bar = tqdm(total=total, desc=f"AGT k={config.k_private}", disable=not progress, leave=False)
