@@ -122,6 +122,26 @@ def test_verified_never_disagrees_with_sampling_and_counterexamples_replay(solve
   assert counts["VERIFIED"] >= 2 and counts["FALSIFIED"] >= 2, counts
 
 
+def test_three_classes_one_milp_per_competing_class():
+  rng = np.random.default_rng(16)
+  seen = set()
+  for trial in range(8):
+    net = rand_net(rng, [2, 8, 8, 3])
+    x = rng.random(2)
+    y = label_at(net, x)
+    nbhd = NB.linf_ball(x, 0.25)
+    r = V.verify(net, nbhd, y, samples=0, use_bounds_shortcut=False)
+    seen.add(r.status.value)
+    mm = min_margin(net, nbhd, y, rng)
+    assert r.status in (V.Status.VERIFIED, V.Status.FALSIFIED)
+    if r.status == V.Status.VERIFIED:
+      assert mm > 0
+    else:
+      assert nbhd.contains(r.counterexample)
+      assert N.classify(net, N.forward(net, r.counterexample)[None])[0] != y
+  assert seen == {"VERIFIED", "FALSIFIED"}
+
+
 def test_bounds_shortcut_and_sampling_fast_paths_are_sound():
   rng = np.random.default_rng(4)
   for trial in range(10):
