@@ -78,6 +78,23 @@ def test_bounds_contain_sampled_preactivations_interval_weights_any_sign(method)
         h = np.maximum(z, 0)
 
 
+def test_layer_ibp_is_inside_bj_ibp_on_the_flax_model():
+  """Sign-split per-layer IBP (exact per layer for inputs >= 0) lies inside `bj.ibp`'s bounds."""
+  import boundjax as bj
+  if not hasattr(bj, "ibp"):
+    pytest.skip("bj.ibp not available")
+  from boundjax.models import MLP
+  model = MLP(hidden=(8, 8), out=2)
+  p = model.init(jax.random.PRNGKey(3), jnp.zeros((1, 5)))
+  hp = jax.tree_util.tree_map(lambda a: Interval(a - 0.02, a + 0.02), p)
+  x = np.random.default_rng(0).random(5).astype(np.float32)
+  box = Interval.around(jnp.asarray(x), 0.1, domain=(0.0, 1.0))
+  out = bj.ibp(model.apply)(hp, Interval(box.lower[None], box.upper[None]))
+  L, U = B.ibp(N.from_params(hp), np.asarray(box.lower), np.asarray(box.upper))[-1]
+  assert np.all(L >= np.asarray(out.lower)[0] - 1e-6)
+  assert np.all(U <= np.asarray(out.upper)[0] + 1e-6)
+
+
 def test_crown_at_least_as_tight_as_ibp():
   rng = np.random.default_rng(2)
   net = rand_net(rng, [4, 16, 16, 16, 2])
