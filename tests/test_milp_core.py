@@ -78,6 +78,7 @@ def test_bounds_contain_sampled_preactivations_interval_weights_any_sign(method)
         h = np.maximum(z, 0)
 
 
+@pytest.mark.slow
 def test_layer_ibp_is_inside_bj_ibp_on_the_flax_model():
   """Sign-split per-layer IBP (exact per layer for inputs >= 0) lies inside `bj.ibp`'s bounds."""
   import boundjax as bj
