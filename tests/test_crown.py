@@ -312,3 +312,29 @@ def test_no_box_is_plain_call():
 def test_demo_section_reports_ratio():
   text = demo_section()
   assert "CROWN" in text and "IBP" in text and "(violations): 0" in text
+
+
+@pytest.mark.parametrize("layout,strides,padding,rhs_dil", [
+    (("NHWC", "HWIO", "NHWC"), (2, 2), ((1, 2), (1, 2)), (1, 1)),
+    (("NCHW", "OIHW", "NCHW"), (2, 3), ((0, 1), (2, 0)), (1, 1)),
+    (("NHWC", "HWIO", "NHWC"), (1, 2), "VALID", (2, 1)),
+])
+def test_conv_transpose_matches_vjp(layout, strides, padding, rhs_dil):
+  """The materialised-kernel conv transpose equals JAX's VJP of the convolution."""
+  from boundjax.domains import linear
+  xs = (1, 9, 7, 3) if layout[0] == "NHWC" else (1, 3, 9, 7)
+  ws = (3, 2, 3, 4) if layout[1] == "HWIO" else (4, 3, 3, 2)
+  w = jax.random.normal(jax.random.PRNGKey(0), ws)
+  f = lambda x: jax.lax.conv_general_dilated(x, w, strides, padding, rhs_dilation=rhs_dil,
+                                             dimension_numbers=layout)
+  closed = jax.make_jaxpr(f)(jnp.zeros(xs))
+  prog = linear._flatten(closed)
+  linear._classify(prog, [True])
+  cenv = linear._eval_concrete(prog, [None])
+  (e,) = [q for q in prog.eqns if q.name == "conv_general_dilated"]
+  y_shape = e.outvars[0].shape
+  rows = jax.random.normal(jax.random.PRNGKey(1), (5, *y_shape))
+  _, vjp = jax.vjp(f, jnp.zeros(xs))
+  want = jax.vmap(vjp)(rows)[0]
+  got = linear._transpose_rows(e, cenv, vjp, rows)[0]
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

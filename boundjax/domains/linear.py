@@ -257,6 +257,8 @@ def _classify(prog: _Program, abstract_in: Sequence[bool]) -> None:
       e.kind = "relu"
     else:
       bad = "no linear relaxation"
+    if bad is None and e.kind == "affine" and name not in interval_domain.RULES:
+      bad = "no interval rule for the forward pass"
     if bad is None and not all(_is_float(o.aval) for o in e.outvars):
       bad = "a non-float result"
     if bad is not None:
@@ -319,6 +321,38 @@ def _affine_vjp(e: _Eqn, cenv: dict):
   """``(y0, vjp)`` of ``x -> op(x, consts)`` at x = 0: the offset and the transposed map."""
   zeros = [jnp.zeros(e.invars[p].shape, e.invars[p].aval.dtype) for p in e.abstract_pos]
   return jax.vjp(lambda *xs: _bind1(e, _operands(e, cenv, xs)), *zeros)
+
+
+def _transpose_rows(e: _Eqn, cenv: dict, vjp, rows) -> list:
+  """``[L_pᵀ row for each abstract operand p]`` for a batch of rows (leading axis)."""
+  if (e.name == "conv_general_dilated" and e.abstract_pos == (0,)
+      and e.params["feature_group_count"] == 1 and e.params["batch_group_count"] == 1):
+    return [jax.vmap(lambda g: _conv_transpose_lhs(e, cenv, g))(rows)]
+  return list(jax.vmap(vjp)(rows))
+
+
+def _conv_transpose_lhs(e: _Eqn, cenv: dict, g):
+  """Transpose of ``x -> conv(x, W)`` applied to ``g`` (the lhs VJP, as in JAX's own rule),
+  with the flipped kernel materialised in the (spatial..., in, out) layout: XLA:CPU runs a
+  convolution whose kernel has swapped feature dimensions on a slow generic path."""
+  from jax._src.lax import convolution as conv_impl
+  p = e.params
+  lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
+  x = e.invars[0]
+  w = _read(cenv, e.invars[1])
+  nsp = len(lhs_spec) - 2
+  lhs_sd, rhs_sd, out_sd = lhs_spec[2:], rhs_spec[2:], out_spec[2:]
+  padding = conv_impl._conv_general_vjp_lhs_padding(
+      np.take(x.shape, lhs_sd), np.take(w.shape, rhs_sd), p["window_strides"],
+      np.take(g.shape, out_sd), p["padding"], p["lhs_dilation"], p["rhs_dilation"])
+  kern = jnp.transpose(lax.rev(w, tuple(rhs_sd)), (*rhs_sd, rhs_spec[0], rhs_spec[1]))
+  kern = lax.optimization_barrier(kern.astype(g.dtype))
+  dn = lax.ConvDimensionNumbers(out_spec, (nsp + 1, nsp, *range(nsp)), lhs_spec)
+  out = lax.conv_general_dilated(g, kern, window_strides=p["lhs_dilation"], padding=padding,
+                                 lhs_dilation=p["window_strides"],
+                                 rhs_dilation=p["rhs_dilation"], dimension_numbers=dn,
+                                 precision=p.get("precision"))
+  return out.astype(x.aval.dtype)
 
 
 def _abs_linear(e: _Eqn, cenv: dict, pos: int, v):
@@ -483,7 +517,7 @@ def _prefix(prog: _Program, cenv: dict, target: _Var, anc: list[int], sound: boo
       continue
     lam_y = lam.pop(y)
     y0, vjp = _affine_vjp(e, cenv)
-    contribs = jax.vmap(vjp)(lam_y)
+    contribs = _transpose_rows(e, cenv, vjp, lam_y)
     if _has_offset(e):
       bias = bias + _rowdot(lam_y, y0)
     if sound and _has_offset(e):
@@ -580,7 +614,7 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict):
         continue
       lam_y = lam.pop(y)
       y0, vjp = _affine_vjp(e, cenv)
-      contribs = jax.vmap(vjp)(lam_y.reshape((2 * m, *y.shape)))
+      contribs = _transpose_rows(e, cenv, vjp, lam_y.reshape((2 * m, *y.shape)))
       if _has_offset(e):
         bias = bias + _rowdot(lam_y, y0, 2)
       if sound and _has_offset(e):
