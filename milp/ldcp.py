@@ -291,7 +291,9 @@ def verify_naive(model: Any, family: Family | PyTree, neighbourhood: Neighbourho
     family: stacked parameters (``Ensemble.params``, N included) or a `Family`.
     neighbourhood, label: the query.
     stop_at_first: stop at the first member that is not robust (NaiveLDCP's early exit).
-    executor, max_workers, ray_address: how per-member MILPs run (`milp.parallel.solve_many`).
+    executor, max_workers, ray_address: how per-member MILPs run (`milp.parallel.solve_many`;
+      default ``"serial"``: on small networks a member's check takes milliseconds, less than a
+      worker process needs to start).
     chunk: MILP jobs per parallel round (between early-exit checks), times the worker count.
   """
   del model
