@@ -32,21 +32,23 @@ RESULTS = pathlib.Path(__file__).parent / "results"
 
 
 def _settings(quick: bool):
-  """(name, X, y, sizes, loss, config) on real data (Fashion-MNIST binary, AGT blobs)."""
+  """(name, X, y, sizes, loss, config): the three settings of benchmarks/agt_privacy.py."""
+  import sys
+  sys.path.insert(0, str(pathlib.Path(__file__).parent))
+  import agt_privacy
   import boundjax.data as bd
   out = []
-  blobs = bd.make_blobs("separable", n_train=5000)
-  out.append(("blobs 6-128-2 CE, b=5000", blobs.x_train, blobs.y_train, [6, 128, 2],
-              "cross_entropy", agt.Config(n_epochs=1, learning_rate=2.0, batch_size=5000,
-                                          loss="cross_entropy", k_private=50, clip_gamma=0.06,
-                                          lr_decay=0.6, lr_min=1e-3)))
-  if bd.fashion_mnist_available():
-    fm = bd.load_fashion_mnist_binary(flatten=True)
-    n = 4000 if quick else fm.x_train.shape[0]
-    out.append(("fashion-mnist 784-100-1 BCE, b=1000", fm.x_train[:n], fm.y_train[:n].astype(np.float32),
-                [784, 100, 1], "binary_cross_entropy",
-                agt.Config(n_epochs=1, learning_rate=0.1, batch_size=1000, k_private=10,
-                           clip_gamma=1.0, fragsize=250)))
+  names = ["blobs", "fashion"] + (["amazon"] if bd.embeddings_available() else [])
+  for name in names:
+    s = agt_privacy.setting(name)
+    k = 50 if name == "blobs" else 10
+    cfg = dataclasses.replace(s["cfg"], k_private=k)
+    sizes = "-".join(map(str, s["sizes"]))
+    out.append((f"{name} {sizes} full batch b={cfg.batch_size}", s["X"], s["y"], s["sizes"],
+                cfg.loss, cfg))
+    if name != "blobs" and not quick:
+      mb = dataclasses.replace(cfg, batch_size=500, fragsize=500)
+      out.append((f"{name} {sizes} minibatch b=500", s["X"], s["y"], s["sizes"], cfg.loss, mb))
   return out
 
 
@@ -77,7 +79,7 @@ def cost(quick: bool, reps: int) -> dict:
     xb = [X[i] for i in sched]
     yb = [y[i] for i in sched]
     # plain SGD: jitted mean-loss gradient + optax sgd update
-    tx = optax.sgd(cfg.learning_rate)
+    tx = optax.sgd(cfg.learning_rate, momentum=cfg.momentum or None, nesterov=cfg.nesterov)
     mean_loss = _sgd_epoch_fn(loss)
 
     @jax.jit
@@ -155,7 +157,7 @@ def soundness(n_sets: int) -> dict:
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--quick", action="store_true", help="4,000 Fashion-MNIST points only")
+  ap.add_argument("--quick", action="store_true", help="full-batch settings only")
   ap.add_argument("--reps", type=int, default=3)
   ap.add_argument("--soundness", action="store_true")
   ap.add_argument("--n-sets", type=int, default=64)
