@@ -25,7 +25,6 @@ inputs, so the big-M constants never cut off a real point.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
