@@ -126,7 +126,10 @@ def soundness(n_sets: int) -> dict:
     blobs = bd.make_blobs("overlapping", n_train=1200, seed=1)
     X = jnp.asarray(blobs.x_train, jnp.float64)
     yb = jnp.asarray(blobs.y_train)
+    sep = bd.make_blobs("separable", n_train=1200, seed=1)
     cases = [
+        ("separable blobs 6-16-1 BCE SGD", [6, 16, 1], None,
+         dict(loss="binary_cross_entropy", learning_rate=1.0, clip_gamma=0.05)),
         ("blobs 6-32-16-1 BCE SGD", [6, 32, 16, 1], yb.astype(jnp.float64),
          dict(loss="binary_cross_entropy", learning_rate=1.0, lr_decay=0.3, clip_gamma=0.05)),
         ("blobs 6-32-16-1 BCE SGDM nesterov + L2", [6, 32, 16, 1], yb.astype(jnp.float64),
@@ -136,12 +139,16 @@ def soundness(n_sets: int) -> dict:
          dict(loss="cross_entropy", learning_rate=1.0, clip_gamma=0.05, l1_reg=0.001)),
     ]
     for name, sizes, y, kw in cases:
+      data = sep if y is None else blobs
+      X = jnp.asarray(data.x_train, jnp.float64)
+      if y is None:
+        y = jnp.asarray(data.y_train).astype(jnp.float64)
       for k in (1, 5, 20):
         cfg = agt.Config(n_epochs=3, batch_size=400, k_private=k, fragsize=128, **kw)
         params = mlp.init(jax.random.PRNGKey(k), sizes, jnp.float64)
         t = time.perf_counter()
         r = retrain.empirical_retrain_test(mlp.apply, params, X, y, cfg,
-                                           jnp.asarray(blobs.x_test, jnp.float64),
+                                           jnp.asarray(data.x_test, jnp.float64),
                                            n_sets=n_sets, seed=k)
         rec = {"setting": name, **dataclasses.asdict(r), "seconds": time.perf_counter() - t}
         out.append(rec)

@@ -40,8 +40,9 @@ class Config:
     l1_reg: lambda of an L1 penalty lambda * |theta|_1 (SGD only, as in the public code).
     l2_reg: lambda of an L2 penalty (lambda / 2) |theta|^2, i.e. gradient lambda * theta; needs
       learning_rate * l2_reg <= 1 for the interval update to stay monotone (spec §2.7).
-    bound_method: forward bound over the parameter box: "interval" (IBP, the paper's choice) or
-      "crown" (needs ``boundjax.crown``; falls back to an error if it is unavailable).
+    bound_method: forward bound over the parameter box: "interval" (IBP, the paper's choice).
+      "crown" is reserved for CROWN with interval parameters (the public code's
+      CROWNBoundedModel); it is not implemented yet and `make_step` rejects it.
     interval_matmul: "rump" (midpoint-radius, 4 products; the public code's default) or "exact"
       (sign-split products; exact when one factor is sign-definite, e.g. post-ReLU activations).
     fragsize: number of samples bounded at once; memory is O(fragsize * #params + k * #params).

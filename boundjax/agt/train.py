@@ -199,6 +199,10 @@ def make_step(model_apply: Callable, config: Config, backend: str = "mlp"
   """
   if backend not in ("mlp", "ibp"):
     raise ValueError(f"make_step: backend must be 'mlp' or 'ibp', got {backend!r}.")
+  if config.bound_method != "interval":
+    raise ValueError("make_step: bound_method='crown' needs CROWN with interval parameters, "
+                     "which boundjax does not provide yet (boundjax.crown bounds input boxes); "
+                     "use bound_method='interval' (the paper's choice).")
 
   def step(state: State, x_batch: Array, y_batch: Array) -> State:
     d_n, d_l, d_u = descent_directions(model_apply, config, backend, state.params, state.bounds,
