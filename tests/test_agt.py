@@ -211,7 +211,7 @@ def _inside(box_leaves, vals, tol=1e-10):
     ("cross_entropy", [3, 6, 4]),
     ("mse", [3, 5, 2]),
 ])
-@pytest.mark.parametrize("method", ["rump", "exact"])
+@pytest.mark.parametrize("method", ["rump", pytest.param("exact", marks=pytest.mark.slow)])
 def test_grad_bounds_contain_sampled_gradients(loss, sizes, method):
   key = jax.random.PRNGKey(sizes[-1] + len(loss))
   k1, k2, k3 = jax.random.split(key, 3)
@@ -296,8 +296,8 @@ def _data(n=48, d=3, key=0):
 @pytest.mark.parametrize("opt", [
     dict(optimizer="sgd"),
     dict(optimizer="sgdm", momentum=0.9, nesterov=True),
-    dict(optimizer="sgdm", momentum=0.5),
-    dict(optimizer="sgd", l2_reg=0.1),
+    pytest.param(dict(optimizer="sgdm", momentum=0.5), marks=pytest.mark.slow),
+    pytest.param(dict(optimizer="sgd", l2_reg=0.1), marks=pytest.mark.slow),
 ])
 def test_k0_point_box_equals_optax_sgd(opt):
   X, y = _data()
