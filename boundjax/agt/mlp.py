@@ -133,10 +133,23 @@ def forward_bounds(param_bounds: Any, x: Any, method: str = "rump",
   return (z, cache) if keep else z
 
 
-def _outer(z: Any, d: Interval) -> Interval:
-  """Bounds of the outer product ``z d^T`` (one sample): exact element-wise corner products."""
-  z = _as_iv(z)
-  lo, hi = mul_bounds(z.lower[:, None], z.upper[:, None], d.lower[None, :], d.upper[None, :])
+def _outer(z: Any, d: Interval, nonneg: bool = False) -> Interval:
+  """Bounds of the outer product ``z d^T`` (one sample), exact element-wise.
+
+  A point ``z`` or a non-negative interval ``z`` (post-ReLU) needs two products per entry
+  (the sign of one factor picks the corner); otherwise the four corner products are compared.
+  """
+  dl, du = d.lower[None, :], d.upper[None, :]
+  if not isinstance(z, Interval):
+    x = z[:, None]
+    pos = x >= 0
+    return Interval(jnp.where(pos, x * dl, x * du), jnp.where(pos, x * du, x * dl),
+                    validate=False)
+  zl, zu = z.lower[:, None], z.upper[:, None]
+  if nonneg:   # 0 <= zl <= z <= zu
+    return Interval(jnp.where(dl >= 0, zl * dl, zu * dl), jnp.where(du >= 0, zu * du, zl * du),
+                    validate=False)
+  lo, hi = mul_bounds(zl, zu, dl, du)
   return Interval(lo, hi, validate=False)
 
 
@@ -162,7 +175,7 @@ def sample_grad_bounds(param_bounds: Any, x: Array, y: Array, loss: str,
   grads = [None] * len(ls)
   for i in range(len(ls) - 1, -1, -1):
     z_prev, _ = cache[i]
-    grads[i] = {"kernel": _outer(z_prev, d), "bias": d}
+    grads[i] = {"kernel": _outer(z_prev, d, nonneg=i > 0), "bias": d}
     if i > 0:
       w = ls[i]["kernel"]                              # (in, out)
       dz = _matmul(w, d, method)                       # d loss / d z^{i-1} = W (x) d
