@@ -144,7 +144,8 @@ def soundness(n_sets: int) -> dict:
       if y is None:
         y = jnp.asarray(data.y_train).astype(jnp.float64)
       for k in (1, 5, 20):
-        cfg = agt.Config(n_epochs=3, batch_size=400, k_private=k, fragsize=128, **kw)
+        cfg = agt.Config(n_epochs=3, batch_size=400, k_private=k, fragsize=128, fp_margin=True,
+                         **kw)
         params = mlp.init(jax.random.PRNGKey(k), sizes, jnp.float64)
         t = time.perf_counter()
         r = retrain.empirical_retrain_test(mlp.apply, params, X, y, cfg,

@@ -112,7 +112,7 @@ def setting(name: str):
                      loss="binary_cross_entropy", clip_gamma=0.1, lr_decay=0.05, lr_min=1e-3,
                      optimizer="sgdm", momentum=0.9, fragsize=500)
     return dict(X=Xtr, y=ytr, Xt=Xte, yt=yte, sizes=[384, 100, 1], cfg=cfg,
-                ks=[0, 1, 2, 3, 5, 8, 10, 15, 20, 30, 45, 60, 100], T=25, full_batch=False,
+                ks=[0, 1, 2, 5, 10, 20, 50, 100], T=25, full_batch=False,
                 dpsgd=dict(batch_size=1000, epochs=10, l2_norm_clip=0.1, lr=1.0, momentum=0.9))
   raise ValueError(f"unknown setting {name!r}")
 
