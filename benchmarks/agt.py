@@ -44,9 +44,10 @@ def _settings(quick: bool):
     k = 50 if name == "blobs" else 10
     cfg = dataclasses.replace(s["cfg"], k_private=k)
     sizes = "-".join(map(str, s["sizes"]))
-    out.append((f"{name} {sizes} full batch b={cfg.batch_size}", s["X"], s["y"], s["sizes"],
+    full = "full batch " if cfg.batch_size == s["X"].shape[0] else ""
+    out.append((f"{name} {sizes} {full}b={cfg.batch_size}", s["X"], s["y"], s["sizes"],
                 cfg.loss, cfg))
-    if name != "blobs" and not quick:
+    if name == "fashion" and not quick:
       mb = dataclasses.replace(cfg, batch_size=500, fragsize=500)
       out.append((f"{name} {sizes} minibatch b=500", s["X"], s["y"], s["sizes"], cfg.loss, mb))
   return out
