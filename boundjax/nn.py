@@ -178,8 +178,11 @@ def _find_axis(closed) -> int | None:
   return found[0][0]
 
 
-def _single_interval(args) -> Interval | None:
-  return args[0] if len(args) == 1 and isinstance(args[0], Interval) else None
+def _single_interval(args, jaxpr) -> Interval | None:
+  """The one Interval argument of a unary call with one output of the same shape, else None."""
+  if len(args) != 1 or not isinstance(args[0], Interval) or len(jaxpr.jaxpr.outvars) != 1:
+    return None
+  return args[0]
 
 
 def _finish(ctx, lo, hi):
@@ -190,7 +193,7 @@ def _finish(ctx, lo, hi):
 
 
 def _softmax_rule(ctx, *args, jaxpr):
-  x, axis = _single_interval(args), _find_axis(jaxpr)
+  x, axis = _single_interval(args, jaxpr), _find_axis(jaxpr)
   if x is None or axis is None:
     return NotImplemented
   lo, hi = softmax_bounds(x.lower, x.upper, axis)
@@ -199,14 +202,14 @@ def _softmax_rule(ctx, *args, jaxpr):
 
 
 def _log_softmax_rule(ctx, *args, jaxpr):
-  x, axis = _single_interval(args), _find_axis(jaxpr)
+  x, axis = _single_interval(args, jaxpr), _find_axis(jaxpr)
   if x is None or axis is None:
     return NotImplemented
   return _finish(ctx, *log_softmax_bounds(x.lower, x.upper, axis))
 
 
 def _logsumexp_rule(ctx, *args, jaxpr):
-  x, axis = _single_interval(args), _find_axis(jaxpr)
+  x, axis = _single_interval(args, jaxpr), _find_axis(jaxpr)
   if x is None or axis is None:
     return NotImplemented
   # logsumexp is increasing in every coordinate.
@@ -214,7 +217,8 @@ def _logsumexp_rule(ctx, *args, jaxpr):
 
 
 def _sce_rule(ctx, logits, labels, *, jaxpr):
-  if not isinstance(logits, Interval) or isinstance(labels, Interval):
+  if (not isinstance(logits, Interval) or isinstance(labels, Interval)
+      or len(jaxpr.jaxpr.outvars) != 1):
     return NotImplemented
   lo_lp, hi_lp = log_softmax_bounds(logits.lower, logits.upper, -1)
   y_pos, y_neg = jnp.maximum(labels, 0), jnp.minimum(labels, 0)
@@ -225,7 +229,8 @@ def _sce_rule(ctx, logits, labels, *, jaxpr):
 
 def _bce_rule(ctx, logits, labels, *, jaxpr):
   """f(z) = softplus(z) − y z is convex in z: max at an end, min at clip(logit(y), l, u)."""
-  if not isinstance(logits, Interval) or isinstance(labels, Interval):
+  if (not isinstance(logits, Interval) or isinstance(labels, Interval)
+      or len(jaxpr.jaxpr.outvars) != 1):
     return NotImplemented
   f = lambda z: jnp.logaddexp(0.0, z) - labels * z
   y = jnp.clip(labels, 0.0, 1.0)

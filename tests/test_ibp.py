@@ -1,0 +1,411 @@
+"""Soundness and behaviour of `bj.ibp`: every rule, real Flax networks, transformations, errors.
+
+Soundness tests sample concrete points (uniformly and at box vertices) and check every value
+lies inside the bound. The sample counts are tallied in `SAMPLES` and printed at the end.
+"""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import boundjax as bj
+from tests.helpers import assert_inside, sample_box, sample_tree
+
+SAMPLES = {"cases": 0, "points": 0}
+
+
+def _check(fn, boxes, n=2000, tol=1e-5, seed=0, what="", **ibp_kw):
+  """Bounds ``fn`` on ``boxes`` (a tuple of args, Intervals or arrays) and samples ``n`` points."""
+  bound = bj.ibp(fn, **ibp_kw)(*boxes)
+  pts = sample_tree(jax.random.PRNGKey(seed), tuple(boxes), n)
+  values = jax.vmap(lambda *a: fn(*a))(*pts)
+  SAMPLES["cases"] += 1
+  SAMPLES["points"] += n
+  jax.tree_util.tree_map(lambda b, v: assert_inside(b, v, tol, what), bound, values,
+                         is_leaf=bj.is_interval)
+  return bound
+
+
+def _box(key, shape, low=-2.0, high=2.0, max_width=1.0):
+  k1, k2 = jax.random.split(key)
+  lo = jax.random.uniform(k1, shape, minval=low, maxval=high)
+  w = jax.random.uniform(k2, shape, maxval=max_width)
+  return bj.Interval(lo, lo + w)
+
+
+KEY = jax.random.PRNGKey(42)
+POS = _box(KEY, (3, 4), 0.1, 2.0)
+ANY = _box(jax.random.PRNGKey(1), (3, 4))
+ANY2 = _box(jax.random.PRNGKey(2), (3, 4))
+STRADDLE = bj.Interval(-jnp.ones((3, 4)) * 0.7, jnp.ones((3, 4)) * 0.4)
+
+UNARY = {
+    "exp": (jnp.exp, ANY), "log": (jnp.log, POS), "log1p": (jnp.log1p, POS),
+    "tanh": (jnp.tanh, ANY), "logistic": (jax.nn.sigmoid, ANY), "sqrt": (jnp.sqrt, POS),
+    "rsqrt": (jax.lax.rsqrt, POS), "erf": (jax.scipy.special.erf, ANY), "abs": (jnp.abs, STRADDLE),
+    "neg": (jnp.negative, ANY), "square": (jnp.square, STRADDLE), "pow2": (lambda x: x**2, STRADDLE),
+    "pow3": (lambda x: x**3, ANY), "pow-2": (lambda x: x**-2, POS), "relu": (jax.nn.relu, STRADDLE),
+    "gelu": (jax.nn.gelu, ANY), "softplus": (jax.nn.softplus, ANY), "silu": (jax.nn.silu, STRADDLE),
+    "leaky_relu": (jax.nn.leaky_relu, STRADDLE), "elu": (jax.nn.elu, STRADDLE),
+    "self_mul": (lambda x: x * x, STRADDLE), "self_sub": (lambda x: x - x, ANY),
+    "clip": (lambda x: jnp.clip(x, -0.5, 0.3), ANY), "sign": (jnp.sign, STRADDLE),
+    "floor": (jnp.floor, ANY), "sum": (jnp.sum, ANY), "sum_axis": (lambda x: x.sum(1), ANY),
+    "mean": (lambda x: x.mean(0), ANY), "max": (lambda x: x.max(1), ANY),
+    "min": (lambda x: x.min(0), ANY), "cumsum": (lambda x: jnp.cumsum(x, 1), ANY),
+    "sort": (lambda x: jnp.sort(x, axis=1), ANY), "reshape": (lambda x: x.reshape(4, 3), ANY),
+    "transpose": (lambda x: x.T, ANY), "slice": (lambda x: x[1:, ::2], ANY),
+    "gather": (lambda x: x[jnp.array([2, 0, 2])], ANY), "take": (lambda x: x[:, jnp.array([3, 1])], ANY),
+    "dynamic_slice": (lambda x: jax.lax.dynamic_slice(x, (1, 1), (2, 2)), ANY),
+    "concat": (lambda x: jnp.concatenate([x, 2 * x, jnp.ones((3, 1))], 1), ANY),
+    "pad": (lambda x: jnp.pad(x, 1), ANY), "expand_squeeze": (lambda x: x[None, :, None].squeeze(), ANY),
+    "broadcast": (lambda x: jnp.broadcast_to(x, (2, 3, 4)), ANY), "flip": (lambda x: x[::-1], ANY),
+    "where_uncertain": (lambda x: jnp.where(x > 0, x**2, -x), STRADDLE),
+    "where_certain": (lambda x: jnp.where(x > -5, jnp.exp(x), 0.0), ANY),
+    "compare_cast": (lambda x: (x > 0).astype(jnp.float32), STRADDLE),
+    "argmax": (lambda x: jnp.argmax(x, axis=1).astype(jnp.float32), ANY),
+    "stop_gradient": (jax.lax.stop_gradient, ANY), "astype64": (lambda x: x.astype(jnp.int32), ANY),
+    "norm": (lambda x: jnp.linalg.norm(x, axis=1), ANY),
+    "softmax_jax": (lambda x: jax.nn.softmax(x, axis=1), ANY),
+    "softmax_bj": (lambda x: bj.nn.softmax(x, axis=1), ANY),
+    "softmax_bj_axis0": (lambda x: bj.nn.softmax(x, axis=0), ANY),
+    "log_softmax_jax": (jax.nn.log_softmax, ANY), "log_softmax_bj": (bj.nn.log_softmax, ANY),
+    "logsumexp_bj": (bj.nn.logsumexp, ANY), "logsumexp_jax": (jax.nn.logsumexp, ANY),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_rules_sound(name):
+  fn, box = UNARY[name]
+  _check(fn, (box,), what=name)
+
+
+BINARY = {
+    "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "maximum": jnp.maximum,
+    "minimum": jnp.minimum, "div_pos": lambda a, b: a / (jnp.abs(b) + 0.5),
+    "matmul": lambda a, b: a @ b.T, "where": lambda a, b: jnp.where(a < b, a, b),
+    "clamp": lambda a, b: jax.lax.clamp(a - 1.0, b, a + 1.0),
+    "einsum": lambda a, b: jnp.einsum("ij,kj->ik", a, b),
+    "dot_batch": lambda a, b: jnp.einsum("ij,ij->i", a, b),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+@pytest.mark.parametrize("which", ["both", "left", "right"])
+def test_binary_rules_sound(name, which):
+  fn = BINARY[name]
+  a = ANY if which != "right" else ANY.center
+  b = ANY2 if which != "left" else ANY2.center
+  _check(fn, (a, b), what=f"{name}/{which}")
+
+
+def test_division_by_box_containing_zero_is_unbounded_not_wrong():
+  out = bj.ibp(lambda a, b: a / b)(jnp.ones(2), bj.Interval(-jnp.ones(2), jnp.ones(2)))
+  assert np.all(np.isneginf(out.lower)) and np.all(np.isposinf(out.upper))
+
+
+@pytest.mark.parametrize("mode", ["midrad", "signsplit", "exact", "best"])
+def test_matmul_modes_sound_and_ordered(mode):
+  a = _box(jax.random.PRNGKey(3), (5, 6))
+  b = _box(jax.random.PRNGKey(4), (6, 4), 0.0, 1.0)  # non-negative operand, like post-ReLU
+  out = _check(lambda x, y: x @ y, (a, b), matmul=mode, what=mode)
+  exact = bj.ibp(lambda x, y: x @ y, matmul="exact")(a, b)
+  assert np.all(np.asarray(out.lower) <= np.asarray(exact.lower) + 1e-5)
+  assert np.all(np.asarray(out.upper) >= np.asarray(exact.upper) - 1e-5)
+
+
+def test_matmul_mode_tightness_report():
+  """Which product of boxes is tighter: exact <= best <= min(midrad, signsplit) in width."""
+  widths = {}
+  for mode in ["midrad", "signsplit", "exact", "best"]:
+    for name, b_low in (("signed", -1.0), ("nonneg", 0.0)):
+      a = _box(jax.random.PRNGKey(5), (16, 32))
+      b = _box(jax.random.PRNGKey(6), (32, 8), b_low, 1.0)
+      widths[(mode, name)] = float(bj.ibp(lambda x, y: x @ y, matmul=mode)(a, b).width.mean())
+  for name in ("signed", "nonneg"):
+    assert widths[("exact", name)] <= widths[("best", name)] + 1e-5
+    assert widths[("best", name)] <= min(widths[("midrad", name)], widths[("signsplit", name)]) + 1e-5
+  # sign-split is exact when one operand is sign-definite; midpoint-radius is not.
+  assert widths[("signsplit", "nonneg")] == pytest.approx(widths[("exact", "nonneg")], rel=1e-5)
+  assert widths[("midrad", "nonneg")] > widths[("exact", "nonneg")]
+  print("mean widths:", widths)
+
+
+def test_conv_and_pooling_sound():
+  x = _box(jax.random.PRNGKey(7), (2, 8, 8, 3), 0.0, 1.0, 0.3)
+  w = jax.random.normal(jax.random.PRNGKey(8), (3, 3, 3, 4))
+  conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (2, 1), "SAME",
+                                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  _check(conv, (x, w), n=1000, what="conv input")
+  _check(conv, (x, bj.Interval.around(w, 0.1)), n=1000, what="conv both")
+  _check(lambda x: nn.max_pool(x, (2, 2), (2, 2)), (x,), n=1000, what="max_pool")
+  _check(lambda x: nn.avg_pool(x, (2, 2), (2, 2)), (x,), n=1000, what="avg_pool")
+
+
+# ----------------------------------------------------------------------------------------------
+# real networks
+# ----------------------------------------------------------------------------------------------
+
+
+class MLP(nn.Module):
+  widths: tuple = (16, 16, 3)
+  act: str = "relu"
+
+  @nn.compact
+  def __call__(self, x):
+    act = {"relu": nn.relu, "tanh": nn.tanh, "sigmoid": nn.sigmoid}[self.act]
+    for w in self.widths[:-1]:
+      x = act(nn.Dense(w)(x))
+    return nn.Dense(self.widths[-1])(x)
+
+
+class CNN(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Conv(4, (3, 3), strides=(2, 2))(x))
+    x = nn.avg_pool(nn.relu(nn.Conv(6, (3, 3))(x)), (2, 2), (2, 2))
+    x = x.reshape(x.shape[0], -1)
+    x = nn.relu(nn.Dense(12)(x))
+    return nn.Dense(3)(x)
+
+
+def _network(kind, seed):
+  key = jax.random.PRNGKey(seed)
+  if kind == "mlp":
+    model = MLP(act=["relu", "tanh", "sigmoid"][seed % 3])
+    x = jax.random.uniform(key, (4, 5))
+  else:
+    model = CNN()
+    x = jax.random.uniform(key, (2, 8, 8, 1))
+  params = model.init(key, x)
+  return model, params, x
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("what", ["input", "params", "both"])
+def test_network_bounds_contain_10k_samples(kind, seed, what):
+  model, params, x = _network(kind, seed)
+  eps = [0.02, 0.1, 0.3][seed]
+  x_arg = bj.Interval.around(x, eps, domain=(0.0, 1.0)) if what != "params" else x
+  p_arg = params
+  if what != "input":
+    p_arg = jax.tree_util.tree_map(lambda w: bj.Interval.around(w, eps * 0.2 * jnp.abs(w) + 1e-3),
+                                   params)
+  bound = bj.ibp(model.apply)(p_arg, x_arg)
+  total = 0
+  for chunk in range(5):  # 5 x 2,000 = 10,000 joint samples of (params, input)
+    pts = sample_tree(jax.random.PRNGKey(100 + chunk), (p_arg, x_arg), 2000)
+    values = jax.jit(jax.vmap(model.apply))(*pts)
+    total += assert_inside(bound, values, 1e-5, f"{kind}/{what}/{seed}")
+  SAMPLES["cases"] += 1
+  SAMPLES["points"] += total
+  assert total == 10_000
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_point_intervals_reproduce_function(kind):
+  model, params, x = _network(kind, 0)
+  out = bj.ibp(model.apply)(params, bj.Interval.point(x))
+  np.testing.assert_allclose(out.lower, model.apply(params, x), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(out.upper, model.apply(params, x), rtol=1e-6, atol=1e-6)
+  pparams = jax.tree_util.tree_map(bj.Interval.point, params)
+  out = bj.ibp(model.apply)(pparams, x)
+  np.testing.assert_allclose(out.lower, model.apply(params, x), rtol=1e-5, atol=1e-6)
+
+
+def test_concrete_arguments_pass_through():
+  model, params, x = _network("mlp", 0)
+  out = bj.ibp(lambda p, x: (model.apply(p, x), x.sum()))(params, bj.Interval.around(x, 0.1))
+  assert isinstance(out[0], bj.Interval) and isinstance(out[1], bj.Interval)
+  out = bj.ibp(lambda p, x, y: (model.apply(p, x), y * 2))(params, bj.Interval.around(x, 0.1),
+                                                          jnp.ones(3))
+  assert not isinstance(out[1], bj.Interval)
+
+
+def test_jit_of_ibp_matches_eager():
+  model, params, x = _network("cnn", 1)
+  box = bj.Interval.around(x, 0.05)
+  eager = bj.ibp(model.apply)(params, box)
+  jitted = jax.jit(bj.ibp(model.apply))(params, box)
+  np.testing.assert_allclose(eager.lower, jitted.lower, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(eager.upper, jitted.upper, rtol=1e-5, atol=1e-6)
+
+
+def test_grad_wrt_endpoints_and_params_matches_finite_differences():
+  model, params, x = _network("mlp", 1)
+
+  def width(lo, hi, p):
+    out = bj.ibp(model.apply)(p, bj.Interval(lo, hi))
+    return jnp.sum(out.upper - out.lower)
+
+  lo, hi = x - 0.05, x + 0.05
+  g_lo, g_hi, g_p = jax.grad(width, argnums=(0, 1, 2))(lo, hi, params)
+  assert np.all(np.isfinite(g_lo)) and np.all(np.isfinite(g_hi))
+  d = jnp.zeros_like(hi).at[0, 0].set(1e-2)
+  fd = (width(lo, hi + d, params) - width(lo, hi - d, params)) / 2e-2
+  np.testing.assert_allclose(g_hi[0, 0], fd, rtol=0.05, atol=1e-3)
+  assert any(np.any(g != 0) for g in jax.tree_util.tree_leaves(g_p))
+
+
+def test_nested_jit_custom_vjp_and_closed_over_constants():
+  const = jnp.array([1.0, -2.0, 0.5])
+
+  @jax.custom_vjp
+  def f(x):
+    return jnp.tanh(x) * 2.0
+
+  f.defvjp(lambda x: (f(x), x), lambda x, g: (g * 2 * (1 - jnp.tanh(x) ** 2),))
+
+  @jax.jit
+  def inner(x):
+    return jax.nn.relu(x) + const
+
+  def g(x):
+    return jax.jit(lambda y: f(inner(y)) * const)(x)
+
+  _check(g, (_box(jax.random.PRNGKey(9), (3,)),), what="nested")
+
+
+def test_nnx_module_through_split_merge():
+  class M(nnx.Module):
+    def __init__(self, rngs):
+      self.l1 = nnx.Linear(3, 8, rngs=rngs)
+      self.l2 = nnx.Linear(8, 2, rngs=rngs)
+
+    def __call__(self, x):
+      return self.l2(nnx.relu(self.l1(x)))
+
+  graphdef, state = nnx.split(M(nnx.Rngs(0)))
+  apply = lambda s, x: nnx.merge(graphdef, s)(x)
+  x = jax.random.uniform(jax.random.PRNGKey(0), (4, 3))
+  _check(apply, (state, bj.Interval.around(x, 0.1)), what="nnx input")
+  sbox = jax.tree_util.tree_map(lambda w: bj.Interval.around(w, 0.02), state)
+  _check(apply, (sbox, x), what="nnx params")
+
+
+# ----------------------------------------------------------------------------------------------
+# composites: soundness and gain
+# ----------------------------------------------------------------------------------------------
+
+
+def test_tight_softmax_is_tighter_than_composition_and_exact():
+  z = _box(jax.random.PRNGKey(10), (64, 10), -3, 3, 1.0)
+  tight = _check(bj.nn.softmax, (z,), what="softmax")
+  loose = bj.ibp(jax.nn.softmax)(z)
+  assert np.all(np.asarray(tight.width) <= np.asarray(loose.width) + 1e-6)
+  gain = float(loose.width.mean() / tight.width.mean())
+  assert gain > 1.5, gain
+  # Each bound is attained at a vertex: own logit at its lower bound, the others at their upper.
+  i = 3
+  v = z.upper.at[:, i].set(z.lower[:, i])
+  np.testing.assert_allclose(tight.lower[:, i], jax.nn.softmax(v)[:, i], rtol=1e-5)
+  print(f"softmax width gain over composition: {gain:.2f}x")
+
+
+@pytest.mark.parametrize("loss", ["bj_sce", "optax_sce", "bj_sce_int", "bj_bce", "mse"])
+def test_loss_value_and_gradient_bounds(loss):
+  z = _box(jax.random.PRNGKey(11), (32, 4), -3, 3, 1.0)
+  labels = jax.random.randint(jax.random.PRNGKey(12), (32,), 0, 4)
+  onehot = jax.nn.one_hot(labels, 4)
+  fns = {
+      "bj_sce": lambda z: bj.nn.softmax_cross_entropy(z, onehot),
+      "optax_sce": lambda z: optax.softmax_cross_entropy(z, onehot),
+      "bj_sce_int": lambda z: bj.nn.softmax_cross_entropy_with_integer_labels(z, labels),
+      "bj_bce": lambda z: bj.nn.sigmoid_binary_cross_entropy(z, (onehot > 0).astype(jnp.float32)),
+      "mse": lambda z: jnp.mean((z - onehot) ** 2, -1),
+  }
+  fn = fns[loss]
+  _check(fn, (z,), what=f"{loss} value")
+  grad_fn = jax.grad(lambda z: jnp.sum(fn(z)))
+  g = _check(grad_fn, (z,), what=f"{loss} grad")
+  if loss == "bj_sce":
+    p_lo, p_hi = bj.nn.softmax_bounds(z.lower, z.upper)
+    np.testing.assert_allclose(g.lower, p_lo - onehot, atol=1e-6)
+    np.testing.assert_allclose(g.upper, p_hi - onehot, atol=1e-6)
+    composed = bj.ibp(jax.grad(lambda z: jnp.sum(-jnp.sum(onehot * jnp.log(jax.nn.softmax(z)), -1))))(z)
+    print(f"CE-gradient width gain: {float(composed.width.mean() / g.width.mean()):.2f}x")
+    assert float(composed.width.mean()) > float(g.width.mean())
+
+
+def test_per_sample_parameter_gradient_bounds():
+  """What AGT needs: bounds on per-example gradients for every parameter in a box."""
+  model = MLP(widths=(8, 8, 3))
+  x = jax.random.uniform(jax.random.PRNGKey(0), (6, 4))
+  y = jax.random.randint(jax.random.PRNGKey(1), (6,), 0, 3)
+  params = model.init(jax.random.PRNGKey(2), x)
+  pbox = jax.tree_util.tree_map(lambda w: bj.Interval.around(w, 0.02), params)
+
+  def loss(p, xi, yi):
+    return bj.nn.softmax_cross_entropy_with_integer_labels(model.apply(p, xi[None])[0], yi)
+
+  per_sample = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))
+  bound = bj.ibp(per_sample)(pbox, x, y)
+  for chunk in range(5):
+    ps = sample_tree(jax.random.PRNGKey(50 + chunk), pbox, 400)
+    grads = jax.jit(jax.vmap(per_sample, in_axes=(0, None, None)))(ps, x, y)
+    jax.tree_util.tree_map(lambda b, v: assert_inside(b, v, 1e-5, "param grads"), bound, grads,
+                           is_leaf=bj.is_interval)
+  SAMPLES["cases"] += 1
+  SAMPLES["points"] += 2000
+
+
+# ----------------------------------------------------------------------------------------------
+# sound floating point
+# ----------------------------------------------------------------------------------------------
+
+
+def test_sound_mode_contains_float64_truth_with_zero_tolerance():
+  """float32 sound-mode bounds contain the float64 value of the float32 network exactly."""
+  model = MLP(widths=(256, 256, 10), act="tanh")
+  x = jax.random.uniform(jax.random.PRNGKey(0), (8, 128))
+  params = model.init(jax.random.PRNGKey(1), x)
+  box = bj.Interval.around(x, 1e-3)
+  sound = bj.ibp(model.apply, sound=True)(params, box)
+  plain = bj.ibp(model.apply)(params, box)
+  assert np.all(np.asarray(sound.lower) <= np.asarray(plain.lower))
+  assert np.all(np.asarray(sound.upper) >= np.asarray(plain.upper))
+  pts = np.asarray(sample_box(jax.random.PRNGKey(3), box, 200), dtype=np.float64)
+  p64 = jax.tree_util.tree_map(lambda w: np.asarray(w, np.float64), params)
+  ws = [(p64["params"][f"Dense_{i}"]["kernel"], p64["params"][f"Dense_{i}"]["bias"]) for i in range(3)]
+  h = pts
+  for i, (w, b) in enumerate(ws):
+    h = h @ w + b
+    if i < 2:
+      h = np.tanh(h)
+  assert np.all(h >= np.asarray(sound.lower, np.float64))
+  assert np.all(h <= np.asarray(sound.upper, np.float64))
+  widen = float((sound.width.mean() - plain.width.mean()) / plain.width.mean())
+  print(f"sound mode widens bounds by {widen:.2e} (relative)")
+
+
+# ----------------------------------------------------------------------------------------------
+# errors
+# ----------------------------------------------------------------------------------------------
+
+
+def test_unsupported_primitive_names_primitive_and_source_line():
+  def fn(x):
+    return jnp.sin(x)  # no rule for sin
+
+  with pytest.raises(bj.UnsupportedPrimitiveError, match=r"'sin'.*test_ibp.py"):
+    bj.ibp(fn)(bj.Interval(jnp.zeros(2), jnp.ones(2)))
+
+
+def test_bad_interval_inputs_raise():
+  with pytest.raises(ValueError, match="lower > upper"):
+    bj.ibp(jnp.exp)(bj.Interval(jnp.ones(2), jnp.zeros(2)))
+  with pytest.raises(ValueError, match="not finite"):
+    bj.ibp(jnp.exp)(bj.Interval(jnp.array([jnp.nan, 0.0]), jnp.ones(2)))
+  with pytest.raises(ValueError, match="matmul must be one of"):
+    bj.ibp(jnp.exp, matmul="fast")
+
+
+def test_sample_count_reported():
+  """Runs last in this module: prints how many cases and samples the soundness tests used."""
+  print(f"IBP soundness: {SAMPLES['cases']} cases, {SAMPLES['points']} sampled points")
