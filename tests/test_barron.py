@@ -2,6 +2,7 @@
 network upper bound checked against FFT estimates of random networks."""
 
 import math
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -178,11 +179,16 @@ def test_subadditivity():
 
 @pytest.mark.parametrize("act", ["tanh_half", "tanh", "logistic", "erf", "gaussian", "sech"])
 def test_network_bound_dominates_fft_estimate(act):
-  rng = np.random.default_rng(hash(act) % 2 ** 32)
+  # A fixed seed per activation (Python's str hash is salted per process). Slopes stay away from
+  # zero and offsets moderate so every unit's transition, and the tails of h', lie well inside the
+  # FFT grid [-300, 300]: a unit wider than the grid is truncated and the *estimate* leaks
+  # spectral mass (the bound itself holds for any slope).
+  rng = np.random.default_rng(zlib.crc32(act.encode()))
   for trial in range(3):
     k = int(rng.integers(1, 12))
-    params = {"a": jnp.asarray(rng.normal(size=(1, k)) * 2.0),
-              "b": jnp.asarray(rng.normal(size=(k,)) * 3.0),
+    slopes = rng.choice([-1.0, 1.0], size=(1, k)) * rng.uniform(0.3, 4.0, size=(1, k))
+    params = {"a": jnp.asarray(slopes),
+              "b": jnp.asarray(rng.uniform(-3.0, 3.0, size=(k,))),
               "c": jnp.asarray(rng.normal(size=(k,))), "c0": jnp.asarray(rng.normal())}
     h = lambda t: adversary_apply(params, jnp.reshape(t, (1, 1)), act)[0]
     est = float(barron.fft_1d(h, L=300.0, N=2 ** 20))
