@@ -17,3 +17,7 @@ from boundjax.transforms import crown, ibp
 from boundjax import nn
 
 __all__ += ["ibp", "crown", "nn"]
+
+from boundjax.domains.difference import DiffInterval, difference
+
+__all__ += ["difference", "DiffInterval"]

@@ -1,0 +1,580 @@
+"""The difference domain: bounds on ``N#(x) - N(x)`` for two parameter sets on one input box.
+
+LUCID spec 000 §2.5 (paper §5.4, §6.2). ``difference(fn)(params_ref, params_other, *args)``
+evaluates ``fn`` twice at once, with the reference parameters ``params_ref`` (N) and with
+``params_other`` (N#: one concrete member, or a hyper-network whose leaves are `Interval`s), on
+the *same* arguments; arguments may hold `Interval` input boxes. Every value that depends on the
+parameters or on a box carries three intervals, a `DiffInterval`:
+
+* ``ref``   encloses N's value (it is exactly what ``bj.ibp`` gives for N),
+* ``other`` encloses N#'s value (interval arithmetic, refined by ``ref + delta``),
+* ``delta`` encloses ``N#(x) - N(x)`` for the same ``x``: much tighter than ``other - ref``
+  when the two parameter sets are close, because the shared input cancels.
+
+Rules (``r, o, d`` = ref, other, delta of an operand; a concrete operand ``c`` has ``d = 0``):
+
+* linear and structural ops ``f`` (add, sub, neg, mul/div by a constant, reshape, broadcast,
+  transpose, slices, concatenate, pad, reduce_sum, average pooling, ...): ``f(x#) - f(x) =
+  f(x# - x)``, so each of ``r, o, d`` goes through the interval rule of ``f``.
+* bilinear ops ``B`` (dot_general, conv_general_dilated, mul of two dependent operands) use an
+  exact identity evaluated in interval arithmetic. There are two:
+
+      (F1)  B(x#, y#) - B(x, y) = B(x#, y# - y) + B(x# - x, y)   ->  B(o_x, d_y) + B(d_x, r_y)
+      (F2)  B(x#, y#) - B(x, y) = B(x# - x, y#) + B(x, y# - y)   ->  B(d_x, o_y) + B(r_x, d_y)
+
+  For a layer ``B(h, W)`` F1 is the paper's formula ``I_w (z + I_z) + w I_z`` (with ``z + I_z``
+  replaced by N#'s own, refined enclosure ``o_h``): N's *point* weights multiply the input
+  difference, an exact product. F2 instead multiplies the input difference by the interval
+  weights ``W#`` and adds ``w(W#) |d_h|`` to the width, so F1 is the tighter one whenever the
+  reference weights are concrete. Both are exact identities, so any intersection is sound;
+  ``form="both"`` (default) intersects them (twice the products, robust to operand order, e.g.
+  ``W @ h``), ``form="paper"`` uses the form in which the operand with a concrete reference
+  value multiplies the other's difference (F1 for ``B(h, W)``).
+* ``max(x, c)`` with a concrete ``c`` (ReLU is ``max(x, 0)``, also inside ``custom_jvp``): by
+  monotonicity and 1-Lipschitzness ``max(x#, c) - max(x, c) ∈ [min(0, d_l), max(0, d_u)]``
+  (spec §2.5), refined soundly: both stably below ``c`` -> 0; both stably above -> ``d``; only
+  N above: ``max(d, c - x) ∈ [max(d_l, c - u), max(d_u, c - l)]``; only N# above:
+  ``min(d, x# - c) ∈ [min(d_l, l# - c), min(d_u, u# - c)]``. ``max`` of two dependent operands:
+  ``[min(d_x_l, d_y_l), max(d_x_u, d_y_u)]``. ``min`` by symmetry; ``reduce_max`` and max
+  pooling likewise (``[min d_l, max d_u]`` over the window).
+* Refinement: before every non-linear rule and after every bilinear/non-linear rule,
+  ``o ∩= r + d`` and ``d ∩= o - r`` (the spec §2.5 intersection and §2.4 [impl]); ``r`` is
+  never changed, so ``ref`` is N's plain IBP bound.
+
+Bias is included (unlike the public code, which drops ``I_b``; spec §2.5). Everything is
+ordinary JAX: the result can be jitted, vmapped and differentiated. Floating point: like
+``bj.ibp`` without ``sound=True``, bounds hold up to the rounding of the working precision; use
+float64 inputs and parameters (or `milp.difference`, which widens outward) for certificates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from boundjax import interpreter
+from boundjax.domains import interval as interval_domain
+from boundjax.errors import UnsupportedPrimitiveError
+from boundjax.interpreter import Domain
+from boundjax.interval import Interval, bilinear_midrad, bilinear_signsplit, is_interval, lower_of, \
+    mul_bounds, upper_of
+
+lo_, hi_ = lower_of, upper_of
+FORMS = ("both", "paper")
+
+
+@jax.tree_util.register_pytree_node_class
+class DiffInterval:
+  """Three enclosures of one value of ``fn`` (all `Interval`, same shape):
+
+  Attributes:
+    ref: N's value (``params_ref``), as ``bj.ibp`` bounds it.
+    other: N#'s value (``params_other``; any network in the hyper-network's box).
+    delta: ``N#(x) - N(x)`` for the same input ``x``, over the input box and parameter box.
+  """
+
+  __slots__ = ("ref", "other", "delta")
+
+  def __init__(self, ref: Interval, other: Interval, delta: Interval):
+    self.ref, self.other, self.delta = ref, other, delta
+
+  def tree_flatten(self):
+    return (self.ref, self.other, self.delta), None
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    del aux
+    return cls(*children)
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return self.ref.shape
+
+  def naive_delta(self) -> Interval:
+    """``other - ref`` (what subtracting two separate enclosures gives)."""
+    return Interval(self.other.lower - self.ref.upper, self.other.upper - self.ref.lower,
+                    validate=False)
+
+  def __repr__(self) -> str:
+    return f"DiffInterval(ref={self.ref!r}, other={self.other!r}, delta={self.delta!r})"
+
+
+@dataclasses.dataclass(frozen=True)
+class _DV:
+  """Internal abstract value: components are arrays (exact) or Intervals; ``d`` None means the
+  value is identical in both networks (``o is r``)."""
+  r: Any
+  o: Any
+  d: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class DifferenceContext:
+  """Options: ``matmul`` for interval products (see `IntervalContext`), ``form`` of the
+  bilinear identity ("both" or "paper", see the module docstring)."""
+  matmul: str = "best"
+  form: str = "both"
+
+  def __post_init__(self):
+    if self.form not in FORMS:
+      raise ValueError(f"form must be one of {FORMS}, got {self.form!r}")
+    object.__setattr__(self, "interval", interval_domain.IntervalContext(matmul=self.matmul))
+
+
+def _is_dv(x) -> bool:
+  return isinstance(x, _DV)
+
+
+def _lift(x) -> _DV:
+  return x if _is_dv(x) else _DV(x, x, None)
+
+
+def _iv(lo, hi) -> Interval:
+  return Interval(lo, hi, validate=False)
+
+
+def _shape(a) -> tuple:
+  return tuple(jnp.shape(lo_(a)))
+
+
+def _dtype(a):
+  return jnp.result_type(lo_(a))
+
+
+def _zeros_like(a):
+  return jnp.zeros(_shape(a), _dtype(a))
+
+
+def _apply(ctx: DifferenceContext, name: str, prim, comps, params):
+  """One primitive on interval-or-array components: the interval rule, or plain JAX."""
+  if any(isinstance(c, Interval) for c in comps):
+    return interval_domain.RULES[name](ctx.interval, *comps, **params)
+  return prim.bind(*comps, **params)
+
+
+def _add(a, b):
+  """Interval/array sum with None as an exact zero."""
+  if a is None:
+    return b
+  if b is None:
+    return a
+  if not isinstance(a, Interval) and not isinstance(b, Interval):
+    return a + b
+  return _iv(lo_(a) + lo_(b), hi_(a) + hi_(b))
+
+
+def _neg(a):
+  if a is None or not isinstance(a, Interval):
+    return None if a is None else -a
+  return _iv(-a.upper, -a.lower)
+
+
+def _meet(a, lo, hi):
+  """``a ∩ [lo, hi]`` for an Interval ``a`` (arrays are exact and stay)."""
+  if not isinstance(a, Interval):
+    return a
+  nl = jnp.maximum(a.lower, lo)
+  nh = jnp.minimum(a.upper, hi)
+  return _iv(nl, jnp.maximum(nh, nl))  # only crossing by rounding
+
+
+def _tighten(v: _DV) -> _DV:
+  """``o ∩= r + d``, then ``d ∩= o - r`` (both sound: the three enclose matching values)."""
+  if v.d is None:
+    return v
+  r, o, d = v.r, v.o, v.d
+  o = _meet(o, lo_(r) + lo_(d), hi_(r) + hi_(d))
+  d = _meet(d, lo_(o) - hi_(r), hi_(o) - lo_(r))
+  return _DV(r, o, d)
+
+
+def _broadcast(a, shape):
+  if a is None or _shape(a) == tuple(shape):
+    return a
+  if isinstance(a, Interval):
+    return _iv(jnp.broadcast_to(a.lower, shape), jnp.broadcast_to(a.upper, shape))
+  return jnp.broadcast_to(a, shape)
+
+
+# ----------------------------------------------------------------------------------------------
+# linear and structural rules
+# ----------------------------------------------------------------------------------------------
+
+def _linear(name: str, n_data: int | None = None, multiple: bool = False):
+  """``f(x#) - f(x) = f(x# - x)``: every component through ``f``'s interval rule.
+
+  ``n_data`` operands carry values (the rest, e.g. indices, must be concrete).
+  """
+  prim = getattr(lax, name + "_p")
+
+  def rule(ctx, *invals, **params):
+    k = len(invals) if n_data is None else n_data
+    data, rest = list(invals[:k]), list(invals[k:])
+    if any(_is_dv(x) for x in rest):
+      raise UnsupportedPrimitiveError(
+          f"'{name}' with box- or parameter-dependent indices is not supported by the "
+          "difference domain")
+    lifted = [_lift(x) for x in data]
+    r = _apply(ctx, name, prim, [l.r for l in lifted] + rest, params)
+    if all(l.d is None for l in lifted):
+      o, d = r, None
+    else:
+      o = _apply(ctx, name, prim, [l.o for l in lifted] + rest, params)
+      ds = [l.d if l.d is not None else _zeros_like(l.r) for l in lifted]
+      d = _apply(ctx, name, prim, ds + rest, params)
+    if multiple:
+      if d is None:
+        return [_DV(a, a, None) for a in r]
+      return [_DV(a, b, c) for a, b, c in zip(r, o, d)]
+    return _DV(r, o, d)
+
+  return rule
+
+
+def _add_rule(sign: float):
+  name = "add" if sign > 0 else "sub"
+
+  def rule(ctx, x, y, **_):
+    x, y = _lift(x), _lift(y)
+    if sign < 0:
+      y = _DV(_neg(y.r), _neg(y.o), _neg(y.d))
+    r = _add(x.r, y.r)
+    if x.d is None and y.d is None:
+      return _DV(r, r, None)
+    o = _add(x.o, y.o)
+    d = _broadcast(_add(x.d, y.d), _shape(r))
+    return _DV(r, o, d)
+
+  rule.__name__ = f"_{name}"
+  return rule
+
+
+def _neg_rule(ctx, x, **_):
+  return _DV(_neg(x.r), _neg(x.o) if x.d is not None else _neg(x.r), _neg(x.d))
+
+
+def _with_constant(ctx, name: str, prim, x: _DV, c, x_first: bool, params) -> _DV:
+  """``f(x, c)`` for a function linear in ``x`` with a concrete second operand ``c`` (mul or
+  div by a constant, a product with a concrete matrix): ``f(x#, c) - f(x, c) = f(x# - x, c)``."""
+  def f(a):
+    if a is None:
+      return None
+    return _apply(ctx, name, prim, [a, c] if x_first else [c, a], params)
+  r = f(x.r)
+  if x.d is None:
+    return _DV(r, r, None)
+  return _DV(r, f(x.o), f(x.d))
+
+
+def _by_constant(name: str):
+  """``mul``/``div`` by a concrete value (linear); ``mul`` of two dependent operands goes to the
+  bilinear rule."""
+  prim = getattr(lax, name + "_p")
+
+  def rule(ctx, x, y, **params):
+    if name == "div" and _is_dv(y):
+      raise UnsupportedPrimitiveError(
+          "'div' by a box- or parameter-dependent value is not supported by the difference domain")
+    if _is_dv(x) and _is_dv(y):
+      return _bilinear_rule(ctx, x, y, op=lambda a, b: prim.bind(a, b, **params), elementwise=True)
+    if _is_dv(x):
+      return _with_constant(ctx, name, prim, x, y, True, params)
+    return _with_constant(ctx, name, prim, y, x, False, params)
+
+  return rule
+
+
+# ----------------------------------------------------------------------------------------------
+# bilinear rules
+# ----------------------------------------------------------------------------------------------
+
+def _product(ctx, op, a, b, elementwise: bool):
+  """Enclosure of ``op(a, b)`` for interval/array operands (``None`` = exact zero)."""
+  if a is None or b is None:
+    return None
+  a_iv, b_iv = isinstance(a, Interval), isinstance(b, Interval)
+  if not a_iv and not b_iv:
+    return op(a, b)
+  if elementwise and a_iv and b_iv:
+    return _iv(*mul_bounds(lo_(a), hi_(a), lo_(b), hi_(b)))
+  if not (a_iv and b_iv):
+    return _iv(*bilinear_midrad(op, a, b))   # exact with a point operand
+  mode = ctx.interval.matmul
+  if mode == "signsplit":
+    return _iv(*bilinear_signsplit(op, a, b))
+  l1, h1 = bilinear_midrad(op, a, b)
+  if mode == "midrad":
+    return _iv(l1, h1)
+  l2, h2 = bilinear_signsplit(op, a, b)
+  return _iv(jnp.maximum(l1, l2), jnp.minimum(h1, h2))
+
+
+def _bilinear_rule(ctx, x, y, *, op: Callable, elementwise: bool = False):
+  x, y = _tighten(_lift(x)), _tighten(_lift(y))
+  r = _product(ctx, op, x.r, y.r, elementwise)
+  if x.d is None and y.d is None:
+    return _DV(r, r, None)
+  o = _product(ctx, op, x.o, y.o, elementwise)
+  f1 = _add(_product(ctx, op, x.o, y.d, elementwise), _product(ctx, op, x.d, y.r, elementwise))
+  f2 = _add(_product(ctx, op, x.d, y.o, elementwise), _product(ctx, op, x.r, y.d, elementwise))
+  if ctx.form == "both":
+    if isinstance(f1, Interval) and isinstance(f2, Interval):
+      d = _meet(f1, f2.lower, f2.upper)
+    else:
+      d = f1 if not isinstance(f1, Interval) else f2
+  else:  # paper: the operand with a concrete reference value multiplies the other's difference
+    d = f2 if (not isinstance(x.r, Interval) and isinstance(y.r, Interval)) else f1
+  return _tighten(_DV(r, o, _broadcast(d, _shape(r))))
+
+
+def _bilinear(name: str):
+  prim = getattr(lax, name + "_p")
+
+  def rule(ctx, x, y, **params):
+    op = lambda a, b: prim.bind(a, b, **params)
+    # one concrete operand (identical in both networks): linear in the other.
+    if not _is_dv(y):
+      return _with_constant(ctx, name, prim, x, y, True, params)
+    if not _is_dv(x):
+      return _with_constant(ctx, name, prim, y, x, False, params)
+    return _bilinear_rule(ctx, x, y, op=op)
+
+  return rule
+
+
+# ----------------------------------------------------------------------------------------------
+# max / min (ReLU), reductions
+# ----------------------------------------------------------------------------------------------
+
+def _relu_delta(d, r, o, c):
+  """Bounds on ``max(x#, c) - max(x, c)`` (module docstring) as ``(lo, hi)`` arrays."""
+  dl, du = lo_(d), hi_(d)
+  l, u = lo_(r), hi_(r)
+  lh, uh = lo_(o), hi_(o)
+  zero = jnp.zeros_like(dl)
+  lo, hi = jnp.minimum(dl, zero), jnp.maximum(du, zero)
+  act, acth = l >= c, lh >= c
+  both = act & acth
+  lo, hi = jnp.where(both, dl, lo), jnp.where(both, du, hi)
+  only_ref = act & ~acth
+  lo = jnp.where(only_ref, jnp.maximum(lo, jnp.maximum(dl, c - u)), lo)
+  hi = jnp.where(only_ref, jnp.minimum(hi, jnp.maximum(du, c - l)), hi)
+  only_hyp = acth & ~act
+  lo = jnp.where(only_hyp, jnp.maximum(lo, jnp.minimum(dl, lh - c)), lo)
+  hi = jnp.where(only_hyp, jnp.minimum(hi, jnp.minimum(du, uh - c)), hi)
+  dead = (u <= c) & (uh <= c)
+  lo, hi = jnp.where(dead, zero, lo), jnp.where(dead, zero, hi)
+  return lo, hi
+
+
+def _max_rule(ctx, x, y, **params):
+  if not _is_dv(x):
+    x, y = y, x
+  x = _tighten(x)
+  r = _apply(ctx, "max", lax.max_p, [x.r, _lift(y).r], params)
+  if not _is_dv(y):  # max(x, c): a ReLU-type unit
+    if x.d is None:
+      return _DV(r, r, None)
+    o = _apply(ctx, "max", lax.max_p, [x.o, y], params)
+    c = jnp.asarray(y, _dtype(x.r))
+    lo, hi = _relu_delta(x.d, x.r, x.o, c)
+    return _tighten(_DV(r, o, _iv(lo, hi)))
+  y = _tighten(y)
+  if x.d is None and y.d is None:
+    return _DV(r, r, None)
+  o = _apply(ctx, "max", lax.max_p, [x.o, y.o], params)
+  dx = x.d if x.d is not None else _zeros_like(x.r)
+  dy = y.d if y.d is not None else _zeros_like(y.r)
+  d = _iv(jnp.minimum(lo_(dx), lo_(dy)), jnp.maximum(hi_(dx), hi_(dy)))
+  return _tighten(_DV(r, o, _broadcast(d, _shape(r))))
+
+
+def _negate(v):
+  if not _is_dv(v):
+    return -v
+  return _DV(_neg(v.r), _neg(v.o) if v.d is not None else _neg(v.r), _neg(v.d))
+
+
+def _min_rule(ctx, x, y, **params):
+  out = _max_rule(ctx, _negate(x), _negate(y), **params)
+  return _negate(out)
+
+
+def _reduce_max_rule(ctx, x, *, axes, **params):
+  x = _tighten(x)
+  r = _apply(ctx, "reduce_max", lax.reduce_max_p, [x.r], dict(axes=axes, **params))
+  if x.d is None:
+    return _DV(r, r, None)
+  o = _apply(ctx, "reduce_max", lax.reduce_max_p, [x.o], dict(axes=axes, **params))
+  d = _iv(jnp.min(lo_(x.d), axis=axes), jnp.max(hi_(x.d), axis=axes))
+  return _tighten(_DV(r, o, d))
+
+
+def _reduce_window_max_rule(ctx, x, **params):
+  x = _tighten(x)
+  r = _apply(ctx, "reduce_window_max", lax.reduce_window_max_p, [x.r], params)
+  if x.d is None:
+    return _DV(r, r, None)
+  o = _apply(ctx, "reduce_window_max", lax.reduce_window_max_p, [x.o], params)
+  d = _iv(lax.reduce_window_min_p.bind(lo_(x.d), **params),
+          lax.reduce_window_max_p.bind(hi_(x.d), **params))
+  return _tighten(_DV(r, o, d))
+
+
+def _select_n_rule(ctx, pred, *cases, **params):
+  if _is_dv(pred):
+    raise UnsupportedPrimitiveError(
+        "'select_n' with a box- or parameter-dependent predicate is not supported by the "
+        "difference domain (N and N# may take different branches)")
+  lifted = [_lift(c) for c in cases]
+  r = _apply(ctx, "select_n", lax.select_n_p, [pred] + [l.r for l in lifted], params)
+  if all(l.d is None for l in lifted):
+    return _DV(r, r, None)
+  o = _apply(ctx, "select_n", lax.select_n_p, [pred] + [l.o for l in lifted], params)
+  ds = [l.d if l.d is not None else _zeros_like(l.r) for l in lifted]
+  d = _apply(ctx, "select_n", lax.select_n_p, [pred] + ds, params)
+  return _DV(r, o, d)
+
+
+def _identity(ctx, x, **_):
+  return x
+
+
+# ----------------------------------------------------------------------------------------------
+# the table
+# ----------------------------------------------------------------------------------------------
+
+def _build_rules() -> dict[str, Callable]:
+  r: dict[str, Callable] = {
+      "add": _add_rule(1.0), "add_any": _add_rule(1.0), "sub": _add_rule(-1.0), "neg": _neg_rule,
+      "mul": _by_constant("mul"), "div": _by_constant("div"),
+      "dot_general": _bilinear("dot_general"),
+      "conv_general_dilated": _bilinear("conv_general_dilated"),
+      "max": _max_rule, "min": _min_rule,
+      "reduce_max": _reduce_max_rule, "reduce_window_max": _reduce_window_max_rule,
+      "select_n": _select_n_rule,
+      "stop_gradient": _identity, "copy": _identity, "copy_p": _identity,
+      "optimization_barrier": lambda ctx, *xs: list(xs),
+  }
+  for name in ("reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice",
+               "rev", "reduce_sum", "reduce_window_sum", "cumsum", "convert_element_type",
+               "concatenate", "pad", "reduce_precision", "real"):
+    if getattr(lax, name + "_p", None) is not None:
+      r[name] = _linear(name)
+  for name in ("dynamic_slice", "gather"):
+    r[name] = _linear(name, n_data=1)
+  r["dynamic_update_slice"] = _linear("dynamic_update_slice", n_data=2)
+  r["split"] = _linear("split", multiple=True)
+  return r
+
+
+RULES = _build_rules()
+DOMAIN = Domain(name="difference", is_abstract=_is_dv, rules=RULES)
+
+
+# ----------------------------------------------------------------------------------------------
+# the transform
+# ----------------------------------------------------------------------------------------------
+
+def _param_value(p, q):
+  """The abstract value of one parameter leaf: N's ``p`` and N#'s ``q`` (arrays or Intervals)."""
+  if p is q:  # the same object: the same network (an Interval stands for one unknown member)
+    return _DV(p, p, None) if isinstance(p, Interval) else p
+  p_iv, q_iv = isinstance(p, Interval), isinstance(q, Interval)
+  if not p_iv and not q_iv:
+    if not isinstance(p, jax.core.Tracer) and not isinstance(q, jax.core.Tracer) and np.array_equal(
+        np.asarray(p), np.asarray(q)):
+      return p
+    p, q = jnp.asarray(p), jnp.asarray(q)
+    return _DV(p, q, q - p)
+  d = _iv(lo_(q) - hi_(p), hi_(q) - lo_(p))
+  return _DV(p, q, d)
+
+
+def _check_pair(ref_leaves, oth_leaves, ref_tree, oth_tree) -> None:
+  if ref_tree != oth_tree:
+    raise ValueError(
+        "difference: params_ref and params_other have different structures "
+        f"({ref_tree} vs {oth_tree}); they must describe the same architecture.")
+  for i, (a, b) in enumerate(zip(ref_leaves, oth_leaves)):
+    sa, sb = jnp.shape(lo_(a)), jnp.shape(lo_(b))
+    if sa != sb:
+      raise ValueError(f"difference: parameter leaf {i} has shape {sa} in params_ref but {sb} "
+                       "in params_other.")
+    for v in (a, b):
+      if isinstance(v, Interval) and jnp.shape(v.lower) != jnp.shape(v.upper):
+        raise ValueError(f"difference: parameter leaf {i} is an Interval whose lower and upper "
+                         "shapes differ.")
+
+
+def _output(v):
+  if not _is_dv(v):
+    return v
+  as_iv = lambda a: a if isinstance(a, Interval) else _iv(a, a)
+  d = v.d if v.d is not None else _zeros_like(v.r)
+  return DiffInterval(as_iv(v.r), as_iv(v.o), as_iv(d))
+
+
+def difference(fn: Callable, *, matmul: str = "best", form: str = "both") -> Callable:
+  """Difference intervals of ``fn`` between two parameter sets on shared arguments.
+
+  Args:
+    fn: ``fn(params, *args, **kwargs)``, e.g. a Flax ``model.apply``.
+    matmul: interval product of two boxes ("midrad", "signsplit", "best"; see
+      `boundjax.domains.interval.IntervalContext`). "best" (default) intersects midpoint–radius
+      and sign-split.
+    form: "both" (default) or "paper": which exact bilinear identity bounds ``d`` (module
+      docstring).
+
+  Returns:
+    ``bounded(params_ref, params_other, *args, **kwargs)``: ``params_ref`` is N (arrays; `Interval`
+    leaves are allowed and give the difference of two families), ``params_other`` has the same
+    structure with array or `Interval` leaves (one member, or a hyper-network), ``args`` may
+    contain `Interval` input boxes shared by both. Output leaves that depend on a box or on a
+    parameter that differs are `DiffInterval`; the others are arrays.
+
+  Raises:
+    ValueError: the two parameter trees differ in structure or leaf shapes.
+    UnsupportedPrimitiveError: ``fn`` uses a primitive with no difference rule.
+  """
+  from boundjax import transforms
+
+  ctx = DifferenceContext(matmul=matmul, form=form)
+
+  @functools.wraps(fn)
+  def bounded(params_ref, params_other, *args, **kwargs):
+    ref_leaves, ref_tree = jax.tree_util.tree_flatten(params_ref, is_leaf=is_interval)
+    oth_leaves, oth_tree = jax.tree_util.tree_flatten(params_other, is_leaf=is_interval)
+    _check_pair(ref_leaves, oth_leaves, ref_tree, oth_tree)
+    leaves, treedef = jax.tree_util.tree_flatten(((params_ref,) + args, kwargs), is_leaf=is_interval)
+    n_p = len(ref_leaves)
+    dyn = [i for i, l in enumerate(leaves) if is_interval(l) or transforms._is_array_like(l)]
+    transforms._check_intervals([leaves[i] for i in dyn] + [l for l in oth_leaves if is_interval(l)])
+    values, stand_ins = [], []
+    for i in dyn:
+      leaf = leaves[i]
+      if i < n_p:
+        values.append(_param_value(leaf, oth_leaves[i]))
+      else:
+        values.append(_DV(leaf, leaf, None) if is_interval(leaf) else leaf)
+      stand_ins.append(leaf.lower if is_interval(leaf) else leaf)
+
+    def flat_fn(*vals):
+      new = list(leaves)
+      for i, v in zip(dyn, vals):
+        new[i] = v
+      (a, k) = jax.tree_util.tree_unflatten(treedef, new)
+      return fn(*a, **k)
+
+    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*stand_ins)
+    out_tree = jax.tree_util.tree_structure(out_shape)
+    outs = interpreter.evaluate(DOMAIN, ctx, closed, *values)
+    return jax.tree_util.tree_unflatten(out_tree, [_output(o) for o in outs])
+
+  return bounded
