@@ -84,6 +84,18 @@ def test_schedule_is_a_permutation_per_epoch():
   np.testing.assert_array_equal(E.batch_schedule(0, 10, 2, 4, shuffle=False)[0], [0, 1, 2, 3])
 
 
+def test_cached_epoch_orders_are_the_permutations_and_callers_get_copies():
+  key = jax.random.PRNGKey(5)
+  want = np.stack([np.asarray(jax.random.permutation(jax.random.fold_in(key, e), 37))
+                   for e in range(3)])
+  first = E.epoch_orders(5, 37, 3)
+  np.testing.assert_array_equal(first, want)
+  first[:] = -7                                          # a caller's edit must not reach the cache
+  np.testing.assert_array_equal(E.epoch_orders(5, 37, 3), want)
+  np.testing.assert_array_equal(E.epoch_orders(5, 37, 2), want[:2])
+  assert not np.array_equal(E.epoch_orders(6, 37, 3), want)
+
+
 def test_member_equals_network_retrained_alone_with_points_masked(data, setup, ensemble):
   x, y = data
   model, params, opt = setup
