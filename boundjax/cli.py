@@ -1,7 +1,7 @@
 """The `boundjax` command.
 
     boundjax demo                 every section on embedded data (scikit-learn datasets, blobs)
-    boundjax demo --only crown    one section: data, crown, ensembles, agt, ldcp, barron
+    boundjax demo --only bounds   one section: data, bounds, crown, ensembles, agt, ldcp, barron
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ def _sections() -> dict[str, Callable[[], str]]:
   def data():
     from boundjax.data import demo_section
     return demo_section(["breast_cancer", "digits", "blobs"])
+
+  def bounds():
+    from boundjax.transforms import demo_section
+    return demo_section()
 
   def crown():
     from boundjax.domains.linear import demo_section
@@ -38,8 +42,8 @@ def _sections() -> dict[str, Callable[[], str]]:
     from boundjax.auditing import demo_section
     return demo_section()
 
-  return {"data": data, "crown": crown, "ensembles": ensembles, "agt": agt, "ldcp": ldcp,
-          "barron": barron}
+  return {"data": data, "bounds": bounds, "crown": crown, "ensembles": ensembles, "agt": agt,
+          "ldcp": ldcp, "barron": barron}
 
 
 def demo(only: list[str] | None = None, json_path: str | None = None) -> int:
