@@ -293,7 +293,8 @@ class LabelOnlyGuard:
       label, conf = predict_with_confidence(self._apply(p, x), kind)
       return label, conf, conf <= betas[label]
 
-    def sample(keys, labels, eps):
+    def sample(base_key, counters, labels, eps):
+      keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base_key, counters)
       u = jax.nn.one_hot(labels, n_classes, dtype=jnp.float32)
       return jax.vmap(exponential_mechanism, in_axes=(0, 0, None))(keys, u, eps)
 
@@ -334,11 +335,10 @@ class LabelOnlyGuard:
       fresh = [i for i, k in zip(rows, keys_b) if k not in self.memo]
       drawn = {}
       if fresh:
-        counters = jnp.arange(self._draws, self._draws + len(fresh), dtype=jnp.uint32)
+        counters = np.arange(self._draws, self._draws + len(fresh), dtype=np.uint32)
         self._draws += len(fresh)
-        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(self._key, counters)
-        drawn = dict(zip(fresh, np.asarray(self._sample(keys, jnp.asarray(label[fresh]),
-                                                        self.epsilon)).tolist()))
+        drawn = dict(zip(fresh, np.asarray(self._sample(self._key, counters, label[fresh],
+                                                        np.float32(self.epsilon))).tolist()))
       for i, k in zip(rows, keys_b):
         if k in self.memo:
           labels[i] = self.memo[k]
