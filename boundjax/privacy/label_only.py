@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import time
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
@@ -235,6 +236,23 @@ class GuardAnswer(NamedTuple):
   confidence: np.ndarray   # (n,) float32 C^c_N(x) of the predicted class c
 
 
+@functools.lru_cache(maxsize=32)
+def _guard_programs(apply_fn: ApplyFn, kind: str, n_classes: int):
+  """Jitted ``decide`` (label, confidence, noised) and ``sample`` (exponential mechanism with
+  per-query keys ``fold_in(key, counter)``), shared by every guard of the same network."""
+
+  def decide(p, x, betas):
+    label, conf = predict_with_confidence(apply_fn(p, x), kind)
+    return label, conf, conf <= betas[label]
+
+  def sample(base_key, counters, labels, eps):
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base_key, counters)
+    u = jax.nn.one_hot(labels, n_classes, dtype=jnp.float32)
+    return jax.vmap(exponential_mechanism, in_axes=(0, 0, None))(keys, u, eps)
+
+  return jax.jit(decide), jax.jit(sample)
+
+
 class LabelOnlyGuard:
   """LUCID-Inference (spec §2.10, Alg. 2): label-only access to N with ε-iDP per query.
 
@@ -276,8 +294,8 @@ class LabelOnlyGuard:
                        "input_shape=(d,).")
     self.input_shape = shape
     self.params = params
-    self._apply = jax.jit(apply_fn)
-    n_out = int(np.shape(self._apply(params, jnp.zeros((1,) + shape, jnp.float32)))[-1])
+    n_out = int(np.shape(jax.eval_shape(apply_fn, params,
+                                        jax.ShapeDtypeStruct((1,) + shape, jnp.float32)))[-1])
     self.output = _output_kind(n_out, output)
     self.n_classes = 2 if self.output == "sign" else n_out
     self.betas = validate_betas(betas, self.n_classes)
@@ -287,19 +305,7 @@ class LabelOnlyGuard:
     self._key = jax.random.PRNGKey(seed)
     self._draws = 0
     self.noised_answers = 0    # fresh exponential-mechanism draws (memo misses)
-    kind, n_classes = self.output, self.n_classes
-
-    def decide(p, x, betas):
-      label, conf = predict_with_confidence(self._apply(p, x), kind)
-      return label, conf, conf <= betas[label]
-
-    def sample(base_key, counters, labels, eps):
-      keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base_key, counters)
-      u = jax.nn.one_hot(labels, n_classes, dtype=jnp.float32)
-      return jax.vmap(exponential_mechanism, in_axes=(0, 0, None))(keys, u, eps)
-
-    self._decide = jax.jit(decide)
-    self._sample = jax.jit(sample)
+    self._decide, self._sample = _guard_programs(apply_fn, self.output, self.n_classes)
 
   @property
   def epsilon_spent(self) -> float:
