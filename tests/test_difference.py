@@ -1,0 +1,377 @@
+"""Soundness and tightness of the difference domain `bj.difference` (LUCID spec §2.5).
+
+Every soundness case samples >= 10,000 (input, member) pairs: inputs in the box (uniform and at
+vertices) and members of the parameter box (uniform and at vertices, where interval bounds are
+attained), evaluates N and the member on the same input with plain JAX, and asserts the
+difference, N's value and the member's value lie in ``delta``, ``ref`` and ``other``.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import boundjax as bj
+from boundjax.models import MLP
+from milp import difference as MD
+from milp import network as MN
+
+TOL = 2e-5  # float32 rounding of two forward passes, relative to the values' magnitude
+
+
+def shifted_box(seed, params, width, shift=0.0):
+  """Interval parameters around ``params``: random width, optionally shifted off ``params``."""
+  rng = np.random.default_rng(seed)
+  def box(p):
+    p = np.asarray(p)
+    s = shift * rng.normal(size=p.shape)
+    lo = p + s - width * rng.random(p.shape)
+    hi = p + s + width * rng.random(p.shape)
+    return bj.Interval(jnp.asarray(lo, p.dtype), jnp.asarray(hi, p.dtype))
+  return jax.tree_util.tree_map(box, params)
+
+
+def np_sample_box(rng, box, n, vertex_fraction=0.3):
+  """``n`` points of an Interval (numpy): a share at random vertices, the rest uniform."""
+  lo, hi = np.asarray(box.lower), np.asarray(box.upper)
+  t = rng.random((n,) + lo.shape)
+  corner = (rng.random(n) < vertex_fraction).reshape((n,) + (1,) * lo.ndim)
+  t = np.where(corner, np.round(t), t)
+  return (lo + t * (hi - lo)).astype(lo.dtype)
+
+
+def np_sample_tree(rng, tree, n, vertex_fraction=0.5):
+  """``n`` members of a parameter box (leading axis), numpy."""
+  return jax.tree_util.tree_map(lambda b: np_sample_box(rng, b, n, vertex_fraction), tree,
+                                is_leaf=bj.is_interval)
+
+
+def check(bound: bj.DiffInterval, ref_vals, other_vals, what=""):
+  """``ref_vals`` (n, ...) for N, ``other_vals`` (m, n, ...) for members, at the same inputs."""
+  ref_vals, other_vals = np.asarray(ref_vals), np.asarray(other_vals)
+  scale = TOL * (1.0 + np.abs(ref_vals)[None] + np.abs(other_vals))
+  for name, vals, iv in (("delta", other_vals - ref_vals[None], bound.delta),
+                         ("other", other_vals, bound.other),
+                         ("ref", np.broadcast_to(ref_vals[None], other_vals.shape), bound.ref)):
+    lo = np.broadcast_to(np.asarray(iv.lower), vals.shape)
+    hi = np.broadcast_to(np.asarray(iv.upper), vals.shape)
+    bad = (vals < lo - scale) | (vals > hi + scale)
+    if bad.any():
+      i = tuple(np.argwhere(bad)[0])
+      raise AssertionError(f"{what} {name}: {int(bad.sum())} of {bad.size} outside; first {i}: "
+                           f"{vals[i]!r} not in [{lo[i]!r}, {hi[i]!r}]")
+  return other_vals.shape[0] * other_vals.shape[1]
+
+
+def layers_fn(params, x):
+  """A ReLU MLP written with jnp, returning every pre- and post-activation (for per-layer checks)."""
+  outs = []
+  h = x
+  names = sorted(params["params"], key=lambda n: int(n.split("_")[1]))
+  for i, n in enumerate(names):
+    z = h @ params["params"][n]["kernel"] + params["params"][n]["bias"]
+    outs.append(z)
+    if i < len(names) - 1:
+      h = jax.nn.relu(z)
+      outs.append(h)
+  return tuple(outs)
+
+
+def np_layers(params, x, stacked=False):
+  """`layers_fn` in numpy; with ``stacked`` every leaf has a leading member axis and the result
+  has shape (members, inputs, ...)."""
+  names = sorted(params["params"], key=lambda n: int(n.split("_")[1]))
+  outs, h = [], np.asarray(x, np.float64)
+  for i, n in enumerate(names):
+    w = np.asarray(params["params"][n]["kernel"], np.float64)
+    b = np.asarray(params["params"][n]["bias"], np.float64)
+    if stacked:
+      z = np.einsum("ni,mio->mno" if h.ndim == 2 else "mni,mio->mno", h, w) + b[:, None, :]
+    else:
+      z = h @ w + b
+    outs.append(z)
+    if i < len(names) - 1:
+      h = np.maximum(z, 0.0)
+      outs.append(h)
+  return tuple(outs)
+
+
+def mlp_pairs(rng, params, hyper, box, n_members=200, n_inputs=50):
+  x = np_sample_box(rng, box, n_inputs)[:, 0]     # boxes have a batch axis of 1
+  members = np_sample_tree(rng, hyper, n_members)
+  return np_layers(params, x), np_layers(members, x, stacked=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# MLPs (one architecture for the fast cases, so eager compilation is shared)
+
+D_IN = 6
+
+
+def _mlp(hidden=(16, 16), d=D_IN, seed=0):
+  model = MLP(hidden=hidden, out=3)
+  return model, model.init(jax.random.PRNGKey(seed), jnp.zeros((1, d), jnp.float32))
+
+
+MLP_CASES = [
+    # hidden, d, width, shift, box (lo, hi)
+    ((16, 16), D_IN, 0.02, 0.0, (0.0, 1.0)),
+    ((16, 16), D_IN, 0.01, 0.02, (-1.0, 1.0)),     # N outside the box, inputs of both signs
+    ((16, 16), D_IN, 0.1, 0.05, (0.3, 0.5)),
+    pytest.param(((32, 16, 8), 8, 0.05, 0.0, (0.0, 1.0)), marks=pytest.mark.slow),
+    pytest.param(((12,), 4, 0.2, 0.1, (0.0, 1.0)), marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("case", MLP_CASES)
+def test_mlp_layers_sound(case):
+  hidden, d, width, shift, (a, b) = case
+  model, params = _mlp(hidden, d)
+  hyper = shifted_box(len(hidden) + int(100 * width), params, width, shift)
+  box = bj.Interval(jnp.full((1, d), a), jnp.full((1, d), b))
+  bounds = bj.difference(layers_fn)(params, hyper, box)
+  ref, other = mlp_pairs(np.random.default_rng(1), params, hyper, box)
+  n = 0
+  for i, bnd in enumerate(bounds):
+    n = check(bnd, ref[i], other[i], f"layer output {i}")
+  assert n >= 10_000
+  if hidden == (16, 16):  # the Flax model gives the same bounds as the jnp version
+    out = bj.difference(model.apply)(params, hyper, box)
+    np.testing.assert_allclose(out.delta.upper, bounds[-1].delta.upper, rtol=1e-5, atol=1e-6)
+
+
+def test_concrete_other_network():
+  """``params_other`` concrete (one member): the bound holds for that member."""
+  model, p = _mlp()
+  rng = np.random.default_rng(10)
+  q = jax.tree_util.tree_map(lambda a: a + 0.01 * rng.normal(size=a.shape).astype(np.float32), p)
+  box = bj.Interval(jnp.zeros((1, D_IN)), jnp.ones((1, D_IN)))
+  out = bj.difference(layers_fn)(p, q, box)
+  x = np_sample_box(rng, box, 10_000)[:, 0]
+  ref = np_layers(p, x)
+  other = np_layers(jax.tree_util.tree_map(lambda a: np.asarray(a)[None], q), x, stacked=True)
+  for i, bnd in enumerate(out):
+    assert check(bnd, ref[i], other[i], f"concrete member, output {i}") >= 10_000
+  assert not np.allclose(out[-1].delta.lower, 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# A small CNN: conv, ReLU, average and max pooling, flatten, dense
+
+class SmallCNN(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Conv(4, (3, 3), padding="VALID")(x))
+    x = nn.avg_pool(x, (2, 2), strides=(2, 2))
+    x = nn.relu(nn.Conv(4, (2, 2), padding="SAME")(x))
+    x = nn.max_pool(x, (2, 2), strides=(1, 1))
+    x = x.reshape(x.shape[0], -1)
+    x = nn.relu(nn.Dense(8)(x))
+    return nn.Dense(3)(x)
+
+
+@pytest.mark.parametrize("width,shift", [(0.02, 0.0),
+                                         pytest.param(0.05, 0.02, marks=pytest.mark.slow)])
+def test_cnn_sound(width, shift):
+  model = SmallCNN()
+  params = model.init(jax.random.PRNGKey(7), jnp.zeros((1, 8, 8, 1)))
+  hyper = shifted_box(1, params, width, shift)
+  rng = np.random.default_rng(2)
+  center = rng.random((1, 8, 8, 1)).astype(np.float32)
+  box = bj.Interval(jnp.asarray(np.clip(center - 0.1, 0, 1)), jnp.asarray(np.clip(center + 0.1, 0, 1)))
+  out = bj.difference(model.apply)(params, hyper, box)
+  x = np_sample_box(rng, box, 50)[:, 0]
+  members = np_sample_tree(rng, hyper, 200)
+  ref = model.apply(params, x)
+  other = jax.jit(jax.vmap(model.apply, in_axes=(0, None)))(members, x)
+  assert check(out, ref, other, "cnn") >= 10_000
+  naive = out.naive_delta()
+  assert np.all(out.delta.upper - out.delta.lower <= naive.upper - naive.lower + 1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# Relation to milp.difference, the point case, jit, tightness
+
+def test_agrees_with_milp_difference():
+  """With ``form="paper"`` the domain computes the milp formula (the same refinements), so the
+  two agree up to rounding (float64 here); ``form="both"`` is contained in it."""
+  _, params = _mlp()
+  hyper = shifted_box(3, params, 0.01)
+  with jax.enable_x64(True):
+    p64 = jax.tree_util.tree_map(lambda a: jnp.asarray(np.asarray(a, np.float64)), params)
+    h64 = jax.tree_util.tree_map(
+        lambda a: bj.Interval(jnp.asarray(np.asarray(a.lower, np.float64)),
+                              jnp.asarray(np.asarray(a.upper, np.float64))), hyper,
+        is_leaf=bj.is_interval)
+    box = bj.Interval(jnp.zeros((1, D_IN), jnp.float64), jnp.ones((1, D_IN), jnp.float64))
+    paper = bj.difference(layers_fn, form="paper")(p64, h64, box)
+    both = bj.difference(layers_fn)(p64, h64, box)
+  db = MD.difference_bounds(MN.from_params(p64), MN.from_params(h64), np.zeros(D_IN),
+                            np.ones(D_IN))
+  milp_seq = []
+  for m in range(len(db.pre)):
+    milp_seq.append(db.pre[m])
+    if m < len(db.post):
+      milp_seq.append(db.post[m])
+  ratios = []
+  for (ml, mh), p, b in zip(milp_seq, paper, both):
+    pl, ph = np.asarray(p.delta.lower[0]), np.asarray(p.delta.upper[0])
+    bl, bh = np.asarray(b.delta.lower[0]), np.asarray(b.delta.upper[0])
+    np.testing.assert_allclose(pl, ml, atol=1e-8)   # milp widens outward by ~1e-10
+    np.testing.assert_allclose(ph, mh, atol=1e-8)
+    assert np.all(bl >= pl - 1e-12) and np.all(bh <= ph + 1e-12)
+    ratios.append(float(np.mean(bh - bl) / np.mean(mh - ml)))
+  assert all(r <= 1.0 + 1e-6 for r in ratios), ratios
+
+
+def test_point_hyper_network_gives_zero_delta():
+  from boundjax import hypernet
+  model, params = _mlp()
+  box = bj.Interval(jnp.zeros((1, D_IN)), jnp.ones((1, D_IN)))
+  ib = bj.ibp(model.apply)(params, box)
+  for other in (params, jax.tree_util.tree_map(jnp.array, params), hypernet.point(params)):
+    out = bj.difference(model.apply)(params, other, box)
+    assert isinstance(out, bj.DiffInterval)
+    assert np.all(np.asarray(out.delta.lower) == 0) and np.all(np.asarray(out.delta.upper) == 0)
+    np.testing.assert_array_equal(out.ref.lower, ib.lower)
+    np.testing.assert_allclose(out.other.upper, ib.upper, rtol=1e-6)
+
+
+def test_ref_is_ibp_jit_and_grad():
+  model, params = _mlp()
+  hyper = shifted_box(4, params, 0.01)
+  box = bj.Interval(jnp.zeros((1, D_IN)), jnp.ones((1, D_IN)))
+  eager = bj.difference(model.apply)(params, hyper, box)
+  jitted = jax.jit(bj.difference(model.apply))(params, hyper, box)
+  # differentiable w.r.t. the parameter box (eager: the op-by-op kernels are already compiled)
+  g = jax.grad(lambda h: jnp.sum(bj.difference(model.apply)(params, h, box).delta.upper))(hyper)
+  for a, b in zip(jax.tree_util.tree_leaves(eager), jax.tree_util.tree_leaves(jitted)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  ib = bj.ibp(model.apply)(params, box)
+  np.testing.assert_allclose(eager.ref.lower, ib.lower, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(eager.ref.upper, ib.upper, rtol=1e-6, atol=1e-6)
+  grads = jax.tree_util.tree_leaves(g)
+  assert all(np.all(np.isfinite(np.asarray(l))) for l in grads)
+  assert any(np.any(np.asarray(l) != 0) for l in grads)
+
+
+def test_tighter_than_subtracting_ibp():
+  """``delta`` is inside ``IBP(N#) - IBP(N)`` everywhere and much narrower on average."""
+  _, params = _mlp()
+  hyper = shifted_box(5, params, 0.005)
+  box = bj.Interval(jnp.zeros((1, D_IN)), jnp.ones((1, D_IN)))
+  out = bj.difference(layers_fn)(params, hyper, box)
+  sep_ref = bj.ibp(layers_fn)(params, box)
+  sep_oth = bj.ibp(layers_fn)(hyper, box)
+  ratios = []
+  for o, r, h in zip(out, sep_ref, sep_oth):
+    nl, nh = np.asarray(h.lower - r.upper), np.asarray(h.upper - r.lower)
+    dl, dh = np.asarray(o.delta.lower), np.asarray(o.delta.upper)
+    assert np.all(dl >= nl - 1e-6) and np.all(dh <= nh + 1e-6)
+    ratios.append(float(np.mean(dh - dl) / np.mean(nh - nl)))
+  print("mean width ratio delta / (IBP(N#) - IBP(N)) per layer output:",
+        [f"{r:.3f}" for r in ratios])
+  assert max(ratios) < 0.2, ratios
+
+
+def _stacked_eval(fn, params, members, x):
+  """``fn`` at N (vmapped over inputs) and at every member (numpy loop over members)."""
+  f = jax.jit(jax.vmap(fn, in_axes=(None, 0)))
+  ref = f(params, x)
+  n = jax.tree_util.tree_leaves(members)[0].shape[0]
+  outs = [f(jax.tree_util.tree_map(lambda a: a[i], members), x) for i in range(n)]
+  return ref, jax.tree_util.tree_map(lambda *a: np.stack(a), *outs)
+
+
+def test_form_both_within_paper_and_matrix_first():
+  """The intersected form is inside the paper form, also when the product is written W @ h."""
+  def fn(p, x):
+    h = jax.nn.relu(p["w1"] @ x + p["b1"])
+    return p["w2"] @ h + p["b2"]
+
+  rng = np.random.default_rng(4)
+  p = {"w1": rng.normal(size=(10, 5)), "b1": rng.normal(size=10),
+       "w2": rng.normal(size=(3, 10)), "b2": rng.normal(size=3)}
+  p = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), p)
+  hyper = shifted_box(9, p, 0.02)
+  box = bj.Interval(jnp.zeros(5), jnp.ones(5))
+  both = bj.difference(fn)(p, hyper, box)
+  paper = bj.difference(fn, form="paper")(p, hyper, box)
+  assert np.all(both.delta.lower >= paper.delta.lower - 1e-6)
+  assert np.all(both.delta.upper <= paper.delta.upper + 1e-6)
+  x = np_sample_box(rng, box, 100)
+  members = np_sample_tree(rng, hyper, 100)
+  ref, other = _stacked_eval(fn, p, members, x)
+  assert check(both, ref, other, "W @ h") >= 10_000
+
+
+def test_elementwise_products_and_ops():
+  """mul of two dependent values, min, reduce_max, concatenate, slices, division by a constant."""
+  def fn(p, x):
+    a = x * p["s"] + p["t"]                 # mul of box and parameter
+    b = a * a[::-1]                         # mul of two dependent values
+    c = jnp.minimum(a, 0.3) - jnp.maximum(b, a)
+    d = jnp.concatenate([c, jnp.max(c, keepdims=True), a[:2] / 4.0])
+    return jnp.sum(d.reshape(-1, 1) * jnp.ones((1, 2)), axis=0), d
+
+  rng = np.random.default_rng(8)
+  p = {"s": jnp.asarray(rng.normal(size=6), jnp.float32),
+       "t": jnp.asarray(rng.normal(size=6), jnp.float32)}
+  hyper = shifted_box(2, p, 0.05, 0.01)
+  box = bj.Interval(jnp.full(6, -0.5), jnp.full(6, 0.8))
+  out = bj.difference(fn)(p, hyper, box)
+  x = np_sample_box(rng, box, 100)
+  members = np_sample_tree(rng, hyper, 100)
+  ref, other = _stacked_eval(fn, p, members, x)
+  for i in range(2):
+    assert check(out[i], ref[i], other[i], f"output {i}") >= 10_000
+
+
+@pytest.mark.slow
+def test_real_leave_one_out_members():
+  """Real retrained networks: N and leave-one-out members on breast_cancer."""
+  from sklearn.datasets import load_breast_cancer
+
+  from boundjax import ensembles, hypernet
+
+  data = load_breast_cancer()
+  x = data.data.astype(np.float32)
+  x = (x - x.min(0)) / np.maximum(x.max(0) - x.min(0), 1e-12)
+  y = data.target.astype(np.int32)
+  model = MLP(hidden=(16,), out=2)
+  init = model.init(jax.random.PRNGKey(0), x[:1])
+  removed = ensembles.leave_k_out(np.arange(0, 569, 24))
+  ens = ensembles.train_ensemble(model, init, ensembles.sgd(0.1), x, y, removed, epochs=2,
+                                 batch_size=64, seed=0, chunk_size=32, progress=False)
+  hyper = hypernet.from_ensemble(ens.params)
+  box = bj.Interval(jnp.zeros((1, 30)), jnp.ones((1, 30)))
+  out = bj.difference(layers_fn)(ens.full, hyper, box)
+  xs = np.concatenate([x, np_sample_box(np.random.default_rng(0), box, 200)[:, 0]])
+  ref = np_layers(ens.full, xs)
+  other = np_layers(ens.params, xs, stacked=True)
+  for i, bnd in enumerate(out):
+    assert check(bnd, ref[i], other[i], f"LOO members, output {i}") >= 10_000
+  naive = out[-1].naive_delta()
+  assert np.mean(out[-1].delta.upper - out[-1].delta.lower) < 0.5 * np.mean(
+      naive.upper - naive.lower)
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors
+
+def test_errors():
+  model, params = _mlp()
+  hyper = shifted_box(0, params, 0.01)
+  box = bj.Interval(jnp.zeros((1, D_IN)), jnp.ones((1, D_IN)))
+  with pytest.raises(bj.UnsupportedPrimitiveError, match="difference domain.*exp"):
+    bj.difference(lambda p, x: jnp.exp(model.apply(p, x)))(params, hyper, box)
+  with pytest.raises(ValueError, match="structure"):
+    bj.difference(model.apply)(params, {"params": {}}, box)
+  bad = jax.tree_util.tree_map(lambda a: a[..., :1], params)
+  with pytest.raises(ValueError, match="shape"):
+    bj.difference(model.apply)(params, bad, box)
+  with pytest.raises(ValueError, match="form"):
+    bj.difference(model.apply, form="reluDiff")
+  with pytest.raises(bj.UnsupportedPrimitiveError, match="div"):
+    bj.difference(lambda p, x: 1.0 / model.apply(p, x))(params, hyper, box)
