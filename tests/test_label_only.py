@@ -211,13 +211,15 @@ def test_bad_inputs_raise():
 # ---------------------------------------------------------------------------------------------
 
 N_PER_CLASS, FEATURES = 15, (7, 20, 21)   # mean concave points, worst radius, worst texture
+N_CHECKED = 8                              # members also bounded one by one (per_member_betas)
 
 
 @pytest.fixture(scope="module")
 def family():
   """N and all |D| = 30 leave-one-out networks of a 3-6-6-2 MLP on a balanced breast_cancer
   subset (SGD lr 0.5, batch 8, 60 epochs: test accuracy ~0.94, members that visibly disagree),
-  with β from per-member MILPs (sound; exact up to the slack), and probe inputs."""
+  with β from `milp.idpdb` (LUCID's branch-and-bound), per-member MILP bounds for the first
+  members (an independent encoding), and probe inputs."""
   from boundjax.data import load_sklearn
   ds = load_sklearn("breast_cancer")
   rng = np.random.default_rng(0)
@@ -231,11 +233,13 @@ def family():
                          E.leave_k_out(np.arange(len(idx))), epochs=60, batch_size=8, seed=0,
                          progress=False)
   members = ens.select(np.arange(1, len(idx) + 1)).params
-  res = L.per_member_betas(ens.full, members, time_limit=20.0)
+  betas, info = L.compute_betas(ens.full, members, method="idpdb", node_time_limit=20.0)
+  sub = jax.tree_util.tree_map(lambda a: a[:N_CHECKED], members)
+  res = L.per_member_betas(ens.full, sub, time_limit=20.0)
   probe = _probe_inputs(model, ens.full, ds.x_test[:, cols])
   member_labels = np.asarray(jax.vmap(model.apply, in_axes=(0, None))(members, probe)).argmax(-1)
-  return dict(model=model, params=ens.full, members=members, betas=res.betas, res=res,
-              probe=probe, member_labels=member_labels)
+  return dict(model=model, params=ens.full, members=members, betas=betas, info=info, res=res,
+              sub=sub, probe=probe, member_labels=member_labels)
 
 
 def _probe_inputs(model, params, x_test, n_random=3000, seed=0):
@@ -260,7 +264,7 @@ def _probe_inputs(model, params, x_test, n_random=3000, seed=0):
 def test_unnoised_labels_are_every_members_label(family):
   model, params, members, betas = (family[k] for k in ("model", "params", "members", "betas"))
   x, member_labels = family["probe"], family["member_labels"]
-  assert family["res"].proven
+  assert all(family["info"]["exact"].values())
   ans = L.LabelOnlyGuard(model.apply, params, betas, 0.0, seed=0).query_batch(x)
   disagree = np.any(member_labels != ans.labels[None], axis=0) & ~ans.noised
   assert not disagree.any(), f"{int(disagree.sum())} un-noised answers some member disagrees with"
@@ -283,23 +287,29 @@ def test_unnoised_labels_are_every_members_label(family):
   assert np.array_equal(labels[~noised], pred[~noised])
 
 
-def test_per_member_bounds_hold_per_member_and_are_not_vacuous(family):
-  """Each member's MILP value bounds N's confidence wherever that member disagrees (sampled),
-  and the largest one is within a factor 2 of a sampled leaking confidence."""
-  model, params, table = family["model"], family["params"], family["res"].per_member
+def test_per_member_bounds_hold_per_member_and_agree_with_idpdb(family):
+  """Each member's MILP value bounds N's confidence wherever that member disagrees (sampled), is
+  within a factor 2 of a sampled leaking confidence, and the per-member β of the first members
+  equals LUCID's branch-and-bound over the same members (two independent encodings)."""
+  model, params, res = family["model"], family["params"], family["res"]
+  table = res.per_member
+  assert res.proven and table.shape == (N_CHECKED, 2)
   z = np.asarray(model.apply(params, family["probe"]))
-  pred, conf = z.argmax(1), z[:, 1] - z[:, 0]
+  conf = z[:, 1] - z[:, 0]
   conf_c = np.stack([-conf, conf], 1)                      # C^c_N for c = 0, 1
   for c in (0, 1):
     seen = []
-    for i, ml in enumerate(family["member_labels"]):
+    for i, ml in enumerate(family["member_labels"][:N_CHECKED]):
       hit = ml != c
       if hit.any():
         assert conf_c[hit, c].max() <= table[i, c] + 1e-4, (i, c)
         seen.append(conf_c[hit, c].max())
     assert max(seen) >= 0.5 * table[:, c].max() > 0
-    b = float(table[:, c].max())
-    assert family["betas"][c] == pytest.approx(b + 1e-4 * (1 + abs(b)))
+  betas, info = L.compute_betas(params, family["sub"], method="idpdb", node_time_limit=20.0)
+  for c in (0, 1):
+    assert info["raw"][c] == pytest.approx(table[:, c].max(), rel=1e-3, abs=1e-4)
+    assert res.betas[c] == pytest.approx(L.guard_beta(table[:, c].max()))
+  assert L.guard_beta(-np.inf) == 0.0 and L.guard_beta(np.nan) == np.inf
 
 
 # ---------------------------------------------------------------------------------------------

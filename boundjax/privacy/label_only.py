@@ -787,10 +787,59 @@ def per_member_betas(params: PyTree, members: PyTree, *, classes: Sequence[int] 
     for j, c in enumerate(cls):
       table[i, j], ok = _per_member_bound(net, m, c, cfg)
       proven &= ok
-  betas = {}
-  for j, c in enumerate(cls):
-    b = float(table[:, j].max()) if len(nets) else -math.inf
-    betas[c] = 0.0 if b == -math.inf else (math.inf if not math.isfinite(b) else
-                                          b + slack * (1 + abs(b)))
+  betas = {c: guard_beta(float(table[:, j].max()) if len(nets) else -math.inf, slack)
+           for j, c in enumerate(cls)}
   return MemberBetas(betas, table, bool(proven), time.perf_counter() - t0,
                      len(nets) * len(cls) * (1 if net.output == "sign" else net.num_classes - 1))
+
+
+def guard_beta(beta: float, slack: float = 1e-4) -> float:
+  """A solver's β made safe for the guard: ``β + slack (1 + |β|)`` for finite β (covers the
+  solver's tolerances and the guard's float32 forward pass), ``+inf`` for NaN or ``+inf`` (noise
+  everything: sound), and ``0.0`` for ``-inf`` (no member can ever disagree; 0 keeps ties
+  noised)."""
+  b = float(beta)
+  if math.isnan(b) or b == math.inf:
+    return math.inf
+  if b == -math.inf:
+    return 0.0
+  return b + slack * (1.0 + abs(b))
+
+
+def compute_betas(params: PyTree, members: PyTree, *, method: str = "auto",
+                  time_limit: float | None = None, node_time_limit: float | None = 60.0,
+                  slack: float = 1e-4, progress: bool = False) -> tuple[dict[int, float], dict]:
+  """β per class for N (Flax MLP ``params``) and its leave-one-out family (stacked ``members``).
+
+  ``method``: ``"idpdb"`` (`milp.idpdb.betas`, LUCID's branch-and-bound with matching
+  dependencies and relax-if-similar), ``"per_member"`` (`per_member_betas`), or ``"auto"``
+  (idpdb when importable). Every value is a sound upper bound (a dual bound), passed through
+  `guard_beta`. β is sound for *this* family: the guard is iDP for D only if ``members`` holds
+  every leave-one-out network of D. Returns ``(betas, info)``.
+  """
+  if method not in ("auto", "idpdb", "per_member"):
+    raise ValueError(f"compute_betas: method must be 'auto', 'idpdb' or 'per_member', "
+                     f"got {method!r}.")
+  t0 = time.perf_counter()
+  if method in ("auto", "idpdb"):
+    try:
+      from milp import idpdb
+    except ImportError:
+      if method == "idpdb":
+        raise
+      idpdb = None
+    if idpdb is not None:
+      cfg = idpdb.IdpDbConfig(node_time_limit=node_time_limit, total_time_limit=time_limit)
+      res = idpdb.betas(None, params, members, cfg, progress=progress)
+      betas = {c: guard_beta(r.beta, slack) for c, r in res.items()}
+      return betas, {"method": "milp.idpdb.lucid_compute", "raw": {c: float(r.beta)
+                                                                 for c, r in res.items()},
+                     "exact": {c: bool(r.exact) for c, r in res.items()},
+                     "n_milps": int(sum(r.n_milps for r in res.values())),
+                     "seconds": time.perf_counter() - t0}
+  res = per_member_betas(params, members, time_limit=node_time_limit or 30.0, slack=slack,
+                         progress=progress)
+  return res.betas, {"method": "per-member MILPs", "raw": {
+      c: float(res.per_member[:, j].max()) for j, c in enumerate(res.betas)},
+      "exact": {c: res.proven for c in res.betas}, "n_milps": res.n_milps,
+      "seconds": time.perf_counter() - t0}
