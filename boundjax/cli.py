@@ -42,8 +42,12 @@ def _sections() -> dict[str, Callable[[], str]]:
     from boundjax.auditing import demo_section
     return demo_section()
 
+  def idp():
+    from boundjax.privacy.label_only import demo_section
+    return demo_section()
+
   return {"data": data, "bounds": bounds, "crown": crown, "ensembles": ensembles, "agt": agt,
-          "ldcp": ldcp, "barron": barron}
+          "ldcp": ldcp, "barron": barron, "idp": idp}
 
 
 def demo(only: list[str] | None = None, json_path: str | None = None) -> int:
