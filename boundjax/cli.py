@@ -1,7 +1,7 @@
 """The `boundjax` command.
 
     boundjax demo                 every section on embedded data (scikit-learn datasets, blobs)
-    boundjax demo --only bounds   one section: data, bounds, crown, ensembles, agt, ldcp, barron
+    boundjax demo --only bounds   one section: data, bounds, crown, ensembles, agt, ldcp, barron, idp
 """
 
 from __future__ import annotations
