@@ -16,11 +16,14 @@ Measured:
   code does per process), for reference;
 * the largest parameter difference between loop-trained and vmapped members (must be <= 1e-6);
 * extrapolated time for all 32,562 networks (N + every leave-one-out network);
+* CPU seconds per member of both (``time.process_time``: summed over threads, and robust to
+  other jobs on a shared machine, unlike wall-clock time);
 * the FLOP floor: one network's training is ``epochs * n * 2 * (3 F - d_0 d_1)`` floating-point
   operations (F = multiply-adds of one forward pass; the backward pass computes weight gradients,
   F, and input gradients of every layer but the first), divided by the best rate of a large
-  float32 matrix product measured in the same process. No schedule of the arithmetic can beat it,
-  so ``loop seconds per network / floor`` bounds the achievable vmapped-over-loop ratio.
+  float32 matrix product measured in the same process (per wall second and per CPU second). No
+  schedule of the arithmetic can beat it, so ``loop seconds per network / floor`` bounds the
+  achievable vmapped-over-loop ratio.
 
 On a CPU, chunks of 8-16 members are fastest for this model (the activations of a chunk stay in
 cache; 64 members are ~3x slower per member on a 2-core machine); on a GPU use large chunks.
@@ -55,10 +58,11 @@ def _block(tree):
 
 
 def time_loop(model, params, opt, x, y, rows, kw):
-  nets, t = [], time.perf_counter()
+  """Trains ``rows`` one at a time; returns the networks, wall seconds and CPU seconds."""
+  nets, t, c = [], time.perf_counter(), time.process_time()
   for r in rows:
     nets.append(_block(E.train_single(model, params, opt, x, y, r, **kw)))
-  return nets, time.perf_counter() - t
+  return nets, time.perf_counter() - t, time.process_time() - c
 
 
 def time_step_loop(model, params, opt, x, y, row, kw, seed):
@@ -92,16 +96,17 @@ def mlp_flops_per_network(sizes, n, epochs):
 
 
 def gemm_peak_flops(size=1024, reps=10):
-  """Best float32 rate of a ``size``-cubed matrix product on this device (FLOP/s)."""
+  """Best float32 rate of a ``size``-cubed matrix product on this device: (FLOP per wall second,
+  FLOP per CPU second of this process, i.e. summed over the threads that ran it)."""
   a = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32)
   mm = jax.jit(lambda u, v: u @ v)
   mm(a, a).block_until_ready()
-  best = float("inf")
+  wall = cpu = float("inf")
   for _ in range(reps):
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     mm(a, a).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return 2 * size ** 3 / best
+    wall, cpu = min(wall, time.perf_counter() - t), min(cpu, time.process_time() - c)
+  return 2 * size ** 3 / wall, 2 * size ** 3 / max(cpu, 1e-9)
 
 
 def main(argv=None):
@@ -140,25 +145,27 @@ def main(argv=None):
 
   # Interleaved rounds (the machine may be shared): one vmapped chunk, then --loop networks of
   # that chunk trained one at a time; both sums see the same load.
-  vmapped = loop = 0.0
+  vmapped = loop = vm_cpu = loop_cpu = 0.0
   n_vm = n_loop = 0
   check = []
   for c in tqdm(range(0, args.members, args.chunk), desc="rounds", unit="chunk"):
     rows = removed[c:min(c + args.chunk, args.members)]
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     ens = E.train_ensemble(model, params, opt, x, y, rows, chunk_size=args.chunk,
                            progress=False, **kw)
     vmapped += time.perf_counter() - t
+    vm_cpu += time.process_time() - cpu
     n_vm += ens.n_members
-    nets, secs = time_loop(model, params, opt, x, y, rows[:args.loop], kw)
+    nets, secs, cpu_secs = time_loop(model, params, opt, x, y, rows[:args.loop], kw)
     loop += secs
+    loop_cpu += cpu_secs
     n_loop += len(nets)
     check += [max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
         jax.tree_util.tree_leaves(net), jax.tree_util.tree_leaves(ens.member(i))))
         for i, net in enumerate(nets)]
   _, step_loop = time_step_loop(model, params, opt, x, y, removed[1], kw, args.seed)
 
-  peak = gemm_peak_flops()
+  peak, peak_cpu = gemm_peak_flops()
   flops = mlp_flops_per_network([x.shape[1], 50, 50, 1], int(x.shape[0]), args.epochs)
 
   loop_rate = n_loop / loop
@@ -176,6 +183,8 @@ def main(argv=None):
       members_per_second=dict(loop=loop_rate, vmapped=vm_rate, step_loop=step_rate),
       speedup_vmapped_over_loop=vm_rate / loop_rate,
       speedup_vmapped_over_step_loop=vm_rate / step_rate,
+      cpu_seconds_per_member=dict(loop=loop_cpu / n_loop, vmapped=vm_cpu / n_vm),
+      speedup_vmapped_over_loop_cpu_time=(loop_cpu / n_loop) / (vm_cpu / n_vm),
       extrapolated_seconds_all_32562=dict(loop=ALL_NETWORKS / loop_rate,
                                           vmapped=ALL_NETWORKS / vm_rate,
                                           step_loop=ALL_NETWORKS / step_rate),
@@ -184,13 +193,18 @@ def main(argv=None):
                       floor_seconds_per_network=flops / peak,
                       achieved_gflops=dict(loop=flops * loop_rate / 1e9,
                                            vmapped=flops * vm_rate / 1e9),
-                      max_ratio_over_loop=peak / (flops * loop_rate)),
+                      max_ratio_over_loop=peak / (flops * loop_rate),
+                      gemm_peak_gflops_per_cpu_second=peak_cpu / 1e9,
+                      floor_cpu_seconds_per_network=flops / peak_cpu,
+                      max_ratio_over_loop_cpu_time=(loop_cpu / n_loop) / (flops / peak_cpu)),
       note=("float32: vmapped and alone agree to ~1e-7 after one epoch; after ten epochs with "
             "L1 they drift to ~1e-4, because the L1 subgradient coef*sign(w) jumps when a "
             "rounding difference moves a parameter across zero (without L1: <= 3e-7). In float64 "
             "they agree to ~1e-16 (tests/test_ensembles.py, slow test). A CPU has no spare "
-            "arithmetic for vmap to use: one 2x50 network with batch 1024 already runs its "
-            "matmuls near the cores' throughput, so the gain is the batched programme's. XLA "
+            "arithmetic for vmap to use: the single-network program already spends most of its "
+            "CPU time in GEMMs near the cores' peak (compare cpu_seconds_per_member with "
+            "flop_floor.floor_cpu_seconds_per_network; wall-clock rates move +-50% when the "
+            "machine is shared, CPU seconds much less). XLA "
             "already turns the shared-input products of the first layer into single GEMMs over "
             "the concatenated members (X @ [W_1 .. W_M] and its weight gradient). flop_floor "
             "bounds the achievable ratio. train_single reuses a cached data order; before that "
@@ -210,6 +224,11 @@ def main(argv=None):
     print(f"{name:<34}{rate:>11.2f}{rate / loop_rate:>9.2f}{secs / 3600:>12.2f} h")
   print(f"compile: loop {loop_compile:.1f} s; first vmapped chunk (with compile) {first_chunk:.1f} s")
   print(f"max |vmapped - trained alone| = {result['max_abs_diff_vmapped_vs_alone']:.2e}")
+  print(f"CPU seconds per member (robust to other jobs on the machine): loop "
+        f"{loop_cpu / n_loop:.3f}, vmapped {vm_cpu / n_vm:.3f} "
+        f"({result['speedup_vmapped_over_loop_cpu_time']:.2f}x); FLOP floor "
+        f"{flops / peak_cpu:.3f} CPU s -> at most "
+        f"{result['flop_floor']['max_ratio_over_loop_cpu_time']:.1f}x over the loop")
   print(f"FLOP floor: {flops / 1e9:.2f} GFLOP per network; GEMM peak {peak / 1e9:.0f} GFLOP/s -> "
         f"{flops / peak:.3f} s per network; achieved: loop {flops * loop_rate / 1e9:.0f}, vmapped "
         f"{flops * vm_rate / 1e9:.0f} GFLOP/s; no vmapped run can beat the loop by more than "
