@@ -1,0 +1,377 @@
+"""Soundness tests of milp.idpdb: the iDP-DB node MILP, LUCID-Compute and the naive baseline.
+
+Ground truths: hand-made families whose beta*_c is known in closed form, and small real
+leave-one-out families (breast_cancer, 4 features scaled to [0, 1], a 2x8 MLP, masked SGD as
+LUCID trains) where the per-member MILPs give the exact beta*_c. Every bound is attacked: BaB >=
+exact, incumbents replayed in float64, and a vmapped projected-gradient search for disagreeing
+inputs of high confidence (LUCID spec §3, properties 2, 4, 7, 8, 11, 12).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from milp import idpdb
+from milp import network as net_lib
+from milp.ldcp import Family, family_from_stacked
+from milp.network import AffineLayer, Network
+
+TOL = 1e-5
+FAST = idpdb.IdpDbConfig(node_time_limit=30.0)
+PLAIN = dataclasses.replace(FAST, matching=False, matching_pre=False, relax=False)
+
+
+# ------------------------------------------------------------------------------------------------
+# Fixtures
+# ------------------------------------------------------------------------------------------------
+
+def _toy(biases, output="logits"):
+  """N: h = relu(x) (2 inputs), logits (h1, h2) or sign h1 - h2; member i shifts by ``b_i``.
+
+  logits: member i has logits (h1, h2 + b_i); C^0_N = x1 - x2, and member i disagrees with
+  class 0 iff x1 - x2 <= b_i, so beta*_0 = max b (when <= 1) and beta*_1 = -min b.
+  sign: member i outputs h1 - h2 - b_i; the same betas for classes 1 and 0.
+  """
+  eye = np.eye(2)
+  hid = AffineLayer.point(eye, np.zeros(2))
+  if output == "logits":
+    out = lambda b: AffineLayer.point(eye, np.array([0.0, b]))
+  else:
+    out = lambda b: AffineLayer.point(np.array([[1.0, -1.0]]), np.array([-b]))
+  net = Network((hid, out(0.0)), (2,), output)
+  members = [Network((hid, out(b)), (2,), output) for b in biases]
+  return net, members
+
+
+FIG3_BIASES = [0.1, 0.0, 0.1, 0.3]   # the bias of z_{1,1} across Fig. 3's four networks
+
+
+def _breast_cancer(n_points=80, n_members=12, hidden=(8, 8), epochs=40, seed=0):
+  from sklearn.datasets import load_breast_cancer
+
+  from boundjax import ensembles
+  from boundjax.models import MLP
+  X, y = load_breast_cancer(return_X_y=True)
+  X = X[:, [0, 1, 20, 27]]
+  X = (X - X.min(0)) / (X.max(0) - X.min(0))
+  rows = np.random.default_rng(seed).choice(len(X), n_points, replace=False)
+  X, y = X[rows].astype(np.float32), y[rows].astype(np.int32)
+  model = MLP(hidden=hidden, out=2)
+  init = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, X.shape[1])))
+  ens = ensembles.train_ensemble(model, init, ensembles.sgd(0.1, weight_decay=1e-5), X, y,
+                                 ensembles.leave_k_out(np.arange(n_members)), epochs=epochs,
+                                 batch_size=16, seed=seed, progress=False)
+  full = ens.full
+  members = jax.tree_util.tree_map(lambda a: np.asarray(a)[1:], ens.params)
+  return full, members, X
+
+
+@pytest.fixture(scope="module")
+def real():
+  full, stacked, X = _breast_cancer()
+  net = net_lib.from_params(full)
+  fam = family_from_stacked(stacked)
+  naive = {c: idpdb.naive_compute(net, fam, c, PLAIN) for c in (0, 1)}
+  return dict(full=full, stacked=stacked, net=net, fam=fam, naive=naive, X=X)
+
+
+# ------------------------------------------------------------------------------------------------
+# Closed-form families
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("output", ["logits", "sign"])
+def test_toy_closed_form(output):
+  net, members = _toy(FIG3_BIASES, output)
+  top, bottom = (0, 1) if output == "logits" else (1, 0)
+  for label, want in ((top, max(FIG3_BIASES)), (bottom, -min(FIG3_BIASES))):
+    res = idpdb.lucid_compute(net, members, label, PLAIN, progress=False)
+    assert res.exact and abs(res.beta - want) < TOL, (label, res.beta, want)
+    nv = idpdb.naive_compute(net, members, label, PLAIN)
+    assert nv.exact and abs(nv.beta - want) < TOL
+    assert abs(res.lower - want) < TOL   # the maximiser is confirmed on a real member
+    # root hyper-network: bias box [0, 0.3] gives the same bound; anytime is non-increasing
+    assert res.tree[0].members.size == len(members)
+    bounds = [b for _, b in res.anytime]
+    assert all(a >= b - 1e-12 for a, b in zip(bounds, bounds[1:]))
+    assert bounds[-1] == res.beta
+
+
+def test_toy_bab_prunes_like_fig3():
+  """Fig. 3: the root is split and the search stops at the singleton holding the maximum."""
+  net, members = _toy(FIG3_BIASES)
+  res = idpdb.lucid_compute(net, members, 0, PLAIN, progress=False)
+  assert res.exact and abs(res.beta - 0.3) < TOL
+  assert res.n_milps < 1 + 2 * len(members)
+  popped_last = [r for r in res.tree if r.members.size == 1 and abs(r.bound - 0.3) < TOL]
+  assert popped_last and int(popped_last[0].members[0]) == 3
+
+
+def test_self_bound_is_not_positive():
+  """Spec §3 property 13: with S = {N} itself, beta <= 0 (N cannot disagree with itself)."""
+  net, _ = _toy([0.0])
+  for label in (0, 1):
+    res = idpdb.node_bound(net, net, label, FAST)
+    assert res.upper <= TOL
+
+
+def test_infeasible_when_no_member_can_disagree():
+  """A member that always predicts class 0 on [0,1]^2 cannot disagree with class 0: -inf."""
+  net, _ = _toy([0.0])
+  hid = net.layers[0]
+  always0 = Network((hid, AffineLayer.point(np.eye(2), np.array([5.0, 0.0]))), (2,), "logits")
+  res = idpdb.node_bound(net, always0, 0, FAST)
+  assert res.upper == -math.inf and res.status == "INFEASIBLE"
+  out = idpdb.lucid_compute(net, [always0, always0], 0, PLAIN, progress=False)
+  assert out.beta == -math.inf and out.exact
+
+
+def test_three_classes_big_m():
+  """Multi-class disagreement via big-M over alpha: BaB (exact mode) equals the naive maximum."""
+  rng = np.random.default_rng(3)
+  w1, b1 = rng.normal(size=(6, 3)), rng.normal(size=6) * 0.3
+  w2, b2 = rng.normal(size=(3, 6)), rng.normal(size=3) * 0.3
+  net = Network((AffineLayer.point(w1, b1), AffineLayer.point(w2, b2)), (3,), "logits")
+  members = [Network((AffineLayer.point(w1 + 0.05 * rng.normal(size=w1.shape), b1),
+                      AffineLayer.point(w2 + 0.05 * rng.normal(size=w2.shape),
+                                        b2 + 0.05 * rng.normal(size=3))), (3,), "logits")
+             for _ in range(5)]
+  for label in range(3):
+    nv = idpdb.naive_compute(net, members, label, PLAIN)
+    bb = idpdb.lucid_compute(net, members, label, PLAIN, progress=False)
+    md = idpdb.lucid_compute(net, members, label, FAST, progress=False)
+    assert nv.exact and bb.exact
+    assert abs(bb.beta - nv.beta) < 1e-4, (label, bb.beta, nv.beta)
+    assert md.beta >= nv.beta - TOL
+    _replay_sampled(net, idpdb.as_family(members), label, nv.beta, n=20000, seed=label)
+
+
+# ------------------------------------------------------------------------------------------------
+# Real leave-one-out families
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("label", [0, 1])
+@pytest.mark.parametrize("md,ris", [(True, True), (False, False), (True, False)])
+def test_bab_at_least_exact(real, label, md, ris):
+  cfg = dataclasses.replace(FAST, matching=md, matching_pre=md, relax=ris)
+  exact = real["naive"][label]
+  assert exact.exact and exact.complete
+  res = idpdb.lucid_compute(real["net"], real["fam"], label, cfg, progress=False)
+  assert res.beta >= exact.beta - TOL, (res.beta, exact.beta)
+  assert all(b >= res.beta - 1e-12 for _, b in res.anytime)
+  assert res.lower <= exact.beta + TOL  # a confirmed leaking confidence never exceeds beta*
+  if not ris:  # no relaxation, no time-out: BaB is exact (spec §3 property 4; MD is implied, 7)
+    assert res.exact
+    assert abs(res.beta - exact.beta) < 1e-4, (res.beta, exact.beta)
+
+
+def test_root_hyper_network_over_approximates(real):
+  """Spec §3 property 2: beta_{c,S} >= beta_{c,{i}} for every member of S."""
+  net, fam = real["net"], real["fam"]
+  for label in (0, 1):
+    root = idpdb.node_bound(net, idpdb.hyper_of(fam, np.arange(fam.size)), label, FAST)
+    assert root.upper >= np.max(real["naive"][label].per_member) - TOL
+    half = idpdb.node_bound(net, idpdb.hyper_of(fam, np.arange(fam.size // 2)), label, PLAIN)
+    assert half.upper >= np.max(real["naive"][label].per_member[: fam.size // 2]) - TOL
+
+
+def test_incumbents_replay(real):
+  """Every incumbent: C_N(x) >= incumbent - tol, incumbent <= bound; on a singleton without RiS
+  the member disagrees at x, and on a hyper-network the rebuilt member from the trace does."""
+  net, fam = real["net"], real["fam"]
+  checked = 0
+  for label in (0, 1):
+    for rows in (np.arange(fam.size), np.arange(3), np.array([int(real["naive"][label].argmax)])):
+      res = idpdb.node_bound(net, idpdb.hyper_of(fam, rows), label, PLAIN)
+      assert res.x is not None and np.all((res.x >= 0) & (res.x <= 1))
+      assert res.x_confidence >= res.incumbent - TOL
+      assert res.incumbent <= res.upper + TOL
+      assert res.witness_margin <= TOL
+      outs = fam.select(rows).outputs(res.x[None])[:, 0, :]
+      if rows.size == 1:
+        assert idpdb.confidence(net, outs, label)[0] <= TOL
+      checked += 1
+  assert checked == 6
+
+
+def _margin_fns(net: Network, fam: Family, label: int):
+  """JAX confidences of N and of every member for PGD (float32)."""
+  ws = [jnp.asarray(w, jnp.float32) for w in fam.ws]
+  bs = [jnp.asarray(b, jnp.float32) for b in fam.bs]
+  nw = [jnp.asarray(l.w_lower, jnp.float32) for l in net.layers]
+  nb = [jnp.asarray(l.b_lower, jnp.float32) for l in net.layers]
+
+  def conf(z):
+    if z.shape[-1] == 1:
+      return z[..., 0] if label == 1 else -z[..., 0]
+    others = jnp.delete(z, label, axis=-1, assume_unique_indices=True)
+    return z[..., label] - jnp.max(others, axis=-1)
+
+  def n_conf(x):
+    h = x
+    for m, (w, b) in enumerate(zip(nw, nb)):
+      h = w @ h + b
+      h = jax.nn.relu(h) if m < len(nw) - 1 else h
+    return conf(h)
+
+  def member_conf(x):
+    h = jnp.broadcast_to(x, (fam.size, x.size))
+    for m, (w, b) in enumerate(zip(ws, bs)):
+      h = jnp.einsum("koi,ki->ko", w, h) + b
+      h = jax.nn.relu(h) if m < len(ws) - 1 else h
+    return conf(h)
+
+  return n_conf, member_conf
+
+
+def _pgd(net, fam, label, starts=512, steps=300, lam=20.0, lr=0.02, seed=0):
+  """Projected gradient ascent on C_N(x) - lam * relu(min_i C_i(x)) from many starts, vmapped."""
+  n_conf, member_conf = _margin_fns(net, fam, label)
+
+  def objective(x):
+    return n_conf(x) - lam * jax.nn.relu(jnp.min(member_conf(x)) + 1e-4)
+
+  grad = jax.vmap(jax.grad(objective))
+
+  @jax.jit
+  def run(x0):
+    def step(x, _):
+      return jnp.clip(x + lr * jnp.sign(grad(x)), 0.0, 1.0), None
+    x, _ = jax.lax.scan(step, x0, None, length=steps)
+    return x
+
+  x0 = jax.random.uniform(jax.random.PRNGKey(seed), (starts, net.input_size))
+  xs = np.asarray(run(x0), np.float64)
+  outs_n = net_lib.forward_batch(net, xs)
+  c_n = idpdb.confidence(net, outs_n, label)
+  c_m = idpdb.confidence(net, fam.outputs(xs), label)        # (K, n)
+  leaking = np.min(c_m, axis=0) <= 0.0
+  return c_n, leaking
+
+
+def _replay_sampled(net, fam, label, beta, n=20000, seed=0):
+  xs = np.random.default_rng(seed).uniform(size=(n, net.input_size))
+  c_n = idpdb.confidence(net, net_lib.forward_batch(net, xs), label)
+  leaking = np.min(idpdb.confidence(net, fam.outputs(xs), label), axis=0) <= 0.0
+  assert leaking.any()
+  assert c_n[leaking].max() <= beta + TOL
+
+
+@pytest.mark.parametrize("label", [0, 1])
+def test_adversarial_search_never_beats_beta(real, label):
+  """Issue item 6c: no disagreeing input found by PGD (or uniform sampling) exceeds beta."""
+  net, fam = real["net"], real["fam"]
+  beta = real["naive"][label].beta
+  c_n, leaking = _pgd(net, fam, label, seed=label)
+  assert leaking.sum() >= 10           # the search does find leaking inputs ...
+  best = c_n[leaking].max()
+  assert best <= beta + TOL, (best, beta)  # ... and none above the exact bound
+  assert best >= 0.5 * beta            # and it is a real attack, not a vacuous one
+  _replay_sampled(net, fam, label, beta, seed=10 + label)
+
+
+def test_time_limits_stay_sound(real):
+  """Tiny per-node and total limits: the answer is still >= exact and flagged not exact."""
+  net, fam = real["net"], real["fam"]
+  for label in (0, 1):
+    exact = real["naive"][label].beta
+    node = dataclasses.replace(FAST, node_time_limit=1e-3)
+    res = idpdb.lucid_compute(net, fam, label, node, progress=False)
+    assert res.beta >= exact - TOL
+    assert any(r.status != "OPTIMAL" for r in res.tree)  # the limit did cut solves short
+    assert not res.exact
+    tot = dataclasses.replace(PLAIN, total_time_limit=0.3)
+    res = idpdb.lucid_compute(net, fam, label, tot, progress=False)
+    assert res.beta >= exact - TOL and not res.exact
+    assert res.timed_out
+    one = idpdb.node_bound(net, idpdb.hyper_of(fam, np.arange(fam.size)), label, FAST,
+                           time_limit=1e-3)
+    assert one.upper >= exact - TOL and not one.optimal
+
+
+def test_betas_from_flax_params(real):
+  out = idpdb.betas(None, real["full"], real["stacked"], PLAIN, progress=False)
+  assert set(out) == {0, 1}
+  for c, r in out.items():
+    assert abs(r.beta - real["naive"][c].beta) < 1e-4
+
+
+# ------------------------------------------------------------------------------------------------
+# Branching helpers and errors
+# ------------------------------------------------------------------------------------------------
+
+def test_elbow_and_partition():
+  assert idpdb.elbow_k([2, 4, 8], [100.0, 20.0, 15.0]) == 4
+  assert idpdb.elbow_k([2, 4, 8], [100.0, 60.0, 50.0]) == 4
+  assert idpdb.elbow_k([2, 4, 8], [100.0, 30.0, 29.0]) == 4
+  assert idpdb.elbow_k([2, 4, 8], [5.0, 5.0, 5.0]) == 2
+  assert idpdb.elbow_k([2], [1.0]) == 2
+  rng = np.random.default_rng(0)
+  centres = rng.normal(size=(4, 10)) * 10
+  feats = np.concatenate([c + rng.normal(size=(6, 10)) * 0.1 for c in centres])
+  rows = np.arange(24)
+  parts = idpdb.partition(feats, rows, idpdb.IdpDbConfig())
+  assert sorted(np.concatenate(parts).tolist()) == rows.tolist()
+  assert len(parts) == 4 and all(p.size == 6 for p in parts)
+  same = idpdb.partition(np.zeros((5, 3)), np.arange(5), idpdb.IdpDbConfig())
+  assert len(same) >= 2 and sorted(np.concatenate(same).tolist()) == list(range(5))
+  assert [p.tolist() for p in idpdb.partition(feats, np.array([3, 7]), idpdb.IdpDbConfig())] == [[3], [7]]
+
+
+def test_errors():
+  net, members = _toy(FIG3_BIASES)
+  wide = Network((AffineLayer.point(np.ones((3, 2)), np.zeros(3)),
+                  AffineLayer.point(np.ones((2, 3)), np.zeros(2))), (2,), "logits")
+  with pytest.raises(ValueError, match="mismatched architectures"):
+    idpdb.node_bound(net, wide, 0)
+  with pytest.raises(ValueError, match="mismatched architectures"):
+    idpdb.lucid_compute(net, [wide], 0, progress=False)
+  with pytest.raises(ValueError, match="layer shapes"):
+    idpdb.as_family([members[0], wide])
+  for bad in (2, -1):
+    with pytest.raises(ValueError, match="out of range"):
+      idpdb.node_bound(net, members[0], bad)
+    with pytest.raises(ValueError, match="out of range"):
+      idpdb.naive_compute(net, members, bad)
+  hyper = idpdb.hyper_of(idpdb.as_family(members), np.arange(4))
+  interval_first = Network((AffineLayer(np.eye(2) * 0.9, np.eye(2) * 1.1, np.zeros(2), np.zeros(2)),
+                            hyper.layers[1]), (2,), "logits")
+  with pytest.raises(ValueError, match="non-negative"):
+    idpdb.node_bound(net, interval_first, 0, input_lower=-1.0)
+  sign_net, _ = _toy([0.0], "sign")
+  with pytest.raises(ValueError):
+    idpdb.node_bound(net, sign_net, 0)
+  with pytest.raises(ValueError, match="tau"):
+    idpdb.IdpDbConfig(tau=-1)
+  with pytest.raises(ValueError, match="executor"):
+    idpdb.IdpDbConfig(executor="threads")
+  with pytest.raises(ValueError, match="kmeans_ks"):
+    idpdb.IdpDbConfig(kmeans_ks=(1, 2))
+
+
+# ------------------------------------------------------------------------------------------------
+# Heavier variants
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("solver,executor", [("scip", "serial"), ("highs", "process")])
+def test_larger_family_solvers_and_pool(solver, executor):
+  full, stacked, _ = _breast_cancer(n_points=120, n_members=30, hidden=(10, 10), seed=1)
+  net = net_lib.from_params(full)
+  fam = family_from_stacked(stacked)
+  cfg = dataclasses.replace(FAST, solver=solver, workers=2 if executor == "process" else 1,
+                            executor=executor)
+  for label in (0, 1):
+    exact = idpdb.naive_compute(net, fam, label, dataclasses.replace(PLAIN, solver=solver))
+    res = idpdb.lucid_compute(net, fam, label, cfg, progress=False)
+    assert res.beta >= exact.beta - TOL
+    plain = idpdb.lucid_compute(net, fam, label, dataclasses.replace(cfg, relax=False),
+                                progress=False)
+    assert plain.exact and abs(plain.beta - exact.beta) < 1e-4
+    c_n, leaking = _pgd(net, fam, label, starts=2048, steps=500, seed=100 + label)
+    assert leaking.any() and c_n[leaking].max() <= exact.beta + TOL
