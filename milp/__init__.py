@@ -11,4 +11,6 @@ Modules (OR-Tools MathOpt; SCIP, HiGHS, CP-SAT):
                           counterexamples.
 * `milp.ldcp`           — Sphynx's LDCP query, the naive ground truth, Sphynx end to end.
 * `milp.parallel`       — independent jobs over a process pool or Ray.
+* `milp.idpdb`          — LUCID's iDP deterministic bound: node MILP over N and a
+                          hyper-network, branch-and-bound over hyper-networks.
 """
