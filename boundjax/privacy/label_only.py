@@ -499,7 +499,7 @@ def train_alibi(apply_fn: ApplyFn, init_params: PyTree, x: Any, y: Any, epsilon:
   """ALIBI (Malek et al. 2021; spec §4.4): ε-label-DP training.
 
   1. `alibi_noisy_labels`: ``o_i = onehot(y_i) + Lap(2/ε)`` (the only access to the labels);
-  2. `alibi_posterior` with the class prior estimated from ``o`` (post-processing);
+  2. `alibi_posterior` with a uniform prior (post-processing);
   3. train on the soft labels (`train_soft_labels`); with ``iterations > 1`` the model's softmax
      on the training inputs becomes each example's prior and the model is retrained from the same
      initial parameters (ALIBI's iterative Bayesian inference; features are public under label
@@ -513,9 +513,7 @@ def train_alibi(apply_fn: ApplyFn, init_params: PyTree, x: Any, y: Any, epsilon:
     raise ValueError(f"train_alibi: iterations must be >= 1, got {iterations}.")
   t0 = time.perf_counter()
   noisy = alibi_noisy_labels(jax.random.PRNGKey(seed), y, n_classes, eps)
-  prior = np.clip(np.mean(noisy, axis=0), 1e-3, None)
-  prior = prior / prior.sum()
-  soft = alibi_posterior(noisy, eps, prior)
+  soft = alibi_posterior(noisy, eps)          # first round: uniform prior, as ALIBI starts
   params = init_params
   for it in range(iterations):
     params = train_soft_labels(apply_fn, init_params, x, soft, epochs=epochs,
