@@ -25,8 +25,9 @@ Measured:
   schedule of the arithmetic can beat it, so ``loop seconds per network / floor`` bounds the
   achievable vmapped-over-loop ratio.
 
-On a CPU, chunks of 8-16 members are fastest for this model (the activations of a chunk stay in
-cache; 64 members are ~3x slower per member on a 2-core machine); on a GPU use large chunks.
+On a CPU, chunks of 8-16 members are fastest for this model (measured on a shared 2-core machine,
+per member and epoch: 10-11 CPU ms and 10-20 wall ms with 16; 12.5 CPU ms and 26-32 wall ms with
+64; 12-13 CPU ms with 128-256); on a GPU use large chunks.
 
 Run:  JAX_PLATFORMS=cpu python benchmarks/ensembles.py [--members 256 --chunk 16 --loop 1]
 """
