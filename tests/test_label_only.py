@@ -220,10 +220,14 @@ def family():
   subset (SGD lr 0.5, batch 8, 60 epochs: test accuracy ~0.94, members that visibly disagree),
   with β from `milp.idpdb` (LUCID's branch-and-bound), per-member MILP bounds for the first
   members (an independent encoding), and probe inputs."""
+  return _make_family(N_PER_CLASS, seed=0)
+
+
+def _make_family(per_class: int, seed: int):
   from boundjax.data import load_sklearn
   ds = load_sklearn("breast_cancer")
-  rng = np.random.default_rng(0)
-  idx = np.sort(np.concatenate([rng.choice(np.flatnonzero(ds.y_train == c), N_PER_CLASS,
+  rng = np.random.default_rng(seed)
+  idx = np.sort(np.concatenate([rng.choice(np.flatnonzero(ds.y_train == c), per_class,
                                            replace=False) for c in (0, 1)]))
   cols = list(FEATURES)
   x, y = ds.x_train[idx][:, cols], ds.y_train[idx]
@@ -262,6 +266,16 @@ def _probe_inputs(model, params, x_test, n_random=3000, seed=0):
 
 
 def test_unnoised_labels_are_every_members_label(family):
+  _check_guard_soundness(family)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("per_class,seed", [(30, 1), (45, 2)])
+def test_unnoised_labels_are_every_members_label_larger_families(per_class, seed):
+  _check_guard_soundness(_make_family(per_class, seed))
+
+
+def _check_guard_soundness(family):
   model, params, members, betas = (family[k] for k in ("model", "params", "members", "betas"))
   x, member_labels = family["probe"], family["member_labels"]
   assert all(family["info"]["exact"].values())
@@ -380,3 +394,11 @@ def test_dpsgd_baseline_reaches_its_epsilon():
   _, info = L.train_dpsgd_baseline(model.apply, init, x, y, 1.0, epochs=1, batch_size=64)
   assert info["epsilon"] <= 1.0 + 1e-6 and info["noise_multiplier"] > 0
   assert info["delta"] == pytest.approx(1 / 256)
+
+
+@pytest.mark.slow
+def test_demo_section_runs(capsys):
+  from boundjax import cli
+  assert cli.main(["demo", "--only", "idp"]) == 0
+  out = capsys.readouterr().out
+  assert "beta_0 =" in out and "LUCID" in out and "Naive-iDP" in out
