@@ -41,7 +41,7 @@ superset of the real disagreement set, so every bound stays sound.
 Deviations from LUCID's public code (spec §7), on purpose: no 0.001 "not c" margin (ties count as
 disagreement: sound); RiS uses ``<=`` as the paper does (the code uses ``<``); the root set holds
 only the given members (the code adds N itself, which is harmless); the elbow k is used as
-found, raised to the worker count (the code caps it at 2 before raising it); children of a popped
+found (``max_k`` caps it; the code caps it at 2) and raised to the worker count; children of a popped
 node are solved together (the code's workers pop from a shared queue).
 """
 
@@ -97,6 +97,8 @@ class IdpDbConfig:
     ray_address: a Ray cluster address (implies ``executor="ray"``).
     seed: k-means seed.
     kmeans_ks: the candidate k of the elbow rule.
+    max_k: cap on the elbow k before it is raised to ``workers`` (``None``: no cap; LUCID's code
+      uses 2, which refines the anytime bound sooner when every MILP hits its time limit).
     tol: replay tolerance of incumbents.
   """
 
@@ -115,6 +117,7 @@ class IdpDbConfig:
   ray_address: str | None = None
   seed: int = 0
   kmeans_ks: tuple[int, ...] = (2, 4, 8)
+  max_k: int | None = None
   tol: float = 1e-5
 
   def __post_init__(self):
@@ -132,6 +135,8 @@ class IdpDbConfig:
       raise ValueError("IdpDbConfig: workers and threads must be >= 1.")
     if self.executor not in _EXECUTORS:
       raise ValueError(f"IdpDbConfig: executor must be one of {_EXECUTORS}, got {self.executor!r}.")
+    if self.max_k is not None and self.max_k < 2:
+      raise ValueError(f"IdpDbConfig: max_k must be >= 2 or None, got {self.max_k}.")
     if not self.kmeans_ks or any(int(k) < 2 for k in self.kmeans_ks):
       raise ValueError(f"IdpDbConfig: kmeans_ks must be integers >= 2, got {self.kmeans_ks}.")
 
@@ -621,8 +626,8 @@ def elbow_k(ks: Sequence[int], distortions: Sequence[float]) -> int:
 def partition(features: np.ndarray, rows: np.ndarray, cfg: IdpDbConfig) -> list[np.ndarray]:
   """Splits member ``rows`` into clusters by k-means on their parameters (spec §2.8).
 
-  ``k`` is the elbow over the candidates ``cfg.kmeans_ks`` below ``|S|``, raised to
-  ``cfg.workers``, capped at ``|S|``; two members split into singletons. Empty clusters are
+  ``k`` is the elbow over the candidates ``cfg.kmeans_ks`` below ``|S|``, capped at
+  ``cfg.max_k``, raised to ``cfg.workers``, capped at ``|S|``; two members split into singletons. Empty clusters are
   dropped; if k-means puts every member in one cluster (identical parameters) the set is halved.
   """
   from sklearn.cluster import KMeans
@@ -638,7 +643,10 @@ def partition(features: np.ndarray, rows: np.ndarray, cfg: IdpDbConfig) -> list[
     warnings.simplefilter("ignore")  # ConvergenceWarning on duplicate members
     for k in cands:
       fits[k] = KMeans(n_clusters=k, random_state=cfg.seed, n_init="auto").fit(X)
-    k = min(max(elbow_k(cands, [fits[k].inertia_ for k in cands]), cfg.workers), n)
+    k = elbow_k(cands, [fits[k].inertia_ for k in cands])
+    if cfg.max_k is not None:
+      k = min(k, cfg.max_k)
+    k = min(max(k, cfg.workers), n)
     km = fits.get(k) or KMeans(n_clusters=k, random_state=cfg.seed, n_init="auto").fit(X)
   groups = [rows[km.labels_ == j] for j in range(k)]
   groups = [g for g in groups if g.size]

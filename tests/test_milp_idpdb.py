@@ -318,6 +318,10 @@ def test_elbow_and_partition():
   parts = idpdb.partition(feats, rows, idpdb.IdpDbConfig())
   assert sorted(np.concatenate(parts).tolist()) == rows.tolist()
   assert len(parts) == 4 and all(p.size == 6 for p in parts)
+  capped = idpdb.partition(feats, rows, idpdb.IdpDbConfig(max_k=2))
+  assert len(capped) == 2 and sorted(np.concatenate(capped).tolist()) == rows.tolist()
+  raised = idpdb.partition(feats, rows, idpdb.IdpDbConfig(max_k=2, workers=3))
+  assert len(raised) == 3
   same = idpdb.partition(np.zeros((5, 3)), np.arange(5), idpdb.IdpDbConfig())
   assert len(same) >= 2 and sorted(np.concatenate(same).tolist()) == list(range(5))
   assert [p.tolist() for p in idpdb.partition(feats, np.array([3, 7]), idpdb.IdpDbConfig())] == [[3], [7]]
@@ -352,6 +356,8 @@ def test_errors():
     idpdb.IdpDbConfig(executor="threads")
   with pytest.raises(ValueError, match="kmeans_ks"):
     idpdb.IdpDbConfig(kmeans_ks=(1, 2))
+  with pytest.raises(ValueError, match="max_k"):
+    idpdb.IdpDbConfig(max_k=1)
 
 
 # ------------------------------------------------------------------------------------------------
