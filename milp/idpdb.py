@@ -61,7 +61,6 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from milp import bounds as bounds_lib
 from milp import network as net_lib
 from milp.difference import DifferenceBounds, difference_bounds
 from milp.encode import Encoding, reconstruct_member
