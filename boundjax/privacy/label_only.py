@@ -384,22 +384,28 @@ def naive_noise(key: jax.Array, apply_fn: ApplyFn, params: PyTree, x: Any, epsil
 
 
 def naive_idp(key: jax.Array, apply_fn: ApplyFn, params: PyTree, members: PyTree, x: Any,
-              epsilon: float, output: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+              epsilon: float, output: str | None = None, chunk: int = 2048
+              ) -> tuple[np.ndarray, np.ndarray]:
   """Naive-iDP: run every query through N and all leave-one-out networks (vmapped over
   ``members``, a parameter tree with a leading member axis); return N's label when all agree,
   else the exponential-mechanism label (spec §1.5).
 
   ε-iDP per query when ``members`` is the whole leave-one-out family of D (the exact leaking set,
-  the least noise possible); with only part of the family it guarantees nothing. Returns
+  the least noise possible); with only part of the family it guarantees nothing. Inputs go
+  through the members ``chunk`` at a time (memory ``members x chunk x width``). Returns
   ``(labels, noised)``.
   """
   eps = _check_epsilon(epsilon)
   xs = jnp.asarray(x, jnp.float32)
   z, kind = _outputs_kind(apply_fn, params, xs, output)
   label, _ = predict_with_confidence(z, kind)
-  zm = jax.vmap(apply_fn, in_axes=(0, None))(members, xs)
-  member_labels = jax.vmap(lambda o: predict_with_confidence(o, kind)[0])(zm)
-  noised = jnp.any(member_labels != label[None], axis=0)
+  def disagree(xb, lb):
+    zm = jax.vmap(apply_fn, in_axes=(0, None))(members, xb)
+    ml = jax.vmap(lambda o: predict_with_confidence(o, kind)[0])(zm)
+    return jnp.any(ml != lb[None], axis=0)
+
+  noised = jnp.concatenate([disagree(xs[i:i + chunk], label[i:i + chunk])
+                            for i in range(0, xs.shape[0], chunk)])
   k = 2 if kind == "sign" else int(z.shape[-1])
   keys = jax.random.split(key, label.shape[0])
   u = jax.nn.one_hot(label, k, dtype=jnp.float32)
@@ -586,6 +592,9 @@ def guard_latency(guard: LabelOnlyGuard, x: Any, n: int = 200) -> dict:
           "max_ms": float(t_ms.max()), "queries": int(t_ms.size)}
 
 
+_GUARANTEES = {"DP-SGD": "(eps, delta)-DP", "ALIBI": "eps-label-DP"}
+
+
 def accuracy_table(apply_fn: ApplyFn, params: PyTree, betas: Any, x: Any, y: Any, *,
                    idp_epsilons: Sequence[float] = IDP_EPSILONS,
                    dp_epsilons: Sequence[float] = DP_EPSILONS,
@@ -665,7 +674,7 @@ def accuracy_table(apply_fn: ApplyFn, params: PyTree, betas: Any, x: Any, y: Any
     for eps in sorted(by_eps):
       fn, p = by_eps[eps]
       zz, kk = _outputs_kind(fn, p, xs, output)
-      row(name, "eps-DP" if name != "DP-SGD" else "(eps, delta)-DP", eps,
+      row(name, _GUARANTEES.get(name, "eps-DP"), eps,
           [_accuracy(np.asarray(predict_with_confidence(zz, kk)[0]), yy)])
   return {"acc_no_protection": base, "n_test": int(len(yy)), "n_classes": k,
           "betas": [float(b) for b in validate_betas(betas, k)], "rows": rows,
