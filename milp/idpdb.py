@@ -37,6 +37,8 @@ superset of the real disagreement set, so every bound stays sound.
 * `naive_compute(net, members, label, cfg)` — the per-point MILPs of spec §2.2 (no MD, no RiS):
   exact beta*_c when every solve is optimal.
 * `betas(...)` — both classes (or the given ones) from Flax parameters.
+* `attack(net, members, label)` — a lower bound by projected gradient search: the best confidence
+  of a real leaking input found (``attack <= beta*_c <= beta``).
 
 Deviations from LUCID's public code (spec §7), on purpose: no 0.001 "not c" margin (ties count as
 disagreement: sound); RiS uses ``<=`` as the paper does (the code uses ``<``); the root set holds
@@ -822,6 +824,65 @@ def naive_compute(net: Network, members: Sequence[Network] | Family, label: int,
   return NaiveBetaResult(label, beta, bool(done.all() and all(r.optimal for r in nodes)),
                          per, int(np.nanargmax(np.where(done, per, -np.inf))) if done.any() else -1,
                          len(nodes), time.perf_counter() - t0, bool(done.all()), nodes)
+
+
+def attack(net: Network, members: Sequence[Network] | Family, label: int, starts: int = 1024,
+           steps: int = 300, lr: float = 0.02, penalty: float = 20.0, seed: int = 0
+           ) -> tuple[float, np.ndarray | None, int | None]:
+  """A lower bound on beta*_c by search: the best leaking confidence found, confirmed in float64.
+
+  Projected sign-gradient ascent (vmapped over ``starts`` uniform points of [0, 1]^d, float32
+  JAX) on ``C^c_N(x) - penalty * relu(min_i C^c_{N_-i}(x) + 1e-4)``, i.e. on N's confidence with
+  a penalty until some member disagrees. The final points are replayed in float64 through N and
+  every member; among those where a member disagrees (``C^c_{N_-i}(x) <= 0``) the largest
+  ``C^c_N(x)`` is returned with its input and member (``(-inf, None, None)`` if none).
+  Every ``x`` returned is a real leaking input, so ``result <= beta*_c <= beta``.
+  """
+  import jax
+  import jax.numpy as jnp
+
+  family = as_family(members, net.output)
+  _check_compatible(net, family.member(0), "the family")
+  label = _check_label(net, label)
+  ws = [jnp.asarray(w, jnp.float32) for w in family.ws]
+  bs = [jnp.asarray(b, jnp.float32) for b in family.bs]
+  nw = [jnp.asarray(l.w_lower, jnp.float32) for l in net.layers]
+  nb = [jnp.asarray(l.b_lower, jnp.float32) for l in net.layers]
+
+  def conf(z):
+    if z.shape[-1] == 1:
+      return z[..., 0] if label == 1 else -z[..., 0]
+    others = jnp.delete(z, label, axis=-1, assume_unique_indices=True)
+    return z[..., label] - jnp.max(others, axis=-1)
+
+  def objective(x):
+    h = x
+    for m, (w, b) in enumerate(zip(nw, nb)):
+      h = w @ h + b
+      h = jax.nn.relu(h) if m < len(nw) - 1 else h
+    g = jnp.broadcast_to(x, (family.size, x.size))
+    for m, (w, b) in enumerate(zip(ws, bs)):
+      g = jnp.einsum("koi,ki->ko", w, g) + b
+      g = jax.nn.relu(g) if m < len(ws) - 1 else g
+    return conf(h) - penalty * jax.nn.relu(jnp.min(conf(g)) + 1e-4)
+
+  grad = jax.vmap(jax.grad(objective))
+
+  @jax.jit
+  def run(x0):
+    def step(x, _):
+      return jnp.clip(x + lr * jnp.sign(grad(x)), 0.0, 1.0), None
+    return jax.lax.scan(step, x0, None, length=steps)[0]
+
+  x0 = jax.random.uniform(jax.random.PRNGKey(seed), (starts, net.input_size))
+  xs = np.asarray(run(x0), np.float64)
+  c_n = confidence(net, net_lib.forward_batch(net, xs), label)
+  c_m = confidence(net, family.outputs(xs), label)            # (K, starts)
+  leaking = np.min(c_m, axis=0) <= 0.0
+  if not leaking.any():
+    return -math.inf, None, None
+  best = int(np.flatnonzero(leaking)[np.argmax(c_n[leaking])])
+  return float(c_n[best]), xs[best], int(np.argmin(c_m[:, best]))
 
 
 def betas(model_or_net: Any, params: Any, stacked_members: Any, cfg: IdpDbConfig = IdpDbConfig(),

@@ -199,61 +199,6 @@ def test_incumbents_replay(real):
   assert checked == 6
 
 
-def _margin_fns(net: Network, fam: Family, label: int):
-  """JAX confidences of N and of every member for PGD (float32)."""
-  ws = [jnp.asarray(w, jnp.float32) for w in fam.ws]
-  bs = [jnp.asarray(b, jnp.float32) for b in fam.bs]
-  nw = [jnp.asarray(l.w_lower, jnp.float32) for l in net.layers]
-  nb = [jnp.asarray(l.b_lower, jnp.float32) for l in net.layers]
-
-  def conf(z):
-    if z.shape[-1] == 1:
-      return z[..., 0] if label == 1 else -z[..., 0]
-    others = jnp.delete(z, label, axis=-1, assume_unique_indices=True)
-    return z[..., label] - jnp.max(others, axis=-1)
-
-  def n_conf(x):
-    h = x
-    for m, (w, b) in enumerate(zip(nw, nb)):
-      h = w @ h + b
-      h = jax.nn.relu(h) if m < len(nw) - 1 else h
-    return conf(h)
-
-  def member_conf(x):
-    h = jnp.broadcast_to(x, (fam.size, x.size))
-    for m, (w, b) in enumerate(zip(ws, bs)):
-      h = jnp.einsum("koi,ki->ko", w, h) + b
-      h = jax.nn.relu(h) if m < len(ws) - 1 else h
-    return conf(h)
-
-  return n_conf, member_conf
-
-
-def _pgd(net, fam, label, starts=512, steps=300, lam=20.0, lr=0.02, seed=0):
-  """Projected gradient ascent on C_N(x) - lam * relu(min_i C_i(x)) from many starts, vmapped."""
-  n_conf, member_conf = _margin_fns(net, fam, label)
-
-  def objective(x):
-    return n_conf(x) - lam * jax.nn.relu(jnp.min(member_conf(x)) + 1e-4)
-
-  grad = jax.vmap(jax.grad(objective))
-
-  @jax.jit
-  def run(x0):
-    def step(x, _):
-      return jnp.clip(x + lr * jnp.sign(grad(x)), 0.0, 1.0), None
-    x, _ = jax.lax.scan(step, x0, None, length=steps)
-    return x
-
-  x0 = jax.random.uniform(jax.random.PRNGKey(seed), (starts, net.input_size))
-  xs = np.asarray(run(x0), np.float64)
-  outs_n = net_lib.forward_batch(net, xs)
-  c_n = idpdb.confidence(net, outs_n, label)
-  c_m = idpdb.confidence(net, fam.outputs(xs), label)        # (K, n)
-  leaking = np.min(c_m, axis=0) <= 0.0
-  return c_n, leaking
-
-
 def _replay_sampled(net, fam, label, beta, n=20000, seed=0):
   xs = np.random.default_rng(seed).uniform(size=(n, net.input_size))
   c_n = idpdb.confidence(net, net_lib.forward_batch(net, xs), label)
@@ -267,11 +212,13 @@ def test_adversarial_search_never_beats_beta(real, label):
   """Issue item 6c: no disagreeing input found by PGD (or uniform sampling) exceeds beta."""
   net, fam = real["net"], real["fam"]
   beta = real["naive"][label].beta
-  c_n, leaking = _pgd(net, fam, label, seed=label)
-  assert leaking.sum() >= 10           # the search does find leaking inputs ...
-  best = c_n[leaking].max()
-  assert best <= beta + TOL, (best, beta)  # ... and none above the exact bound
-  assert best >= 0.5 * beta            # and it is a real attack, not a vacuous one
+  best, x, member = idpdb.attack(net, fam, label, starts=512, steps=300, seed=label)
+  assert x is not None                  # the search finds leaking inputs ...
+  assert best <= beta + TOL, (best, beta)  # ... none above the exact bound
+  assert best >= 0.5 * beta             # and it is a real attack, not a vacuous one
+  outs = fam.select([member]).outputs(x[None])[:, 0, :]
+  assert idpdb.confidence(net, outs, label)[0] <= 0.0   # the member really disagrees at x
+  assert abs(idpdb.confidence(net, net_lib.forward(net, x)[None], label)[0] - best) < 1e-12
   _replay_sampled(net, fam, label, beta, seed=10 + label)
 
 
@@ -379,5 +326,5 @@ def test_larger_family_solvers_and_pool(solver, executor):
     plain = idpdb.lucid_compute(net, fam, label, dataclasses.replace(cfg, relax=False),
                                 progress=False)
     assert plain.exact and abs(plain.beta - exact.beta) < 1e-4
-    c_n, leaking = _pgd(net, fam, label, starts=2048, steps=500, seed=100 + label)
-    assert leaking.any() and c_n[leaking].max() <= exact.beta + TOL
+    best, x, _ = idpdb.attack(net, fam, label, starts=2048, steps=500, seed=100 + label)
+    assert x is not None and best <= exact.beta + TOL
