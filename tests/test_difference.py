@@ -141,6 +141,25 @@ def test_mlp_layers_sound(case):
     np.testing.assert_allclose(out.delta.upper, bounds[-1].delta.upper, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("varying", ["Dense_0", "Dense_2"])
+def test_one_layer_differs(varying):
+  """Only one layer's parameters differ; the others are zero-width boxes at N's values. Every
+  term of the bilinear identity is then needed: e.g. with ``W# = W`` after the first layer, the
+  output difference is ``W (h# - h)`` alone."""
+  _, p = _mlp(seed=6)
+  def box(path, a):
+    if path[1].key == varying:
+      return bj.Interval(a - 0.05, a + 0.05)
+    return bj.Interval(a + 0.0, a + 0.0)
+  hyper = jax.tree_util.tree_map_with_path(box, p)
+  box_x = bj.Interval(jnp.zeros((1, D_IN)), jnp.ones((1, D_IN)))
+  out = bj.difference(layers_fn)(p, hyper, box_x)
+  ref, other = mlp_pairs(np.random.default_rng(7), p, hyper, box_x)
+  for i, bnd in enumerate(out):
+    assert check(bnd, ref[i], other[i], f"layer output {i}") >= 10_000
+  assert np.all(np.asarray(out[-1].delta.upper) > 0)
+
+
 def test_concrete_other_network():
   """``params_other`` concrete (one member): the bound holds for that member."""
   model, p = _mlp()
@@ -154,6 +173,86 @@ def test_concrete_other_network():
   for i, bnd in enumerate(out):
     assert check(bnd, ref[i], other[i], f"concrete member, output {i}") >= 10_000
   assert not np.allclose(out[-1].delta.lower, 0)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_bias_shifted_family_relu_cases(sign):
+  """Every bias moved one way (``delta`` of the first layer excludes 0): the ReLU rule must
+  still allow 0 where both units can be off, and the one-sided refinements must hold."""
+  _, p = _mlp(seed=3)
+  def shift(path, a):
+    if path[-1].key == "bias":
+      return bj.Interval(a + sign * 0.05, a + sign * 0.15) if sign > 0 else bj.Interval(
+          a - 0.15, a - 0.05)
+    return bj.Interval(a - 0.002, a + 0.002)
+  hyper = jax.tree_util.tree_map_with_path(shift, p)
+  box = bj.Interval(jnp.full((1, D_IN), -1.0), jnp.ones((1, D_IN)))
+  out = bj.difference(layers_fn)(p, hyper, box)
+  assert np.all(sign * np.asarray(out[0].delta.lower if sign > 0 else out[0].delta.upper) > 0)
+  ref, other = mlp_pairs(np.random.default_rng(5), p, hyper, box, n_members=100, n_inputs=200)
+  for i, bnd in enumerate(out):
+    assert check(bnd, ref[i], other[i], f"layer output {i}") >= 10_000
+  # units off in both networks for some sampled pairs (the case an unsound rule gets wrong)
+  both_off = (other[0] <= 0) & (ref[0][None] <= 0)
+  assert both_off.any()
+
+
+def test_relu_rule_every_case():
+  """``relu(x + b)`` per unit, with random boxes chosen so every ReLU case occurs (both off,
+  both on, only N on, only N# on, unstable): each (x, b#) pair's difference lies inside."""
+  rng = np.random.default_rng(30)
+  n = 600
+  a = rng.uniform(-1, 1, n).astype(np.float32)
+  x_box = bj.Interval(jnp.asarray(a), jnp.asarray(a + rng.uniform(0, 1.5, n).astype(np.float32)))
+  w = rng.uniform(-1, 1, n).astype(np.float32)
+  b = rng.uniform(-1, 1, n).astype(np.float32)
+  wl = w + rng.uniform(-1, 0.5, n).astype(np.float32)
+  ql = b + rng.uniform(-1, 1, n).astype(np.float32)
+  ref_p = {"w": jnp.asarray(w), "b": jnp.asarray(b)}
+  oth_p = {"w": bj.Interval(jnp.asarray(wl), jnp.asarray(wl + rng.uniform(0, 0.5, n).astype(np.float32))),
+           "b": bj.Interval(jnp.asarray(ql), jnp.asarray(ql + rng.uniform(0, 1, n).astype(np.float32)))}
+  # N#'s own bound on w# x + b# is tighter than N's bound plus the difference bound, which is
+  # what makes the one-sided ReLU refinements bite.
+  fn = lambda p, x: (jax.nn.relu(p["w"] * x + p["b"]), -jax.nn.relu(p["b"] - x),
+                     jnp.minimum(x * 2.0, p["b"]))
+  out = bj.difference(fn)(ref_p, oth_p, x_box)
+  x = np_sample_box(rng, x_box, 100, vertex_fraction=0.5)
+  ms = np_sample_tree(rng, oth_p, 100, vertex_fraction=0.5)
+  np_fn = lambda ww, bb, xx: (np.maximum(ww * xx + bb, 0), -np.maximum(bb - xx, 0),
+                              np.minimum(2 * xx, bb))
+  ref = np_fn(w[None], b[None], x)
+  other = np_fn(ms["w"][:, None, :], ms["b"][:, None, :], x[None])
+  for i in range(3):
+    assert check(out[i], ref[i], other[i], f"output {i}") >= 10_000
+  # the cases all occur (pre-activation bounds of N and N# from the ReLU's input)
+  pre = bj.difference(lambda p, x: p["w"] * x + p["b"])(ref_p, oth_p, x_box)
+  l, u = np.asarray(pre.ref.lower), np.asarray(pre.ref.upper)
+  lh, uh = np.asarray(pre.other.lower), np.asarray(pre.other.upper)
+  cases = [(l >= 0) & (lh >= 0), (l >= 0) & (lh < 0), (l < 0) & (lh >= 0), (u <= 0) & (uh <= 0)]
+  assert all(c.sum() >= 10 for c in cases), [int(c.sum()) for c in cases]
+  assert np.any(lh > l + np.asarray(pre.delta.lower) + 1e-3)
+
+
+def test_two_families():
+  """``params_ref`` with Interval leaves too: the bound holds for every pair of networks, one
+  from each box (e.g. two hyper-networks of the branch-and-bound)."""
+  _, p = _mlp()
+  a = shifted_box(20, p, 0.01)
+  b = shifted_box(21, p, 0.02, 0.01)
+  box = bj.Interval(jnp.zeros((1, D_IN)), jnp.ones((1, D_IN)))
+  out = bj.difference(layers_fn)(a, b, box)
+  rng = np.random.default_rng(22)
+  x = np_sample_box(rng, box, 50)[:, 0]
+  ma, mb = np_sample_tree(rng, a, 200), np_sample_tree(rng, b, 200)
+  za, zb = np_layers(ma, x, stacked=True), np_layers(mb, x, stacked=True)
+  for i, bnd in enumerate(out):
+    d = zb[i] - za[i]                       # pairs (a_j, b_j) on the same input
+    lo, hi = np.asarray(bnd.delta.lower), np.asarray(bnd.delta.upper)
+    scale = TOL * (1 + np.abs(za[i]) + np.abs(zb[i]))
+    assert np.all(d >= lo - scale) and np.all(d <= hi + scale), i
+    assert np.all(za[i] >= np.asarray(bnd.ref.lower) - scale)
+    assert np.all(zb[i] <= np.asarray(bnd.other.upper) + scale)
+  assert d.size >= 10_000
 
 
 # ------------------------------------------------------------------------------------------------

@@ -178,6 +178,34 @@ def test_tighter_than_naive():
   assert max(ratios[: len(db.pre)]) < 0.5, ratios
 
 
+def test_relu_difference_every_case():
+  """`relu_difference` alone: random consistent bounds on zhat, zhat# and their difference, in
+  which every ReLU case occurs; sampled (zhat, d) pairs with zhat + d in N#'s bounds."""
+  rng = np.random.default_rng(4)
+  n = 2000
+  l = rng.uniform(-1, 1, n)
+  u = l + rng.uniform(0, 1.5, n)
+  dl = rng.uniform(-0.8, 0.8, n)
+  du = dl + rng.uniform(0, 0.8, n)
+  lh = np.maximum(l + dl, l + dl + rng.uniform(-0.2, 0.5, n) * (u + du - l - dl))
+  uh = np.maximum(lh, u + du - rng.uniform(0, 0.3, n) * (u + du - l - dl))
+  lo, hi = D.relu_difference((dl, du), (l, u), (lh, uh))
+  cases = [(l >= 0) & (lh >= 0), (l >= 0) & (lh < 0), (l < 0) & (lh >= 0), (u <= 0) & (uh <= 0)]
+  assert all(c.sum() >= 20 for c in cases), [int(c.sum()) for c in cases]
+  count = 0
+  for _ in range(20):
+    t = rng.random((2, n))
+    t = np.where(rng.random((2, n)) < 0.3, np.round(t), t)
+    z = l + t[0] * (u - l)
+    d = dl + t[1] * (du - dl)
+    zh = z + d
+    ok = (zh >= lh) & (zh <= uh)
+    diff = np.maximum(zh, 0) - np.maximum(z, 0)
+    assert np.all((diff >= lo - 1e-12)[ok]) and np.all((diff <= hi + 1e-12)[ok])
+    count += int(ok.sum())
+  assert count >= 10_000
+
+
 # ------------------------------------------------------------------------------------------------
 # The spec's Fig. 4 toy (§2.6)
 
