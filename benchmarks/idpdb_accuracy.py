@@ -67,7 +67,7 @@ def parse(argv=None):
   p.add_argument("--dp-epochs", type=int, default=5)
   p.add_argument("--dp-lr", type=float, default=0.5)
   p.add_argument("--dp-clip", type=float, default=1.0)
-  p.add_argument("--alibi-iterations", type=int, default=1)
+  p.add_argument("--alibi-iterations", type=int, default=2)
   p.add_argument("--no-baselines", action="store_true", help="skip DP-SGD and ALIBI training")
   p.add_argument("--out", default=str(RESULTS / "idpdb_accuracy_adult_2x50.json"))
   return p.parse_args(argv)
