@@ -9,14 +9,26 @@ import numpy as np
 import boundjax as bj
 
 
+def _rng(key) -> np.random.Generator:
+  """A NumPy generator seeded by a JAX key (deterministic, no compilation)."""
+  if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
+    key = jax.random.key_data(key)
+  return np.random.default_rng(np.asarray(key, dtype=np.uint32).ravel().tolist())
+
+
 def sample_box(key, box: bj.Interval, n: int, vertex_fraction: float = 0.5):
-  """``n`` points of ``box``: a share at random vertices (where bounds are attained), rest uniform."""
-  k1, k2, k3 = jax.random.split(key, 3)
-  shape = (n,) + box.shape
-  uniform = jax.random.uniform(k1, shape, dtype=box.dtype, minval=box.lower, maxval=box.upper)
-  corner = jnp.where(jax.random.bernoulli(k2, 0.5, shape), box.upper, box.lower)
-  use_corner = jax.random.bernoulli(k3, vertex_fraction, (n,) + (1,) * box.ndim)
-  return jnp.where(use_corner, corner, uniform)
+  """``n`` points of ``box``: a share at random vertices (where bounds are attained), rest uniform.
+
+  Drawn with NumPy (seeded by ``key``): eager ``jax.random`` compiles a new kernel for every
+  sample shape, which costs seconds per shape on a CPU.
+  """
+  rng = _rng(key)
+  lo, hi = np.asarray(box.lower, np.float64), np.asarray(box.upper, np.float64)
+  shape = (n,) + lo.shape
+  uniform = np.clip(lo + (hi - lo) * rng.random(shape), lo, hi)
+  corner = np.where(rng.random(shape) < 0.5, hi, lo)
+  use_corner = rng.random((n,) + (1,) * lo.ndim) < vertex_fraction
+  return jnp.asarray(np.where(use_corner, corner, uniform), dtype=box.dtype)
 
 
 def sample_tree(key, tree, n: int, vertex_fraction: float = 0.5):

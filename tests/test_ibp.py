@@ -136,6 +136,23 @@ def test_matmul_mode_tightness_report():
   print("mean widths:", widths)
 
 
+def test_conv_with_interval_weights_modes_sound_and_ordered():
+  """Conv with interval weights (point and box inputs) in every product mode; "best" is never
+  wider than midpoint-radius or sign-split, and sign-split is the tighter of the two when the
+  activations are non-negative (as after a ReLU)."""
+  conv = lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "VALID",
+                                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  # same shapes and sample counts as test_conv_and_pooling_sound (shares compiled samplers)
+  x = _box(jax.random.PRNGKey(14), (2, 8, 8, 3), 0.0, 1.0, 0.3)
+  w = bj.Interval.around(jax.random.normal(jax.random.PRNGKey(15), (3, 3, 3, 4)), 0.1)
+  _check(conv, (x.center, w), n=1000, what="conv point input, interval weights")
+  widths = {}
+  for mode in ("midrad", "signsplit", "best"):
+    widths[mode] = _check(conv, (x, w), n=1000, matmul=mode, what=f"conv {mode}").width
+  assert np.all(np.asarray(widths["best"]) <= np.minimum(widths["midrad"], widths["signsplit"]) + 1e-5)
+  assert float(widths["signsplit"].mean()) < float(widths["midrad"].mean())
+
+
 def test_conv_and_pooling_sound():
   x = _box(jax.random.PRNGKey(7), (2, 8, 8, 3), 0.0, 1.0, 0.3)
   w = jax.random.normal(jax.random.PRNGKey(8), (3, 3, 3, 4))
@@ -308,6 +325,27 @@ def test_tight_softmax_is_tighter_than_composition_and_exact():
   print(f"softmax width gain over composition: {gain:.2f}x")
 
 
+def test_tight_log_softmax_and_logsumexp_are_exact_and_tighter():
+  """log_softmax: each bound attained at a vertex, narrower than composing exp/sum/log; logsumexp:
+  exact ``[lse(l), lse(u)]`` (it is monotone), narrower than jax.nn.logsumexp's max-shifted form."""
+  z = _box(jax.random.PRNGKey(13), (64, 10), -3, 3, 1.0)
+  tight = _check(bj.nn.log_softmax, (z,), what="log_softmax")
+  composed = bj.ibp(lambda x: x - jnp.log(jnp.sum(jnp.exp(x), -1, keepdims=True)))(z)
+  assert np.all(np.asarray(tight.width) <= np.asarray(composed.width) + 1e-5)
+  assert float(composed.width.mean()) > 1.05 * float(tight.width.mean())
+  i = 7
+  v = z.upper.at[:, i].set(z.lower[:, i])
+  np.testing.assert_allclose(tight.lower[:, i], jax.nn.log_softmax(v)[:, i], rtol=1e-5, atol=1e-6)
+  lse = _check(bj.nn.logsumexp, (z,), what="logsumexp")
+  np.testing.assert_allclose(lse.lower, jax.nn.logsumexp(z.lower, -1), rtol=1e-6)
+  np.testing.assert_allclose(lse.upper, jax.nn.logsumexp(z.upper, -1), rtol=1e-6)
+  shifted = bj.ibp(jax.nn.logsumexp)(z)  # max-subtraction loses the correlation: sound, loose
+  gain = float(shifted.width.mean() / lse.width.mean())
+  assert gain > 2, gain
+  print(f"log_softmax gain {float(composed.width.mean() / tight.width.mean()):.2f}x, "
+        f"logsumexp gain over jax.nn.logsumexp {gain:.2f}x")
+
+
 @pytest.mark.parametrize("loss", ["bj_sce", "optax_sce", "bj_sce_int", "bj_bce", "mse"])
 def test_loss_value_and_gradient_bounds(loss):
   z = _box(jax.random.PRNGKey(11), (32, 4), -3, 3, 1.0)
@@ -395,6 +433,20 @@ def test_unsupported_primitive_names_primitive_and_source_line():
 
   with pytest.raises(bj.UnsupportedPrimitiveError, match=r"'sin'.*test_ibp.py"):
     bj.ibp(fn)(bj.Interval(jnp.zeros(2), jnp.ones(2)))
+
+
+def test_unsupported_primitive_inside_flax_module_names_the_users_line():
+  class M(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(2)(jnp.sin(nn.Dense(4)(x)))  # no rule for sin
+
+  x = jnp.ones((2, 3))
+  params = M().init(jax.random.PRNGKey(0), x)
+  with pytest.raises(bj.UnsupportedPrimitiveError, match=r"'sin'.*test_ibp.py:\d+.*M.__call__"):
+    bj.ibp(M().apply)(params, bj.Interval.around(x, 0.1))
+  with pytest.raises(bj.UnsupportedPrimitiveError, match=r"'sin'.*test_ibp.py"):
+    jax.jit(bj.ibp(lambda p, x: jax.jit(M().apply)(p, x)))(params, bj.Interval.around(x, 0.1))
 
 
 def test_bad_interval_inputs_raise():
