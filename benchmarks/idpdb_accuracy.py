@@ -15,8 +15,8 @@ Setting (LUCID spec §2.1, §4.4–4.7):
   is iDP for D only with β over all of D's leave-one-out networks.
 * **Mechanisms.** LUCID's guard (ε-iDP) and Naive-Noise (ε-DP) at ε ∈ {0, 0.02, 0.2, 1},
   averaged over ``--repeats`` noise draws; Naive-iDP over the available members; DP-SGD
-  ((ε, δ)-DP, δ = 1/n, clip 1, lr ``--dp-lr``, ``--dp-epochs`` epochs, batch 1024, noise calibrated
-  by dp-accounting) and ALIBI (ε-label-DP, Laplace randomised response with the Bayesian
+  ((ε, δ)-DP, δ = 1/n, clip 1, lr ``--dp-lr``, ``--dp-epochs`` epochs, batch 1024, noise
+  calibrated by dp-accounting) and ALIBI (ε-label-DP, Laplace randomised response with the Bayesian
   posterior, LUCID's optimiser and epochs) at ε ∈ {0.02, 0.2, 1}.
 * **Latency.** One ``guard.query`` per test input (200 inputs, after a warm-up), CPU.
 
