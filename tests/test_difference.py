@@ -472,5 +472,9 @@ def test_errors():
     bj.difference(model.apply)(params, bad, box)
   with pytest.raises(ValueError, match="form"):
     bj.difference(model.apply, form="reluDiff")
+  with pytest.raises(bj.UnsupportedPrimitiveError, match="convert_element_type"):
+    bj.difference(lambda p, x: model.apply(p, x).astype(jnp.int32))(params, hyper, box)
+  with pytest.raises(bj.UnsupportedPrimitiveError, match="'gt'"):
+    bj.difference(lambda p, x: jnp.where(model.apply(p, x) > 0, 1.0, 0.0))(params, hyper, box)
   with pytest.raises(bj.UnsupportedPrimitiveError, match="div"):
     bj.difference(lambda p, x: 1.0 / model.apply(p, x))(params, hyper, box)

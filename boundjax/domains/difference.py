@@ -220,6 +220,10 @@ def _linear(name: str, n_data: int | None = None, multiple: bool = False):
       raise UnsupportedPrimitiveError(
           f"'{name}' with box- or parameter-dependent indices is not supported by the "
           "difference domain")
+    if name == "convert_element_type" and not jnp.issubdtype(params["new_dtype"], jnp.floating):
+      raise UnsupportedPrimitiveError(
+          f"'convert_element_type' of a box- or parameter-dependent value to {params['new_dtype']} "
+          "is not supported by the difference domain (only float conversions)")
     lifted = [_lift(x) for x in data]
     r = _apply(ctx, name, prim, [l.r for l in lifted] + rest, params)
     if all(l.d is None for l in lifted):
