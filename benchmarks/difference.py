@@ -19,6 +19,8 @@ For every S, over the whole input domain x ∈ [0, 1]^21, per layer:
 * the fraction of hidden neurons with post-ReLU difference width ≤ τ = 0.01 (relax-if-similar
   candidates, §2.7), among all and among those the hyper-network leaves unstable
   (``l# < 0 < u#``, the only ones RiS can relax);
+* the same with CROWN bounds for N and N# (``method="crown"``): N's bounds enter the
+  difference through ``z`` in ``I_w z#`` and the ReLU cases;
 * an empirical check: members of S evaluated on sampled inputs lie inside the intervals.
 
 Run:  JAX_PLATFORMS=cpu python benchmarks/difference.py [--members 200 --subsets 50 10]
@@ -108,6 +110,7 @@ def measure(net, hyper_params, full64, rows, members_all, d, rng) -> dict:
   db = MD.difference_bounds(net, hyper, lo, hi)
   milp_s = time.perf_counter() - t
   pre_n, post_n = MD.naive_difference(net, hyper, lo, hi)
+  db_c = MD.difference_bounds(net, hyper, lo, hi, "crown")
   with jax.enable_x64(True):
     h64 = jax.tree_util.tree_map(
         lambda a: bj.Interval(jnp.asarray(np.asarray(a.lower, np.float64)),
@@ -128,7 +131,8 @@ def measure(net, hyper_params, full64, rows, members_all, d, rng) -> dict:
     dw = np.asarray(dom[2 * m].delta.upper - dom[2 * m].delta.lower)[0]
     row.update(pre_width=float(w.mean()), pre_naive_width=float(nw.mean()),
                pre_ratio=float(w.mean() / nw.mean()), pre_domain_width=float(dw.mean()),
-               pre_domain_over_milp=float(dw.mean() / w.mean()))
+               pre_domain_over_milp=float(dw.mean() / w.mean()),
+               pre_width_crown=float(np.mean(db_c.pre[m][1] - db_c.pre[m][0])))
     if m < n_layers - 1:
       w = db.post[m][1] - db.post[m][0]
       nw = post_n[m][1] - post_n[m][0]
@@ -141,6 +145,8 @@ def measure(net, hyper_params, full64, rows, members_all, d, rng) -> dict:
                  post_domain_width=float(dw.mean()),
                  post_domain_over_milp=float(dw.mean() / max(w.mean(), 1e-300)),
                  similar_fraction=float(small.mean()),
+                 post_width_crown=float(np.mean(db_c.post[m][1] - db_c.post[m][0])),
+                 similar_fraction_crown=float(np.mean(db_c.post[m][1] - db_c.post[m][0] <= TAU)),
                  unstable_hyper=int(unstable.sum()),
                  similar_among_unstable=int((small & unstable).sum()),
                  similar_fraction_unstable=float((small & unstable).sum() / max(unstable.sum(), 1)))
@@ -214,6 +220,13 @@ def main(argv=None):
                  f"{row['post_ratio']:>8.3f}{row['similar_fraction']:>8.2f}"
                  f"{row['unstable_hyper']:>7d}{row['similar_fraction_unstable']:>11.2f}")
       print(line)
+  for name, r in results.items():
+    print(f"  with CROWN bounds, {name}: pre width "
+          + ", ".join(f"{row['pre_width_crown']:.4f}" for row in r["layers"])
+          + "; post width " + ", ".join(f"{row['post_width_crown']:.4f}" for row in r["layers"]
+                                        if "post_width_crown" in row)
+          + "; <= tau " + ", ".join(f"{row['similar_fraction_crown']:.2f}" for row in r["layers"]
+                                    if "similar_fraction_crown" in row))
   dom = [row[k] for r in results.values() for row in r["layers"]
          for k in ("pre_domain_over_milp", "post_domain_over_milp") if k in row]
   print(f"bj.difference / milp.difference mean width: {min(dom):.4f} .. {max(dom):.4f}; "
