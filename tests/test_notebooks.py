@@ -56,8 +56,8 @@ def _execute(nb, kernel_env: str, monkeypatch, cwd: pathlib.Path, fast: bool = T
   monkeypatch.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")
   if fast:
     monkeypatch.setenv("BOUNDJAX_NOTEBOOK_FAST", "1")
-  client = nbclient.NotebookClient(nb, timeout=TIMEOUT_S, kernel_name=KERNEL, allow_errors=False,
-                                   resources={"metadata": {"path": str(cwd)}})
+  client = nbclient.NotebookClient(nb, timeout=TIMEOUT_S, startup_timeout=180, kernel_name=KERNEL,
+                                   allow_errors=False, resources={"metadata": {"path": str(cwd)}})
   client.execute()
   return nb
 
