@@ -13,11 +13,13 @@ is exactly b; it also covers the fixed-1/b convention.
 
 With k << b the sums are computed as ``sum - topk_k`` (streaming form, spec §2.6): the batch is
 processed in fragments keeping the running sums and only the k extreme values per coordinate,
-so memory is O(k * d) instead of O(b * d).
+so memory is O(k * d) instead of O(b * d). The k largest of a fragment are selected exactly by a
+two-level search (`topk_leading`): group maxima first, then only the k best groups.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -91,14 +93,54 @@ def init_accumulator(leaf: Array, k: int) -> Accumulator:
                      z)
 
 
-def accumulate(acc: Accumulator, g_n: Array, d_l: Array, d_u: Array, mask: Array) -> Accumulator:
-  """Merges one fragment (leading axis = samples; ``mask`` marks real samples, 0 for padding).
+def _group_size(f: int, k: int) -> int:
+  """Group size g of `topk_leading`: about sqrt(f / k), which balances the two selections."""
+  return max(1, int(round(math.sqrt(f / max(k, 1)))))
 
-  Merging concatenates the running k extremes with the fragment and re-selects the top k
-  (``jax.lax.top_k``), so the result does not depend on fragment size or order.
+
+def topk_leading(values: Array, k: int, extra: Array | None = None) -> Array:
+  """The k largest of ``values`` along the leading axis, per coordinate, shape (*rest, k).
+
+  Exact (the same multiset as ``lax.top_k`` on the transposed array) but cheaper for k << f:
+  the f samples are split into groups of g ~ sqrt(f / k); only the k groups with the largest
+  maxima can hold a top-k value. (If a top-k value x lay in another group, the k selected
+  groups would each hold a maximum >= x, and those k maxima can replace every such x without
+  lowering the sum; so the k largest of the selected groups have the same values.) Then
+  ``lax.top_k`` runs over k * g candidates per coordinate instead of f, and the (f, d) array is
+  never transposed. ``extra`` (shape (*rest, m), e.g. a running top-k) joins the candidates.
+  Padding uses -inf, so it is never preferred to a real value.
+  """
+  f = values.shape[0]
+  rest = values.shape[1:]
+  v = values.reshape(f, -1)
+  g = _group_size(f, k)
+  ng = -(-f // g)
+  if ng <= k or g == 1:
+    cand = v.T
+  else:
+    pad = ng * g - f
+    if pad:
+      v = jnp.concatenate([v, jnp.full((pad, v.shape[1]), -jnp.inf, v.dtype)], 0)
+    vg = v.reshape(ng, g, -1)
+    best = jax.lax.top_k(jnp.max(vg, axis=1).T, k)[1]              # (d, k) group indices
+    sel = jnp.take_along_axis(vg, best.T[:, None, :], axis=0)       # (k, g, d)
+    cand = sel.reshape(k * g, -1).T
+  if extra is not None:
+    cand = jnp.concatenate([extra.reshape(cand.shape[0], -1), cand], -1)
+  return jax.lax.top_k(cand, k)[0].reshape(rest + (k,))
+
+
+def accumulate(acc: Accumulator, g_n: Array, d_l: Array, d_u: Array, mask: Array | None,
+               track_abs: bool = True) -> Accumulator:
+  """Merges one fragment (leading axis = samples; ``mask`` marks real samples, 0 for padding;
+  ``None`` when every sample is real). ``track_abs=False`` leaves ``sum_abs`` (used only by the
+  floating-point margin) untouched, saving a pass over the fragment.
+
+  Merging selects the top k of the running k extremes and the fragment (`topk_leading`, exact),
+  so the result does not depend on fragment size or order.
   """
   f = g_n.shape[0]
-  w = mask.astype(g_n.dtype)
+  w = jnp.ones((f,), g_n.dtype) if mask is None else mask.astype(g_n.dtype)
   # Sums over the sample axis as a (1, f) x (f, d) product: XLA's CPU reduction over a leading
   # axis is an order of magnitude slower than the BLAS call, and the 0/1 weights mask padding.
   wsum = lambda a: (w @ a.reshape(f, -1)).reshape(a.shape[1:])  # noqa: E731
@@ -106,15 +148,19 @@ def accumulate(acc: Accumulator, g_n: Array, d_l: Array, d_u: Array, mask: Array
   sum_l = acc.sum_l + wsum(d_l)
   sum_u = acc.sum_u + wsum(d_u)
   # g_n lies in [d_l, d_u] (the box contains the nominal parameters), so this bounds |g_n| too.
-  sum_abs = acc.sum_abs + wsum(jnp.maximum(jnp.abs(d_l), jnp.abs(d_u)))
-  m = mask.reshape((-1,) + (1,) * (g_n.ndim - 1)).astype(bool)
+  sum_abs = acc.sum_abs
+  if track_abs:
+    sum_abs = sum_abs + wsum(jnp.maximum(jnp.abs(d_l), jnp.abs(d_u)))
   k = acc.top_l.shape[-1]
   if k == 0:
     return Accumulator(sum_n, sum_l, sum_u, acc.top_l, acc.bot_u, sum_abs)
-  cand_l = jnp.where(m, d_l, -jnp.inf)
-  cand_u = jnp.where(m, d_u, jnp.inf)
-  top_l = jax.lax.top_k(jnp.concatenate([acc.top_l, jnp.moveaxis(cand_l, 0, -1)], -1), k)[0]
-  bot_u = -jax.lax.top_k(-jnp.concatenate([acc.bot_u, jnp.moveaxis(cand_u, 0, -1)], -1), k)[0]
+  cand_l, cand_u = d_l, d_u
+  if mask is not None:
+    m = mask.reshape((-1,) + (1,) * (g_n.ndim - 1)).astype(bool)
+    cand_l = jnp.where(m, d_l, -jnp.inf)
+    cand_u = jnp.where(m, d_u, jnp.inf)
+  top_l = topk_leading(cand_l, k, acc.top_l)
+  bot_u = -topk_leading(-cand_u, k, -acc.bot_u)
   return Accumulator(sum_n, sum_l, sum_u, top_l, bot_u, sum_abs)
 
 

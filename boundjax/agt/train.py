@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from boundjax.agt import bounds as bnd
-from boundjax.agt import descent, losses
+from boundjax.agt import descent, losses, mlp
 from boundjax.agt.config import Config
 from boundjax.interval import Interval
 
@@ -84,38 +84,43 @@ def descent_directions(model_apply: Callable, config: Config, backend: str,
                        params: Any, box: Any, xs: Array, ys: Array) -> tuple[Any, Any, Any]:
   """Nominal mean clipped gradient and its Thm 4.6 bounds ``(D_n, D_L, D_U)`` for one batch.
 
-  The batch is processed in fragments of ``config.fragsize`` samples (``lax.scan``); only
-  running sums and the k extreme bounds per coordinate are kept, so memory does not grow with b.
+  The batch is processed in fragments of ``config.fragsize`` samples (``lax.scan`` over the
+  full fragments, then the remainder); only running sums and the k extreme bounds per coordinate
+  are kept, so memory does not grow with b. For the "mlp" back-end the nominal per-sample
+  gradients come from the batched passes of `boundjax.agt.mlp.per_sample_grads`.
   """
   b = xs.shape[0]
   k, gamma = config.k_private, config.clip_gamma
   if k >= b:
     raise ValueError(f"AGT step: k_private ({k}) must be < batch size ({b}).")
   f = min(config.fragsize, b)
-  nf = -(-b // f)
-  pad = nf * f - b
-  mask = jnp.arange(nf * f) < b
-  if pad:
-    xs = jnp.concatenate([xs, jnp.repeat(xs[:1], pad, axis=0)], 0)
-    ys = jnp.concatenate([ys, jnp.repeat(ys[:1], pad, axis=0)], 0)
-  xs = xs.reshape((nf, f) + xs.shape[1:])
-  ys = ys.reshape((nf, f) + ys.shape[1:])
-  mask = mask.reshape(nf, f)
-  gfn = nominal_grad_fn(model_apply, config.loss)
+  nf, rem = divmod(b, f)
+  if backend == "mlp":
+    gfn = lambda p, x, y: mlp.per_sample_grads(p, x, y, config.loss)  # noqa: E731
+  else:
+    gfn = nominal_grad_fn(model_apply, config.loss)
   bfn = bnd.grad_bounds_fn(model_apply, config.loss, backend, config.interval_matmul)
   acc0 = jax.tree_util.tree_map(lambda p: descent.init_accumulator(p, k), params)
   tdef = jax.tree_util.tree_structure(params)
 
-  def body(acc, frag):
-    x, y, m = frag
+  def merge(acc, x, y):
     g = descent.clip(gfn(params, x, y), gamma)
     gb = descent.clip(bfn(box, x, y), gamma)
     leaves = zip(tdef.flatten_up_to(acc), jax.tree_util.tree_leaves(g),
                  jax.tree_util.tree_leaves(gb, is_leaf=_is_iv))
-    new = [descent.accumulate(a, gn, iv.lower, iv.upper, m) for a, gn, iv in leaves]
-    return tdef.unflatten(new), None
+    new = [descent.accumulate(a, gn, iv.lower, iv.upper, None, track_abs=config.fp_margin)
+           for a, gn, iv in leaves]
+    return tdef.unflatten(new)
 
-  acc, _ = jax.lax.scan(body, acc0, (xs, ys, mask))
+  # nf full fragments in a scan, then the remainder (no padding, so no masking is needed)
+  xf = xs[: nf * f].reshape((nf, f) + xs.shape[1:])
+  yf = ys[: nf * f].reshape((nf, f) + ys.shape[1:])
+  if nf == 1:
+    acc = merge(acc0, xf[0], yf[0])
+  else:
+    acc, _ = jax.lax.scan(lambda a, xy: (merge(a, *xy), None), acc0, (xf, yf))
+  if rem:
+    acc = merge(acc, xs[nf * f:], ys[nf * f:])
   gam = gamma if math.isfinite(gamma) else 0.0
   fin = [descent.finalize(a, b, gam, config.fp_margin) for a in tdef.flatten_up_to(acc)]
   return tuple(tdef.unflatten([t[i] for t in fin]) for i in range(3))
