@@ -3,6 +3,8 @@ IBP, exactness on point boxes, jit, batching, sound floating point and error rep
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -369,3 +371,74 @@ def test_conv_transpose_matches_vjp(layout, strides, padding, rhs_dil):
   want = jax.vmap(vjp)(rows)[0]
   got = linear._transpose_rows(e, cenv, vjp, rows)[0]
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+class _TwoConv(nn.Module):
+  """conv-relu-conv(-relu-dense); returns the second conv's pre-activations and the logits."""
+  f1: int
+  f2: int
+  k1: int
+  k2: int
+  s1: int
+  s2: int
+  pad1: Any
+  pad2: Any
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Conv(self.f1, (self.k1, self.k1), strides=self.s1, padding=self.pad1)(x))
+    pre = nn.Conv(self.f2, (self.k2, self.k2), strides=self.s2, padding=self.pad2)(x)
+    h = nn.relu(pre).reshape((pre.shape[0], -1))
+    return pre, nn.Dense(3)(nn.relu(nn.Dense(7)(h)))
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(f1=3, f2=4, k1=3, k2=3, s1=1, s2=1, pad1="SAME", pad2="SAME", hw=(12, 12), c=1),
+    pytest.param(dict(f1=4, f2=3, k1=4, k2=4, s1=2, s2=1, pad1="VALID", pad2="VALID",
+                      hw=(18, 18), c=1), marks=pytest.mark.slow),
+    dict(f1=2, f2=5, k1=3, k2=2, s1=2, s2=2, pad1=((1, 2), (0, 1)), pad2="SAME", hw=(15, 13),
+         c=2),
+])
+def test_patches_equal_dense_pass_on_random_cnns(cfg, monkeypatch):
+  """The windowed backward pass gives the dense pass's bounds (intermediate and final), on
+  random CNNs with strides, SAME/VALID/explicit padding and several input channels; the windowed
+  path is really taken, and the bounds hold on sampled points."""
+  from boundjax.domains import linear
+  calls = []
+  real = linear._backward_patches
+  monkeypatch.setattr(linear, "_backward_patches",
+                      lambda *a: calls.append(1) or real(*a))
+  hw, c = cfg.pop("hw"), cfg.pop("c")
+  model = _TwoConv(**cfg)
+  shape = (*hw, c)
+  for seed in range(1):
+    params = _init(model, shape, seed)
+    box = _random_box(seed, 2, shape)
+    n_before = len(calls)
+    fast = crown(model.apply)(params, box)
+    assert len(calls) > n_before, "the windowed path was not used"
+    dense = crown(model.apply, patches=False)(params, box)
+    for a, b in zip(fast, dense):
+      scale = 1 + np.abs(np.asarray(b.lower)) + np.abs(np.asarray(b.upper))
+      np.testing.assert_array_less(np.abs(np.asarray(a.lower) - np.asarray(b.lower)), 1e-5 * scale)
+      np.testing.assert_array_less(np.abs(np.asarray(a.upper) - np.asarray(b.upper)), 1e-5 * scale)
+    pts = _samples_per_example(box, seed, n=2000)
+    pre, logits = model.apply(params, pts.reshape((-1, *shape)))
+    assert_inside(fast[0], pre.reshape((2000, 2, *pre.shape[1:])), what="conv2 pre-activation")
+    assert_inside(fast[1], logits.reshape((2000, 2, 3)), what="logits")
+
+
+def test_patches_flag_is_checked_and_sound_fp_keeps_dense_pass(monkeypatch):
+  from boundjax.domains import linear
+  with pytest.raises(ValueError, match="patches"):
+    crown(lambda x: x, patches=1)
+  calls = []
+  real = linear._backward_patches
+  monkeypatch.setattr(linear, "_backward_patches", lambda *a: calls.append(1) or real(*a))
+  model = _TwoConv(3, 4, 3, 3, 1, 1, "SAME", "SAME")
+  params = _init(model, (8, 8, 1), 0)
+  box = _random_box(0, 1, (8, 8, 1))
+  crown(model.apply, sound_fp=True)(params, box)
+  assert not calls
+  crown(model.apply)(params, box)
+  assert calls

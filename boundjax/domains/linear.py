@@ -37,6 +37,18 @@ above it) does not depend on the example; it is computed once per call and share
 batch, and the rest runs example by example (`jax.lax.map` over chunks of ``chunk_size``
 examples, each chunk vmapped).
 
+Windows (``patches=True``, default outside ``sound_fp``). For a target behind one ReLU layer
+whose input ``s = A x + b`` is an affine map of the box (e.g. the second convolution of a CNN),
+the rows of ``Λ`` are non-zero only on receptive fields: at trace time the non-zero patterns of
+``Λ`` at ``relu(s)`` and of ``A`` are found by the same transposes with every concrete
+coefficient set to 1 (all terms non-negative, so no cancellation: a superset of the true
+pattern). Rows with the same support ``S_g`` in ``s`` form a group with input window ``X_g``;
+per example only ``ν`` on ``S_g`` (k entries, not all of ``s``), ``Λ_x = ν A[S_g, X_g]`` (one
+batched matrix product) and the concretisation over ``X_g`` are computed. On the issue's CNN
+(conv16 k4 s2, conv32 k4) a conv2 neuron sees 256 of conv1's 2704 outputs and 100 of 784
+pixels, which removes the dense transpose of conv1 applied to 2 x 3200 rows per example. The
+bounds are those of the dense pass up to the order of float sums.
+
 Batching (``batch_axis``). With ``batch_axis=0`` (default) the batch of boxes is split into
 examples and ``fn`` is bounded on each example as a batch of one: *only `Interval` leaves are
 split along ``batch_axis``*; concrete leaves (parameters) are passed whole. Every output leaf
@@ -532,6 +544,170 @@ def _prefix(prog: _Program, cenv: dict, target: _Var, anc: list[int], sound: boo
   return _Prefix(m, pending, at_input, bias, slack, steps)
 
 
+# ----------------------------------------------------------------------------------------------
+# Windowed ("patches") backward pass for local layers
+# ----------------------------------------------------------------------------------------------
+
+# Equations whose transpose, with every concrete float operand set to 1, gives a superset of the
+# non-zero pattern of the true transpose (all coefficients non-negative: no cancellation).
+_PATTERN_SAFE = frozenset({"conv_general_dilated", "dot_general", "mul", "div", "add", "add_any",
+                           "reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims",
+                           "convert_element_type", "pad", "slice", "reduce_sum",
+                           "reduce_window_sum", "copy", "copy_p"})
+
+
+@dataclasses.dataclass
+class _PatchPlan:
+  """A backward pass ``target <- L2 <- relu(s) <- A <- x`` (x a box input) done on windows.
+
+  Rows of ``Λ`` that share their support in ``s`` (for a convolution: the target neurons at one
+  spatial position) form a group ``g`` with support ``S_g`` (k entries of s) and input window
+  ``X_g`` (q entries of x, the union of the supports of ``A``'s rows in ``S_g``).
+  """
+  s: _Var  # the ReLU input
+  x: _Var  # the box input
+  rows: Any  # (G, r) int: target rows of each group (pad: m)
+  pos: Any  # (m,) int: where row i sits in the flattened (G, r)
+  S: Any  # (G, k) int: support of the group in s (pad: n_s)
+  X: Any  # (G, q) int: input window of the group (pad: n_x)
+  mu: Any  # (G, r, k): the coefficients of s-side ReLU outputs (from the prefix)
+  M: Any  # (G, k, q): A restricted to S_g x X_g
+  bias_t: Any  # (m,) offset of the target above the ReLU
+  bias_s: Any  # (n_s + 1,) offset of s (A x + bias_s), padded with 0
+
+
+def _ones_cenv(prog: _Program, anc: list[int]):
+  """Concrete operands of ``anc`` with every float value replaced by ones, or None when a
+  concrete operand is not a float (its value would matter for the pattern)."""
+  env = {}
+  for i in anc:
+    e = prog.eqns[i]
+    if e.kind == "relu":
+      continue
+    if e.name not in _PATTERN_SAFE:
+      return None
+    for j, a in enumerate(e.invars):
+      if j in e.abstract_pos or not isinstance(a, _Var):
+        continue
+      if not _is_float(a.aval):
+        return None
+      env[a] = np.ones(a.shape, a.aval.dtype)
+  return env
+
+
+def _support(prog: _Program, target: _Var, anc: list[int], var_of) -> np.ndarray | None:
+  """Boolean ``(m, n)`` superset of the non-zero pattern of ``Λ`` rows at one variable, from
+  the transpose with all-ones coefficients (evaluated once, at trace time)."""
+  env = _ones_cenv(prog, anc)
+  if env is None:
+    return None
+  with jax.ensure_compile_time_eval():
+    px = _prefix(prog, env, target, anc, False)
+    lam = var_of(px)
+    if lam is None:
+      return None
+    return np.asarray(lam).reshape((px.m, -1)) != 0
+
+
+def _patch_plan(prog: _Program, cenv: dict, target: _Var, prefixes: dict,
+                ancestors: dict) -> _PatchPlan | None:
+  """The windowed plan for ``target``, or None when the pattern does not apply or does not pay."""
+  px: _Prefix = prefixes[target]
+  if len(px.pending) != 1 or px.at_input:
+    return None
+  (z, mu), = px.pending.items()
+  relu = [prog.eqns[i] for i in ancestors[target]
+          if prog.eqns[i].kind == "relu" and prog.eqns[i].outvars[0] is z]
+  if len(relu) != 1:
+    return None
+  e = relu[0]
+  if e.name != "max" or not _is_zero(e.invars[1 - e.abstract_pos[0]]):
+    return None
+  s = e.invars[e.abstract_pos[0]]
+  ps: _Prefix | None = prefixes.get(s)
+  if ps is None or ps.pending or len(ps.at_input) != 1:
+    return None
+  (x, a_mat), = ps.at_input.items()
+  m, n_s, n_x = target.size, s.size, x.size
+  above = [i for i in ancestors[target] if i not in set(ancestors[s])]
+  pat_mu = _support(prog, target, above, lambda p: p.pending.get(z))
+  pat_a = _support(prog, s, ancestors[s], lambda p: p.at_input.get(x))
+  if pat_mu is None or pat_a is None:
+    return None
+  k = int(pat_mu.sum(1).max())
+  if k == 0:
+    return None
+  # groups of rows with the same support in s (sorted, padded with n_s)
+  S_rows = np.full((m, k), n_s, np.int64)
+  for i in range(m):
+    nz = np.flatnonzero(pat_mu[i])
+    S_rows[i, :nz.size] = nz
+  S, group = np.unique(S_rows, axis=0, return_inverse=True)
+  group = group.reshape(-1)
+  G = S.shape[0]
+  counts = np.bincount(group, minlength=G)
+  r = int(counts.max())
+  rows = np.full((G, r), m, np.int64)
+  pos = np.zeros((m,), np.int64)
+  fill = np.zeros((G,), np.int64)
+  for i in range(m):
+    g = group[i]
+    rows[g, fill[g]] = i
+    pos[i] = g * r + fill[g]
+    fill[g] += 1
+  pat_a_pad = np.concatenate([pat_a, np.zeros((1, n_x), bool)])
+  windows = [np.flatnonzero(pat_a_pad[S[g]].any(0)) for g in range(G)]
+  q = max(1, max(w.size for w in windows))
+  X = np.full((G, q), n_x, np.int64)
+  for g, w in enumerate(windows):
+    X[g, :w.size] = w
+  # pays only when the windows are a small part of the dense map
+  if k * q * 8 > n_s * n_x or G * (k * q + r * k) > (1 << 26):
+    return None
+  dtype = target.aval.dtype
+  mu_pad = jnp.pad(mu.reshape((m, n_s)), ((0, 1), (0, 1)))
+  a_pad = jnp.pad(a_mat.reshape((n_s, n_x)), ((0, 1), (0, 1)))
+  return _PatchPlan(
+      s=s, x=x, rows=rows, pos=pos, S=S, X=X,
+      mu=mu_pad[rows[:, :, None], S[:, None, :]],
+      M=a_pad[S[:, :, None], X[:, None, :]],
+      bias_t=px.bias, bias_s=jnp.concatenate([ps.bias, jnp.zeros((1,), dtype)]))
+
+
+def _backward_patches(plan: _PatchPlan, target: _Var, ivs: dict, pre: dict):
+  """`_backward` for a target with a `_PatchPlan` (not in sound mode): the same bounds, up to
+  the order of float sums, computed on each group's window only.
+
+  With ``μ`` the coefficients of ``relu(s)`` and the ReLU lines ``(a_lo, a_up, b_up)`` on
+  ``[l, u]`` of ``s``: ``ν_lo = μ·(μ>0 ? a_lo : a_up)``, ``ν_hi = μ·(μ>0 ? a_up : a_lo)``,
+  ``Λ_x = ν M``, and ``lower = bias_t + min(μ,0)·b_up + ν_lo·bias_s + Λ_x·c - |Λ_x|·r`` on the
+  window (upper: max, ``+|Λ_x|·r``).
+  """
+  l, u = pre[plan.s]
+  a_lo, a_up, b_up = _relu_lines(l.reshape(-1), u.reshape(-1), False)
+  pad = lambda v: jnp.concatenate([v, jnp.zeros((1,), v.dtype)])  # noqa: E731
+  a_lo, a_up, b_up = pad(a_lo)[plan.S], pad(a_up)[plan.S], pad(b_up)[plan.S]  # (G, k)
+  mu = plan.mu  # (G, r, k)
+  pos = mu > 0
+  nu_lo = mu * jnp.where(pos, a_lo[:, None], a_up[:, None])
+  nu_hi = mu * jnp.where(pos, a_up[:, None], a_lo[:, None])
+  nu = jnp.concatenate([nu_lo, nu_hi], axis=1)  # (G, 2r, k)
+  bs = plan.bias_s[plan.S]  # (G, k)
+  off = jnp.einsum("grk,gk->gr", nu, bs)
+  r_ = mu.shape[1]
+  off = off + jnp.concatenate([jnp.einsum("grk,gk->gr", jnp.minimum(mu, 0), b_up),
+                               jnp.einsum("grk,gk->gr", jnp.maximum(mu, 0), b_up)], axis=1)
+  lam_x = jnp.einsum("grk,gkq->grq", nu, plan.M)  # (G, 2r, q)
+  c, rad = _center_radius(ivs[plan.x], False)
+  c, rad = pad(c.reshape(-1))[plan.X], pad(rad.reshape(-1))[plan.X]  # (G, q)
+  lin = jnp.einsum("grq,gq->gr", lam_x, c)
+  spread = jnp.einsum("grq,gq->gr", jnp.abs(lam_x), rad)
+  lower = (off[:, :r_] + lin[:, :r_] - spread[:, :r_]).reshape(-1)[plan.pos]
+  upper = (off[:, r_:] + lin[:, r_:] + spread[:, r_:]).reshape(-1)[plan.pos]
+  lower, upper = lower + plan.bias_t, upper + plan.bias_t
+  return lower.reshape(target.shape), upper.reshape(target.shape)
+
+
 @dataclasses.dataclass
 class _Ctx:
   prog: _Program
@@ -540,6 +716,7 @@ class _Ctx:
   intermediate: str
   prefixes: dict  # target var -> _Prefix
   ancestors: dict  # target var -> [eqn index]
+  plans: dict = dataclasses.field(default_factory=dict)  # target var -> _PatchPlan
 
 
 def _mag(iv: Interval):
@@ -551,6 +728,9 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict):
 
   ``ivs``: forward intervals of abstract variables; ``pre``: ReLU input var -> (l, u).
   """
+  plan = ctx.plans.get(target)
+  if plan is not None:
+    return _backward_patches(plan, target, ivs, pre)
   prog, cenv, sound = ctx.prog, ctx.cenv, ctx.sound
   px: _Prefix = ctx.prefixes[target]
   dtype = target.aval.dtype
@@ -747,7 +927,7 @@ def _lambda_bytes(prog: _Program, targets: list[_Var], ancestors: dict) -> int:
 
 def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None = 0,
           sound_fp: bool = False, chunk_size: int | None = None,
-          memory_bytes: int = 1 << 30) -> Callable:
+          memory_bytes: int = 1 << 30, patches: bool = True) -> Callable:
   """CROWN: backward linear bound propagation of ``fn`` over its `Interval` arguments.
 
   Args:
@@ -761,6 +941,10 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       exact arithmetic (see the module docstring).
     chunk_size: examples per vmapped chunk; default: as many as fit in ``memory_bytes``.
     memory_bytes: memory budget for the backward state of one chunk.
+    patches: compute the backward pass of a local layer (a convolution behind one ReLU layer
+      that follows a convolution of the input) on receptive-field windows (see the module
+      docstring); the bounds equal the dense pass up to the order of float sums. Not used with
+      ``sound_fp`` (whose error bound follows the dense pass).
 
   Returns:
     A function with ``fn``'s signature: any pytree leaf may be an `Interval` (the input box;
@@ -779,6 +963,8 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
     raise ValueError(f"crown: batch_axis must be an int or None, got {batch_axis!r}")
   if not isinstance(sound_fp, bool):
     raise ValueError(f"crown: sound_fp must be a bool, got {sound_fp!r}")
+  if not isinstance(patches, bool):
+    raise ValueError(f"crown: patches must be a bool, got {patches!r}")
   if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
     raise ValueError(f"crown: chunk_size must be a positive int, got {chunk_size!r}")
 
@@ -830,7 +1016,11 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
         targets = _targets(prog, intermediate)
         ancestors = {t: _ancestors(prog, t) for t in targets}
         prefixes = {t: _prefix(prog, cenv, t, ancestors[t], sound_fp) for t in targets}
-        ctx = _Ctx(prog, cenv, sound_fp, intermediate, prefixes, ancestors)
+        plans = {}
+        if patches and not sound_fp:
+          plans = {t: _patch_plan(prog, cenv, t, prefixes, ancestors) for t in targets}
+          plans = {t: p for t, p in plans.items() if p is not None}
+        ctx = _Ctx(prog, cenv, sound_fp, intermediate, prefixes, ancestors, plans)
         box_list = [v for v in values if is_interval(v)]
         if axes is None:
           outs = _run(ctx, box_list)
