@@ -4,7 +4,9 @@ Networks: (a) MLP 784-1024-1024-10, batch 256; (b) MLP 14-50-50-2, batch 1024;
 (c) CNN conv(16,k4,s2)-conv(32,k4,s1)-dense(100)-dense(10) on 28x28x1, batch 256.
 Methods, all jitted, median wall time: forward, IBP, IBP with interval parameters, IBP in sound
 floating-point mode (``sound=True``, outward rounding), CROWN-IBP, CROWN, and CROWN with
-``sound_fp=True``. Prints a table of times and ratios to the forward pass; writes
+``sound_fp=True``; with ``--compare-dense``, also CROWN without the windowed (patches) pass on
+the CNN (``crown_dense``, the path every conv layer took before), side by side with ``crown``.
+Prints a table of times and ratios to the forward pass; writes
 benchmarks/results/propagation.json.
 
 Timing on a shared machine: every method is compiled first, then the repetitions run in rounds
@@ -14,6 +16,7 @@ The JSON records the load average before and after the run.
 
     python benchmarks/propagation.py                 # all networks, all methods
     python benchmarks/propagation.py --nets b --skip-crown
+    python benchmarks/propagation.py --nets c --compare-dense --out /tmp/cnn.json
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ def _median_times(methods: dict, reps: dict) -> tuple[dict, dict]:
   return med(wall), med(cpu)
 
 
-def run(nets, reps: int, skip_crown: bool, crown_reps: int = 3) -> list[dict]:
+def run(nets, reps: int, skip_crown: bool, crown_reps: int = 3,
+        compare_dense: bool = False) -> list[dict]:
   rows = []
   for key in nets:
     title, make, shape = NETS[key]
@@ -101,6 +105,8 @@ def run(nets, reps: int, skip_crown: bool, crown_reps: int = 3) -> list[dict]:
     if not skip_crown:
       methods["crown_ibp"] = (jax.jit(bj.crown(model.apply, intermediate="ibp")), (params, box))
       methods["crown"] = (jax.jit(bj.crown(model.apply)), (params, box))
+      if compare_dense and key == "c":
+        methods["crown_dense"] = (jax.jit(bj.crown(model.apply, patches=False)), (params, box))
       methods["crown_sound"] = (jax.jit(bj.crown(model.apply, sound_fp=True)), (params, box))
     n_reps = {m: (crown_reps if m.startswith("crown") else reps) for m in methods}
     times, cpu = _median_times(methods, n_reps)
@@ -129,6 +135,10 @@ def targets(rows: list[dict], cores: int) -> dict:
     t = {"ibp_ratio_wall": r["ratio_to_forward"]["ibp"],
          "ibp_ratio_cpu": r["cpu_ratio_to_forward"]["ibp"]}
     t["ibp_within_2.5x"] = min(t["ibp_ratio_wall"], t["ibp_ratio_cpu"]) <= 2.5
+    if "crown_dense" in r["seconds"]:
+      t["crown_dense_over_crown_wall"] = r["seconds"]["crown_dense"] / r["seconds"]["crown"]
+      t["crown_dense_over_crown_cpu"] = (r["cpu_seconds"]["crown_dense"]
+                                         / r["cpu_seconds"]["crown"])
     if "crown" in r["seconds"] and r["net"] in ("a", "c"):
       t["crown_wall_s"] = r["seconds"]["crown"]
       t["crown_idle_estimate_s"] = r["cpu_seconds"]["crown"] / cores
@@ -137,28 +147,37 @@ def targets(rows: list[dict], cores: int) -> dict:
   return out
 
 
+def _cell(row: dict, times: str, ratios: str, method: str) -> str:
+  if method not in row[times]:
+    return " " * 16
+  return f"{row[times][method]:9.4f}s {row[ratios][method]:5.1f}x"
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--nets", default="abc")
   parser.add_argument("--reps", type=int, default=5)
   parser.add_argument("--crown-reps", type=int, default=3)
   parser.add_argument("--skip-crown", action="store_true")
+  parser.add_argument("--compare-dense", action="store_true",
+                      help="on the CNN, also time CROWN without the windowed pass")
   parser.add_argument("--shared", action="store_true",
                       help="record that other work was running on the machine")
   parser.add_argument("--out", default="benchmarks/results/propagation.json")
   args = parser.parse_args()
   load_before = os.getloadavg()
-  rows = run(list(args.nets), args.reps, args.skip_crown, args.crown_reps)
+  rows = run(list(args.nets), args.reps, args.skip_crown, args.crown_reps, args.compare_dense)
+  names = list(dict.fromkeys(m for r in rows for m in r["seconds"]))
   load_after = os.getloadavg()
   table = ["wall time (median) and ratio to the jitted forward pass",
-           f"{'network':<38}" + "".join(f"{m:>16}" for m in rows[0]["seconds"])]
+           f"{'network':<38}" + "".join(f"{m:>16}" for m in names)]
   for r in rows:
-    table.append(f"{r['title']:<38}" + "".join(
-        f"{r['seconds'][m]:9.4f}s {r['ratio_to_forward'][m]:5.1f}x" for m in r["seconds"]))
+    table.append(f"{r['title']:<38}" + "".join(_cell(r, "seconds", "ratio_to_forward", m)
+                                                for m in names))
   table.append("process CPU time (median, all threads) and ratio to the forward pass")
   for r in rows:
-    table.append(f"{r['title']:<38}" + "".join(
-        f"{r['cpu_seconds'][m]:9.4f}s {r['cpu_ratio_to_forward'][m]:5.1f}x" for m in r["seconds"]))
+    table.append(f"{r['title']:<38}" + "".join(_cell(r, "cpu_seconds", "cpu_ratio_to_forward", m)
+                                                for m in names))
   print("\n" + "\n".join(table))
   out = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
          "machine": platform.processor() or platform.machine(), "os_cpu_count": os.cpu_count(),
