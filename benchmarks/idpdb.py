@@ -16,14 +16,15 @@ Steps (LUCID spec §2.1, §2.8, §4):
    ``--node-time-limit``, total limit ``--time-limit`` per class: beta, exact flag, time to reach
    the final bound, the anytime curve, number of MILPs, and two lower bounds on beta*: the best
    confirmed leaking confidence among MILP incumbents (``lower``) and from a projected-gradient
-   search (`--attack-starts` 2048, `milp.idpdb.attack`, ``attack_lower``): beta* lies in
+   search (`--attack-starts`, `milp.idpdb.attack`, ``attack_lower``): beta* lies in
    [max(lower, attack_lower), beta].
 3. **Ablation** (spec §4.8, Table 4) on the first ``--ablation-members`` members with
    ``--ablation-time-limit`` per class and variant: H (one hyper-network MILP), HM (+ matching
    dependencies), HMRiS (+ relax-if-similar), HMB (HM + branch-and-bound), LUCID (all four), and
    Naive (per-member MILPs, exact when it finishes).
 
-    python benchmarks/idpdb.py                              # defaults, ~20 min on 2 cores
+    python benchmarks/idpdb.py                              # defaults, ~15 min on 2 cores
+    python benchmarks/idpdb.py --attack-starts 2048 --attack-steps 400   # the stored JSON
     python benchmarks/idpdb.py --members 500 --time-limit 3600 --node-time-limit 600 \\
         --ablation-members 0                                # the 2-hour target run (2x50)
     python benchmarks/idpdb.py --hidden 100,100 --out benchmarks/results/idpdb_adult_2x100.json
@@ -77,8 +78,8 @@ def parse(argv=None):
   p.add_argument("--executor", default="process", choices=("serial", "process", "ray"))
   p.add_argument("--max-k", type=int, default=2,
                  help="cap on the elbow k (LUCID's code: 2; 0 = no cap, the pure elbow)")
-  p.add_argument("--attack-starts", type=int, default=2048, help="PGD starts (0 skips it)")
-  p.add_argument("--attack-steps", type=int, default=400)
+  p.add_argument("--attack-starts", type=int, default=1024, help="PGD starts (0 skips it)")
+  p.add_argument("--attack-steps", type=int, default=300)
   p.add_argument("--ablation-members", type=int, default=10, help="0 skips the ablation")
   p.add_argument("--ablation-time-limit", type=float, default=60.0,
                  help="seconds per class and variant (a third of it per MILP)")
