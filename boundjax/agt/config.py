@@ -46,6 +46,9 @@ class Config:
     interval_matmul: "rump" (midpoint-radius, 4 products; the public code's default) or "exact"
       (sign-split products; exact when one factor is sign-definite, e.g. post-ReLU activations).
     fragsize: number of samples bounded at once; memory is O(fragsize * #params + k * #params).
+      It does not change the bounds (up to the rounding order of the sums). On a 2-core CPU
+      250-1000 is fastest for the benchmark MLPs (benchmarks/agt.py): larger fragments leave
+      the cache, smaller ones pay per-fragment overhead.
     seed: seed for the fixed data order used by `fit` (shuffled once, then fixed).
     fp_margin: the sound floating-point mode: widen every step outward by a worst-case bound
       on the rounding error of the batch sums and of the update

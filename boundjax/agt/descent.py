@@ -94,12 +94,19 @@ def init_accumulator(leaf: Array, k: int) -> Accumulator:
 
 
 def _group_size(f: int, k: int) -> int:
-  """Group size g of `topk_leading`: about sqrt(f / k), which balances the two selections."""
-  return max(1, int(round(math.sqrt(f / max(k, 1)))))
+  """Group size g of `topk_leading`: about sqrt(f / k) (balances the two selections), leaning
+  small (the gather of k groups costs more per value than the group maxima), and a divisor of f
+  where one is near, so that no padding copy is needed."""
+  target = max(1.0, 0.7 * math.sqrt(f / max(k, 1)))
+  divs = [g for g in range(max(1, int(target / 2)), int(2 * target) + 1) if f % g == 0]
+  return min(divs, key=lambda g: abs(math.log(g / target))) if divs else max(1, round(target))
 
 
-def topk_leading(values: Array, k: int, extra: Array | None = None) -> Array:
+def topk_leading(values: Array, k: int, extra: Array | None = None, largest: bool = True
+                 ) -> Array:
   """The k largest of ``values`` along the leading axis, per coordinate, shape (*rest, k).
+
+  With ``largest=False`` the k smallest (in increasing order), without negating ``values``.
 
   Exact (the same multiset as ``lax.top_k`` on the transposed array) but cheaper for k << f:
   the f samples are split into groups of g ~ sqrt(f / k); only the k groups with the largest
@@ -113,6 +120,7 @@ def topk_leading(values: Array, k: int, extra: Array | None = None) -> Array:
   f = values.shape[0]
   rest = values.shape[1:]
   v = values.reshape(f, -1)
+  sgn = 1 if largest else -1
   g = _group_size(f, k)
   ng = -(-f // g)
   if ng <= k or g == 1:
@@ -120,14 +128,15 @@ def topk_leading(values: Array, k: int, extra: Array | None = None) -> Array:
   else:
     pad = ng * g - f
     if pad:
-      v = jnp.concatenate([v, jnp.full((pad, v.shape[1]), -jnp.inf, v.dtype)], 0)
+      v = jnp.concatenate([v, jnp.full((pad, v.shape[1]), -sgn * jnp.inf, v.dtype)], 0)
     vg = v.reshape(ng, g, -1)
-    best = jax.lax.top_k(jnp.max(vg, axis=1).T, k)[1]              # (d, k) group indices
+    ext = jnp.max(vg, axis=1) if largest else jnp.min(vg, axis=1)
+    best = jax.lax.top_k(sgn * ext.T, k)[1]                        # (d, k) group indices
     sel = jnp.take_along_axis(vg, best.T[:, None, :], axis=0)       # (k, g, d)
     cand = sel.reshape(k * g, -1).T
   if extra is not None:
     cand = jnp.concatenate([extra.reshape(cand.shape[0], -1), cand], -1)
-  return jax.lax.top_k(cand, k)[0].reshape(rest + (k,))
+  return (sgn * jax.lax.top_k(sgn * cand, k)[0]).reshape(rest + (k,))
 
 
 def accumulate(acc: Accumulator, g_n: Array, d_l: Array, d_u: Array, mask: Array | None,
@@ -140,10 +149,14 @@ def accumulate(acc: Accumulator, g_n: Array, d_l: Array, d_u: Array, mask: Array
   so the result does not depend on fragment size or order.
   """
   f = g_n.shape[0]
-  w = jnp.ones((f,), g_n.dtype) if mask is None else mask.astype(g_n.dtype)
-  # Sums over the sample axis as a (1, f) x (f, d) product: XLA's CPU reduction over a leading
-  # axis is an order of magnitude slower than the BLAS call, and the 0/1 weights mask padding.
-  wsum = lambda a: (w @ a.reshape(f, -1)).reshape(a.shape[1:])  # noqa: E731
+  if mask is None:
+    # A plain reduction: XLA fuses it into the element-wise producer of the per-sample values
+    # (outer product, clipping), so those are not written out just to be summed; a (1, f) x
+    # (f, d) product would force them into memory (2-3x slower per fragment on CPU).
+    wsum = lambda a: jnp.sum(a, axis=0)  # noqa: E731
+  else:
+    w = mask.astype(g_n.dtype)      # 0/1 weights drop the padding
+    wsum = lambda a: (w @ a.reshape(f, -1)).reshape(a.shape[1:])  # noqa: E731
   sum_n = acc.sum_n + wsum(g_n)
   sum_l = acc.sum_l + wsum(d_l)
   sum_u = acc.sum_u + wsum(d_u)
@@ -160,7 +173,7 @@ def accumulate(acc: Accumulator, g_n: Array, d_l: Array, d_u: Array, mask: Array
     cand_l = jnp.where(m, d_l, -jnp.inf)
     cand_u = jnp.where(m, d_u, jnp.inf)
   top_l = topk_leading(cand_l, k, acc.top_l)
-  bot_u = -topk_leading(-cand_u, k, -acc.bot_u)
+  bot_u = topk_leading(cand_u, k, acc.bot_u, largest=False)
   return Accumulator(sum_n, sum_l, sum_u, top_l, bot_u, sum_abs)
 
 
@@ -211,7 +224,6 @@ def descent_bounds(delta_l: Array, delta_u: Array, k: int, gamma: float,
   acc = init_accumulator(delta_l[0], k)
   for s in range(0, b, f):
     sl = slice(s, s + f)
-    n = delta_l[sl].shape[0]
-    acc = accumulate(acc, delta_l[sl], delta_l[sl], delta_u[sl], jnp.ones((n,), bool))
+    acc = accumulate(acc, delta_l[sl], delta_l[sl], delta_u[sl], None)
   _, lo, hi = finalize(acc, b, gamma)
   return lo, hi
