@@ -438,7 +438,14 @@ def test_patches_flag_is_checked_and_sound_fp_keeps_dense_pass(monkeypatch):
   model = _TwoConv(3, 4, 3, 3, 1, 1, "SAME", "SAME")
   params = _init(model, (8, 8, 1), 0)
   box = _random_box(0, 1, (8, 8, 1))
-  crown(model.apply, sound_fp=True)(params, box)
+  jax.eval_shape(crown(model.apply, sound_fp=True), params, box)  # traced, not compiled
   assert not calls
-  crown(model.apply)(params, box)
+  jax.eval_shape(crown(model.apply), params, box)
   assert calls
+  # the whole batch as one problem: rows of both examples, windows in each
+  box2 = _random_box(1, 2, (8, 8, 1))
+  whole = crown(model.apply, batch_axis=None)(params, box2)
+  dense = crown(model.apply, batch_axis=None, patches=False)(params, box2)
+  for a, b in zip(whole, dense):
+    np.testing.assert_allclose(a.lower, b.lower, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(a.upper, b.upper, rtol=1e-5, atol=1e-5)
