@@ -139,6 +139,9 @@ def topk_leading(values: Array, k: int, extra: Array | None = None, largest: boo
   return (sgn * jax.lax.top_k(sgn * cand, k)[0]).reshape(rest + (k,))
 
 
+_REDUCE_MAX = 8192   # leaf size up to which fragment sums are plain reductions (CPU timings)
+
+
 def accumulate(acc: Accumulator, g_n: Array, d_l: Array, d_u: Array, mask: Array | None,
                track_abs: bool = True) -> Accumulator:
   """Merges one fragment (leading axis = samples; ``mask`` marks real samples, 0 for padding;
@@ -149,13 +152,15 @@ def accumulate(acc: Accumulator, g_n: Array, d_l: Array, d_u: Array, mask: Array
   so the result does not depend on fragment size or order.
   """
   f = g_n.shape[0]
-  if mask is None:
+  if mask is None and g_n[0].size <= _REDUCE_MAX:
     # A plain reduction: XLA fuses it into the element-wise producer of the per-sample values
-    # (outer product, clipping), so those are not written out just to be summed; a (1, f) x
-    # (f, d) product would force them into memory (2-3x slower per fragment on CPU).
+    # (outer product, clipping), so those are not written out just to be summed (3x faster
+    # per fragment than the product below for the 128x32 kernel of benchmarks/agt.py).
     wsum = lambda a: jnp.sum(a, axis=0)  # noqa: E731
   else:
-    w = mask.astype(g_n.dtype)      # 0/1 weights drop the padding
+    # Sums over the sample axis as a (1, f) x (f, d) product: for large leaves (the 384x100
+    # kernel) XLA's CPU reduction over a leading axis is an order of magnitude slower.
+    w = jnp.ones((f,), g_n.dtype) if mask is None else mask.astype(g_n.dtype)  # 0/1: padding
     wsum = lambda a: (w @ a.reshape(f, -1)).reshape(a.shape[1:])  # noqa: E731
   sum_n = acc.sum_n + wsum(g_n)
   sum_l = acc.sum_l + wsum(d_l)
