@@ -182,7 +182,8 @@ def relu_difference(d: Pair, ref: Pair, hyp: Pair) -> Pair:
 
 
 def difference_bounds(net: Network, hyper: Network, lo: Any, hi: Any,
-                      method: str = "ibp") -> DifferenceBounds:
+                      method: str = "ibp", ref_bounds: Bounds | None = None,
+                      hyper_bounds: list | None = None) -> DifferenceBounds:
   """Difference intervals of ``hyper`` (N#) against ``net`` (N) over the input box ``[lo, hi]``.
 
   Args:
@@ -192,6 +193,11 @@ def difference_bounds(net: Network, hyper: Network, lo: Any, hi: Any,
     method: how N's pre-activation bounds are computed, ``"ibp"`` or ``"crown"``
       (`milp.bounds.compute`). The hyper-network's bounds are interval arithmetic refined by the
       differences; with ``"crown"`` they are also intersected with CROWN on the hyper-network.
+    ref_bounds: optional precomputed sound pre-activation bounds ``[(l_m, u_m)]`` of N over the
+      box (e.g. LP-tightened, `milp.idpdb.tighten_net`); they replace ``method``'s bounds for N.
+    hyper_bounds: optional sound bounds on N#'s pre-activations, one ``(l#_m, u#_m)`` or
+      ``None`` per layer (a shorter list leaves the later layers alone); each is intersected
+      with the computed ones before they feed forward. The caller vouches for their soundness.
 
   Returns:
     `DifferenceBounds` (float64).
@@ -203,6 +209,11 @@ def difference_bounds(net: Network, hyper: Network, lo: Any, hi: Any,
   lo = np.asarray(lo, np.float64).reshape(-1)
   hi = np.asarray(hi, np.float64).reshape(-1)
   ref = bounds_mod.compute(net, lo, hi, method)  # validates the box
+  if ref_bounds is not None:
+    if len(ref_bounds) != len(net.layers):
+      raise ValueError(f"difference_bounds: ref_bounds has {len(ref_bounds)} layers, net has "
+                       f"{len(net.layers)}.")
+    ref = [(np.asarray(a, np.float64), np.asarray(b, np.float64)) for a, b in ref_bounds]
   hyp_extra = bounds_mod.crown(hyper, lo, hi) if method == "crown" else None
   pre: list[Pair] = []
   post: list[Pair] = []
@@ -216,6 +227,8 @@ def difference_bounds(net: Network, hyper: Network, lo: Any, hi: Any,
     Lh, Uh = bounds_mod.affine_ibp(h, zh[0], zh[1])
     if hyp_extra is not None:
       Lh, Uh = np.maximum(Lh, hyp_extra[m][0]), np.minimum(Uh, hyp_extra[m][1])
+    if hyper_bounds is not None and m < len(hyper_bounds) and hyper_bounds[m] is not None:
+      Lh, Uh = np.maximum(Lh, hyper_bounds[m][0]), np.minimum(Uh, hyper_bounds[m][1])
     Lh, Uh = np.maximum(Lh, L + d_lo), np.minimum(Uh, U + d_hi)
     d_lo, d_hi = np.maximum(d_lo, Lh - U), np.minimum(d_hi, Uh - L)
     # Rounding in the sums above is covered by the slack; guard against crossing anyway.

@@ -63,6 +63,7 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from milp import bounds as bounds_lib
 from milp import network as net_lib
 from milp.difference import DifferenceBounds, difference_bounds
 from milp.encode import Encoding, reconstruct_member
@@ -71,6 +72,12 @@ from milp.network import AffineLayer, Network
 from milp.solve import SolveConfig, solve
 
 _EXECUTORS = ("serial", "process", "ray")
+_TIGHTEN = ("none", "lp", "milp")
+# Outward margin on a tightening LP/MILP optimum: HiGHS's default primal/dual feasibility
+# tolerances are 1e-7, so the reported optimum may overshoot the true one by a few 1e-7 relative
+# to the magnitudes involved (the objective and the old interval's width).
+_TIGHT_REL = 4e-7
+_TIGHT_ABS = 1e-9
 
 
 # ------------------------------------------------------------------------------------------------
@@ -101,6 +108,13 @@ class IdpDbConfig:
     max_k: cap on the elbow k before it is raised to ``workers`` (``None``: no cap; LUCID's code
       uses 2, which refines the anytime bound sooner when every MILP hits its time limit).
     tol: replay tolerance of incumbents.
+    tighten: pre-activation bound tightening before the node MILPs (spec §2.4, MIPVerify-style):
+      ``"none"`` (interval/CROWN bounds only), ``"lp"`` (maximise/minimise every unstable
+      neuron over the LP relaxation of the earlier layers, `tighten_net` / `tighten_hyper`) or
+      ``"milp"`` (the same with the earlier ReLUs exact, each solve capped at
+      ``tighten_time_limit``; the dual bound is kept on a time-out).
+    tighten_time_limit: seconds per tightening LP/MILP (a solve that does not finish keeps the
+      old bound in ``"lp"`` mode and its dual bound in ``"milp"`` mode).
   """
 
   tau: float = 0.01
@@ -120,8 +134,15 @@ class IdpDbConfig:
   kmeans_ks: tuple[int, ...] = (2, 4, 8)
   max_k: int | None = None
   tol: float = 1e-5
+  tighten: str = "none"
+  tighten_time_limit: float = 5.0
 
   def __post_init__(self):
+    if self.tighten not in _TIGHTEN:
+      raise ValueError(f"IdpDbConfig: tighten must be one of {_TIGHTEN}, got {self.tighten!r}.")
+    if not self.tighten_time_limit > 0:
+      raise ValueError(f"IdpDbConfig: tighten_time_limit must be > 0 seconds, got "
+                       f"{self.tighten_time_limit}.")
     if not self.tau >= 0:
       raise ValueError(f"IdpDbConfig: tau must be >= 0, got {self.tau}.")
     if self.bounds not in ("ibp", "crown"):
@@ -162,6 +183,8 @@ class NodeResult:
       ``NO_SOLUTION_FOUND``, ...).
     seconds: build + solve time.
     n_binaries: binaries in the model; n_relaxed: N# neurons relaxed by RiS.
+    n_unstable: unstable hidden neurons of N and N# in the model (after any tightening).
+    tighten_seconds: time spent tightening N#'s bounds for this node (included in ``seconds``).
   """
 
   upper: float
@@ -173,6 +196,8 @@ class NodeResult:
   seconds: float
   n_binaries: int
   n_relaxed: int
+  n_unstable: int = 0
+  tighten_seconds: float = 0.0
 
   @property
   def optimal(self) -> bool:
@@ -194,13 +219,16 @@ class NodeRecord:
   n_relaxed: int
   depth: int
   optimal: bool = False
+  n_unstable: int = 0
+  tighten_seconds: float = 0.0
 
   def as_dict(self) -> dict:
     return dict(id=self.id, parent=self.parent, size=int(self.members.size),
                 members=self.members.tolist() if self.members.size <= 16 else None,
                 bound=_json_float(self.bound), milp_bound=_json_float(self.milp_bound),
                 status=self.status, optimal=self.optimal, seconds=self.seconds,
-                n_binaries=self.n_binaries, n_relaxed=self.n_relaxed, depth=self.depth)
+                n_binaries=self.n_binaries, n_relaxed=self.n_relaxed, depth=self.depth,
+                n_unstable=self.n_unstable, tighten_seconds=self.tighten_seconds)
 
 
 @dataclasses.dataclass
@@ -219,6 +247,8 @@ class IdpDbResult:
     lower: the best *confirmed* leaking confidence found on the way (an incumbent ``x`` where a
       real member disagrees with class c), so ``lower <= beta*_c <= beta``; ``-inf`` if none.
     lower_x, lower_member: that input and the member row that disagrees there.
+    n_unstable_net: N's unstable hidden neurons over the input box (after tightening, if any).
+    tighten_seconds_net: time spent tightening N's bounds (once per call).
   """
 
   label: int
@@ -232,10 +262,13 @@ class IdpDbResult:
   lower: float = -math.inf
   lower_x: np.ndarray | None = None
   lower_member: int | None = None
+  n_unstable_net: int = -1
+  tighten_seconds_net: float = 0.0
 
   def as_dict(self) -> dict:
     return dict(label=self.label, beta=_json_float(self.beta), exact=self.exact,
                 timed_out=self.timed_out, n_milps=self.n_milps,
+                n_unstable_net=self.n_unstable_net, tighten_seconds_net=self.tighten_seconds_net,
                 anytime=[(t, _json_float(b)) for t, b in self.anytime],
                 seconds=self.seconds, lower=_json_float(self.lower),
                 lower_member=self.lower_member,
@@ -454,10 +487,147 @@ def _disagreement_rows(enc: Encoding, hyper: Network, outs: np.ndarray, label: i
                  np.zeros(idx.size))
 
 
+# ------------------------------------------------------------------------------------------------
+# Bound tightening (spec §2.4): per-neuron LP/MILP on the partially built model
+# ------------------------------------------------------------------------------------------------
+
+def _prefix(net: Network, m: int) -> Network:
+  """The first ``m + 1`` affine layers of ``net`` (layer ``m``'s pre-activations as outputs)."""
+  return Network(tuple(net.layers[:m + 1]), net.input_shape)
+
+
+def _relax_integers(enc: Encoding, ids: np.ndarray) -> None:
+  """Makes the variables ``ids`` continuous: a Tjeng ReLU with ``a in [0, 1]`` projects onto
+  the triangle relaxation of ``(z, y)``."""
+  from ortools.math_opt.elemental.python import enums
+  ids = np.asarray(ids, np.int64)
+  if ids.size:
+    enc._el.set_attrs(enums.BoolAttr1.VARIABLE_INTEGER, ids[:, None], np.zeros(ids.size, bool))
+
+
+def _tighten_layer(enc: Encoding, z: np.ndarray, L: np.ndarray, U: np.ndarray, which: np.ndarray,
+                   cfg: IdpDbConfig) -> tuple[np.ndarray, np.ndarray, int]:
+  """Maximises and minimises each variable ``z[j]`` (``which[j]``) over ``enc``.
+
+  A new bound is accepted only from a proven solve (``OPTIMAL``; in ``"milp"`` mode also a
+  time-out's dual bound), moved outward by ``_TIGHT_REL * (|v| + U - L) + _TIGHT_ABS`` for the
+  solver's tolerances, and intersected with the old ``[L, U]``. A failed or timed-out LP keeps
+  the old bound. Returns the new ``(L, U)`` and the number of solves.
+  """
+  L, U = L.copy(), U.copy()
+  scfg = SolveConfig(solver="highs", time_limit=cfg.tighten_time_limit, threads=cfg.threads,
+                     relative_gap=cfg.relative_gap)
+  ok = ("OPTIMAL",) if cfg.tighten == "lp" else ("OPTIMAL", "FEASIBLE", "NO_SOLUTION_FOUND")
+  n = 0
+  for j in np.flatnonzero(which):
+    for maximize in (True, False):
+      if not L[j] < U[j]:
+        break
+      enc.set_objective([z[j]], [1.0], maximize=maximize)
+      out = solve(enc, scfg)
+      n += 1
+      v = out.dual_bound
+      if out.reason not in ok or not math.isfinite(v):
+        continue
+      pad = _TIGHT_REL * (abs(v) + (U[j] - L[j])) + _TIGHT_ABS
+      if maximize:
+        U[j] = max(min(U[j], v + pad), L[j])
+      else:
+        L[j] = min(max(L[j], v - pad), U[j])
+  return L, U, n
+
+
+def _to_tighten(m: int, n_layers: int, L: np.ndarray, U: np.ndarray) -> np.ndarray:
+  """Neurons worth an LP: the unstable ones of a hidden layer, every logit of the last layer."""
+  if m == n_layers - 1:
+    return L < U
+  return (L < 0) & (U > 0)
+
+
+def tighten_net(net: Network, lo: Any, hi: Any, cfg: IdpDbConfig = IdpDbConfig(),
+                bounds: list | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+  """N's pre-activation bounds over ``[lo, hi]`` tightened layer by layer (spec §2.4).
+
+  Layer ``m >= 1``: each unstable neuron (every logit in the last layer) is maximised and
+  minimised over the model of layers ``0..m`` with the already tightened bounds: the LP
+  relaxation (``cfg.tighten == "lp"``: stable ReLUs exact, unstable ones the triangle) or the
+  MILP (``"milp"``, per solve ``cfg.tighten_time_limit``, dual bound kept on a time-out).
+  Layer 0 is skipped: interval arithmetic is already exact for one affine map of a box.
+  Sound: every real ``x`` is feasible in the relaxation and the accepted optimum is the solver's
+  proven bound widened by its tolerance; results are intersected with the starting bounds
+  (``bounds``, else ``cfg.bounds`` from `milp.bounds`). ``cfg.tighten == "none"`` returns them.
+  """
+  lo = np.asarray(lo, np.float64).reshape(-1)
+  hi = np.asarray(hi, np.float64).reshape(-1)
+  out = [(np.asarray(a, np.float64).copy(), np.asarray(b, np.float64).copy())
+         for a, b in (bounds if bounds is not None else bounds_lib.compute(net, lo, hi, cfg.bounds))]
+  if cfg.tighten == "none":
+    return out
+  n_layers = len(net.layers)
+  for m in range(1, n_layers):
+    which = _to_tighten(m, n_layers, *out[m])
+    if not which.any():
+      continue
+    enc = Encoding("tighten-N")
+    x = enc.add_variables(lo, hi)
+    nv = enc.add_network(_prefix(net, m), x, lo, hi, bounds=out[:m + 1])
+    if cfg.tighten == "lp":
+      _relax_integers(enc, nv.binaries)
+    L, U, _ = _tighten_layer(enc, nv.pre[m], out[m][0], out[m][1], which, cfg)
+    out[m] = (L, U)
+  return out
+
+
+def tighten_hyper(net: Network, hyper: Network, lo: Any, hi: Any,
+                  ref: list[tuple[np.ndarray, np.ndarray]], cfg: IdpDbConfig = IdpDbConfig()
+                  ) -> DifferenceBounds:
+  """Difference bounds (`milp.difference.difference_bounds`) with N#'s bounds tightened.
+
+  ``ref``: N's (tightened) pre-activation bounds, reused for every node. For each layer
+  ``m >= 1`` the difference intervals are recomputed from the bounds tightened so far, and each
+  unstable neuron of N# (every logit in the last layer) is maximised and minimised over the
+  *joint* model of layers ``0..m``: N (exact stable ReLUs, triangle or binary unstable ones),
+  N# (interval rows, Eq. 3e), and the matching dependencies of spec §2.6 (post-ReLU for layers
+  ``< m``, pre-activation for ``<= m``), which are sound whatever ``cfg.matching`` says.
+  Same soundness argument and margins as `tighten_net`.
+  """
+  lo = np.asarray(lo, np.float64).reshape(-1)
+  hi = np.asarray(hi, np.float64).reshape(-1)
+  n_layers = len(net.layers)
+  hb: list = [None] * n_layers
+  diff = difference_bounds(net, hyper, lo, hi, cfg.bounds, ref_bounds=ref)
+  if cfg.tighten == "none":
+    return diff
+  for m in range(1, n_layers):
+    which = _to_tighten(m, n_layers, *diff.hyper[m])
+    if not which.any():
+      continue
+    enc = Encoding("tighten-N#")
+    x = enc.add_variables(lo, hi)
+    nv = enc.add_network(_prefix(net, m), x, lo, hi, bounds=list(diff.ref[:m + 1]))
+    relax = [np.full(h[0].shape, cfg.tighten == "lp") for h in diff.hyper[:m]]
+    h_pre, h_post, _ = _add_hyper(enc, _prefix(hyper, m), x, lo, list(diff.hyper[:m + 1]), relax)
+    if cfg.tighten == "lp":
+      _relax_integers(enc, nv.binaries)
+    for k in range(m):
+      _pair_rows(enc, h_post[k], nv.post[k], *diff.post[k])
+    for k in range(m + 1):
+      _pair_rows(enc, h_pre[k], nv.pre[k], *diff.pre[k])
+    L, U, _ = _tighten_layer(enc, h_pre[m], diff.hyper[m][0], diff.hyper[m][1], which, cfg)
+    hb[m] = (L, U)
+    diff = difference_bounds(net, hyper, lo, hi, cfg.bounds, ref_bounds=ref, hyper_bounds=hb)
+  return diff
+
+
+def _n_unstable(bounds) -> int:
+  return bounds_lib.count_unstable(list(bounds))
+
+
 def node_bound(net: Network, hyper: Network, label: int, cfg: IdpDbConfig = IdpDbConfig(), *,
                input_lower: Any = 0.0, input_upper: Any = 1.0,
                time_limit: float | None = None,
-               diff: DifferenceBounds | None = None) -> NodeResult:
+               diff: DifferenceBounds | None = None,
+               ref_bounds: list | None = None) -> NodeResult:
   """Eq. 3: ``max beta`` s.t. ``C^c_N(x) >= beta``, ``C^c_{N#}(x) <= 0``, ``x`` in the box.
 
   Args:
@@ -467,7 +637,10 @@ def node_bound(net: Network, hyper: Network, label: int, cfg: IdpDbConfig = IdpD
     cfg: `IdpDbConfig` (MD, RiS, tau, bounds, solver, ``node_time_limit``).
     input_lower, input_upper: the input domain, ``[0, 1]^d`` in LUCID (scalars or arrays).
     time_limit: overrides ``cfg.node_time_limit`` (the branch-and-bound passes what is left).
-    diff: precomputed difference bounds (else `milp.difference.difference_bounds`).
+    diff: precomputed difference bounds (else `milp.difference.difference_bounds`, or
+      `tighten_hyper` when ``cfg.tighten`` is not ``"none"``).
+    ref_bounds: precomputed sound bounds of N (e.g. `tighten_net`, shared by every node);
+      computed here when ``None``.
 
   Returns:
     `NodeResult` whose ``upper`` is the solver's dual bound (sound).
@@ -482,8 +655,15 @@ def node_bound(net: Network, hyper: Network, label: int, cfg: IdpDbConfig = IdpD
   d = net.input_size
   lo = np.broadcast_to(np.asarray(input_lower, np.float64), (d,)).copy()
   hi = np.broadcast_to(np.asarray(input_upper, np.float64), (d,)).copy()
+  t_tight = 0.0
   if diff is None:
-    diff = difference_bounds(net, hyper, lo, hi, cfg.bounds)
+    if cfg.tighten == "none":
+      diff = difference_bounds(net, hyper, lo, hi, cfg.bounds, ref_bounds=ref_bounds)
+    else:
+      if ref_bounds is None:
+        ref_bounds = tighten_net(net, lo, hi, cfg)
+      diff = tighten_hyper(net, hyper, lo, hi, ref_bounds, cfg)
+      t_tight = time.perf_counter() - t0
   n_layers = len(net.layers)
   relax_masks = []
   n_relaxed = 0
@@ -518,6 +698,8 @@ def node_bound(net: Network, hyper: Network, label: int, cfg: IdpDbConfig = IdpD
   enc.set_objective([beta], [1.0], maximize=True)
 
   limit = cfg.node_time_limit if time_limit is None else time_limit
+  if limit is not None and t_tight > 0:  # the tightening counts against the node's time
+    limit = max(limit - t_tight, 0.1 * limit)
   out = solve(enc, cfg.solve_config(limit))
   upper = out.dual_bound
   if out.reason not in ("OPTIMAL", "INFEASIBLE", "FEASIBLE", "NO_SOLUTION_FOUND"):
@@ -538,7 +720,8 @@ def node_bound(net: Network, hyper: Network, label: int, cfg: IdpDbConfig = IdpD
           f"idpdb: the incumbent's confidence replays to {x_conf:.6g} in float64, below the MILP "
           f"value {out.primal_value:.6g}: the encoding of N is wrong.")
   return NodeResult(upper, out.primal_value, x_val, x_conf, w_margin, out.reason,
-                    time.perf_counter() - t0, enc.num_binaries, n_relaxed)
+                    time.perf_counter() - t0, enc.num_binaries, n_relaxed,
+                    _n_unstable(diff.ref) + _n_unstable(diff.hyper), t_tight)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -552,10 +735,12 @@ class _NodeJob:
   label: int
   cfg: IdpDbConfig
   time_limit: float | None
+  ref_bounds: list | None = None
 
 
 def _run_node(job: _NodeJob) -> NodeResult:
-  return node_bound(job.net, job.hyper, job.label, job.cfg, time_limit=job.time_limit)
+  return node_bound(job.net, job.hyper, job.label, job.cfg, time_limit=job.time_limit,
+                    ref_bounds=job.ref_bounds)
 
 
 def _worker_init() -> None:
@@ -698,6 +883,9 @@ def lucid_compute(net: Network, members: Sequence[Network] | Family, label: int,
   _check_compatible(net, family.member(0), "the family")
   label = _check_label(net, label)
   features = flat_rows(family)
+  t_ref = time.perf_counter()
+  ref = tighten_net(net, np.zeros(net.input_size), np.ones(net.input_size), cfg)
+  t_ref = time.perf_counter() - t_ref
   bar = None
   if progress:
     from tqdm.auto import tqdm
@@ -735,12 +923,13 @@ def lucid_compute(net: Network, members: Sequence[Network] | Family, label: int,
       limit = cfg.node_time_limit
       if left is not None:
         limit = left if limit is None else min(limit, left)
-      jobs = [_NodeJob(net, hyper_of(family, g), label, cfg, limit) for g in batch]
+      jobs = [_NodeJob(net, hyper_of(family, g), label, cfg, limit, ref) for g in batch]
       for g, res in zip(batch, runner.map(jobs)):
         bound = min(res.upper, parent_bound)
         rec = NodeRecord(len(tree), None if parent is None else parent.id, g, bound, res.upper,
                          res.status, res.seconds, res.n_binaries, res.n_relaxed,
-                         0 if parent is None else parent.depth + 1, res.optimal)
+                         0 if parent is None else parent.depth + 1, res.optimal, res.n_unstable,
+                         res.tighten_seconds)
         tree.append(rec)
         heapq.heappush(queue, (-bound, next(tie), rec.id))
         hit = _confirm(net, family, g, res, label, cfg.tol)
@@ -777,7 +966,8 @@ def lucid_compute(net: Network, members: Sequence[Network] | Family, label: int,
     if bar is not None:
       bar.close()
   return IdpDbResult(label, float(beta), exact, timed_out, sum(r.status != "NOT_SOLVED" for r in tree),
-                     anytime, tree, time.perf_counter() - t0, lower, lower_x, lower_member)
+                     anytime, tree, time.perf_counter() - t0, lower, lower_x, lower_member,
+                     _n_unstable(ref), t_ref)
 
 
 def naive_compute(net: Network, members: Sequence[Network] | Family, label: int,
@@ -793,6 +983,7 @@ def naive_compute(net: Network, members: Sequence[Network] | Family, label: int,
   _check_compatible(net, family.member(0), "the family")
   label = _check_label(net, label)
   ncfg = dataclasses.replace(cfg, matching=False, matching_pre=False, relax=False)
+  ref = tighten_net(net, np.zeros(net.input_size), np.ones(net.input_size), ncfg)
   runner = _Runner(ncfg)
   per = np.full(family.size, np.nan)
   nodes: list[NodeResult] = []
@@ -809,7 +1000,7 @@ def naive_compute(net: Network, members: Sequence[Network] | Family, label: int,
       if left is not None:
         limit = left if limit is None else min(limit, left)
       idx = range(s, min(s + cfg.workers, family.size))
-      res = runner.map([_NodeJob(net, family.member(i), label, ncfg, limit) for i in idx])
+      res = runner.map([_NodeJob(net, family.member(i), label, ncfg, limit, ref) for i in idx])
       for i, r in zip(idx, res):
         per[i] = r.upper
         nodes.append(r)
