@@ -249,6 +249,136 @@ def test_betas_from_flax_params(real):
 
 
 # ------------------------------------------------------------------------------------------------
+# Bound tightening (IdpDbConfig.tighten, spec §2.4)
+# ------------------------------------------------------------------------------------------------
+
+def _pre_acts(ws, bs, xs):
+  """Pre-activations of every layer for a batch of members ``ws[m]: (K, o, i)`` at ``xs``."""
+  h = np.broadcast_to(xs, (ws[0].shape[0],) + xs.shape)
+  out = []
+  for m, (w, b) in enumerate(zip(ws, bs)):
+    z = np.einsum("koi,kni->kno", w, h) + b[:, None, :]
+    out.append(z)
+    h = np.maximum(z, 0.0)
+  return out
+
+
+def _inside(vals, lo, hi, tol=1e-9):
+  return bool(np.all(vals >= lo - tol) and np.all(vals <= hi + tol))
+
+
+def _synthetic(seed=5, d=6, width=16, members=6, noise=0.03):
+  rng = np.random.default_rng(seed)
+  shapes = [(width, d), (width, width), (2, width)]
+  ws = [rng.normal(size=s) / np.sqrt(s[1]) * 1.5 for s in shapes]
+  bs = [rng.normal(size=s[0]) * 0.3 for s in shapes]
+  net = Network(tuple(AffineLayer.point(w, b) for w, b in zip(ws, bs)), (d,), "logits")
+  fam = Family([np.stack([w + noise * rng.normal(size=w.shape) for _ in range(members)]) for w in ws],
+               [np.stack([b + noise * rng.normal(size=b.shape) for _ in range(members)]) for b in bs],
+               "logits")
+  return net, fam
+
+
+def _box_samples(d, n, seed):
+  rng = np.random.default_rng(seed)
+  xs = rng.uniform(size=(n, d))
+  xs[: n // 4] = rng.integers(0, 2, size=(n // 4, d))   # vertices of the box
+  return xs
+
+
+def _check_tightening(net, fam, cfg, n=4000, seed=0):
+  d = net.input_size
+  lo, hi = np.zeros(d), np.ones(d)
+  ref0 = idpdb.bounds_lib.compute(net, lo, hi, cfg.bounds)
+  ref = idpdb.tighten_net(net, lo, hi, cfg)
+  hyper = idpdb.hyper_of(fam, np.arange(fam.size))
+  diff0 = idpdb.difference_bounds(net, hyper, lo, hi, cfg.bounds)
+  diff = idpdb.tighten_hyper(net, hyper, lo, hi, ref, cfg)
+  for new, old in ((ref, ref0), (diff.hyper, diff0.hyper), (diff.pre, diff0.pre),
+                   (diff.post, diff0.post)):
+    for (L, U), (L0, U0) in zip(new, old):   # never looser
+      assert np.all(L >= L0) and np.all(U <= U0) and np.all(L <= U)
+  xs = _box_samples(d, n, seed)
+  nw = [np.asarray(l.w_lower)[None] for l in net.layers]
+  nb = [np.asarray(l.b_lower)[None] for l in net.layers]
+  z_net = [z[0] for z in _pre_acts(nw, nb, xs)]
+  for z, (L, U) in zip(z_net, ref):
+    assert _inside(z, L, U)
+  # real members and random parameters anywhere in the hyper-network's box (endpoints included)
+  rng = np.random.default_rng(seed + 1)
+  k = 8
+  pick = lambda lo_, hi_: lo_ + rng.uniform(size=(k,) + lo_.shape) * (hi_ - lo_)
+  hw = [pick(np.asarray(l.w_lower), np.asarray(l.w_upper)) for l in hyper.layers]
+  hbias = [pick(l.b_lower, l.b_upper) for l in hyper.layers]
+  hw[0][:2] = np.where(rng.uniform(size=hw[0][:2].shape) < 0.5, hyper.layers[0].w_lower,
+                       hyper.layers[0].w_upper)
+  for ws, bs in ((fam.ws, fam.bs), (hw, hbias)):
+    zs = _pre_acts(ws, bs, xs)
+    for m, (z, (L, U), (dl, du)) in enumerate(zip(zs, diff.hyper, diff.pre)):
+      assert _inside(z, L, U), m
+      assert _inside(z - z_net[m][None], dl, du), m
+      if m < len(zs) - 1:
+        pl, pu = diff.post[m]
+        assert _inside(np.maximum(z, 0) - np.maximum(z_net[m][None], 0), pl, pu), m
+  return ref0, ref, diff0, diff
+
+
+def test_tightening_sound_and_tighter():
+  """LP tightening: contains N's and the box's pre-activations at thousands of inputs, never
+  looser than IBP; the LP bounds enclose the exact per-neuron optimum (tighten="milp")."""
+  net, fam = _synthetic()
+  cfg = dataclasses.replace(FAST, tighten="lp")
+  ref0, ref, diff0, diff = _check_tightening(net, fam, cfg)
+  width = lambda bs: sum(float(np.sum(U - L)) for L, U in bs[1:])
+  assert width(ref) < 0.9 * width(ref0)              # it does tighten (else the test is vacuous)
+  assert width(diff.hyper) < 0.9 * width(diff0.hyper)
+  mcfg = dataclasses.replace(FAST, tighten="milp", tighten_time_limit=60.0)
+  exact = idpdb.tighten_net(net, np.zeros(net.input_size), np.ones(net.input_size), mcfg)
+  for (L, U), (Le, Ue) in zip(ref, exact):           # LP relaxation >= exact MILP optimum
+    assert np.all(L <= Le + 1e-7) and np.all(U >= Ue - 1e-7)
+  assert width(exact) < width(ref)
+  # the exact optimum is a sound bound too, and nearly attained by sampled inputs
+  xs = _box_samples(net.input_size, 20000, 7)
+  z1 = _pre_acts([np.asarray(l.w_lower)[None] for l in net.layers],
+                 [np.asarray(l.b_lower)[None] for l in net.layers], xs)[1][0]
+  assert np.all(z1.max(0) <= exact[1][1] + 1e-7) and np.all(z1.min(0) >= exact[1][0] - 1e-7)
+
+
+@pytest.mark.slow
+def test_tightening_milp_mode_encloses_samples_and_bounds_lp():
+  """tighten="milp" on N and N# (exact per-neuron optima): sampled members stay inside, and the
+  LP bounds enclose them."""
+  net, fam = _synthetic()
+  _, ref, _, diff = _check_tightening(net, fam, dataclasses.replace(FAST, tighten="lp"))
+  mcfg = dataclasses.replace(FAST, tighten="milp", tighten_time_limit=120.0)
+  _, exact, _, dexact = _check_tightening(net, fam, mcfg, n=2000, seed=3)
+  for new, lp in ((exact, ref), (dexact.hyper, diff.hyper)):
+    for (L, U), (Le, Ue) in zip(lp, new):
+      assert np.all(L <= Le + 1e-7) and np.all(U >= Ue - 1e-7)
+
+
+def test_tightening_real_family(real):
+  """Same checks on the breast_cancer leave-one-out family."""
+  _check_tightening(real["net"], real["fam"], dataclasses.replace(FAST, tighten="lp"))
+
+
+@pytest.mark.parametrize("label", [0, 1])
+def test_tightened_beta_sound_and_not_worse(real, label):
+  """beta with tighten="lp" is >= the exact per-member beta* and <= beta without tightening."""
+  exact = real["naive"][label]
+  tight = dataclasses.replace(FAST, tighten="lp")
+  res_t = idpdb.lucid_compute(real["net"], real["fam"], label, tight, progress=False)
+  res_0 = idpdb.lucid_compute(real["net"], real["fam"], label, FAST, progress=False)
+  assert res_t.beta >= exact.beta - TOL, (res_t.beta, exact.beta)
+  assert res_t.beta <= res_0.beta + 1e-4, (res_t.beta, res_0.beta)
+  assert res_t.tree[0].milp_bound <= res_0.tree[0].milp_bound + 1e-4
+  assert res_t.n_unstable_net <= res_0.n_unstable_net
+  assert res_t.tree[0].tighten_seconds > 0 and res_0.tree[0].tighten_seconds == 0
+  nv = idpdb.naive_compute(real["net"], real["fam"], label, tight)   # exact with tight bounds too
+  assert nv.exact and abs(nv.beta - exact.beta) < 1e-4
+
+
+# ------------------------------------------------------------------------------------------------
 # Branching helpers and errors
 # ------------------------------------------------------------------------------------------------
 
@@ -284,6 +414,10 @@ def test_errors():
     idpdb.lucid_compute(net, [wide], 0, progress=False)
   with pytest.raises(ValueError, match="layer shapes"):
     idpdb.as_family([members[0], wide])
+  with pytest.raises(ValueError, match="tighten must be"):
+    idpdb.IdpDbConfig(tighten="crown")
+  with pytest.raises(ValueError, match="tighten_time_limit"):
+    idpdb.IdpDbConfig(tighten="lp", tighten_time_limit=0.0)
   for bad in (2, -1):
     with pytest.raises(ValueError, match="out of range"):
       idpdb.node_bound(net, members[0], bad)
