@@ -42,7 +42,7 @@ import boundjax as bj
 from boundjax import ensembles as E
 from boundjax import hypernet as H
 from boundjax.data.adult import load_adult
-from boundjax.models import MLP
+from boundjax.models import MLP, mlp_layer_values
 from milp import difference as MD
 from milp import network as MN
 
@@ -65,17 +65,7 @@ def train(members: int, seed: int, chunk: int, epochs: int, ckpt: Path):
   return data, model, ens, time.perf_counter() - t
 
 
-def layers_fn(params, x):
-  """The MLP's pre-activations and post-ReLU values, in order (for per-layer bounds)."""
-  names = sorted(params["params"], key=lambda n: int(n.split("_")[1]))
-  outs, h = [], x
-  for i, n in enumerate(names):
-    z = h @ params["params"][n]["kernel"] + params["params"][n]["bias"]
-    outs.append(z)
-    if i < len(names) - 1:
-      h = jax.nn.relu(z)
-      outs.append(h)
-  return tuple(outs)
+layers_fn = mlp_layer_values  # every pre- and post-activation value, in order
 
 
 def empirical_check(net: MN.Network, members: list[MN.Network], db: MD.DifferenceBounds,

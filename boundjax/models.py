@@ -63,3 +63,21 @@ class Conv1dNet(nn.Module):
     h = nn.relu(nn.Dense(self.out, kernel_init=init, bias_init=init)(h))
     init = _torch_uniform(h.shape[-1])
     return nn.Dense(self.out, kernel_init=init, bias_init=init)(h)
+
+
+def mlp_layer_values(params, x: jax.Array) -> tuple[jax.Array, ...]:
+  """Every value of a Flax Dense/ReLU MLP (e.g. `MLP`) in order: ``(ẑ1, z1, ẑ2, z2, ..., logits)``.
+
+  ``ẑ_m = z_{m-1} W_m + b_m`` and ``z_m = relu(ẑ_m)`` (no ReLU after the last layer), with the
+  layers taken as ``Dense_0, Dense_1, ...`` from ``params["params"]``. Written with plain jnp so
+  `boundjax.ibp` and `boundjax.difference` bound every layer at once (per-layer bounds).
+  """
+  names = sorted(params["params"], key=lambda n: int(n.split("_")[1]))
+  outs, h = [], x
+  for i, n in enumerate(names):
+    z = h @ params["params"][n]["kernel"] + params["params"][n]["bias"]
+    outs.append(z)
+    if i < len(names) - 1:
+      h = jax.nn.relu(z)
+      outs.append(h)
+  return tuple(outs)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import boundjax as bj
-from boundjax.models import MLP
+from boundjax.models import MLP, mlp_layer_values
 from milp import difference as MD
 from milp import network as MN
 
@@ -64,18 +64,7 @@ def check(bound: bj.DiffInterval, ref_vals, other_vals, what=""):
   return other_vals.shape[0] * other_vals.shape[1]
 
 
-def layers_fn(params, x):
-  """A ReLU MLP written with jnp, returning every pre- and post-activation (for per-layer checks)."""
-  outs = []
-  h = x
-  names = sorted(params["params"], key=lambda n: int(n.split("_")[1]))
-  for i, n in enumerate(names):
-    z = h @ params["params"][n]["kernel"] + params["params"][n]["bias"]
-    outs.append(z)
-    if i < len(names) - 1:
-      h = jax.nn.relu(z)
-      outs.append(h)
-  return tuple(outs)
+layers_fn = mlp_layer_values  # every pre- and post-activation value, in order
 
 
 def np_layers(params, x, stacked=False):
