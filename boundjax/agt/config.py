@@ -14,6 +14,7 @@ from typing import Literal
 
 LOSSES = ("cross_entropy", "binary_cross_entropy", "mse")
 OPTIMIZERS = ("sgd", "sgdm")
+NEIGHBOURHOODS = ("add_remove", "remove")
 BOUND_METHODS = ("interval", "crown")
 MATMULS = ("rump", "exact")
 
@@ -30,6 +31,13 @@ class Config:
       (one logit, labels in {0, 1}) or "mse" (per-sample mean squared error over outputs).
     k_private: k, the number of points that may be removed from *and* added to every batch
       (Thm 4.6). Must be < batch_size.
+    neighbourhood: "add_remove" (the privacy variant: up to k removals and k additions per
+      batch, normalised by b, Thm 4.6) or "remove" (unlearning: up to k removals per batch only,
+      each batch's mean taken over the points left, ``SEMin_{b-k}(delta_L) / (b - k)`` and
+      ``SEMax_{b-k}(delta_U) / (b - k)``, spec §2.6 "related rules"; no clipping needed). "remove"
+      encloses every leave-k-out network that `boundjax.ensembles.train_ensemble` trains (the
+      masked mean divides by the points left); the mean after dropping the k largest lower bounds
+      is below the mean after dropping fewer, so r < k removals are covered too.
     clip_gamma: gamma, element-wise clipping level of per-sample gradients (spec §2.5). Must be
       finite when k_private > 0 (each added point contributes up to +-gamma).
     lr_decay: eta in alpha_n = max(alpha / (1 + eta * n), lr_min) (spec §2.7).
@@ -65,6 +73,7 @@ class Config:
   batch_size: int
   loss: Literal["cross_entropy", "binary_cross_entropy", "mse"] = "binary_cross_entropy"
   k_private: int = 0
+  neighbourhood: Literal["add_remove", "remove"] = "add_remove"
   clip_gamma: float = math.inf
   lr_decay: float = 0.0
   lr_min: float = 0.0
@@ -103,7 +112,10 @@ class Config:
       bad(f"k_private ({self.k_private}) must be < batch_size ({self.batch_size}) (Thm 4.6).")
     if not self.clip_gamma > 0:
       bad(f"clip_gamma must be > 0, got {self.clip_gamma!r}.")
-    if self.k_private > 0 and not math.isfinite(self.clip_gamma):
+    if self.neighbourhood not in NEIGHBOURHOODS:
+      bad(f"neighbourhood must be one of {NEIGHBOURHOODS}, got {self.neighbourhood!r}.")
+    if (self.k_private > 0 and self.neighbourhood == "add_remove"
+        and not math.isfinite(self.clip_gamma)):
       bad("clip_gamma must be finite when k_private > 0: each added point moves the descent "
           "direction by up to clip_gamma per coordinate (Thm 4.6).")
     if self.lr_decay < 0 or self.lr_min < 0:

@@ -182,22 +182,27 @@ def accumulate(acc: Accumulator, g_n: Array, d_l: Array, d_u: Array, mask: Array
   return Accumulator(sum_n, sum_l, sum_u, top_l, bot_u, sum_abs)
 
 
-def rounding_margin(acc: Accumulator, b: int, gamma: float) -> Array:
+def rounding_margin(acc: Accumulator, b: int, gamma: float, remove_only: bool = False) -> Array:
   """A bound on the floating-point error of the batch means (bound side and retrained side).
 
   Recursive summation of n terms errs by at most (n - 1) u sum|x_i| (u = unit roundoff); the
   bound and any retrained run each sum at most b + k terms of magnitude <= sum_abs + k gamma,
-  so ``2 (b + k + 2) eps (sum_abs + k gamma) / b`` covers both with room to spare.
+  so ``2 (b + k + 2) eps (sum_abs + k gamma) / b`` covers both with room to spare. With
+  ``remove_only`` no term is added (gamma is not used) and the means divide by ``b - k``.
   """
   k = acc.top_l.shape[-1]
   eps = jnp.finfo(acc.sum_l.dtype).eps
+  if remove_only:
+    return 2 * (b + 2) * eps * acc.sum_abs / (b - k)
   return 2 * (b + k + 2) * eps * (acc.sum_abs + k * gamma) / b
 
 
-def finalize(acc: Accumulator, b: int, gamma: float, fp_margin: bool = False
-             ) -> tuple[Array, Array, Array]:
+def finalize(acc: Accumulator, b: int, gamma: float, fp_margin: bool = False,
+             remove_only: bool = False) -> tuple[Array, Array, Array]:
   """Returns ``(dtheta_nominal, dtheta_L, dtheta_U)`` of Thm 4.6 from a full batch of size b.
 
+  ``remove_only`` gives the unlearning rule (spec §2.6): ``SEMin_{b-k}(delta_L) / (b - k)`` and
+  ``SEMax_{b-k}(delta_U) / (b - k)``, the means over the points left after up to k removals.
   With ``fp_margin`` the bounds are widened by `rounding_margin`.
   """
   k = acc.top_l.shape[-1]
@@ -206,9 +211,12 @@ def finalize(acc: Accumulator, b: int, gamma: float, fp_margin: bool = False
   else:
     semin_l = acc.sum_l - jnp.sum(acc.top_l, -1)   # SEMin_{b-k} = sum - topk_k
     semax_u = acc.sum_u - jnp.sum(acc.bot_u, -1)   # SEMax_{b-k} = sum - bottomk_k
-    lo, hi = (semin_l - k * gamma) / b, (semax_u + k * gamma) / b
+    if remove_only:
+      lo, hi = semin_l / (b - k), semax_u / (b - k)
+    else:
+      lo, hi = (semin_l - k * gamma) / b, (semax_u + k * gamma) / b
   if fp_margin:
-    m = rounding_margin(acc, b, gamma)
+    m = rounding_margin(acc, b, gamma, remove_only)
     lo, hi = lo - m, hi + m
   return acc.sum_n / b, lo, hi
 

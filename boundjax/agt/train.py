@@ -122,7 +122,8 @@ def descent_directions(model_apply: Callable, config: Config, backend: str,
   if rem:
     acc = merge(acc, xs[nf * f:], ys[nf * f:])
   gam = gamma if math.isfinite(gamma) else 0.0
-  fin = [descent.finalize(a, b, gam, config.fp_margin) for a in tdef.flatten_up_to(acc)]
+  fin = [descent.finalize(a, b, gam, config.fp_margin, config.neighbourhood == "remove")
+         for a in tdef.flatten_up_to(acc)]
   return tuple(tdef.unflatten([t[i] for t in fin]) for i in range(3))
 
 
@@ -237,7 +238,8 @@ def batches(n: int, config: Config) -> np.ndarray:
 
 def fit(model_apply: Callable, params: Any, X: Any, y: Any, config: Config, *,
         X_val: Any = None, y_val: Any = None, backend: str = "auto", progress: bool = True,
-        history: Optional[list] = None, jit: bool = True) -> tuple[Any, Any]:
+        history: Optional[list] = None, jit: bool = True, schedule: Any = None
+        ) -> tuple[Any, Any]:
   """Runs AGT over ``config.n_epochs`` epochs of fixed batches; returns ``(params, bounds)``.
 
   Args:
@@ -251,24 +253,29 @@ def fit(model_apply: Callable, params: Any, X: Any, y: Any, config: Config, *,
     progress: show a tqdm bar over steps.
     history: optional list receiving one dict per epoch.
     jit: compile the step (turn off only to debug).
+    schedule: optional index batches of *every* step, shape ``(steps, B)``, ``-1`` marking empty
+      slots, e.g. `boundjax.ensembles.batch_schedule` (reshuffled epochs, a smaller last batch),
+      so that the box encloses the networks `boundjax.ensembles.train_ensemble` trains. Its
+      rows must split evenly into ``config.n_epochs`` epochs. Default: `batches` (one fixed
+      order, last incomplete batch dropped) repeated every epoch.
 
   Returns:
     The nominal parameters (plain SGD with clipping on the fixed batches) and a pytree like them
     with Interval leaves: every model the same training reaches after up to ``k_private``
-    removals and additions per batch lies in it.
+    removals (and, for ``neighbourhood="add_remove"``, additions) per batch lies in it.
   """
   from tqdm.auto import tqdm
   X, y = jnp.asarray(X), jnp.asarray(y)
   if X.shape[0] != y.shape[0]:
     raise ValueError(f"fit: X has {X.shape[0]} rows but y has {y.shape[0]}.")
   backend = bnd.resolve(backend, model_apply, params, X[:2])
-  sched = batches(X.shape[0], config)
+  epochs = _epoch_batches(X.shape[0], config, schedule)
   step = _jitted_step(model_apply, config, backend) if jit else make_step(model_apply, config,
                                                                           backend)
   state = init(params, config)
-  total = config.n_epochs * sched.shape[0]
+  total = sum(len(e) for e in epochs)
   bar = tqdm(total=total, desc=f"AGT k={config.k_private}", disable=not progress, leave=False)
-  for epoch in range(config.n_epochs):
+  for epoch, sched in enumerate(epochs):
     for idx in sched:
       state = step(state, X[idx], y[idx])
       bar.update(1)
@@ -285,3 +292,25 @@ def fit(model_apply: Callable, params: Any, X: Any, y: Any, config: Config, *,
       history.append(rec)
   bar.close()
   return state.params, state.bounds
+
+
+def _epoch_batches(n: int, config: Config, schedule: Any) -> list[list[np.ndarray]]:
+  """Per epoch, the index arrays of its steps (padding ``-1`` dropped; none may be empty)."""
+  if schedule is None:
+    fixed = list(batches(n, config))
+    return [fixed] * config.n_epochs
+  sched = np.asarray(schedule)
+  if sched.ndim != 2 or not np.issubdtype(sched.dtype, np.integer):
+    raise ValueError(f"fit: schedule must be a 2-D integer array, got {sched.dtype} {sched.shape}.")
+  if sched.shape[0] % config.n_epochs:
+    raise ValueError(f"fit: schedule has {sched.shape[0]} steps, not a multiple of n_epochs="
+                     f"{config.n_epochs}.")
+  if sched.max() >= n or sched.min() < -1:
+    raise ValueError(f"fit: schedule holds an index outside [-1, {n - 1}].")
+  rows = [r[r >= 0] for r in sched]
+  for r in rows:
+    if r.size <= config.k_private:
+      raise ValueError(f"fit: a scheduled batch has {r.size} points, not more than "
+                       f"k_private={config.k_private}.")
+  per = sched.shape[0] // config.n_epochs
+  return [rows[e * per:(e + 1) * per] for e in range(config.n_epochs)]
