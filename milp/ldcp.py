@@ -75,9 +75,9 @@ class Family:
     xs = np.asarray(xs, np.float64).reshape(len(xs), -1)
     res = []
     for s in range(0, self.size, chunk):
-      h = np.broadcast_to(xs, (min(chunk, self.size - s),) + xs.shape)
+      h = xs[None]                                     # broadcast over members by matmul
       for m, (w, b) in enumerate(zip(self.ws, self.bs)):
-        h = np.einsum("koi,kni->kno", w[s:s + chunk], h) + b[s:s + chunk, None, :]
+        h = np.matmul(h, np.swapaxes(w[s:s + chunk], 1, 2)) + b[s:s + chunk, None, :]
         if m < len(self.ws) - 1:
           h = np.maximum(h, 0.0)
       res.append(h)

@@ -222,6 +222,21 @@ def test_adversarial_search_never_beats_beta(real, label):
   _replay_sampled(net, fam, label, beta, seed=10 + label)
 
 
+def test_attack_on_a_member_subset_replays_against_the_whole_family(real):
+  """``search_members``: the search sees a few members; the answer is confirmed on all of them."""
+  net, fam = real["net"], real["fam"]
+  for label in (0, 1):
+    beta = real["naive"][label].beta
+    best, x, member = idpdb.attack(net, fam, label, starts=256, steps=200, seed=label,
+                                   search_members=2)
+    assert x is not None and 0 <= member < fam.size
+    assert best <= beta + TOL
+    outs = fam.select([member]).outputs(x[None])[:, 0, :]
+    assert idpdb.confidence(net, outs, label)[0] <= 0.0
+  with pytest.raises(ValueError, match="search_members"):
+    idpdb.attack(net, fam, 0, starts=4, steps=2, search_members=0)
+
+
 def test_time_limits_stay_sound(real):
   """Tiny per-node and total limits: the answer is still >= exact and flagged not exact."""
   net, fam = real["net"], real["fam"]
