@@ -419,7 +419,8 @@ def train_ensemble(model: Any, init_params: PyTree, optimizer: optax.GradientTra
                    seed: int = 0, shuffle: bool = True,
                    loss_fn: LossFn = softmax_cross_entropy, chunk_size: int = 512,
                    checkpoint_dir: Optional[str | os.PathLike] = None,
-                   progress: bool = True, shard: Optional[bool] = None) -> Ensemble:
+                   progress: bool = True, shard: Optional[bool] = None,
+                   chunk_ids: Optional[Sequence[int]] = None) -> Ensemble:
   """Trains every member of a leave-k-out family in one jitted, vmapped program per chunk.
 
   Member ``m`` runs SGD from ``init_params`` over the shared `batch_schedule` with the masked
@@ -442,9 +443,14 @@ def train_ensemble(model: Any, init_params: PyTree, optimizer: optax.GradientTra
     progress: show a tqdm bar over members.
     shard: put the member axis on a ``NamedSharding`` over all devices (default: when
       ``jax.device_count() > 1``).
+    chunk_ids: train (or load) only these chunks, ``0 <= id < ceil(M / chunk_size)``; needs
+      ``checkpoint_dir``. Several processes given disjoint ids fill one checkpoint in parallel
+      (on a CPU, single-threaded processes, one per core, train ~1.4x more networks per second
+      than one two-threaded process); a last call without ``chunk_ids`` then loads them all.
 
   Returns:
-    `Ensemble` with ``params`` stacked along a leading member axis (row order = ``removed``).
+    `Ensemble` with ``params`` stacked along a leading member axis (row order = ``removed``;
+    with ``chunk_ids``, the rows of those chunks in that order).
   """
   n, removed = _check_data(x, y, removed)
   if chunk_size <= 0:
@@ -461,6 +467,14 @@ def train_ensemble(model: Any, init_params: PyTree, optimizer: optax.GradientTra
   chunk_size = min(chunk_size, -(-n_members // (n_dev if shard else 1)) * (n_dev if shard else 1))
   n_chunks = -(-n_members // chunk_size)
 
+  ids = list(range(n_chunks))
+  if chunk_ids is not None:
+    if checkpoint_dir is None:
+      raise ValueError("chunk_ids needs checkpoint_dir (the chunks are collected there).")
+    ids = [int(c) for c in chunk_ids]
+    if not ids or min(ids) < 0 or max(ids) >= n_chunks:
+      raise ValueError(f"chunk_ids must be a non-empty list of ids in [0, {n_chunks}), got "
+                       f"{list(chunk_ids)[:5]}.")
   ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
   meta = dict(n=n, k=int(removed.shape[1]), epochs=epochs, batch_size=batch_size, seed=seed,
               shuffle=bool(shuffle), chunk_size=chunk_size, n_members=n_members,
@@ -483,11 +497,12 @@ def train_ensemble(model: Any, init_params: PyTree, optimizer: optax.GradientTra
   bar = None
   if progress:
     from tqdm.auto import tqdm
-    bar = tqdm(total=n_members, desc="leave-out members", unit="net")
+    bar = tqdm(total=sum(min(chunk_size, n_members - c * chunk_size) for c in ids),
+               desc="leave-out members", unit="net")
   treedef = jax.tree_util.tree_structure(init_params)
   chunks = []
   t0 = time.perf_counter()
-  for c in range(n_chunks):
+  for c in ids:
     rows = removed[c * chunk_size:(c + 1) * chunk_size]
     leaves = _load_chunk(ckpt, c, rows) if ckpt is not None else None
     if leaves is None:
@@ -506,7 +521,8 @@ def train_ensemble(model: Any, init_params: PyTree, optimizer: optax.GradientTra
   if bar is not None:
     bar.close()
   stacked = [np.concatenate(parts, axis=0) for parts in zip(*chunks)]
-  return Ensemble(jax.tree_util.tree_unflatten(treedef, stacked), removed)
+  rows = np.concatenate([removed[c * chunk_size:(c + 1) * chunk_size] for c in ids])
+  return Ensemble(jax.tree_util.tree_unflatten(treedef, stacked), rows)
 
 
 def _check_meta(ckpt: Path, meta: dict) -> None:

@@ -163,6 +163,29 @@ def test_checkpoint_resume_identical(tmp_path, data, setup, ensemble):
                      **{**kw, "seed": 8})
 
 
+def test_chunk_ids_fill_one_checkpoint_from_several_calls(tmp_path, data, setup, ensemble):
+  """Disjoint ``chunk_ids`` (as parallel worker processes use them), then one loading call."""
+  x, y = data
+  model, params, opt = setup
+  removed, ens = ensemble
+  kw = dict(epochs=EPOCHS, batch_size=B, seed=7, chunk_size=2, progress=False,
+            checkpoint_dir=tmp_path)
+  odd = E.train_ensemble(model, params, opt, x, y, removed, chunk_ids=[1], **kw)
+  np.testing.assert_array_equal(odd.removed, removed[2:4])
+  E.train_ensemble(model, params, opt, x, y, removed, chunk_ids=[2, 0], **kw)
+  mtimes = {f.name: f.stat().st_mtime_ns for f in tmp_path.glob("chunk_*.npz")}
+  assert len(mtimes) == 3
+  whole = E.train_ensemble(model, params, opt, x, y, removed, **kw)
+  assert mtimes == {f.name: f.stat().st_mtime_ns for f in tmp_path.glob("chunk_*.npz")}
+  for a, b in zip(jax.tree_util.tree_leaves(whole.params), jax.tree_util.tree_leaves(ens.params)):
+    np.testing.assert_array_equal(a, b)
+  with pytest.raises(ValueError, match="needs checkpoint_dir"):
+    E.train_ensemble(model, params, opt, x, y, removed, epochs=EPOCHS, batch_size=B, seed=7,
+                     chunk_size=2, progress=False, chunk_ids=[0])
+  with pytest.raises(ValueError, match="chunk_ids must be"):
+    E.train_ensemble(model, params, opt, x, y, removed, chunk_ids=[3], **kw)
+
+
 def test_save_load_roundtrip(tmp_path, ensemble):
   removed, ens = ensemble
   path = tmp_path / "ens.npz"
