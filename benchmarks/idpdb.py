@@ -171,10 +171,11 @@ def train_family(ds, a):
                        "to resume)")
   ens = train()
   train_s = time.perf_counter() - t0
-  if timing.exists():
-    train_s = json.loads(timing.read_text())["seconds"]
+  if timing.exists():   # a resumed run: the seconds (and a note) recorded when it completed
+    train_s = json.loads(timing.read_text())
   else:
     timing.write_text(json.dumps({"seconds": train_s}))
+    train_s = {"seconds": train_s}
   ens.save(a.family_npz_path)
   return model, ens, idx, train_s
 
@@ -430,8 +431,9 @@ def main(argv=None):
                    n_test=int(len(ds.x_test)), d=d),
       training=dict(optimizer="SGD lr 0.1, weight decay 1e-5", batch_size=1024,
                     epochs=a.epochs, seed=a.seed, init="PRNGKey(seed), PyTorch-style uniform",
-                    removal="masked (LUCID train.py)", seconds=train_s,
-                    per_network_s=train_s / ens.n_members),
+                    removal="masked (LUCID train.py)", seconds=train_s["seconds"],
+                    per_network_s=train_s["seconds"] / ens.n_members,
+                    note=train_s.get("note")),
       family=dict(members=fam.size, removed_indices=idx.tolist() if subset else "all",
                   subset=subset,
                   note=family_note, family_npz=str(a.family_npz),
