@@ -11,7 +11,10 @@ One step, for a fixed batch of size b and step size alpha_n = max(alpha / (1 + e
 
 By induction (Thm 4.5) ``[theta_L, theta_U]`` contains the parameters that the same training
 (same initialisation, batches and schedule) reaches from any dataset whose batches differ from the
-nominal ones by at most k removals and k additions each. Options (spec §2.7): L2 (monotone
+nominal ones by at most k removals and k additions each. With ``Config(neighbourhood="remove")``
+(unlearning) only removals are allowed and each batch's mean is over the points left, so
+``[D_L, D_U]`` is ``[SEMin_{b-k}(dL), SEMax_{b-k}(dU)] / (b - k)`` and no clipping is needed;
+``fit(..., schedule=...)`` follows any batch schedule (e.g. reshuffled epochs). Options (spec §2.7): L2 (monotone
 scaling ``(1 - alpha lambda) theta``), L1 (case split at zero) and momentum (bounds carried for
 the L, nominal and U sequences, valid since momentum and 1 - dampening are >= 0).
 """
