@@ -81,3 +81,24 @@ def mlp_layer_values(params, x: jax.Array) -> tuple[jax.Array, ...]:
       h = jax.nn.relu(z)
       outs.append(h)
   return tuple(outs)
+
+
+def fit_full_batch(apply_fn, params, x: jax.Array, y: jax.Array, optimizer, steps: int):
+  """``steps`` full-batch optimizer steps on the mean softmax cross-entropy (integer labels).
+
+  The small classifiers of the demo sections train this way: ``optimizer`` is an optax
+  transformation (e.g. ``optax.adam(3e-3)``), ``apply_fn(params, x)`` returns logits. One jitted
+  ``lax.scan`` over the steps; returns the trained parameters.
+  """
+  import optax
+
+  def loss(p):
+    return optax.softmax_cross_entropy_with_integer_labels(apply_fn(p, x), y).mean()
+
+  def step(carry, _):
+    p, state = carry
+    upd, state = optimizer.update(jax.grad(loss)(p), state, p)
+    return (optax.apply_updates(p, upd), state), None
+
+  run = jax.jit(lambda p: jax.lax.scan(step, (p, optimizer.init(p)), None, length=steps)[0][0])
+  return run(params)

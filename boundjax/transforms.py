@@ -132,6 +132,7 @@ def demo_section(eps_list: tuple[float, ...] = (0.005, 0.01, 0.02, 0.05), steps:
   import optax
   import flax.linen as nn
   from boundjax.data import load_sklearn
+  from boundjax.models import fit_full_batch
 
   class _MLP(nn.Module):
     @nn.compact
@@ -144,19 +145,8 @@ def demo_section(eps_list: tuple[float, ...] = (0.005, 0.01, 0.02, 0.05), steps:
   x_tr, y_tr = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
   x, y = jnp.asarray(data.x_test), jnp.asarray(data.y_test)
   model = _MLP()
-  params = model.init(jax.random.PRNGKey(seed), x_tr[:1])
-  opt = optax.adam(3e-3)
-  state = opt.init(params)
-
-  @jax.jit
-  def step(params, state):
-    loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(
-        model.apply(p, x_tr), y_tr).mean()
-    upd, state = opt.update(jax.grad(loss)(params), state)
-    return optax.apply_updates(params, upd), state
-
-  for _ in range(steps):
-    params, state = step(params, state)
+  params = fit_full_batch(model.apply, model.init(jax.random.PRNGKey(seed), x_tr[:1]), x_tr, y_tr,
+                          optax.adam(3e-3), steps)
   logits = model.apply(params, x)
   correct = jnp.argmax(logits, -1) == y
   onehot = jax.nn.one_hot(y, 2, dtype=bool)

@@ -1157,6 +1157,7 @@ def demo_section(eps: float = 0.02, n_examples: int = 64, n_samples: int = 2000,
   import flax.linen as nn
   import optax
   from sklearn.datasets import load_digits
+  from boundjax.models import fit_full_batch
 
   class _MLP(nn.Module):
     @nn.compact
@@ -1171,21 +1172,8 @@ def demo_section(eps: float = 0.02, n_examples: int = 64, n_samples: int = 2000,
   perm = np.random.default_rng(seed).permutation(len(y_all))
   tr, te = perm[:1400], perm[1400:1400 + n_examples]
   model = _MLP()
-  params = model.init(jax.random.PRNGKey(seed), x_all[:1])
-  opt = optax.adam(1e-2)
-  state = opt.init(params)
-
-  @jax.jit
-  def step(params, state):
-    def loss(p):
-      logits = model.apply(p, x_all[tr])
-      return optax.softmax_cross_entropy_with_integer_labels(logits, y_all[tr]).mean()
-    g = jax.grad(loss)(params)
-    upd, state = opt.update(g, state)
-    return optax.apply_updates(params, upd), state
-
-  for _ in range(300):
-    params, state = step(params, state)
+  params = fit_full_batch(model.apply, model.init(jax.random.PRNGKey(seed), x_all[:1]), x_all[tr],
+                          y_all[tr], optax.adam(1e-2), 300)
   x, y = x_all[te], y_all[te]
   acc = float(jnp.mean(jnp.argmax(model.apply(params, x), -1) == y))
   box = Interval.around(x, eps, domain=(0.0, 1.0))
