@@ -176,9 +176,14 @@ class Encoding:
 
   # -- networks ----------------------------------------------------------------------------------
   def add_network(self, net: Network, x: np.ndarray, lower: Any, upper: Any,
-                  bounds: str | list = "ibp", point_rows_as_equalities: bool = True
-                  ) -> NetworkVars:
+                  bounds: str | list = "ibp", point_rows_as_equalities: bool = True,
+                  relax: Sequence[np.ndarray] | None = None) -> NetworkVars:
     """Encodes ``net`` on the input variables ``x`` whose values lie in ``[lower, upper]``.
+
+    Every unstable ReLU ``y = max(z, 0)`` with ``L < 0 < U`` is exact with a binary ``a``:
+    ``y >= z``, ``y <= z - L (1 - a)``, ``y <= U a`` (``y >= 0`` from its bounds), unless
+    ``relax`` marks it: then it gets the triangle relaxation ``(U - L) y - U z <= -U L``
+    and no binary (LUCID's relax-if-similar, spec 000 §2.7).
 
     Args:
       net: concrete network or hyper-network.
@@ -187,6 +192,7 @@ class Encoding:
       bounds: ``"ibp"``, ``"crown"``, or precomputed ``[(L_m, U_m)]``.
       point_rows_as_equalities: encode zero-width rows as one equality (default) instead of the
         inequality pair.
+      relax: optional boolean mask per hidden layer: neurons to relax (only unstable ones are).
     """
     lower = np.asarray(lower, np.float64).reshape(-1)
     upper = np.asarray(upper, np.float64).reshape(-1)
@@ -209,24 +215,28 @@ class Encoding:
       act, dead = L >= 0, U <= 0
       unst = ~act & ~dead
       post = np.where(act, z, -1)
-      nu = int(unst.sum())
-      if nu:
-        Lu, Uu = L[unst], U[unst]
+      rel = unst & np.asarray(relax[m], bool) if relax is not None else np.zeros_like(unst)
+      for mask, exact in ((unst & ~rel, True), (rel, False)):
+        nu = int(mask.sum())
+        if not nu:
+          continue
+        Lu, Uu, zu = L[mask], U[mask], z[mask]
         y = self.add_variables(np.zeros(nu), Uu)
-        a = self.add_binaries(nu)
-        bins.append(a)
-        zu = z[unst]
         r = np.arange(nu)
-        # y - z >= 0 ; y - z - L a <= -L ; y - U a <= 0
-        self.add_rows(np.concatenate([r, r]), np.concatenate([y, zu]),
-                      np.concatenate([np.ones(nu), -np.ones(nu)]), np.zeros(nu),
+        # y - z >= 0
+        self.add_rows(np.r_[r, r], np.r_[y, zu], np.r_[np.ones(nu), -np.ones(nu)], np.zeros(nu),
                       np.full(nu, np.inf))
-        self.add_rows(np.concatenate([r, r, r]), np.concatenate([y, zu, a]),
-                      np.concatenate([np.ones(nu), -np.ones(nu), -Lu]), np.full(nu, -np.inf),
-                      -Lu)
-        self.add_rows(np.concatenate([r, r]), np.concatenate([y, a]),
-                      np.concatenate([np.ones(nu), -Uu]), np.full(nu, -np.inf), np.zeros(nu))
-        post[unst] = y
+        if exact:  # y - z - L a <= -L ; y - U a <= 0
+          a = self.add_binaries(nu)
+          bins.append(a)
+          self.add_rows(np.r_[r, r, r], np.r_[y, zu, a], np.r_[np.ones(nu), -np.ones(nu), -Lu],
+                        np.full(nu, -np.inf), -Lu)
+          self.add_rows(np.r_[r, r], np.r_[y, a], np.r_[np.ones(nu), -Uu],
+                        np.full(nu, -np.inf), np.zeros(nu))
+        else:      # triangle: (U - L) y - U z <= -U L
+          self.add_rows(np.r_[r, r], np.r_[y, zu], np.r_[Uu - Lu, -Uu], np.full(nu, -np.inf),
+                        -Uu * Lu)
+        post[mask] = y
       post_all.append(post)
       h_ids = post
       h_lo = np.maximum(L, 0.0)

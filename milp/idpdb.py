@@ -391,56 +391,21 @@ def _pair_rows(enc: Encoding, a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: 
 
 
 def _add_hyper(enc: Encoding, hyper: Network, x: np.ndarray, in_lo: np.ndarray,
-               hb: list[tuple[np.ndarray, np.ndarray]], relax_masks: list[np.ndarray]):
+               in_hi: np.ndarray, hb: list[tuple[np.ndarray, np.ndarray]],
+               relax_masks: list[np.ndarray]):
   """Encodes N# on ``x`` with its refined bounds ``hb``; unstable neurons in ``relax_masks``
   get the triangle relaxation instead of a binary (spec §2.7). Returns (pre ids, post ids, bins).
+
+  The interval layers use the two-inequality form of Eq. 3e, exact only for non-negative layer
+  inputs: hidden inputs are post-ReLU, so only the input box is checked.
   """
-  h_ids = np.asarray(x, np.int64)
-  h_lo = in_lo
-  pre_all, post_all, bins = [], [], []
-  for m, layer in enumerate(hyper.layers):
-    live = h_ids >= 0
-    if not layer.is_point and np.any(h_lo[live] < 0):
-      raise ValueError(
-          f"idpdb: layer {m} of the hyper-network has interval parameters but an input whose "
-          f"lower bound is {float(h_lo[live].min()):g} < 0; the two-inequality encoding (Eq. 3e) "
-          "is exact only for non-negative inputs (use inputs in [0, 1]).")
-    L, U = hb[m]
-    z = enc.add_variables(L, np.maximum(U, L))
-    pre_all.append(z)
-    enc._affine_rows(layer, h_ids, live, h_lo, z, True)
-    if m == len(hyper.layers) - 1:
-      break
-    act, dead = L >= 0, U <= 0
-    unst = ~act & ~dead
-    post = np.where(act, z, -1)
-    rel = unst & relax_masks[m]
-    exact = unst & ~rel
-    for mask, with_binary in ((exact, True), (rel, False)):
-      nu = int(mask.sum())
-      if not nu:
-        continue
-      Lu, Uu, zu = L[mask], U[mask], z[mask]
-      y = enc.add_variables(np.zeros(nu), Uu)
-      r = np.arange(nu)
-      # y >= z
-      enc.add_rows(np.r_[r, r], np.r_[y, zu], np.r_[np.ones(nu), -np.ones(nu)], np.zeros(nu),
-                   np.full(nu, np.inf))
-      if with_binary:  # y <= z - L (1 - a); y <= U a
-        a = enc.add_binaries(nu)
-        bins.append(a)
-        enc.add_rows(np.r_[r, r, r], np.r_[y, zu, a], np.r_[np.ones(nu), -np.ones(nu), -Lu],
-                     np.full(nu, -np.inf), -Lu)
-        enc.add_rows(np.r_[r, r], np.r_[y, a], np.r_[np.ones(nu), -Uu], np.full(nu, -np.inf),
-                     np.zeros(nu))
-      else:  # triangle: (U - L) y - U z <= -U L
-        enc.add_rows(np.r_[r, r], np.r_[y, zu], np.r_[Uu - Lu, -Uu], np.full(nu, -np.inf),
-                     -Uu * Lu)
-      post[mask] = y
-    post_all.append(post)
-    h_ids = post
-    h_lo = np.maximum(L, 0.0)
-  return pre_all, post_all, (np.concatenate(bins) if bins else np.zeros(0, np.int64))
+  if not hyper.layers[0].is_point and np.any(in_lo < 0):
+    raise ValueError(
+        f"idpdb: layer 0 of the hyper-network has interval parameters but an input whose lower "
+        f"bound is {float(in_lo.min()):g} < 0; the two-inequality encoding (Eq. 3e) is exact "
+        "only for non-negative inputs (use inputs in [0, 1]).")
+  nv = enc.add_network(hyper, x, in_lo, in_hi, bounds=list(hb), relax=relax_masks)
+  return nv.pre, nv.post, nv.binaries
 
 
 def _confidence_rows(enc: Encoding, net: Network, outs: np.ndarray, label: int, beta: int) -> None:
@@ -606,7 +571,8 @@ def tighten_hyper(net: Network, hyper: Network, lo: Any, hi: Any,
     x = enc.add_variables(lo, hi)
     nv = enc.add_network(_prefix(net, m), x, lo, hi, bounds=list(diff.ref[:m + 1]))
     relax = [np.full(h[0].shape, cfg.tighten == "lp") for h in diff.hyper[:m]]
-    h_pre, h_post, _ = _add_hyper(enc, _prefix(hyper, m), x, lo, list(diff.hyper[:m + 1]), relax)
+    h_pre, h_post, _ = _add_hyper(enc, _prefix(hyper, m), x, lo, hi, list(diff.hyper[:m + 1]),
+                                  relax)
     if cfg.tighten == "lp":
       _relax_integers(enc, nv.binaries)
     for k in range(m):
@@ -679,7 +645,7 @@ def node_bound(net: Network, hyper: Network, label: int, cfg: IdpDbConfig = IdpD
   x = enc.add_variables(lo, hi)
   enc.inputs = x
   nv = enc.add_network(net, x, lo, hi, bounds=list(diff.ref))
-  h_pre, h_post, h_bins = _add_hyper(enc, hyper, x, lo, list(diff.hyper), relax_masks)
+  h_pre, h_post, h_bins = _add_hyper(enc, hyper, x, lo, hi, list(diff.hyper), relax_masks)
   if cfg.matching:
     for m in range(n_layers - 1):
       _pair_rows(enc, h_post[m], nv.post[m], *diff.post[m])
