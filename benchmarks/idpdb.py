@@ -25,8 +25,12 @@ Steps (LUCID spec §2.1, §2.8, §4):
 
     python benchmarks/idpdb.py                              # defaults, ~15 min on 2 cores
     python benchmarks/idpdb.py --attack-starts 2048 --attack-steps 400   # the stored JSON
-    python benchmarks/idpdb.py --members 500 --time-limit 3600 --node-time-limit 600 \\
-        --ablation-members 0                                # the 2-hour target run (2x50)
+    python benchmarks/idpdb.py --members 0 --train-processes 2 --time-limit 480 \\
+        --node-time-limit 240 --ablation-members 0 --attack-starts 256 --attack-steps 200 \\
+        --family-npz benchmarks/results/idpdb_adult_2x50_full_family.npz \\
+        --classes 0 --out benchmarks/results/idpdb_adult_2x50_full_c0.json
+        # the target run: all 32,562 networks (~2.2 h of training on two idle cores, resumable),
+        # then beta for class 0; the same with --classes 1 (..._c1.json) in a second process
     python benchmarks/idpdb.py --hidden 100,100 --out benchmarks/results/idpdb_adult_2x100.json
     python benchmarks/idpdb.py --tighten --members 20 --time-limit 90 --node-time-limit 30
         # tighten="none" vs "lp" side by side on the cached family (no ablation, no attack):
