@@ -142,6 +142,9 @@ def main(argv=None):
   if a.beta:
     raw = {c: float(b) for c, b in enumerate(a.beta.split(","))}
     origin["source"] = "--beta"
+    origin["family"] = ("beta given by hand (--beta; e.g. the whole-family beta of "
+                        "idpdb_adult_2x50_full_c*.json); the members (Naive-iDP only) are those of "
+                        f"the family npz ({origin.get('family', 'trained here')})")
   betas = {c: L.guard_beta(b) for c, b in raw.items()}
   print(f"beta (guard) = {betas} from {origin['source']}", flush=True)
 
