@@ -306,9 +306,7 @@ def tighten_comparison(a) -> None:
              family_note=f"the first {fam.size} members of the cached family (N = row 0)",
              modes=rows,
              ratio_beta={c: _ratio(rows, modes, c) for c in ("0", "1")})
-  path = _rooted(a.out)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(out, indent=1))
+  path = _write_json(a.out, out)
   print()
   print(f"{'tighten':>8} {'class':>5} {'beta':>9} {'root':>9} {'unst N':>7} {'unst N#':>8} "
         f"{'bins':>5} {'MILPs':>6} {'optimal':>8} {'MILP[s]':>8} {'tight[s]':>9} {'total[s]':>9}")
@@ -361,8 +359,7 @@ def agt_enclosure(a) -> None:
              first_non_finite_step=None if len(finite) == len(widths) else len(finite),
              mean_width_per_step=[idpdb._json_float(w) for w in widths],
              growth_per_step=growth, seconds=time.perf_counter() - t0)
-  path = _rooted(a.out)
-  path.write_text(json.dumps(out, indent=1))
+  path = _write_json(a.out, out)
   print(f"\n{len(widths)} of {len(sched)} steps; width grows x{growth:.2f} per step; "
         f"first non-finite step: {out['first_non_finite_step']}\nwrote {path}")
 
@@ -453,9 +450,7 @@ def main(argv=None):
       paper=PAPER.get(a.arch),
       total_seconds=time.perf_counter() - t_all,
   )
-  path = _rooted(a.out)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(out, indent=1))
+  path = _write_json(a.out, out)
 
   print()
   print(f"{'class':>5} {'beta':>9} {'lower':>9} {'attack':>9} {'exact':>6} {'MILPs':>6} "
@@ -474,6 +469,14 @@ def main(argv=None):
       print(f"{c:>5} " + " ".join(f"{_f(rows[n]['beta']):>8} ({rows[n]['seconds']:>5.0f})"
                                   for n in names))
   print(f"\n{family_note}.\nwrote {path}")
+
+
+def _write_json(p: str, out: dict) -> pathlib.Path:
+  """Writes the benchmark record ``out`` to ``p`` (relative to the repository root)."""
+  path = _rooted(p)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(out, indent=1))
+  return path
 
 
 def _rooted(p: str) -> pathlib.Path:
