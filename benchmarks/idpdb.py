@@ -113,6 +113,13 @@ def parse(argv=None):
   p.add_argument("--ablation-members", type=int, default=10, help="0 skips the ablation")
   p.add_argument("--ablation-time-limit", type=float, default=60.0,
                  help="seconds per class and variant (a third of it per MILP)")
+  p.add_argument("--screen", action="store_true",
+                 help="screen every member by its difference bound first, then peel the largest "
+                      "off as singleton MILPs (IdpDbConfig.screen) instead of LUCID's k-means")
+  p.add_argument("--retry-singletons", action="store_true",
+                 help="solve a timed-out singleton on top of the queue again with twice the time")
+  p.add_argument("--tightening", default="none", choices=idpdb._TIGHTEN,
+                 help="IdpDbConfig.tighten for the main run (lp-net: LP on N once)")
   p.add_argument("--tighten", action="store_true",
                  help="only compare IdpDbConfig.tighten 'none' vs 'lp' (--tighten-modes) on the first "
                       "--members members of the cached family; writes idpdb_tighten_adult_<arch>.json")
@@ -202,7 +209,7 @@ def class_record(res: idpdb.IdpDbResult, conf_test: np.ndarray, pred: np.ndarray
               lower=idpdb._json_float(res.lower), lower_member=res.lower_member,
               n_milps=res.n_milps, seconds=res.seconds, time_to_final_s=time_to_final(res),
               anytime=[(t, idpdb._json_float(b)) for t, b in res.anytime],
-              noised_fraction_of_predicted=noised,
+              noised_fraction_of_predicted=noised, screen=res.screen_summary(),
               tree=[r.as_dict() for r in res.tree])
 
 
@@ -218,6 +225,7 @@ def ablation(net, fam, a) -> dict:
       "HMRiS": base,
       "HMB": dataclasses.replace(base, relax=False),
       "LUCID": base,
+      "Screen": dataclasses.replace(base, screen=True),   # ours: member screening + peeling
   }
   out = {}
   all_rows = np.arange(fam.size)
@@ -401,7 +409,9 @@ def main(argv=None):
 
   cfg = idpdb.IdpDbConfig(tau=a.tau, bounds=a.bounds, solver=a.solver,
                           node_time_limit=a.node_time_limit, total_time_limit=a.time_limit,
-                          workers=a.workers, executor=a.executor, max_k=a.max_k or None)
+                          workers=a.workers, executor=a.executor, max_k=a.max_k or None,
+                          screen=a.screen, tighten=a.tightening,
+                          retry_singletons=a.retry_singletons)
   classes = {}
   for c in (int(v) for v in a.classes.split(",")):
     t0 = time.perf_counter()

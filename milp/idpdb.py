@@ -34,6 +34,13 @@ superset of the real disagreement set, so every bound stays sound.
   popped; anytime history; per-node and total time limits (on a total time-out the answer is the
   max over the queue and the nodes still being solved); children of one node solved in parallel
   (process pool or Ray) when ``workers > 1``.
+* `member_bounds` / ``IdpDbConfig(screen=True)`` — ours, not LUCID's: every member alone is
+  bounded by its difference intervals against N (`screen_bound`, ``beta <= du_c' - dl_c``; one
+  interval pass per member, no MILP). The maximum is already a sound iDP-DB of the family, and
+  for a leave-one-out family of 32k Adult networks it is far tighter than the MILP over their
+  hyper-network (whose box forgets which parameters move together). The branch-and-bound then
+  peels the members of largest screening bound off as singleton MILPs; the rest stays one node
+  bounded by its largest screening bound.
 * `naive_compute(net, members, label, cfg)` — the per-point MILPs of spec §2.2 (no MD, no RiS):
   exact beta*_c when every solve is optimal.
 * `betas(...)` — both classes (or the given ones) from Flax parameters.
@@ -72,7 +79,7 @@ from milp.network import AffineLayer, Network
 from milp.solve import SolveConfig, solve
 
 _EXECUTORS = ("serial", "process", "ray")
-_TIGHTEN = ("none", "lp", "milp")
+_TIGHTEN = ("none", "lp-net", "lp", "milp")
 # Outward margin on a tightening LP/MILP optimum: HiGHS's default primal/dual feasibility
 # tolerances are 1e-7, so the reported optimum may overshoot the true one by a few 1e-7 relative
 # to the magnitudes involved (the objective and the old interval's width).
@@ -112,9 +119,15 @@ class IdpDbConfig:
       ``"none"`` (interval/CROWN bounds only), ``"lp"`` (maximise/minimise every unstable
       neuron over the LP relaxation of the earlier layers, `tighten_net` / `tighten_hyper`) or
       ``"milp"`` (the same with the earlier ReLUs exact, each solve capped at
-      ``tighten_time_limit``; the dual bound is kept on a time-out).
+      ``tighten_time_limit``; the dual bound is kept on a time-out); ``"lp-net"`` tightens N
+      by LP once and leaves every N# to interval arithmetic (cheap nodes, for many small ones).
     tighten_time_limit: seconds per tightening LP/MILP (a solve that does not finish keeps the
       old bound in ``"lp"`` mode and its dual bound in ``"milp"`` mode).
+    screen: screen every member with its difference-interval bound first (`member_bounds`, no
+      MILP) and branch by peeling the members of largest bound off as singleton MILPs
+      (`lucid_compute`); ``False`` runs LUCID's k-means branching from the root hyper-network.
+    retry_singletons: a popped singleton whose MILP did not finish is solved again with twice
+      the time it took, while the total time lasts, instead of ending the search (LUCID stops).
   """
 
   tau: float = 0.01
@@ -136,6 +149,8 @@ class IdpDbConfig:
   tol: float = 1e-5
   tighten: str = "none"
   tighten_time_limit: float = 5.0
+  screen: bool = False
+  retry_singletons: bool = False
 
   def __post_init__(self):
     if self.tighten not in _TIGHTEN:
@@ -249,6 +264,8 @@ class IdpDbResult:
     lower_x, lower_member: that input and the member row that disagrees there.
     n_unstable_net: N's unstable hidden neurons over the input box (after tightening, if any).
     tighten_seconds_net: time spent tightening N's bounds (once per call).
+    member_bounds: with ``cfg.screen``, every member's screening bound (`member_bounds`).
+    screen_seconds: time spent screening.
   """
 
   label: int
@@ -264,11 +281,24 @@ class IdpDbResult:
   lower_member: int | None = None
   n_unstable_net: int = -1
   tighten_seconds_net: float = 0.0
+  member_bounds: np.ndarray | None = dataclasses.field(default=None, repr=False)
+  screen_seconds: float = 0.0
+
+  def screen_summary(self) -> dict | None:
+    """Quantiles and the largest values of the screening bounds (``None`` without screening)."""
+    u = self.member_bounds
+    if u is None:
+      return None
+    qs = (0.5, 0.9, 0.99, 0.999, 1.0)
+    return dict(members=int(u.size), seconds=self.screen_seconds,
+                quantiles={str(q): float(np.quantile(u, q)) for q in qs},
+                largest=[float(v) for v in np.sort(u)[::-1][:16]])
 
   def as_dict(self) -> dict:
     return dict(label=self.label, beta=_json_float(self.beta), exact=self.exact,
                 timed_out=self.timed_out, n_milps=self.n_milps,
                 n_unstable_net=self.n_unstable_net, tighten_seconds_net=self.tighten_seconds_net,
+                screen=self.screen_summary(),
                 anytime=[(t, _json_float(b)) for t, b in self.anytime],
                 seconds=self.seconds, lower=_json_float(self.lower),
                 lower_member=self.lower_member,
@@ -528,6 +558,8 @@ def tighten_net(net: Network, lo: Any, hi: Any, cfg: IdpDbConfig = IdpDbConfig()
          for a, b in (bounds if bounds is not None else bounds_lib.compute(net, lo, hi, cfg.bounds))]
   if cfg.tighten == "none":
     return out
+  if cfg.tighten == "lp-net":
+    cfg = dataclasses.replace(cfg, tighten="lp")
   n_layers = len(net.layers)
   for m in range(1, n_layers):
     which = _to_tighten(m, n_layers, *out[m])
@@ -561,7 +593,7 @@ def tighten_hyper(net: Network, hyper: Network, lo: Any, hi: Any,
   n_layers = len(net.layers)
   hb: list = [None] * n_layers
   diff = difference_bounds(net, hyper, lo, hi, cfg.bounds, ref_bounds=ref)
-  if cfg.tighten == "none":
+  if cfg.tighten in ("none", "lp-net"):
     return diff
   for m in range(1, n_layers):
     which = _to_tighten(m, n_layers, *diff.hyper[m])
@@ -587,6 +619,15 @@ def tighten_hyper(net: Network, hyper: Network, lo: Any, hi: Any,
 
 def _n_unstable(bounds) -> int:
   return bounds_lib.count_unstable(list(bounds))
+
+
+def _confidence_cap(net: Network, out_bounds: tuple[np.ndarray, np.ndarray], label: int) -> float:
+  """The largest ``C^c_N(x)`` N's sound logit bounds allow: ``u_c - max_{c'} l_c'`` (sign: ``±z``)."""
+  L_out, U_out = out_bounds
+  if net.output == "sign":
+    return float(U_out[0] if label == 1 else -L_out[0])
+  others = [k for k in range(net.num_outputs) if k != label]
+  return float(np.min(U_out[label] - L_out[others]))
 
 
 def node_bound(net: Network, hyper: Network, label: int, cfg: IdpDbConfig = IdpDbConfig(), *,
@@ -652,12 +693,7 @@ def node_bound(net: Network, hyper: Network, label: int, cfg: IdpDbConfig = IdpD
     if cfg.matching_pre:
       for m in range(n_layers):
         _pair_rows(enc, h_pre[m], nv.pre[m], *diff.pre[m])
-  L_out, U_out = diff.ref[-1]
-  if net.output == "sign":
-    b_hi = float(U_out[0] if label == 1 else -L_out[0])
-  else:
-    others = [k for k in range(net.num_outputs) if k != label]
-    b_hi = float(np.min(U_out[label] - L_out[others]))
+  b_hi = _confidence_cap(net, diff.ref[-1], label)
   beta = enc.add_variables([-np.inf], [b_hi])[0]
   _confidence_rows(enc, net, nv.outputs, label, beta)
   _disagreement_rows(enc, hyper, h_pre[-1], label, diff.hyper[-1])
@@ -672,7 +708,7 @@ def node_bound(net: Network, hyper: Network, label: int, cfg: IdpDbConfig = IdpD
     upper = math.inf  # numerical trouble or an unbounded report: nothing is proven
   if math.isnan(upper):
     upper = math.inf
-  upper = min(upper, b_hi) if out.reason != "INFEASIBLE" else -math.inf
+  upper = min(upper, b_hi, screen_bound(net, diff, label)) if out.reason != "INFEASIBLE" else -math.inf
   x_val = x_conf = w_margin = None
   if out.has_solution:
     x_val = np.clip(enc.values(out.result, x), lo, hi)
@@ -688,6 +724,69 @@ def node_bound(net: Network, hyper: Network, label: int, cfg: IdpDbConfig = IdpD
   return NodeResult(upper, out.primal_value, x_val, x_conf, w_margin, out.reason,
                     time.perf_counter() - t0, enc.num_binaries, n_relaxed,
                     _n_unstable(diff.ref) + _n_unstable(diff.hyper), t_tight)
+
+
+def screen_bound(net: Network, diff: DifferenceBounds, label: int) -> float:
+  """A sound iDP-DB of one node from its logit difference intervals alone (no MILP).
+
+  If N# does not predict ``c`` at ``x`` then some ``c' != c`` has ``z#_c' >= z#_c``, so with
+  ``Delta = z# - z`` (`milp.difference`, logits ``[dl, du]``)
+
+      C^c_N(x) <= z_c - z_c' <= (z_c - z_c') - (z#_c - z#_c') = Delta_c' - Delta_c <= du_c' - dl_c,
+
+  hence ``beta*_c <= max_{c' != c} (du_c' - dl_c)``, capped by N's largest confidence. Sign
+  networks: ``C^1 = z <= z - z# <= -dl`` and ``C^0 = -z <= du``. Tight when N# is one member close
+  to N, loose for a wide hyper-network (there the MILP's joint encoding matters).
+  """
+  dl, du = diff.pre[-1]
+  if net.output == "sign":
+    b = float(-dl[0] if label == 1 else du[0])
+  else:
+    others = [k for k in range(net.num_outputs) if k != label]
+    b = float(np.max(du[others] - dl[label]))
+  return min(b, _confidence_cap(net, diff.ref[-1], label))
+
+
+def member_bounds(net: Network, members: Sequence[Network] | Family, label: int,
+                  cfg: IdpDbConfig = IdpDbConfig(), *, input_lower: Any = 0.0,
+                  input_upper: Any = 1.0, ref_bounds: list | None = None,
+                  progress: bool = False) -> np.ndarray:
+  """``u_i >= beta*_c({N_-i})`` for every member: `screen_bound` on each member alone.
+
+  One difference-interval pass per member (about 0.6 ms for Adult 2x50 in float64), so a whole
+  leave-one-out family of 32k networks is screened in seconds, where one MILP over the
+  hyper-network of all of them is far looser (the box over 32k members loses which parameters
+  move together). ``max_i u_i`` is a sound iDP-DB of the family.
+
+  Args:
+    net: N (concrete).
+    members: the leave-one-out networks (as `lucid_compute` takes them).
+    label: the class c.
+    cfg: ``cfg.bounds`` and ``cfg.tighten`` choose N's bounds when ``ref_bounds`` is ``None``.
+    input_lower, input_upper: the input box.
+    ref_bounds: precomputed sound pre-activation bounds of N (shared by every member).
+    progress: tqdm bar over members.
+
+  Returns:
+    ``(K,)`` float64 bounds, in member order.
+  """
+  family = as_family(members, net.output)
+  _check_compatible(net, family.member(0), "the family")
+  label = _check_label(net, label)
+  d = net.input_size
+  lo = np.broadcast_to(np.asarray(input_lower, np.float64), (d,)).copy()
+  hi = np.broadcast_to(np.asarray(input_upper, np.float64), (d,)).copy()
+  if ref_bounds is None:
+    ref_bounds = tighten_net(net, lo, hi, cfg)
+  rows = range(family.size)
+  if progress:
+    from tqdm.auto import tqdm
+    rows = tqdm(rows, desc=f"screen members, class {label}", unit="net", mininterval=2.0)
+  out = np.empty(family.size)
+  for i in rows:
+    diff = difference_bounds(net, family.member(i), lo, hi, cfg.bounds, ref_bounds=ref_bounds)
+    out[i] = screen_bound(net, diff, label)
+  return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -843,6 +942,12 @@ def lucid_compute(net: Network, members: Sequence[Network] | Family, label: int,
   Returns:
     `IdpDbResult`. On a total time-out, ``beta`` is the max over the queue and the nodes whose
     solve did not finish (their parent's bound), and ``exact`` is False.
+
+  With ``cfg.screen`` the root is not a MILP: every member gets its `member_bounds` value ``u_i``,
+  a node's bound is ``min(MILP bound, parent bound, max_{i in node} u_i)``, and a popped node is
+  split into its ``cfg.workers`` members of largest ``u`` (singleton MILPs, solved together) and
+  the rest (no MILP). The stop rule is LUCID's: a solved singleton on top of the queue, unless
+  ``cfg.retry_singletons`` and its MILP timed out: then it is solved again with twice the time.
   """
   t0 = time.perf_counter()
   family = as_family(members, net.output)
@@ -852,6 +957,11 @@ def lucid_compute(net: Network, members: Sequence[Network] | Family, label: int,
   t_ref = time.perf_counter()
   ref = tighten_net(net, np.zeros(net.input_size), np.ones(net.input_size), cfg)
   t_ref = time.perf_counter() - t_ref
+  u, t_screen = None, 0.0
+  if cfg.screen:
+    t_screen = time.perf_counter()
+    u = member_bounds(net, family, label, cfg, ref_bounds=ref, progress=progress)
+    t_screen = time.perf_counter() - t_screen
   bar = None
   if progress:
     from tqdm.auto import tqdm
@@ -869,7 +979,19 @@ def lucid_compute(net: Network, members: Sequence[Network] | Family, label: int,
       return None
     return cfg.total_time_limit - (time.perf_counter() - t0)
 
-  def expand(groups: list[np.ndarray], parent: NodeRecord | None) -> bool:
+  def screened(rows: np.ndarray) -> float:
+    return math.inf if u is None else float(np.max(u[rows]))
+
+  def push_unsolved(g: np.ndarray, parent: NodeRecord | None, status: str) -> None:
+    """A node without a MILP: its parent's bound, or its members' screening bounds if lower."""
+    bound = min(math.inf if parent is None else parent.bound, screened(g))
+    rec = NodeRecord(len(tree), None if parent is None else parent.id, g, bound, math.inf,
+                     status, 0.0, 0, 0, 0 if parent is None else parent.depth + 1)
+    tree.append(rec)
+    heapq.heappush(queue, (-bound, next(tie), rec.id))
+
+  def expand(groups: list[np.ndarray], parent: NodeRecord | None,
+             node_limit: float | None = cfg.node_time_limit) -> bool:
     """Solves the nodes of ``groups`` and pushes them; False if the total time ran out."""
     nonlocal lower, lower_x, lower_member, timed_out
     parent_bound = math.inf if parent is None else parent.bound
@@ -878,20 +1000,16 @@ def lucid_compute(net: Network, members: Sequence[Network] | Family, label: int,
       left = remaining()
       if left is not None and left <= 0.05:
         timed_out = True
-        for g in pending:  # not solved: they keep the parent's bound
-          rec = NodeRecord(len(tree), None if parent is None else parent.id, g, parent_bound,
-                           math.inf, "NOT_SOLVED", 0.0, 0, 0,
-                           0 if parent is None else parent.depth + 1)
-          tree.append(rec)
-          heapq.heappush(queue, (-parent_bound, next(tie), rec.id))
+        for g in pending:
+          push_unsolved(g, parent, "NOT_SOLVED")
         return False
       batch, pending = pending[:cfg.workers], pending[cfg.workers:]
-      limit = cfg.node_time_limit
+      limit = node_limit
       if left is not None:
         limit = left if limit is None else min(limit, left)
       jobs = [_NodeJob(net, hyper_of(family, g), label, cfg, limit, ref) for g in batch]
       for g, res in zip(batch, runner.map(jobs)):
-        bound = min(res.upper, parent_bound)
+        bound = min(res.upper, parent_bound, screened(g))
         rec = NodeRecord(len(tree), None if parent is None else parent.id, g, bound, res.upper,
                          res.status, res.seconds, res.n_binaries, res.n_relaxed,
                          0 if parent is None else parent.depth + 1, res.optimal, res.n_unstable,
@@ -906,20 +1024,48 @@ def lucid_compute(net: Network, members: Sequence[Network] | Family, label: int,
           bar.set_postfix(bound=f"{max(-queue[0][0], -math.inf):.4g}", nodes=len(queue))
     return True
 
+  def branch(node: NodeRecord) -> bool:
+    """LUCID: k-means children, each solved. Screening: the ``workers`` members of largest
+    screening bound become singleton MILPs; the rest stays one node bounded by its screening."""
+    if u is None:
+      return expand(partition(features, node.members, cfg), node)
+    vals = u[node.members]
+    order = node.members   # a rest node is already sorted: its child is a view, not a copy
+    if np.any(vals[:-1] < vals[1:]):
+      order = order[np.argsort(-vals, kind="stable")]
+    peel, rest = order[:cfg.workers], order[cfg.workers:]
+    if rest.size:
+      push_unsolved(rest, node, "SCREENED")
+    return expand([peel[j:j + 1] for j in range(peel.size)], node)
+
   try:
     beta, exact = math.inf, False
-    if expand([np.arange(family.size)], None):
+    if cfg.screen:
+      push_unsolved(np.arange(family.size), None, "SCREENED")
+      started = True
+    else:
+      started = expand([np.arange(family.size)], None)
+    if started:
       while queue:
         neg, _, nid = heapq.heappop(queue)
         node = tree[nid]
         beta = -neg
         anytime.append((time.perf_counter() - t0, beta))
-        if node.members.size == 1 or beta == -math.inf:
+        solved = node.status not in ("SCREENED", "NOT_SOLVED")
+        if (cfg.retry_singletons and node.members.size == 1 and solved and not node.optimal
+            and beta > -math.inf and node.seconds > 0):
+          # nothing left to split: the same MILP again with twice the time
+          if not expand([node.members], node, 2.0 * node.seconds):
+            beta = max(-queue[0][0], -math.inf) if queue else beta
+            anytime.append((time.perf_counter() - t0, beta))
+            break
+          continue
+        if (node.members.size == 1 and (solved or u is None)) or beta == -math.inf:
           exact = node.optimal and node.n_relaxed == 0
           if beta == -math.inf:  # every set left is infeasible: no member can ever disagree
-            exact = all(r.optimal for r in tree)
+            exact = all(r.optimal for r in tree if r.status != "SCREENED")
           break
-        if not expand(partition(features, node.members, cfg), node):
+        if not branch(node):
           beta = max(-queue[0][0], -math.inf) if queue else beta
           anytime.append((time.perf_counter() - t0, beta))
           break
@@ -931,9 +1077,10 @@ def lucid_compute(net: Network, members: Sequence[Network] | Family, label: int,
     runner.close()
     if bar is not None:
       bar.close()
-  return IdpDbResult(label, float(beta), exact, timed_out, sum(r.status != "NOT_SOLVED" for r in tree),
-                     anytime, tree, time.perf_counter() - t0, lower, lower_x, lower_member,
-                     _n_unstable(ref), t_ref)
+  n_milps = sum(r.status not in ("NOT_SOLVED", "SCREENED") for r in tree)
+  return IdpDbResult(label, float(beta), exact, timed_out, n_milps, anytime, tree,
+                     time.perf_counter() - t0, lower, lower_x, lower_member, _n_unstable(ref),
+                     t_ref, u, t_screen)
 
 
 def naive_compute(net: Network, members: Sequence[Network] | Family, label: int,

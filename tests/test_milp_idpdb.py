@@ -394,6 +394,115 @@ def test_tightened_beta_sound_and_not_worse(real, label):
 
 
 # ------------------------------------------------------------------------------------------------
+# Screening by per-member difference bounds
+# ------------------------------------------------------------------------------------------------
+
+SCREEN = dataclasses.replace(PLAIN, screen=True)
+
+
+@pytest.mark.parametrize("output", ["logits", "sign"])
+def test_screen_bound_is_exact_on_the_toy(output):
+  """Member i moves one logit by b_i, so its difference interval is exactly [b_i, b_i]: u_i = b_i
+  (capped by N's largest confidence, 1 on [0, 1]^2), and the screened search is exact."""
+  net, members = _toy(FIG3_BIASES, output)
+  top, bottom = (0, 1) if output == "logits" else (1, 0)
+  b = np.array(FIG3_BIASES)
+  np.testing.assert_allclose(idpdb.member_bounds(net, members, top), np.minimum(b, 1.0), atol=1e-8)
+  np.testing.assert_allclose(idpdb.member_bounds(net, members, bottom), np.minimum(-b, 1.0),
+                             atol=1e-8)
+  res = idpdb.lucid_compute(net, members, top, SCREEN, progress=False)
+  assert res.exact and abs(res.beta - b.max()) < TOL
+  assert res.tree[0].status == "SCREENED" and res.tree[0].members.size == len(members)
+  assert res.n_milps == 1   # only the member of largest screening bound needed its MILP
+
+
+@pytest.mark.parametrize("label", [0, 1])
+def test_member_bounds_enclose_every_member(real, label):
+  """u_i >= the exact per-member beta* (per-point MILPs) and >= every sampled leaking confidence
+  of that member; with N's bounds tightened by LP the screening is sound and no looser."""
+  net, fam = real["net"], real["fam"]
+  exact = real["naive"][label].per_member
+  u = idpdb.member_bounds(net, fam, label)
+  u_lp = idpdb.member_bounds(net, fam, label, dataclasses.replace(PLAIN, tighten="lp-net"))
+  assert np.all(u >= exact - TOL), np.min(u - exact)
+  assert np.all(u_lp >= exact - TOL) and np.all(u_lp <= u + 1e-9)
+  assert np.all(u < 10 * np.max(np.abs(exact)) + 1)   # not vacuous
+  xs = np.random.default_rng(label).uniform(size=(20000, net.input_size))
+  c_n = idpdb.confidence(net, net_lib.forward_batch(net, xs), label)
+  c_m = idpdb.confidence(net, fam.outputs(xs), label)            # (K, n)
+  hits = 0
+  for i in range(fam.size):
+    leak = c_m[i] <= 0.0
+    if leak.any():
+      assert c_n[leak].max() <= u[i] + TOL
+      hits += 1
+  assert hits >= fam.size // 2
+
+
+def test_three_class_member_bounds_enclose_exact():
+  rng = np.random.default_rng(4)
+  w1, b1 = rng.normal(size=(6, 3)), rng.normal(size=6) * 0.3
+  w2, b2 = rng.normal(size=(3, 6)), rng.normal(size=3) * 0.3
+  net = Network((AffineLayer.point(w1, b1), AffineLayer.point(w2, b2)), (3,), "logits")
+  members = [Network((AffineLayer.point(w1 + 0.05 * rng.normal(size=w1.shape), b1),
+                      AffineLayer.point(w2 + 0.05 * rng.normal(size=w2.shape),
+                                        b2 + 0.05 * rng.normal(size=3))), (3,), "logits")
+             for _ in range(5)]
+  for label in range(3):
+    nv = idpdb.naive_compute(net, members, label, PLAIN)
+    assert nv.exact
+    u = idpdb.member_bounds(net, members, label)
+    assert np.all(u >= nv.per_member - TOL), (label, u, nv.per_member)
+    res = idpdb.lucid_compute(net, members, label, SCREEN, progress=False)
+    assert res.exact and abs(res.beta - nv.beta) < 1e-4
+
+
+@pytest.mark.parametrize("label", [0, 1])
+def test_screened_bab_sound_and_exact(real, label):
+  """The screened search without relaxation or time-out is exact; with MD/RiS it stays >= exact;
+  the anytime bound never increases and starts at the largest screening bound."""
+  exact = real["naive"][label]
+  res = idpdb.lucid_compute(real["net"], real["fam"], label, SCREEN, progress=False)
+  assert res.exact and abs(res.beta - exact.beta) < 1e-4, (res.beta, exact.beta)
+  assert res.anytime[0][1] == pytest.approx(float(res.member_bounds.max()))
+  bounds = [b for _, b in res.anytime]
+  assert all(a >= b - 1e-12 for a, b in zip(bounds, bounds[1:]))
+  solved = [r for r in res.tree if r.status not in ("SCREENED", "NOT_SOLVED")]
+  assert all(r.members.size == 1 for r in solved) and len(solved) == res.n_milps
+  assert res.screen_summary()["members"] == real["fam"].size
+  for cfg in (dataclasses.replace(FAST, screen=True),
+              dataclasses.replace(FAST, screen=True, workers=2, tighten="lp-net")):
+    out = idpdb.lucid_compute(real["net"], real["fam"], label, cfg, progress=False)
+    assert out.beta >= exact.beta - TOL
+    assert out.lower <= exact.beta + TOL
+
+
+def test_screened_bab_time_limits_stay_sound(real):
+  net, fam = real["net"], real["fam"]
+  for label in (0, 1):
+    exact = real["naive"][label].beta
+    for cfg in (dataclasses.replace(SCREEN, total_time_limit=0.05),
+                dataclasses.replace(SCREEN, node_time_limit=1e-3)):
+      res = idpdb.lucid_compute(net, fam, label, cfg, progress=False)
+      assert res.beta >= exact - TOL and not res.exact
+      assert res.beta <= float(res.member_bounds.max()) + 1e-12
+
+
+@pytest.mark.parametrize("screen", [True, False])
+def test_retried_singletons_reach_the_exact_beta(real, screen):
+  """Tiny node limits with ``retry_singletons``: a timed-out singleton on top is solved again with
+  twice the time until it finishes, so the search still ends exact."""
+  cfg = dataclasses.replace(PLAIN, screen=screen, node_time_limit=0.01, retry_singletons=True)
+  for label in (0, 1):
+    exact = real["naive"][label].beta
+    res = idpdb.lucid_compute(real["net"], real["fam"], label, cfg, progress=False)
+    assert res.exact and abs(res.beta - exact) < 1e-4, (label, res.beta, exact)
+    solved = [int(r.members[0]) for r in res.tree
+              if r.members.size == 1 and r.status not in ("SCREENED", "NOT_SOLVED")]
+    assert len(solved) > len(set(solved))   # some member's MILP was run again
+
+
+# ------------------------------------------------------------------------------------------------
 # Branching helpers and errors
 # ------------------------------------------------------------------------------------------------
 
