@@ -23,6 +23,9 @@ Setting (LUCID spec §2.1, §4.4–4.7):
 
     JAX_PLATFORMS=cpu python benchmarks/idpdb_accuracy.py          # ~5-10 min on 2 cores
     python benchmarks/idpdb_accuracy.py --beta 0.55,0.63           # β given by hand
+    python benchmarks/idpdb_accuracy.py --beta 0.2622479162272933,0.2797131403793902 \
+        --beta-note "whole family: idpdb_adult_2x50_full_screen_c0.json / _c1.json" \
+        --out benchmarks/results/idpdb_accuracy_adult_2x50_full.json
 
 Writes ``benchmarks/results/idpdb_accuracy_adult_2x50.json`` and prints the table beside the
 paper's (Table 1/2/3 Adult 2×50; headline: LUCID 1.4% decrease at ε = 0, DP baselines 12.7%).
@@ -58,6 +61,8 @@ def parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--idpdb-json", default=str(RESULTS / "idpdb_adult_2x50.json"))
   p.add_argument("--beta", default=None, help="β per class by hand, e.g. 0.55,0.63")
+  p.add_argument("--beta-note", default=None,
+                 help="where the --beta values come from (written to the JSON's origin)")
   p.add_argument("--family-npz", default=str(RESULTS / "idpdb_adult_2x50_family.npz"),
                  help="N + members from benchmarks/idpdb.py, used when its JSON is missing")
   p.add_argument("--members", type=int, default=40,
@@ -142,9 +147,9 @@ def main(argv=None):
   if a.beta:
     raw = {c: float(b) for c, b in enumerate(a.beta.split(","))}
     origin["source"] = "--beta"
-    origin["family"] = ("beta given by hand (--beta; e.g. the whole-family beta of "
-                        "idpdb_adult_2x50_full_c*.json); the members (Naive-iDP only) are those of "
-                        f"the family npz ({origin.get('family', 'trained here')})")
+    origin["family"] = (f"beta given by hand (--beta: {a.beta_note or 'no --beta-note'}); the "
+                        "members (Naive-iDP only) are those of the family npz "
+                        f"({origin.get('family', 'trained here')})")
   betas = {c: L.guard_beta(b) for c, b in raw.items()}
   print(f"beta (guard) = {betas} from {origin['source']}", flush=True)
 

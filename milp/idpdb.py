@@ -708,7 +708,9 @@ def node_bound(net: Network, hyper: Network, label: int, cfg: IdpDbConfig = IdpD
     upper = math.inf  # numerical trouble or an unbounded report: nothing is proven
   if math.isnan(upper):
     upper = math.inf
-  upper = min(upper, b_hi, screen_bound(net, diff, label)) if out.reason != "INFEASIBLE" else -math.inf
+  if cfg.matching:  # the difference intervals' own bound (what MD adds, without the solver)
+    upper = min(upper, screen_bound(net, diff, label))
+  upper = min(upper, b_hi) if out.reason != "INFEASIBLE" else -math.inf
   x_val = x_conf = w_margin = None
   if out.has_solution:
     x_val = np.clip(enc.values(out.result, x), lo, hi)

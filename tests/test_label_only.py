@@ -323,6 +323,10 @@ def test_per_member_bounds_hold_per_member_and_agree_with_idpdb(family):
   for c in (0, 1):
     assert info["raw"][c] == pytest.approx(table[:, c].max(), rel=1e-3, abs=1e-4)
     assert res.betas[c] == pytest.approx(L.guard_beta(table[:, c].max()))
+  screened, sinfo = L.compute_betas(params, family["sub"], method="idpdb", node_time_limit=20.0,
+                                    screen=True)
+  for c in (0, 1):
+    assert sinfo["raw"][c] >= table[:, c].max() - 1e-4 and screened[c] >= betas[c] - 1e-3
   assert L.guard_beta(-np.inf) == 0.0 and L.guard_beta(np.nan) == np.inf
 
 

@@ -131,9 +131,9 @@ def test_infeasible_when_no_member_can_disagree():
   assert out.beta == -math.inf and out.exact
 
 
-def test_three_classes_big_m():
-  """Multi-class disagreement via big-M over alpha: BaB (exact mode) equals the naive maximum."""
-  rng = np.random.default_rng(3)
+def _three_class(seed):
+  """A random 3-6-3 network N and five members with weights moved by N(0, 0.05^2) noise."""
+  rng = np.random.default_rng(seed)
   w1, b1 = rng.normal(size=(6, 3)), rng.normal(size=6) * 0.3
   w2, b2 = rng.normal(size=(3, 6)), rng.normal(size=3) * 0.3
   net = Network((AffineLayer.point(w1, b1), AffineLayer.point(w2, b2)), (3,), "logits")
@@ -141,6 +141,12 @@ def test_three_classes_big_m():
                       AffineLayer.point(w2 + 0.05 * rng.normal(size=w2.shape),
                                         b2 + 0.05 * rng.normal(size=3))), (3,), "logits")
              for _ in range(5)]
+  return net, members
+
+
+def test_three_classes_big_m():
+  """Multi-class disagreement via big-M over alpha: BaB (exact mode) equals the naive maximum."""
+  net, members = _three_class(seed=3)
   for label in range(3):
     nv = idpdb.naive_compute(net, members, label, PLAIN)
     bb = idpdb.lucid_compute(net, members, label, PLAIN, progress=False)
@@ -440,14 +446,7 @@ def test_member_bounds_enclose_every_member(real, label):
 
 
 def test_three_class_member_bounds_enclose_exact():
-  rng = np.random.default_rng(4)
-  w1, b1 = rng.normal(size=(6, 3)), rng.normal(size=6) * 0.3
-  w2, b2 = rng.normal(size=(3, 6)), rng.normal(size=3) * 0.3
-  net = Network((AffineLayer.point(w1, b1), AffineLayer.point(w2, b2)), (3,), "logits")
-  members = [Network((AffineLayer.point(w1 + 0.05 * rng.normal(size=w1.shape), b1),
-                      AffineLayer.point(w2 + 0.05 * rng.normal(size=w2.shape),
-                                        b2 + 0.05 * rng.normal(size=3))), (3,), "logits")
-             for _ in range(5)]
+  net, members = _three_class(seed=4)
   for label in range(3):
     nv = idpdb.naive_compute(net, members, label, PLAIN)
     assert nv.exact

@@ -824,14 +824,17 @@ def guard_beta(beta: float, slack: float = 1e-4) -> float:
 
 def compute_betas(params: PyTree, members: PyTree, *, method: str = "auto",
                   time_limit: float | None = None, node_time_limit: float | None = 60.0,
-                  slack: float = 1e-4, progress: bool = False) -> tuple[dict[int, float], dict]:
+                  slack: float = 1e-4, screen: bool = False, progress: bool = False
+                  ) -> tuple[dict[int, float], dict]:
   """β per class for N (Flax MLP ``params``) and its leave-one-out family (stacked ``members``).
 
   ``method``: ``"idpdb"`` (`milp.idpdb.betas`, LUCID's branch-and-bound with matching
   dependencies and relax-if-similar), ``"per_member"`` (`per_member_betas`), or ``"auto"``
-  (idpdb when importable). Every value is a sound upper bound (a dual bound), passed through
-  `guard_beta`. β is sound for *this* family: the guard is iDP for D only if ``members`` holds
-  every leave-one-out network of D. Returns ``(betas, info)``.
+  (idpdb when importable); with ``screen=True`` idpdb first bounds every member alone by its
+  difference intervals (`milp.idpdb.member_bounds`; the choice for large families, e.g. all
+  32k leave-one-out networks of Adult). Every value is a sound upper bound (a dual bound),
+  passed through `guard_beta`. β is sound for *this* family: the guard is iDP for D only if
+  ``members`` holds every leave-one-out network of D. Returns ``(betas, info)``.
   """
   if method not in ("auto", "idpdb", "per_member"):
     raise ValueError(f"compute_betas: method must be 'auto', 'idpdb' or 'per_member', "
@@ -845,7 +848,8 @@ def compute_betas(params: PyTree, members: PyTree, *, method: str = "auto",
         raise
       idpdb = None
     if idpdb is not None:
-      cfg = idpdb.IdpDbConfig(node_time_limit=node_time_limit, total_time_limit=time_limit)
+      cfg = idpdb.IdpDbConfig(node_time_limit=node_time_limit, total_time_limit=time_limit,
+                              screen=screen)
       res = idpdb.betas(None, params, members, cfg, progress=progress)
       betas = {c: guard_beta(r.beta, slack) for c, r in res.items()}
       return betas, {"method": "milp.idpdb.lucid_compute", "raw": {c: float(r.beta)
