@@ -38,6 +38,10 @@ Steps (LUCID spec §2.1, §2.8, §4):
         --classes 0 --out benchmarks/results/idpdb_adult_2x50_full_screen_c0.json
         # the target run on the trained family: screening + peeled singleton MILPs, one hour;
         # the same with --classes 1 (..._screen_c1.json) in a second process (one core each)
+    python benchmarks/idpdb.py --members 200 --time-limit 1 --node-time-limit 1 --classes 0 \
+        --attack-starts 0 --ablation-members 10 \
+        --out benchmarks/results/idpdb_ablation_adult_2x50.json
+        # the ablation with the Screen variant, on the first 10 cached members (~15 min)
     python benchmarks/idpdb.py --hidden 100,100 --out benchmarks/results/idpdb_adult_2x100.json
     python benchmarks/idpdb.py --tighten --members 20 --time-limit 90 --node-time-limit 30
         # tighten="none" vs "lp" side by side on the cached family (no ablation, no attack):
