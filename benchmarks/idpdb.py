@@ -313,7 +313,7 @@ def tighten_comparison(a) -> None:
                classes={})
     for c in (0, 1):
       res = idpdb.lucid_compute(net, fam, c, cfg, progress=True)
-      solved = [r for r in res.tree if r.status != "NOT_SOLVED"]
+      solved = [r for r in res.tree if r.solved]
       rec["classes"][str(c)] = dict(
           beta=idpdb._json_float(res.beta), exact=res.exact, timed_out=res.timed_out,
           lower=idpdb._json_float(res.lower), n_milps=res.n_milps, seconds=res.seconds,

@@ -79,6 +79,7 @@ from milp.network import AffineLayer, Network
 from milp.solve import SolveConfig, solve
 
 _EXECUTORS = ("serial", "process", "ray")
+_UNSOLVED = ("NOT_SOLVED", "SCREENED")   # node statuses without a MILP of their own
 _TIGHTEN = ("none", "lp-net", "lp", "milp")
 # Outward margin on a tightening LP/MILP optimum: HiGHS's default primal/dual feasibility
 # tolerances are 1e-7, so the reported optimum may overshoot the true one by a few 1e-7 relative
@@ -236,6 +237,11 @@ class NodeRecord:
   optimal: bool = False
   n_unstable: int = 0
   tighten_seconds: float = 0.0
+
+  @property
+  def solved(self) -> bool:
+    """The node's own MILP ran (a time-out included)."""
+    return self.status not in _UNSOLVED
 
   def as_dict(self) -> dict:
     return dict(id=self.id, parent=self.parent, size=int(self.members.size),
@@ -1053,16 +1059,15 @@ def lucid_compute(net: Network, members: Sequence[Network] | Family, label: int,
         node = tree[nid]
         beta = -neg
         anytime.append((time.perf_counter() - t0, beta))
-        solved = node.status not in ("SCREENED", "NOT_SOLVED")
-        if (cfg.retry_singletons and node.members.size == 1 and solved and not node.optimal
-            and beta > -math.inf and node.seconds > 0):
+        if (cfg.retry_singletons and node.members.size == 1 and node.solved and not node.optimal
+            and beta > -math.inf):
           # nothing left to split: the same MILP again with twice the time
           if not expand([node.members], node, 2.0 * node.seconds):
             beta = max(-queue[0][0], -math.inf) if queue else beta
             anytime.append((time.perf_counter() - t0, beta))
             break
           continue
-        if (node.members.size == 1 and (solved or u is None)) or beta == -math.inf:
+        if (node.members.size == 1 and (node.solved or u is None)) or beta == -math.inf:
           exact = node.optimal and node.n_relaxed == 0
           if beta == -math.inf:  # every set left is infeasible: no member can ever disagree
             exact = all(r.optimal for r in tree if r.status != "SCREENED")
@@ -1079,7 +1084,7 @@ def lucid_compute(net: Network, members: Sequence[Network] | Family, label: int,
     runner.close()
     if bar is not None:
       bar.close()
-  n_milps = sum(r.status not in ("NOT_SOLVED", "SCREENED") for r in tree)
+  n_milps = sum(r.solved for r in tree)
   return IdpDbResult(label, float(beta), exact, timed_out, n_milps, anytime, tree,
                      time.perf_counter() - t0, lower, lower_x, lower_member, _n_unstable(ref),
                      t_ref, u, t_screen)

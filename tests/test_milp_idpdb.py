@@ -365,6 +365,21 @@ def test_tightening_sound_and_tighter():
   assert np.all(z1.max(0) <= exact[1][1] + 1e-7) and np.all(z1.min(0) >= exact[1][0] - 1e-7)
 
 
+def test_tightening_lp_net_encloses_samples():
+  """tighten="lp-net": N's bounds are the "lp" ones, N# keeps interval arithmetic over them;
+  sampled inputs, real members and random box parameters stay inside."""
+  net, fam = _synthetic()
+  _, ref, _, diff = _check_tightening(net, fam, dataclasses.replace(FAST, tighten="lp-net"))
+  lp = idpdb.tighten_net(net, np.zeros(net.input_size), np.ones(net.input_size),
+                         dataclasses.replace(FAST, tighten="lp"))
+  for (L, U), (Ll, Ul) in zip(ref, lp):
+    np.testing.assert_array_equal(L, Ll), np.testing.assert_array_equal(U, Ul)
+  plain = idpdb.difference_bounds(net, idpdb.hyper_of(fam, np.arange(fam.size)),
+                                  np.zeros(net.input_size), np.ones(net.input_size), ref_bounds=ref)
+  for (a, b), (c, d) in zip(diff.pre, plain.pre):
+    np.testing.assert_array_equal(a, c), np.testing.assert_array_equal(b, d)
+
+
 @pytest.mark.slow
 def test_tightening_milp_mode_encloses_samples_and_bounds_lp():
   """tighten="milp" on N and N# (exact per-neuron optima): sampled members stay inside, and the
@@ -466,7 +481,7 @@ def test_screened_bab_sound_and_exact(real, label):
   assert res.anytime[0][1] == pytest.approx(float(res.member_bounds.max()))
   bounds = [b for _, b in res.anytime]
   assert all(a >= b - 1e-12 for a, b in zip(bounds, bounds[1:]))
-  solved = [r for r in res.tree if r.status not in ("SCREENED", "NOT_SOLVED")]
+  solved = [r for r in res.tree if r.solved]
   assert all(r.members.size == 1 for r in solved) and len(solved) == res.n_milps
   assert res.screen_summary()["members"] == real["fam"].size
   for cfg in (dataclasses.replace(FAST, screen=True),
@@ -497,7 +512,7 @@ def test_retried_singletons_reach_the_exact_beta(real, screen):
     res = idpdb.lucid_compute(real["net"], real["fam"], label, cfg, progress=False)
     assert res.exact and abs(res.beta - exact) < 1e-4, (label, res.beta, exact)
     solved = [int(r.members[0]) for r in res.tree
-              if r.members.size == 1 and r.status not in ("SCREENED", "NOT_SOLVED")]
+              if r.members.size == 1 and r.solved]
     assert len(solved) > len(set(solved))   # some member's MILP was run again
 
 
@@ -535,6 +550,14 @@ def test_errors():
     idpdb.node_bound(net, wide, 0)
   with pytest.raises(ValueError, match="mismatched architectures"):
     idpdb.lucid_compute(net, [wide], 0, progress=False)
+  with pytest.raises(ValueError, match="mismatched architectures"):
+    idpdb.member_bounds(net, [wide], 0)
+  with pytest.raises(ValueError, match="out of range"):
+    idpdb.member_bounds(net, members, 2)
+  with pytest.raises(ValueError, match="no members"):
+    idpdb.member_bounds(net, [], 0)
+  with pytest.raises(ValueError, match="lower"):
+    idpdb.member_bounds(net, members, 0, input_lower=1.0, input_upper=0.0)
   with pytest.raises(ValueError, match="layer shapes"):
     idpdb.as_family([members[0], wide])
   with pytest.raises(ValueError, match="tighten must be"):
