@@ -2,11 +2,12 @@
 
 Composing interval rules for ``exp(x - max x) / sum(exp(x - max x))`` forgets that the same
 logit appears in numerator and denominator, and the bounds blow up. The functions here compute
-exactly what `jax.nn` computes, but each is a named call (``jit[name=boundjax_softmax]`` ...)
-that the interval domain recognises and bounds directly. `jax.nn.log_softmax`, which JAX itself
-wraps in a named call, gets the same rule, so optax's softmax cross-entropy is tight too.
+exactly what `jax.nn` computes, but each binds a private primitive (`boundjax.core.composite`)
+that every domain's rule table knows by identity. `jax.nn.softmax` and `jax.nn.log_softmax` are
+rewritten to the same primitives when their traced body is JAX's own (never by name), so optax's
+softmax cross-entropy is tight too.
 
-Softmax bound (AGT spec §2.3, with the paper's typo p_L -> p_U fixed):
+Softmax bound (AGT, §4 and its appendix; with the paper's typo p_L -> p_U fixed):
 
     p_L,i = 1 / (1 + Σ_{j≠i} exp(u_j − l_i)),   p_U,i = 1 / (1 + Σ_{j≠i} exp(l_j − u_i)),
 
@@ -16,123 +17,162 @@ logaddexp(l_i, LSE_{j≠i} u_j)``, with the leave-one-out log-sum-exp from prefi
 cumulative log-sum-exps (O(n), no cancellation). Each bound is attained by a point of the box,
 so the bound is exact coordinate-wise.
 
-The cross-entropy losses carry a custom JVP whose derivative is ``softmax(z) − y`` written with
-the named softmax, so ``bj.ibp(jax.grad(loss))`` bounds the logit gradient by
-``[p_L − y, p_U − y]`` (AGT spec §2.3) instead of differentiating the composition.
+The cross-entropy losses differentiate to ``softmax(z)·Σy − y`` and ``σ(z) − y`` written with
+the composite softmax, so ``bj.ibp(jax.grad(loss))`` bounds the logit gradient by
+``[p_L − y, p_U − y]`` (AGT, §4) instead of differentiating the composition.
+
+Sound mode. Every bound is computed in the working precision; the rounding error of the log-domain
+formulas is bounded a priori by ``(n + 4)·4u·(M + 1)`` on the log scale, with ``n`` the length of
+the softmax axis, ``u`` the unit roundoff and ``M`` the largest logit magnitude of the row (each
+of the ≤ n log-add-exp steps errs by at most ``2u`` relative on operands of size ≤ M + log n), and
+the exponentials by 4 ulps; sums over classes use Higham's γ_n.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from boundjax import rounding
+from boundjax.core.composite import define, negative_axis
 from boundjax.interval import Interval
 
 # ----------------------------------------------------------------------------------------------
-# the functions (concrete semantics = jax.nn)
+# the primitives (concrete semantics = jax.nn)
 # ----------------------------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("axis",))
-def boundjax_softmax(x, axis: int = -1):
+def _softmax_impl(x, *, axis):
   return jax.nn.softmax(x, axis=axis)
 
 
-@functools.partial(jax.jit, static_argnames=("axis",))
-def boundjax_log_softmax(x, axis: int = -1):
+def _log_softmax_impl(x, *, axis):
   return jax.nn.log_softmax(x, axis=axis)
 
 
-@functools.partial(jax.jit, static_argnames=("axis",))
-def boundjax_logsumexp(x, axis: int = -1):
+def _logsumexp_impl(x, *, axis):
   return jax.nn.logsumexp(x, axis=axis)
 
 
-def softmax(x, axis: int = -1):
-  """`jax.nn.softmax` with a tight interval rule."""
-  return boundjax_softmax(x, axis=axis)
-
-
-def log_softmax(x, axis: int = -1):
-  """`jax.nn.log_softmax` with a tight interval rule."""
-  return boundjax_log_softmax(x, axis=axis)
-
-
-def logsumexp(x, axis: int = -1):
-  """`jax.nn.logsumexp` over one axis with a tight (exact) interval rule."""
-  return boundjax_logsumexp(x, axis=axis)
-
-
-@jax.custom_jvp
-def boundjax_softmax_cross_entropy(logits, labels):
+def _sce_impl(logits, labels):
   return -jnp.sum(labels * jax.nn.log_softmax(logits, axis=-1), axis=-1)
 
 
-def _is_zero(t) -> bool:
-  return isinstance(t, jax.custom_derivatives.SymbolicZero)
+def _bce_impl(logits, labels):
+  return jnp.logaddexp(jnp.zeros((), logits.dtype), logits) - labels * logits
+
+
+def _softmax_jvp(primals, tangents, *, axis):
+  (x,), (t,) = primals, tangents
+  s = softmax_p.bind(x, axis=axis)
+  if t is None:
+    return s, None
+  return s, s * (t - jnp.sum(s * t, axis=axis, keepdims=True))
+
+
+def _log_softmax_jvp(primals, tangents, *, axis):
+  (x,), (t,) = primals, tangents
+  y = log_softmax_p.bind(x, axis=axis)
+  if t is None:
+    return y, None
+  return y, t - jnp.sum(softmax_p.bind(x, axis=axis) * t, axis=axis, keepdims=True)
+
+
+def _logsumexp_jvp(primals, tangents, *, axis):
+  (x,), (t,) = primals, tangents
+  y = logsumexp_p.bind(x, axis=axis)
+  if t is None:
+    return y, None
+  return y, jnp.sum(softmax_p.bind(x, axis=axis) * t, axis=axis)
 
 
 def _sce_jvp(primals, tangents):
-  logits, labels = primals
-  dlogits, dlabels = tangents
-  out = boundjax_softmax_cross_entropy(logits, labels)
-  dout = jnp.zeros_like(out)
-  if not _is_zero(dlogits):
-    grad_logits = softmax(logits) - labels  # dL/dz = p - y (for labels summing to one)
-    dout = dout + jnp.sum(grad_logits * dlogits, axis=-1)
-  if not _is_zero(dlabels):
-    dout = dout - jnp.sum(dlabels * log_softmax(logits), axis=-1)
+  (logits, labels), (dlogits, dlabels) = primals, tangents
+  out = sce_p.bind(logits, labels)
+  dout = None
+  if dlogits is not None:
+    # d/dz of -Σ y log softmax(z) = softmax(z)·Σy − y (exact for any labels)
+    grad = softmax_p.bind(logits, axis=-1) * jnp.sum(labels, -1, keepdims=True) - labels
+    dout = jnp.sum(grad * dlogits, axis=-1)
+  if dlabels is not None:
+    t = -jnp.sum(dlabels * log_softmax_p.bind(logits, axis=-1), axis=-1)
+    dout = t if dout is None else dout + t
   return out, dout
 
 
-boundjax_softmax_cross_entropy.defjvp(_sce_jvp, symbolic_zeros=True)
+def _bce_jvp(primals, tangents):
+  (logits, labels), (dlogits, dlabels) = primals, tangents
+  out = bce_p.bind(logits, labels)
+  dout = None
+  if dlogits is not None:
+    dout = (jax.nn.sigmoid(logits) - labels) * dlogits
+  if dlabels is not None:
+    t = -logits * dlabels
+    dout = t if dout is None else dout + t
+  return out, dout
+
+
+softmax_p = define("softmax", _softmax_impl, _softmax_jvp)
+log_softmax_p = define("log_softmax", _log_softmax_impl, _log_softmax_jvp)
+logsumexp_p = define("logsumexp", _logsumexp_impl, _logsumexp_jvp)
+sce_p = define("softmax_cross_entropy", _sce_impl, _sce_jvp)
+bce_p = define("sigmoid_binary_cross_entropy", _bce_impl, _bce_jvp)
+
+
+def _float(x):
+  x = jnp.asarray(x)
+  return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.float32)
+
+
+def softmax(x, axis: int = -1):
+  """`jax.nn.softmax` over one axis, with a tight bound rule."""
+  x = _float(x)
+  return softmax_p.bind(x, axis=negative_axis(axis, x.ndim))
+
+
+def log_softmax(x, axis: int = -1):
+  """`jax.nn.log_softmax` over one axis, with a tight bound rule."""
+  x = _float(x)
+  return log_softmax_p.bind(x, axis=negative_axis(axis, x.ndim))
+
+
+def logsumexp(x, axis: int = -1):
+  """`jax.nn.logsumexp` over one axis, with a tight (exact) bound rule."""
+  x = _float(x)
+  return logsumexp_p.bind(x, axis=negative_axis(axis, x.ndim))
 
 
 def softmax_cross_entropy(logits, labels):
-  """``-Σ_i y_i log softmax(z)_i`` over the last axis; labels are probabilities (one-hot).
+  """``-Σ_i y_i log softmax(z)_i`` over the last axis; ``labels`` are probabilities (one-hot).
 
-  Its gradient with respect to the logits is ``softmax(z) − y`` (exact for labels that sum to
-  one), computed with the named softmax so that interval bounds of the gradient are tight.
+  Its gradient with respect to the logits is ``softmax(z)·Σy − y``, computed with the composite
+  softmax so that interval bounds of the gradient are tight.
   """
-  return boundjax_softmax_cross_entropy(logits, labels)
+  logits = _float(logits)
+  labels = jnp.broadcast_to(jnp.asarray(labels, logits.dtype), logits.shape)
+  return sce_p.bind(logits, labels)
 
 
 def softmax_cross_entropy_with_integer_labels(logits, labels):
   """Cross-entropy with integer class labels (one-hot encoded internally)."""
-  return softmax_cross_entropy(logits, jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype))
-
-
-@jax.custom_jvp
-def boundjax_sigmoid_binary_cross_entropy(logits, labels):
-  return jnp.logaddexp(0.0, logits) - labels * logits
-
-
-def _bce_jvp(primals, tangents):
-  logits, labels = primals
-  dlogits, dlabels = tangents
-  out = boundjax_sigmoid_binary_cross_entropy(logits, labels)
-  dout = jnp.zeros_like(out)
-  if not _is_zero(dlogits):
-    dout = dout + (jax.nn.sigmoid(logits) - labels) * dlogits
-  if not _is_zero(dlabels):
-    dout = dout - logits * dlabels
-  return out, dout
-
-
-boundjax_sigmoid_binary_cross_entropy.defjvp(_bce_jvp, symbolic_zeros=True)
+  logits = _float(logits)
+  return softmax_cross_entropy(logits, jax.nn.one_hot(labels, logits.shape[-1],
+                                                      dtype=logits.dtype))
 
 
 def sigmoid_binary_cross_entropy(logits, labels):
   """``softplus(z) − y·z`` element-wise (binary cross-entropy with logits); d/dz = σ(z) − y."""
-  return boundjax_sigmoid_binary_cross_entropy(logits, labels)
+  logits = _float(logits)
+  labels = jnp.asarray(labels, logits.dtype)
+  shape = jnp.broadcast_shapes(logits.shape, labels.shape)
+  return bce_p.bind(jnp.broadcast_to(logits, shape), jnp.broadcast_to(labels, shape))
 
 
 # ----------------------------------------------------------------------------------------------
-# interval rules
+# bounds over boxes (plain functions of endpoint arrays)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -146,106 +186,126 @@ def _lse_excluding(v):
   return jnp.logaddexp(prefix, suffix)
 
 
-def log_softmax_bounds(lower, upper, axis: int = -1):
-  """Exact coordinate-wise bounds of log_softmax over the box [lower, upper] along ``axis``."""
+def _log_slack(l, u, sound: bool):
+  """A priori error bound of the log-domain formulas along the last axis (module docstring)."""
+  if not sound:
+    return None
+  n = l.shape[-1]
+  m = jnp.maximum(jnp.max(jnp.abs(l), -1, keepdims=True), jnp.max(jnp.abs(u), -1, keepdims=True))
+  return (n + 4) * 4 * rounding.unit_roundoff(l.dtype) * (m + 1 + jnp.log(float(n)))
+
+
+def log_softmax_bounds(lower, upper, axis: int = -1, sound: bool = False):
+  """Exact coordinate-wise bounds of log_softmax over the box [lower, upper] along ``axis``
+  (outward-rounded by the module's error bound when ``sound``)."""
   l, u = jnp.moveaxis(lower, axis, -1), jnp.moveaxis(upper, axis, -1)
+  if l.shape[-1] == 1:
+    z = jnp.zeros_like(l)
+    return jnp.moveaxis(z, -1, axis), jnp.moveaxis(z, -1, axis)
   lo = l - jnp.logaddexp(l, _lse_excluding(u))
   hi = u - jnp.logaddexp(u, _lse_excluding(l))
+  slack = _log_slack(l, u, sound)
+  if slack is not None:
+    lo, hi = rounding.outward(lo, hi, ulps=2, abs_err=slack)
   hi = jnp.minimum(hi, 0.0)
+  lo = jnp.minimum(lo, hi)
   return jnp.moveaxis(lo, -1, axis), jnp.moveaxis(hi, -1, axis)
 
 
-def softmax_bounds(lower, upper, axis: int = -1):
-  """Exact coordinate-wise bounds of softmax over the box (AGT spec §2.3)."""
-  lo, hi = log_softmax_bounds(lower, upper, axis)
-  return jnp.clip(jnp.exp(lo), 0.0, 1.0), jnp.clip(jnp.exp(hi), 0.0, 1.0)
+def softmax_bounds(lower, upper, axis: int = -1, sound: bool = False):
+  """Exact coordinate-wise bounds of softmax over the box (AGT, §4)."""
+  lo, hi = log_softmax_bounds(lower, upper, axis, sound)
+  lo, hi = jnp.exp(lo), jnp.exp(hi)
+  if sound:
+    lo, hi = rounding.outward(lo, hi, ulps=4)
+  return jnp.clip(lo, 0.0, 1.0), jnp.clip(hi, 0.0, 1.0)
 
 
-def _find_axis(closed) -> int | None:
-  """The single reduction axis of a softmax-like jaxpr (from its reduce_sum), or None."""
-  def walk(jaxpr):
-    for eqn in jaxpr.eqns:
-      if eqn.primitive.name == "reduce_sum":
-        return eqn.params["axes"], eqn.invars[0].aval.ndim
-      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-        found = walk(sub)
-        if found is not None:
-          return found
-    return None
-  found = walk(closed.jaxpr)
-  if found is None or len(found[0]) != 1:
-    return None
-  return found[0][0]
+def logsumexp_bounds(lower, upper, axis: int = -1, sound: bool = False):
+  """logsumexp is increasing in every coordinate: ``[lse(l), lse(u)]``."""
+  lo, hi = jax.nn.logsumexp(lower, axis=axis), jax.nn.logsumexp(upper, axis=axis)
+  if sound:
+    slack = _log_slack(jnp.moveaxis(lower, axis, -1), jnp.moveaxis(upper, axis, -1), True)
+    lo, hi = rounding.outward(lo, hi, ulps=2, abs_err=slack[..., 0])
+  return lo, hi
 
 
-def _single_interval(args, jaxpr) -> Interval | None:
-  """The one Interval argument of a unary call with one output of the same shape, else None."""
-  if len(args) != 1 or not isinstance(args[0], Interval) or len(jaxpr.jaxpr.outvars) != 1:
-    return None
-  return args[0]
-
-
-def _finish(ctx, lo, hi):
-  if ctx.sound:
-    from boundjax import rounding
-    lo, hi = rounding.outward(lo, hi, ulps=8)
-  return Interval(lo, hi, validate=False)
-
-
-def _softmax_rule(ctx, *args, jaxpr):
-  x, axis = _single_interval(args, jaxpr), _find_axis(jaxpr)
-  if x is None or axis is None:
-    return NotImplemented
-  lo, hi = softmax_bounds(x.lower, x.upper, axis)
-  out = _finish(ctx, lo, hi)
-  return Interval(jnp.clip(out.lower, 0.0, 1.0), jnp.clip(out.upper, 0.0, 1.0), validate=False)
-
-
-def _log_softmax_rule(ctx, *args, jaxpr):
-  x, axis = _single_interval(args, jaxpr), _find_axis(jaxpr)
-  if x is None or axis is None:
-    return NotImplemented
-  return _finish(ctx, *log_softmax_bounds(x.lower, x.upper, axis))
-
-
-def _logsumexp_rule(ctx, *args, jaxpr):
-  x, axis = _single_interval(args, jaxpr), _find_axis(jaxpr)
-  if x is None or axis is None:
-    return NotImplemented
-  # logsumexp is increasing in every coordinate.
-  return _finish(ctx, jax.nn.logsumexp(x.lower, axis=axis), jax.nn.logsumexp(x.upper, axis=axis))
-
-
-def _sce_rule(ctx, logits, labels, *, jaxpr):
-  if (not isinstance(logits, Interval) or isinstance(labels, Interval)
-      or len(jaxpr.jaxpr.outvars) != 1):
-    return NotImplemented
-  lo_lp, hi_lp = log_softmax_bounds(logits.lower, logits.upper, -1)
+def softmax_cross_entropy_bounds(lower, upper, labels, sound: bool = False):
+  """``-Σ y log softmax(z)`` over the box, term by term with the exact log-softmax bounds."""
+  lo_lp, hi_lp = log_softmax_bounds(lower, upper, -1, sound)
   y_pos, y_neg = jnp.maximum(labels, 0), jnp.minimum(labels, 0)
   lo = -(jnp.sum(y_pos * hi_lp, -1) + jnp.sum(y_neg * lo_lp, -1))
   hi = -(jnp.sum(y_pos * lo_lp, -1) + jnp.sum(y_neg * hi_lp, -1))
-  return _finish(ctx, lo, hi)
+  if sound:
+    mag = jnp.abs(labels) * jnp.maximum(jnp.abs(lo_lp), jnp.abs(hi_lp))
+    err = rounding.gamma(2 * labels.shape[-1] + 2, lo.dtype) * jnp.sum(mag, -1)
+    lo, hi = rounding.outward(lo, hi, ulps=1, abs_err=err)
+  return lo, hi
 
 
-def _bce_rule(ctx, logits, labels, *, jaxpr):
-  """f(z) = softplus(z) − y z is convex in z: max at an end, min at clip(logit(y), l, u)."""
-  if (not isinstance(logits, Interval) or isinstance(labels, Interval)
-      or len(jaxpr.jaxpr.outvars) != 1):
-    return NotImplemented
-  f = lambda z: jnp.logaddexp(0.0, z) - labels * z
+def sigmoid_binary_cross_entropy_bounds(lower, upper, labels, sound: bool = False):
+  """f(z) = softplus(z) − y z is convex in z: the maximum is at an end of [l, u]; the minimum is
+  bounded below by the tangent at z* = clip(logit(y), l, u),
+  ``f(z) ≥ f(z*) + f'(z*)(z − z*)``, minimised over the two ends (exact when z* is the true
+  minimiser, sound for any z*)."""
+  f = lambda z: jnp.logaddexp(jnp.zeros((), z.dtype), z) - labels * z
   y = jnp.clip(labels, 0.0, 1.0)
-  z_star = jnp.clip(jnp.log(y) - jnp.log1p(-y), logits.lower, logits.upper)
-  in_range = (labels >= 0) & (labels <= 1)
-  lo = jnp.where(in_range, f(z_star), jnp.minimum(f(logits.lower), f(logits.upper)))
-  hi = jnp.maximum(f(logits.lower), f(logits.upper))
-  return _finish(ctx, lo, hi)
+  z_star = jnp.clip(jnp.log(y) - jnp.log1p(-y), lower, upper)
+  slope = jax.nn.sigmoid(z_star) - labels
+  lo = f(z_star) + jnp.minimum(slope * (lower - z_star), slope * (upper - z_star))
+  lo = jnp.minimum(lo, jnp.minimum(f(lower), f(upper)))
+  hi = jnp.maximum(f(lower), f(upper))
+  if sound:
+    def mag(z):
+      return jnp.abs(jnp.logaddexp(jnp.zeros((), z.dtype), z)) + jnp.abs(labels * z) + 1
+    scale = jnp.maximum(jnp.maximum(mag(lower), mag(upper)), mag(z_star))
+    err = 8 * rounding.unit_roundoff(lo.dtype) * (scale + jnp.abs(slope) * (upper - lower))
+    lo, hi = rounding.outward(lo, hi, ulps=2, abs_err=err)
+  return lo, hi
 
 
-COMPOSITES = {
-    "boundjax_softmax": _softmax_rule,
-    "boundjax_log_softmax": _log_softmax_rule,
-    "log_softmax": _log_softmax_rule,
-    "boundjax_logsumexp": _logsumexp_rule,
-    "boundjax_softmax_cross_entropy": _sce_rule,
-    "boundjax_sigmoid_binary_cross_entropy": _bce_rule,
+# ----------------------------------------------------------------------------------------------
+# interval rules, keyed by primitive (used by the interval domain's table)
+# ----------------------------------------------------------------------------------------------
+
+def _iv(lo, hi) -> Interval:
+  return Interval(lo, hi, validate=False)
+
+
+def _bounds(x):
+  return (x.lower, x.upper) if isinstance(x, Interval) else (x, x)
+
+
+def _softmax_rule(ctx, x, *, axis):
+  return _iv(*softmax_bounds(*_bounds(x), axis, ctx.sound))
+
+
+def _log_softmax_rule(ctx, x, *, axis):
+  return _iv(*log_softmax_bounds(*_bounds(x), axis, ctx.sound))
+
+
+def _logsumexp_rule(ctx, x, *, axis):
+  return _iv(*logsumexp_bounds(*_bounds(x), axis, ctx.sound))
+
+
+def _sce_rule(ctx, logits, labels):
+  if isinstance(labels, Interval):
+    return NotImplemented
+  return _iv(*softmax_cross_entropy_bounds(*_bounds(logits), labels, ctx.sound))
+
+
+def _bce_rule(ctx, logits, labels):
+  if isinstance(labels, Interval):
+    return NotImplemented
+  return _iv(*sigmoid_binary_cross_entropy_bounds(*_bounds(logits), labels, ctx.sound))
+
+
+INTERVAL_RULES = {
+    softmax_p.name: _softmax_rule,
+    log_softmax_p.name: _log_softmax_rule,
+    logsumexp_p.name: _logsumexp_rule,
+    sce_p.name: _sce_rule,
+    bce_p.name: _bce_rule,
 }
+"""Interval rules of the composites; a rule returning NotImplemented (interval labels) makes
+the domain bound the primitive's body equation by equation instead."""

@@ -26,9 +26,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from boundjax import rounding
+from boundjax import nn, rounding
+from boundjax.core import program as prog_lib
 from boundjax.errors import UnsupportedPrimitiveError
-from boundjax.interpreter import Domain
 from boundjax.interval import (Interval, bilinear_midrad, bilinear_signsplit, lower_of,
                                mul_bounds, upper_of)
 
@@ -71,9 +71,28 @@ def _finish(ctx: IntervalContext, lo, hi, ulps: int = 0, err=None) -> Interval:
   ``ulps`` is the number of units in the last place by which the primitive's implementation may
   err; ``err`` an absolute a-priori error bound (for sums and products).
   """
-  if ctx.sound and jnp.issubdtype(jnp.result_type(lo), jnp.floating):
-    lo, hi = rounding.outward(lo, hi, ulps=max(ulps, 1), abs_err=err)
+  if jnp.issubdtype(jnp.result_type(lo), jnp.floating):
+    lo, hi = _no_nan(lo, hi)
+    if ctx.sound:
+      lo, hi = rounding.outward(lo, hi, ulps=max(ulps, 1), abs_err=err)
   return _iv(lo, hi)
+
+
+def _no_nan(lo, hi):
+  """NaN endpoints (an operation evaluated outside its real domain, e.g. log of a box reaching
+  below 0) widen to ``-inf`` / ``+inf``: a value NaN is not a real number, every real value the
+  operation takes stays enclosed, and no NaN reaches a comparison or a returned bound."""
+  return jnp.where(jnp.isnan(lo), -jnp.inf, lo), jnp.where(jnp.isnan(hi), jnp.inf, hi)
+
+
+def _corner_product(al, au, bl, bu):
+  """``mul_bounds`` with the interval-arithmetic convention ``0 · ∞ = 0`` (a product of reals in
+  the two boxes is finite, so an infinite endpoint times an exact zero contributes 0)."""
+  corners = [a * b for a in (al, au) for b in (bl, bu)]
+  corners = [jnp.where(jnp.isnan(c), 0, c) for c in corners]
+  lo = jnp.minimum(jnp.minimum(corners[0], corners[1]), jnp.minimum(corners[2], corners[3]))
+  hi = jnp.maximum(jnp.maximum(corners[0], corners[1]), jnp.maximum(corners[2], corners[3]))
+  return lo, hi
 
 
 # ----------------------------------------------------------------------------------------------
@@ -108,9 +127,6 @@ def _add(ctx, x, y, **_):
 
 
 def _sub(ctx, x, y, **_):
-  if x is y:
-    z = jnp.zeros_like(x.lower)
-    return _iv(z, z)
   return _finish(ctx, lo_(x) - hi_(y), hi_(x) - lo_(y), 1)
 
 
@@ -120,18 +136,17 @@ def _neg(ctx, x, **_):
 
 def _mul_point(c, x: Interval):
   a, b = c * x.lower, c * x.upper
+  a, b = jnp.where(jnp.isnan(a), 0, a), jnp.where(jnp.isnan(b), 0, b)  # 0 · ∞ = 0
   return jnp.minimum(a, b), jnp.maximum(a, b)
 
 
 def _mul(ctx, x, y, **_):
-  if x is y:
-    return _square(ctx, x)
   if _point(x):
     lo, hi = _mul_point(x, y)
   elif _point(y):
     lo, hi = _mul_point(y, x)
   else:
-    lo, hi = mul_bounds(x.lower, x.upper, y.lower, y.upper)
+    lo, hi = _corner_product(x.lower, x.upper, y.lower, y.upper)
   return _finish(ctx, lo, hi, 1)
 
 
@@ -157,14 +172,13 @@ def _div(ctx, x, y, **_):
     a, b = lo_(x) / y, hi_(x) / y
     return _finish(ctx, jnp.minimum(a, b), jnp.maximum(a, b), 1)
   rlo, rhi = _reciprocal(y.lower, y.upper)
-  if _point(x):
-    a, b = x * rlo, x * rhi
-    lo, hi = jnp.minimum(a, b), jnp.maximum(a, b)
-  else:
-    lo, hi = mul_bounds(x.lower, x.upper, rlo, rhi)
-  lo = jnp.where(jnp.isnan(lo), -jnp.inf, lo)  # 0 * inf
-  hi = jnp.where(jnp.isnan(hi), jnp.inf, hi)
-  return _finish(ctx, lo, hi, 2)
+  has_zero = (y.lower <= 0) & (y.upper >= 0)
+  lo, hi = _corner_product(lo_(x), hi_(x), rlo, rhi)
+  # a divisor box containing 0: x / y takes every real value unless x is exactly 0
+  x_zero = (lo_(x) == 0) & (hi_(x) == 0)
+  lo = jnp.where(has_zero & ~x_zero, -jnp.inf, lo)
+  hi = jnp.where(has_zero & ~x_zero, jnp.inf, hi)
+  return _finish(ctx, lo, hi, 1)
 
 
 def _max(ctx, x, y, **_):
@@ -488,10 +502,26 @@ def _sort(ctx, *operands, **params):
   return [_iv(lax.sort_p.bind(x.lower, **params)[0], lax.sort_p.bind(x.upper, **params)[0])]
 
 
-RULES = _build_rules()
+RULES = {**_build_rules(), **nn.INTERVAL_RULES}
 
 
-def make_domain(composites: dict | None = None) -> Domain:
-  """The interval domain with the tight composite rules of `boundjax.nn`."""
-  return Domain(name="interval", is_abstract=lambda v: isinstance(v, Interval), rules=RULES,
-                composites=composites or {})
+def abstract_eqn(ctx: IntervalContext, eqn: prog_lib.Eqn, invals: list) -> list:
+  """Bounds one box-dependent equation with its rule (a composite whose rule declines is
+  bounded through its body)."""
+  rule = RULES.get(eqn.name)
+  if rule is None:
+    raise prog_lib.unsupported("interval", eqn, RULES)
+  try:
+    out = rule(ctx, *invals, **eqn.params)
+  except UnsupportedPrimitiveError as e:
+    raise UnsupportedPrimitiveError(f"{e} (at {eqn.where()})") from None
+  if out is NotImplemented:
+    body = prog_lib.expand(eqn, [isinstance(v, Interval) for v in invals],
+                           precision_highest=ctx.sound)
+    return evaluate(body, invals, ctx)
+  return list(out) if eqn.prim.multiple_results else [out]
+
+
+def evaluate(program: prog_lib.Program, inputs: list, ctx: IntervalContext) -> list:
+  """Interval bounds of every output of ``program`` (inputs: arrays and Intervals)."""
+  return prog_lib.evaluate(program, inputs, functools.partial(abstract_eqn, ctx))

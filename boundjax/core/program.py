@@ -1,0 +1,447 @@
+"""The one program layer: tracing, argument splitting, inlining, dependence marking.
+
+Every domain (interval, linear, difference) sees a user function through this module and only
+through it. ``trace(fn, args, kwargs)`` produces a `Program`:
+
+* **Arguments** are flattened into leaves of three kinds (`Arguments`): ``box`` (an `Interval`),
+  ``array`` (a concrete array, numpy scalar or tracer of an enclosing transformation) and
+  ``static`` (Python scalars, strings, ``None``, anything else: baked into the trace, like a
+  ``static_argnum`` of ``jax.jit``). Each box leaf is its own program input, so the same
+  `Interval` object passed in two places is two independent variables: identity never decides
+  dependence.
+* **Inlining.** Every call-like primitive (``pjit``/``jit``, ``closed_call``, ``core_call``,
+  ``custom_jvp_call``, ``custom_vjp_call``, ``remat``/``checkpoint``) is replaced by the
+  equations of the function it calls, so a `Program` is one flat list of `Eqn` s. The bound of a
+  call is the bound of its body, whatever its name.
+* **Composites** (tight rules for softmax, log-softmax, cross-entropy, ...) are recognised by
+  identity only: they are private primitives that `boundjax.nn` binds (see
+  `boundjax.core.composite`), never a function name. A call of ``jax.nn.softmax`` /
+  ``jax.nn.log_softmax`` is rewritten to the composite only when its body is *the same program*
+  as JAX's own function for that shape and axis (compared equation by equation), so a user
+  function called ``log_softmax`` that computes something else is never matched.
+* **Dependence.** `Program.depends` holds every variable whose value depends on a box; an
+  equation with such an input is *abstract* and goes to the domain's rule for its primitive,
+  every other equation is evaluated as JAX would.
+* **Sound mode** (``precision_highest=True``): every ``dot_general`` / ``conv_general_dilated``
+  gets ``precision=HIGHEST``, so the equations a domain emits never run in TF32/bfloat16 passes on
+  an accelerator (the error model of `boundjax.rounding` assumes float32 products).
+
+Rewrites that keep the exact semantics: ``mul(a, a)`` of one variable becomes
+``integer_pow(a, 2)`` (the bound of a square is tighter than that of a product of two boxes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax._src import source_info_util
+from jax.extend import core as jcore
+
+from boundjax.errors import UnsupportedPrimitiveError
+from boundjax.interval import Interval, is_interval
+
+# Call-like primitives and the parameter holding the called jaxpr.
+CALL_PRIMITIVES = {
+    "jit": ("jaxpr",),
+    "pjit": ("jaxpr",),
+    "closed_call": ("call_jaxpr",),
+    "core_call": ("call_jaxpr",),
+    "custom_jvp_call": ("call_jaxpr", "fun_jaxpr"),
+    "custom_vjp_call": ("call_jaxpr", "fun_jaxpr"),
+    "custom_vjp_call_jaxpr": ("fun_jaxpr", "call_jaxpr"),
+    "remat": ("jaxpr",),
+    "remat2": ("jaxpr",),
+    "checkpoint": ("jaxpr",),
+    "custom_lin": (),
+}
+BILINEAR = frozenset({"dot_general", "conv_general_dilated"})
+
+
+# ----------------------------------------------------------------------------------------------
+# Arguments
+# ----------------------------------------------------------------------------------------------
+
+def is_array_like(x: Any) -> bool:
+  """A leaf that becomes a program input: arrays, numpy scalars and tracers (not Python
+  scalars, which are static)."""
+  return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.core.Tracer))
+
+
+@dataclasses.dataclass
+class Arguments:
+  """A call's arguments split into leaves.
+
+  Attributes:
+    leaves: every pytree leaf of ``(args, kwargs)`` (Intervals are leaves).
+    treedef: the structure to rebuild them.
+    kinds: per leaf, "box", "array" or "static".
+  """
+  leaves: list
+  treedef: Any
+  kinds: list
+
+  @property
+  def dynamic_index(self) -> list[int]:
+    return [i for i, k in enumerate(self.kinds) if k != "static"]
+
+  @property
+  def dynamic(self) -> list:
+    return [self.leaves[i] for i in self.dynamic_index]
+
+  @property
+  def boxes(self) -> list[Interval]:
+    return [l for l, k in zip(self.leaves, self.kinds) if k == "box"]
+
+  def rebuild(self, values: Sequence[Any]):
+    """``(args, kwargs)`` with the dynamic leaves replaced by ``values``."""
+    new = list(self.leaves)
+    for i, v in zip(self.dynamic_index, values):
+      new[i] = v
+    return jax.tree_util.tree_unflatten(self.treedef, new)
+
+  def cache_key(self):
+    """A hashable description (structure, shapes, dtypes, static values), or None."""
+    parts = []
+    for leaf, kind in zip(self.leaves, self.kinds):
+      if kind == "static":
+        parts.append(("static", type(leaf), leaf))
+        continue
+      a = leaf.lower if kind == "box" else leaf
+      if isinstance(a, jax.core.Tracer):
+        return None
+      parts.append((kind, tuple(jnp.shape(a)), str(jnp.result_type(a))))
+    key = (self.treedef, tuple(parts))
+    try:
+      hash(key)
+    except TypeError:
+      return None
+    return key
+
+
+def split_arguments(args: tuple, kwargs: dict) -> Arguments:
+  """Flattens ``(args, kwargs)`` into box, array and static leaves."""
+  leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_interval)
+  kinds = ["box" if is_interval(l) else "array" if is_array_like(l) else "static"
+           for l in leaves]
+  return Arguments(leaves, treedef, kinds)
+
+
+# ----------------------------------------------------------------------------------------------
+# The flat program
+# ----------------------------------------------------------------------------------------------
+
+class Var:
+  """A variable of a flat program (fresh for every inlined call)."""
+  __slots__ = ("aval", "idx")
+
+  def __init__(self, aval, idx: int):
+    self.aval, self.idx = aval, idx
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return tuple(self.aval.shape)
+
+  @property
+  def dtype(self):
+    return self.aval.dtype
+
+  @property
+  def size(self) -> int:
+    return int(np.prod(self.aval.shape, dtype=np.int64))
+
+  def __repr__(self):
+    return f"v{self.idx}{list(self.shape)}"
+
+
+class Lit:
+  """A literal operand."""
+  __slots__ = ("val",)
+
+  def __init__(self, val):
+    self.val = val
+
+  @property
+  def aval(self):
+    return jax.core.get_aval(self.val)
+
+  def __repr__(self):
+    return f"Lit({self.val!r})"
+
+
+@dataclasses.dataclass
+class Eqn:
+  """One equation of a flat program: ``outvars = prim.bind(*invars, **params)``."""
+  prim: Any
+  params: dict
+  invars: list
+  outvars: list
+  source_info: Any
+  manager: Any  # the context manager of the original equation (e.g. named axes)
+  abstract: bool = False  # True when some input depends on a box
+  abstract_pos: tuple = ()
+
+  @property
+  def name(self) -> str:
+    return self.prim.name
+
+  def where(self) -> str:
+    """The user's source line of the equation, e.g. ``model.py:12 (__call__)``."""
+    return source_line(self.source_info)
+
+  def bind(self, values: Sequence[Any]) -> list:
+    """Evaluates the equation on concrete values; always returns a list."""
+    bind = self.prim.get_bind_params(self.params)
+    subfuns, params = bind if isinstance(bind, tuple) else ((), bind)
+    with self.manager:
+      out = self.prim.bind(*subfuns, *values, **params)
+    return list(out) if self.prim.multiple_results else [out]
+
+
+@dataclasses.dataclass
+class Program:
+  """A flat program: inputs, outputs, equations, constants and the box-dependent variables."""
+  invars: list
+  outvars: list
+  eqns: list
+  consts: dict
+  depends: set
+  out_tree: Any = None
+
+  @functools.cached_property
+  def producer(self) -> dict:
+    return {o: i for i, e in enumerate(self.eqns) for o in e.outvars}
+
+  def primitives(self) -> set[str]:
+    """Names of the primitives of the abstract equations."""
+    return {e.name for e in self.eqns if e.abstract}
+
+
+def source_line(source_info) -> str:
+  """The user's frame of a source info: first frame outside boundjax, jax, flax, optax."""
+  try:
+    frame = source_info_util.user_frame(source_info.traceback)
+    if frame is not None:
+      fname = frame.file_name
+      if "/boundjax/" not in fname:
+        return f"{fname}:{frame.start_line} ({frame.function_name})"
+    return source_info_util.summarize(source_info)
+  except Exception:  # pragma: no cover - best effort only
+    return "<unknown location>"
+
+
+def _called_jaxpr(eqn) -> Any:
+  keys = CALL_PRIMITIVES.get(eqn.primitive.name)
+  if keys is None:
+    return None
+  for key in keys:
+    sub = eqn.params.get(key)
+    if isinstance(sub, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+      return sub
+  return None
+
+
+def flatten(closed: jcore.ClosedJaxpr, *, recognise: Callable | None = None) -> Program:
+  """Inlines every call of ``closed`` into one flat `Program` (dependence not yet marked).
+
+  ``recognise(eqn) -> (primitive, params) | None`` may replace a call by a composite primitive
+  (see `boundjax.core.composite.recognise`).
+  """
+  counter = [0]
+  eqns: list[Eqn] = []
+  consts: dict = {}
+
+  def fresh(aval):
+    counter[0] += 1
+    return Var(aval, counter[0])
+
+  def inline(jaxpr, const_vals, in_atoms):
+    env = {}
+    for v, c in zip(jaxpr.constvars, const_vals):
+      nv = fresh(v.aval)
+      consts[nv] = c
+      env[v] = nv
+    for v, a in zip(jaxpr.invars, in_atoms):
+      env[v] = a
+
+    def read(a):
+      return Lit(a.val) if isinstance(a, jcore.Literal) else env[a]
+
+    for e in jaxpr.eqns:
+      ins = [read(a) for a in e.invars]
+      replaced = recognise(e) if recognise is not None else None
+      if replaced is not None:
+        prim, params = replaced
+        outs = [fresh(v.aval) for v in e.outvars]
+        eqns.append(Eqn(prim, params, ins, outs, e.source_info, e.ctx.manager))
+      else:
+        sub = _called_jaxpr(e)
+        if sub is not None:
+          sj, sc = (sub.jaxpr, sub.consts) if isinstance(sub, jcore.ClosedJaxpr) else (sub, ())
+          extra = len(ins) - len(sj.invars)
+          outs = inline(sj, sc, ins[extra:] if extra > 0 else ins)
+        elif e.primitive.name in CALL_PRIMITIVES:
+          raise UnsupportedPrimitiveError(
+              f"call primitive '{e.primitive.name}' carries no jaxpr boundjax can inline "
+              f"(at {source_line(e.source_info)})")
+        else:
+          outs = [fresh(v.aval) for v in e.outvars]
+          prim, params = e.primitive, dict(e.params)
+          if prim is lax.mul_p and ins[0] is ins[1] and isinstance(ins[0], Var):
+            prim, params, ins = lax.integer_pow_p, {"y": 2}, ins[:1]
+          eqns.append(Eqn(prim, params, ins, outs, e.source_info, e.ctx.manager))
+      for v, o in zip(e.outvars, outs):
+        if not isinstance(v, jcore.DropVar):
+          env[v] = o
+    return [read(a) for a in jaxpr.outvars]
+
+  invars = [fresh(v.aval) for v in closed.jaxpr.invars]
+  outvars = inline(closed.jaxpr, closed.consts, invars)
+  return Program(invars, outvars, eqns, consts, set())
+
+
+def mark_dependence(program: Program, box_inputs: Sequence[bool]) -> Program:
+  """Marks every variable that depends on a box input and every equation reading one."""
+  depends = {v for v, b in zip(program.invars, box_inputs) if b}
+  for e in program.eqns:
+    pos = tuple(i for i, a in enumerate(e.invars) if isinstance(a, Var) and a in depends)
+    e.abstract, e.abstract_pos = bool(pos), pos
+    if pos:
+      depends.update(e.outvars)
+  program.depends = depends
+  return program
+
+
+def highest_precision(program: Program) -> Program:
+  """Sets ``precision=HIGHEST`` on every matrix product and convolution (sound modes)."""
+  highest = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
+  for e in program.eqns:
+    if e.name in BILINEAR:
+      e.params = {**e.params, "precision": highest}
+  return program
+
+
+def trace(fn: Callable, arguments: Arguments, *, box_shape: Callable | None = None,
+          precision_highest: bool = False) -> Program:
+  """Traces ``fn`` on stand-ins of the dynamic leaves and returns its flat `Program`.
+
+  Args:
+    fn: the user's function.
+    arguments: `split_arguments` of the call.
+    box_shape: optional ``(leaf_index, shape) -> shape`` for box stand-ins (CROWN traces one
+      example of a batch).
+    precision_highest: force ``precision=HIGHEST`` on products (every sound mode).
+  """
+  from boundjax.core import composite
+
+  def stand_in(i):
+    leaf, kind = arguments.leaves[i], arguments.kinds[i]
+    a = leaf.lower if kind == "box" else leaf
+    shape = tuple(jnp.shape(a))
+    if kind == "box" and box_shape is not None:
+      shape = box_shape(i, shape)
+    return jax.ShapeDtypeStruct(shape, jnp.result_type(a))
+
+  def flat_fn(*values):
+    a, k = arguments.rebuild(values)
+    return fn(*a, **k)
+
+  index = arguments.dynamic_index
+  closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*[stand_in(i) for i in index])
+  program = flatten(closed, recognise=composite.recognise)
+  program.out_tree = jax.tree_util.tree_structure(out_shape)
+  mark_dependence(program, [arguments.kinds[i] == "box" for i in index])
+  if precision_highest:
+    highest_precision(program)
+  return program
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward evaluation over a domain
+# ----------------------------------------------------------------------------------------------
+
+def read(env: dict, a: Any) -> Any:
+  return a.val if isinstance(a, Lit) else env[a]
+
+
+def evaluate(program: Program, inputs: Sequence[Any], abstract_eqn: Callable[[Eqn, list], list],
+             env: dict | None = None) -> list:
+  """Walks ``program`` forwards.
+
+  Concrete equations are evaluated as JAX would; ``abstract_eqn(eqn, invals) -> outvals`` handles
+  every equation that reads a box-dependent value (its inputs may be arrays or the domain's
+  abstract values).
+  """
+  env = dict(program.consts) if env is None else env
+  for v, a in zip(program.invars, inputs):
+    env[v] = a
+  for e in program.eqns:
+    invals = [read(env, a) for a in e.invars]
+    outs = abstract_eqn(e, invals) if e.abstract else e.bind(invals)
+    for v, o in zip(e.outvars, outs):
+      env[v] = o
+  return [read(env, a) for a in program.outvars]
+
+
+def evaluate_concrete(program: Program, inputs: Sequence[Any]) -> dict:
+  """Values of every variable that does not depend on a box (box inputs may be None)."""
+  env = dict(program.consts)
+  for v, a in zip(program.invars, inputs):
+    if v not in program.depends:
+      env[v] = a
+  for e in program.eqns:
+    if e.abstract:
+      continue
+    for v, o in zip(e.outvars, e.bind([read(env, a) for a in e.invars])):
+      env[v] = o
+  return env
+
+
+def unsupported(domain: str, eqn: Eqn, supported: Iterable[str], hint: str = "") -> \
+    UnsupportedPrimitiveError:
+  """The error for a primitive a domain has no rule for, naming the user's line."""
+  msg = (f"The {domain} domain has no rule for primitive '{eqn.name}' (at {eqn.where()}); "
+         f"its inputs depend on a bounded argument.")
+  if hint:
+    msg += " " + hint
+  msg += f" Supported primitives: {', '.join(sorted(supported))}."
+  return UnsupportedPrimitiveError(msg)
+
+
+def expand(eqn: Eqn, box_inputs: Sequence[bool], *, precision_highest: bool = False) -> Program:
+  """The body of a composite equation as its own flat `Program` (for a domain without a rule for
+  the composite, or whose rule declined)."""
+  from boundjax.core import composite
+  body = composite.BODIES[eqn.prim]
+  avals = [a.aval for a in eqn.invars]
+  shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+  closed = jax.make_jaxpr(functools.partial(body, **eqn.params))(*shapes)
+  program = flatten(closed, recognise=None)
+  mark_dependence(program, box_inputs)
+  if precision_highest:
+    highest_precision(program)
+  return program
+
+
+def check_outputs(outs: list, *, where: str) -> list:
+  """No NaN in a returned bound: a concrete NaN endpoint raises `BoundError`; under tracing
+  (values unknown) NaN endpoints are widened to ``-inf`` / ``+inf``, which is sound."""
+  from boundjax.errors import BoundError
+  checked = []
+  for i, o in enumerate(outs):
+    if isinstance(o, Interval) and jnp.issubdtype(jnp.result_type(o.lower), jnp.floating):
+      lo, hi = o.lower, o.upper
+      if isinstance(lo, jax.core.Tracer) or isinstance(hi, jax.core.Tracer):
+        o = Interval(jnp.where(jnp.isnan(lo), -jnp.inf, lo), jnp.where(jnp.isnan(hi), jnp.inf, hi),
+                     validate=False)
+      elif bool(jnp.any(jnp.isnan(lo)) | jnp.any(jnp.isnan(hi))):
+        raise BoundError(
+            f"{where}: output {i} has a NaN bound; a rule produced NaN, which is a boundjax bug "
+            "(please report it with the function).")
+    checked.append(o)
+  return checked
