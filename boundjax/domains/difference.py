@@ -58,10 +58,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from boundjax import interpreter
+from boundjax.core import program as prog_lib
 from boundjax.domains import interval as interval_domain
 from boundjax.errors import UnsupportedPrimitiveError
-from boundjax.interpreter import Domain
+try:  # provided by boundjax.validation (landing alongside)
+  from boundjax.validation import validate_arguments
+except ImportError:  # pragma: no cover
+  def validate_arguments(leaves, *, where):
+    return None
 from boundjax.interval import Interval, bilinear_midrad, bilinear_signsplit, is_interval, lower_of, \
     mul_bounds, upper_of
 
@@ -479,7 +483,23 @@ def _build_rules() -> dict[str, Callable]:
 
 
 RULES = _build_rules()
-DOMAIN = Domain(name="difference", is_abstract=_is_dv, rules=RULES)
+
+
+def abstract_eqn(ctx: DifferenceContext, eqn: prog_lib.Eqn, invals: list) -> list:
+  """Bounds one equation reading a `_DV` with its rule; a composite (softmax, ...) without a
+  difference rule is bounded through its body."""
+  rule = RULES.get(eqn.name)
+  if rule is None:
+    from boundjax.core import composite
+    if eqn.prim in composite.BODIES:
+      body = prog_lib.expand(eqn, [_is_dv(v) for v in invals])
+      return prog_lib.evaluate(body, invals, functools.partial(abstract_eqn, ctx))
+    raise prog_lib.unsupported("difference", eqn, RULES)
+  try:
+    out = rule(ctx, *invals, **eqn.params)
+  except UnsupportedPrimitiveError as e:
+    raise UnsupportedPrimitiveError(f"{e} (at {eqn.where()})") from None
+  return list(out) if eqn.prim.multiple_results else [out]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -488,8 +508,6 @@ DOMAIN = Domain(name="difference", is_abstract=_is_dv, rules=RULES)
 
 def _param_value(p, q):
   """The abstract value of one parameter leaf: N's ``p`` and N#'s ``q`` (arrays or Intervals)."""
-  if p is q:  # the same object: the same network (an Interval stands for one unknown member)
-    return _DV(p, p, None) if isinstance(p, Interval) else p
   p_iv, q_iv = isinstance(p, Interval), isinstance(q, Interval)
   if not p_iv and not q_iv:
     if not isinstance(p, jax.core.Tracer) and not isinstance(q, jax.core.Tracer) and np.array_equal(
@@ -547,8 +565,6 @@ def difference(fn: Callable, *, matmul: str = "best", form: str = "both") -> Cal
     ValueError: the two parameter trees differ in structure or leaf shapes.
     UnsupportedPrimitiveError: ``fn`` uses a primitive with no difference rule.
   """
-  from boundjax import transforms
-
   ctx = DifferenceContext(matmul=matmul, form=form)
 
   @functools.wraps(fn)
@@ -556,29 +572,19 @@ def difference(fn: Callable, *, matmul: str = "best", form: str = "both") -> Cal
     ref_leaves, ref_tree = jax.tree_util.tree_flatten(params_ref, is_leaf=is_interval)
     oth_leaves, oth_tree = jax.tree_util.tree_flatten(params_other, is_leaf=is_interval)
     _check_pair(ref_leaves, oth_leaves, ref_tree, oth_tree)
-    leaves, treedef = jax.tree_util.tree_flatten(((params_ref,) + args, kwargs), is_leaf=is_interval)
+    arguments = prog_lib.split_arguments((params_ref,) + args, kwargs)
+    validate_arguments(arguments.leaves + oth_leaves, where="bj.difference")
     n_p = len(ref_leaves)
-    dyn = [i for i, l in enumerate(leaves) if is_interval(l) or transforms._is_array_like(l)]
-    transforms._check_intervals([leaves[i] for i in dyn] + [l for l in oth_leaves if is_interval(l)])
-    values, stand_ins = [], []
-    for i in dyn:
-      leaf = leaves[i]
+    values = []
+    for i in arguments.dynamic_index:
+      leaf = arguments.leaves[i]
       if i < n_p:
         values.append(_param_value(leaf, oth_leaves[i]))
       else:
         values.append(_DV(leaf, leaf, None) if is_interval(leaf) else leaf)
-      stand_ins.append(leaf.lower if is_interval(leaf) else leaf)
-
-    def flat_fn(*vals):
-      new = list(leaves)
-      for i, v in zip(dyn, vals):
-        new[i] = v
-      (a, k) = jax.tree_util.tree_unflatten(treedef, new)
-      return fn(*a, **k)
-
-    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*stand_ins)
-    out_tree = jax.tree_util.tree_structure(out_shape)
-    outs = interpreter.evaluate(DOMAIN, ctx, closed, *values)
-    return jax.tree_util.tree_unflatten(out_tree, [_output(o) for o in outs])
+    program = prog_lib.trace(fn, arguments)
+    prog_lib.mark_dependence(program, [_is_dv(v) for v in values])
+    outs = prog_lib.evaluate(program, values, functools.partial(abstract_eqn, ctx))
+    return jax.tree_util.tree_unflatten(program.out_tree, [_output(o) for o in outs])
 
   return bounded
