@@ -9,4 +9,12 @@ class UnsupportedPrimitiveError(NotImplementedError):
 
 
 class BoundError(ValueError):
-  """A bound computation was given inputs it cannot bound soundly (shapes, dtypes, NaN)."""
+  """A bound computation was given inputs it cannot bound soundly (shapes, dtypes, NaN).
+
+  Raised for invalid boxes: an `Interval` built or rebuilt with ``lower > upper``, NaN (or, at
+  construction, ±inf) endpoints, complex dtype, bool mixed with numbers or unequal shapes; an
+  invalid ``Interval.around`` argument; and by `boundjax.validation.validate_arguments` at the
+  entry of ``bj.ibp``, ``bj.crown`` and ``bj.difference``. A subclass of `ValueError`, so
+  ``except ValueError`` keeps working. Messages end with the user's source line
+  (``at file.py:LINE (function)``).
+  """

@@ -3,9 +3,14 @@
 An `Interval` is the abstract value of the interval domain (IBP) and the way users describe
 uncertainty: an input box, a box over parameters (a hyper-network), a box over gradients.
 
-Construction from concrete arrays validates the box (equal shapes, finite endpoints,
-``lower <= upper``) and raises `ValueError` naming the first offending position. Inside traced
+Construction from concrete arrays validates the box (equal shapes, no complex dtype, no bool
+mixed with numbers, finite endpoints, ``lower <= upper``) and raises `BoundError` (a
+`ValueError`) naming the first offending position and the user's source line. Inside traced
 code (``jit``, ``grad``, ``vmap``) validation is skipped: the values are not known yet.
+
+Unflattening (``jax.tree_util.tree_map`` and ``tree_unflatten`` called from user code) checks
+concrete numeric children for equal shapes, NaN and ``lower <= upper`` (±inf is allowed there:
+an overflowed bound is still sound); see `Interval.tree_unflatten`.
 
 The module also holds the interval matrix-product kernels (midpoint–radius "Rump" form and the
 exact four-corner form), shared by the interval domain and by Abstract Gradient Training.
@@ -13,11 +18,15 @@ exact four-corner form), shared by the interval domain and by Abstract Gradient 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from boundjax.errors import BoundError
+from boundjax.validation import (at_user_frame, called_from_user_tree_op, dtype_problem,
+                                 is_concrete_array, value_problem)
 
 Array = jax.Array
 
@@ -27,36 +36,33 @@ def _is_concrete(x: Any) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
 
-def _first_index(mask: np.ndarray) -> tuple[int, ...]:
-  idx = np.argwhere(mask)
-  return tuple(int(i) for i in idx[0]) if idx.size else ()
+def _raise(what: str, problem: str) -> NoReturn:
+  """Raises `BoundError` ``"<what>: <problem> at file.py:LINE (function)."``."""
+  raise BoundError(f"{what}: {problem}{at_user_frame()}.")
 
 
 def _validate(lower: Any, upper: Any) -> None:
-  """Raises `ValueError` if ``[lower, upper]`` is not a valid box (concrete values only)."""
+  """Raises `BoundError` if ``[lower, upper]`` is not a valid box (concrete values only).
+
+  Object-dtype endpoints (placeholders) are accepted; dtypes may differ except for complex
+  and for bool mixed with numbers.
+  """
   if not (_is_concrete(lower) and _is_concrete(upper)):
     return
   lo, hi = np.asarray(lower), np.asarray(upper)
   if lo.shape != hi.shape:
-    raise ValueError(
-        f"Interval: lower and upper must have equal shapes, got {lo.shape} and {hi.shape}.")
+    _raise("Interval", f"lower and upper must have equal shapes, got {lo.shape} and {hi.shape}")
   if lo.dtype == object or hi.dtype == object:
     return  # placeholder leaves (e.g. during pytree transforms)
-  for name, a in (("lower", lo), ("upper", hi)):
-    if not np.issubdtype(a.dtype, np.number):
-      continue
-    bad = ~np.isfinite(a)
-    if bad.any():
-      i = _first_index(bad)
-      raise ValueError(
-          f"Interval: {name} bound is not finite ({a[i]!r}) at index {i} "
-          f"({int(bad.sum())} non-finite entries).")
-  bad = lo > hi
-  if bad.any():
-    i = _first_index(bad)
-    raise ValueError(
-        f"Interval: lower > upper at index {i} (lower={lo[i]!r}, upper={hi[i]!r}; "
-        f"{int(bad.sum())} entries violate lower <= upper).")
+  problem = dtype_problem(lo.dtype, hi.dtype, strict=False) or value_problem(lo, hi)
+  if problem is not None:
+    _raise("Interval", problem)
+
+
+def _checkable(x: Any) -> bool:
+  """A concrete int or float array (not bool: predicates map boxes to bool placeholders)."""
+  return is_concrete_array(x) and (jnp.issubdtype(x.dtype, jnp.integer) or
+                                   jnp.issubdtype(x.dtype, jnp.floating))
 
 
 @jax.tree_util.register_pytree_node_class
@@ -80,15 +86,31 @@ class Interval:
     self.lower = lower
     self.upper = upper
 
-  # -- pytree protocol: children are (lower, upper); unflattening never validates, because
-  #    JAX transformations rebuild pytrees with placeholders and tracers.
+  # -- pytree protocol: children are (lower, upper).
   def tree_flatten(self):
     return (self.lower, self.upper), None
 
   @classmethod
   def tree_unflatten(cls, aux, children):
+    """Rebuilds an Interval; checks it when a user tree operation built it from concrete arrays.
+
+    Checked (equal shapes, no NaN, ``lower <= upper``; ±inf allowed) only when both children
+    are concrete int/float arrays (numpy, or jax.Array that is not a tracer) and the call comes
+    from ``jax.tree_util.tree_map`` / ``tree_unflatten`` / ``jax.tree.map`` in user code. Not
+    checked: placeholders (``object()``, ``None``, bools of predicates, tracers,
+    ``ShapeDtypeStruct``, ``ShapedArray``), and trees rebuilt by JAX's machinery or a library
+    (outputs and cotangents of ``jit``/``grad``/``vmap``/``scan``, flax, optax): a gradient
+    with respect to an Interval is a pair of cotangents, not a box.
+    """
     del aux
-    return cls(*children, validate=False)
+    lower, upper = children
+    if _checkable(lower) and _checkable(upper) and called_from_user_tree_op():
+      problem = value_problem(lower, upper, finite=False)
+      if problem is not None:
+        _raise("Interval rebuilt by a tree operation", problem + (
+            "; if this tree is not a box (e.g. gradients), map it with "
+            "is_leaf=bj.is_interval or build Interval(..., validate=False)"))
+    return cls(lower, upper, validate=False)
 
   # -- constructors
   @classmethod
@@ -103,25 +125,29 @@ class Interval:
 
     Args:
       x: centre.
-      eps: radius (scalar or broadcastable array), must be >= 0.
-      domain: optional ``(low, high)``, e.g. ``(0.0, 1.0)`` for normalised images.
+      eps: radius (scalar or broadcastable array), must be >= 0 and not NaN.
+      domain: optional ``(low, high)`` with ``low <= high``, e.g. ``(0.0, 1.0)`` for
+        normalised images; the box is ``[clip(x - eps, low, high), clip(x + eps, low, high)]``.
+
+    Raises:
+      BoundError: for a negative or NaN ``eps``, a NaN or inverted ``domain``, or a box that is
+        not valid (e.g. NaN in ``x``).
     """
     x = jnp.asarray(x)
     eps = jnp.asarray(eps, dtype=x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else None)
-    if _is_concrete(eps) and np.any(np.asarray(eps) < 0):
-      raise ValueError(f"Interval.around: eps must be >= 0, got {eps}.")
+    _check_radius("Interval.around", "eps", eps)
     lo, hi = x - eps, x + eps
     if domain is not None:
+      _check_domain(domain)
       lo = jnp.clip(lo, domain[0], domain[1])
       hi = jnp.clip(hi, domain[0], domain[1])
     return cls(lo, hi)
 
   @classmethod
   def from_center_radius(cls, center: Any, radius: Any) -> "Interval":
-    """The box ``[center - radius, center + radius]``; ``radius`` must be >= 0."""
+    """The box ``[center - radius, center + radius]``; ``radius`` must be >= 0 and not NaN."""
     center, radius = jnp.asarray(center), jnp.asarray(radius)
-    if _is_concrete(radius) and np.any(np.asarray(radius) < 0):
-      raise ValueError("Interval.from_center_radius: radius must be >= 0.")
+    _check_radius("Interval.from_center_radius", "radius", radius)
     return cls(center - radius, center + radius)
 
   @classmethod
@@ -137,14 +163,25 @@ class Interval:
   # -- views
   @property
   def center(self) -> Array:
-    return (self.lower + self.upper) / 2
+    """``c = l/2 + u/2``, clamped to ``[l, u]``.
+
+    Halving first keeps ``c`` finite for finite endpoints ((l + u)/2 overflows to ±inf near the
+    dtype's max); in the normal range the value equals round((l + u)/2). The clamp only acts
+    when halving a subnormal endpoint rounds, so ``l <= c <= u`` always.
+    """
+    c = self.lower * 0.5 + self.upper * 0.5
+    return jnp.minimum(jnp.maximum(c, self.lower), self.upper)
 
   @property
   def radius(self) -> Array:
-    return (self.upper - self.lower) / 2
+    """``r = u/2 - l/2`` (finite for finite endpoints, unlike (u - l)/2, which overflows)."""
+    return self.upper * 0.5 - self.lower * 0.5
 
   @property
   def width(self) -> Array:
+    """``u - l``. May be +inf when ``u - l`` exceeds the dtype's max (e.g. ``[-3e38, 3e38]`` in
+    float32): still a sound upper bound on the width; use ``2 * radius`` in a wider dtype for
+    the value."""
     return self.upper - self.lower
 
   @property
@@ -168,6 +205,31 @@ class Interval:
 
   def __repr__(self) -> str:
     return f"Interval(shape={self.shape}, dtype={self.dtype}, lower={self.lower!r}, upper={self.upper!r})"
+
+
+def _check_radius(what: str, name: str, r: Any) -> None:
+  """Raises `BoundError` for a concrete radius with a negative or NaN entry."""
+  if not _is_concrete(r):
+    return
+  a = np.asarray(r)
+  if jnp.issubdtype(a.dtype, jnp.inexact) and np.any(np.isnan(a)):
+    _raise(what, f"{name} must not be NaN, got {r}")
+  if np.any(a < 0):
+    _raise(what, f"{name} must be >= 0, got {r}")
+
+
+def _check_domain(domain: Any) -> None:
+  """Raises `BoundError` unless ``domain = (low, high)`` with concrete ``low <= high``, no NaN."""
+  if len(domain) != 2:
+    _raise("Interval.around", f"domain must be (low, high), got {domain!r}")
+  low, high = domain
+  if not (_is_concrete(low) and _is_concrete(high)):
+    return
+  lo, hi = np.asarray(low, np.float64), np.asarray(high, np.float64)
+  if np.any(np.isnan(lo)) or np.any(np.isnan(hi)):
+    _raise("Interval.around", f"domain must not contain NaN, got {domain!r}")
+  if np.any(lo > hi):
+    _raise("Interval.around", f"domain (low, high) must have low <= high, got {domain!r}")
 
 
 def is_interval(x: Any) -> bool:

@@ -300,7 +300,7 @@ def test_unsupported_primitive_names_it_and_the_line():
   with pytest.raises(UnsupportedPrimitiveError, match=r"'tanh'.*test_crown.py:\d+"):
     crown(f)(box)
   with pytest.raises(UnsupportedPrimitiveError, match="'mul'.*two box-dependent"):
-    crown(lambda x: x * x)(box)
+    crown(lambda x, y: x * y)(box, box)
   with pytest.raises(UnsupportedPrimitiveError, match="'max'"):
     crown(lambda x, y: jnp.maximum(x, y))(box, box)
   with pytest.raises(UnsupportedPrimitiveError, match="'reduce_max'"):

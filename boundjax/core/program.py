@@ -445,3 +445,30 @@ def check_outputs(outs: list, *, where: str) -> list:
             "(please report it with the function).")
     checked.append(o)
   return checked
+
+
+def inline_composites(program: Program, keep: Iterable[str] = ()) -> Program:
+  """Replaces every composite equation whose primitive name is not in ``keep`` by the equations
+  of its body (for domains without a rule for it); dependence is marked again."""
+  from boundjax.core import composite
+  keep = set(keep)
+  if not any(e.prim in composite.BODIES and e.name not in keep for e in program.eqns):
+    return program
+  eqns: list[Eqn] = []
+  consts = dict(program.consts)
+  for e in program.eqns:
+    if e.prim not in composite.BODIES or e.name in keep:
+      eqns.append(e)
+      continue
+    body = expand(e, [isinstance(a, Var) and a in program.depends for a in e.invars])
+    if not all(isinstance(o, Var) and o not in body.invars for o in body.outvars):
+      raise UnsupportedPrimitiveError(f"composite '{e.name}' cannot be inlined")
+    rename = {**dict(zip(body.invars, e.invars)), **dict(zip(body.outvars, e.outvars))}
+    consts.update(body.consts)
+    sub = lambda a: rename.get(a, a) if isinstance(a, Var) else a
+    for be in body.eqns:
+      eqns.append(dataclasses.replace(be, invars=[sub(a) for a in be.invars],
+                                      outvars=[sub(a) for a in be.outvars],
+                                      source_info=e.source_info))
+  new = Program(program.invars, program.outvars, eqns, consts, set(), program.out_tree)
+  return mark_dependence(new, [v in program.depends for v in program.invars])

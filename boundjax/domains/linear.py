@@ -82,20 +82,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax._src import source_info_util
-from jax.extend import core as jcore
 
 from boundjax import rounding
+from boundjax.core import program as prog_lib
+from boundjax.core.program import Lit as _Lit, Var as _Var
 from boundjax.domains import interval as interval_domain
-from boundjax.errors import UnsupportedPrimitiveError
+from boundjax.errors import BoundError, UnsupportedPrimitiveError
 from boundjax.interval import Interval, is_interval
+
+try:  # provided by boundjax.validation (landing alongside)
+  from boundjax.validation import validate_arguments
+except ImportError:  # pragma: no cover
+  def validate_arguments(leaves, *, where):
+    return None
 
 INTERMEDIATE_MODES = ("crown", "ibp")
 
-_CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
-_CALL_PRIMS = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
-                         "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "remat2",
-                         "checkpoint"})
 # Affine in all abstract operands jointly (no products between operands).
 _AFFINE = frozenset({"add", "add_any", "sub", "neg", "reshape", "broadcast_in_dim", "transpose",
                      "squeeze", "expand_dims", "reduce_sum", "reduce_window_sum", "concatenate",
@@ -118,39 +120,15 @@ SUPPORTED = sorted(_AFFINE | _BILINEAR | {"div", "max", "min"})
 # A flat program: the jaxpr with every nested call inlined
 # ----------------------------------------------------------------------------------------------
 
-class _Var:
-  """A variable of the flat program (fresh per inlined call)."""
-  __slots__ = ("aval", "idx")
-
-  def __init__(self, aval, idx: int):
-    self.aval, self.idx = aval, idx
-
-  @property
-  def shape(self) -> tuple[int, ...]:
-    return tuple(self.aval.shape)
-
-  @property
-  def size(self) -> int:
-    return int(np.prod(self.aval.shape, dtype=np.int64))
-
-  def __repr__(self):
-    return f"v{self.idx}{list(self.shape)}"
-
-
-class _Lit:
-  __slots__ = ("val",)
-
-  def __init__(self, val):
-    self.val = val
-
-
 @dataclasses.dataclass
 class _Eqn:
+  """CROWN's record of one equation of the flat program: its role ("concrete", "affine",
+  "relu") and which operands depend on the box."""
   prim: Any
   params: dict
   invars: list
   outvars: list
-  orig: Any  # the JaxprEqn it came from (source info, context)
+  orig: prog_lib.Eqn  # the program layer's equation (source line, context)
   kind: str = "concrete"  # "concrete" | "affine" | "relu"
   abstract_pos: tuple = ()
 
@@ -159,10 +137,7 @@ class _Eqn:
     return self.prim.name
 
   def where(self) -> str:
-    try:
-      return source_info_util.summarize(self.orig.source_info)
-    except Exception:  # pragma: no cover - best effort
-      return "<unknown location>"
+    return self.orig.where()
 
 
 @dataclasses.dataclass
@@ -176,58 +151,12 @@ class _Program:
   uses: dict  # _Var -> number of abstract equations reading it
 
 
-def _flatten(closed: jcore.ClosedJaxpr) -> _Program:
-  counter = [0]
-  eqns: list[_Eqn] = []
-  consts: dict = {}
-
-  def fresh(aval):
-    counter[0] += 1
-    return _Var(aval, counter[0])
-
-  def inline(jaxpr, const_vals, in_atoms):
-    env = {}
-    for v, c in zip(jaxpr.constvars, const_vals):
-      nv = fresh(v.aval)
-      consts[nv] = c
-      env[v] = nv
-    for v, a in zip(jaxpr.invars, in_atoms):
-      env[v] = a
-
-    def read(a):
-      return _Lit(a.val) if isinstance(a, jcore.Literal) else env[a]
-
-    for e in jaxpr.eqns:
-      ins = [read(a) for a in e.invars]
-      sub = _sub_jaxpr(e)
-      if sub is not None:
-        sj, sc = (sub.jaxpr, sub.consts) if isinstance(sub, jcore.ClosedJaxpr) else (sub, ())
-        extra = len(ins) - len(sj.invars)
-        outs = inline(sj, sc, ins[extra:] if extra > 0 else ins)
-        for v, o in zip(e.outvars, outs):
-          env[v] = o
-        continue
-      outs = [fresh(v.aval) for v in e.outvars]
-      for v, o in zip(e.outvars, outs):
-        if not isinstance(v, jcore.DropVar):
-          env[v] = o
-      eqns.append(_Eqn(e.primitive, dict(e.params), ins, outs, e))
-    return [read(a) for a in jaxpr.outvars]
-
-  invars = [fresh(v.aval) for v in closed.jaxpr.invars]
-  outvars = inline(closed.jaxpr, closed.consts, invars)
+def _from_core(program: prog_lib.Program) -> _Program:
+  """CROWN's view of a flat program of the program layer (composites inlined)."""
+  program = prog_lib.inline_composites(program)
+  eqns = [_Eqn(e.prim, e.params, e.invars, e.outvars, e) for e in program.eqns]
   producer = {o: i for i, e in enumerate(eqns) for o in e.outvars}
-  return _Program(invars, outvars, eqns, consts, set(), producer, {})
-
-
-def _sub_jaxpr(e):
-  if e.primitive.name not in _CALL_PRIMS:
-    return None
-  for key in _CALL_PARAMS:
-    sub = e.params.get(key)
-    if isinstance(sub, (jcore.ClosedJaxpr, jcore.Jaxpr)):
-      return sub
-  return None
+  return _Program(program.invars, program.outvars, eqns, program.consts, set(), producer, {})
 
 
 def _is_float(aval) -> bool:
@@ -288,7 +217,7 @@ def _classify(prog: _Program, abstract_in: Sequence[bool]) -> None:
 def _bind(e: _Eqn, vals: Sequence[Any]):
   bind = e.prim.get_bind_params(e.params)
   subfuns, params = bind if isinstance(bind, tuple) else ((), bind)
-  with e.orig.ctx.manager:
+  with e.orig.manager:
     out = e.prim.bind(*subfuns, *vals, **params)
   return out
 
@@ -972,9 +901,10 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
 
   @functools.wraps(fn)
   def bounded(*args, **kwargs):
-    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_interval)
-    dyn = [i for i, l in enumerate(leaves) if is_interval(l) or _is_array_like(l)]
-    boxes_idx = [i for i in dyn if is_interval(leaves[i])]
+    arguments = prog_lib.split_arguments(args, kwargs)
+    validate_arguments(arguments.leaves, where="bj.crown")
+    leaves, treedef, dyn = arguments.leaves, arguments.treedef, arguments.dynamic_index
+    boxes_idx = [i for i in dyn if arguments.kinds[i] == "box"]
     if not boxes_idx:
       return fn(*args, **kwargs)
     for i in boxes_idx:
@@ -982,60 +912,97 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
     axes = _batch_axes(leaves, boxes_idx, batch_axis)
     n_batch = None if axes is None else leaves[boxes_idx[0]].lower.shape[axes[boxes_idx[0]]]
 
-    def stand_in(i):
-      l = leaves[i]
-      if not is_interval(l):
-        return jax.ShapeDtypeStruct(jnp.shape(l), jnp.result_type(l))
-      shape = list(l.shape)
+    def one_example(i, shape):
+      shape = list(shape)
       if axes is not None:
         shape[axes[i]] = 1
-      return jax.ShapeDtypeStruct(tuple(shape), l.dtype)
-
-    def flat_fn(*values):
-      new = list(leaves)
-      for i, v in zip(dyn, values):
-        new[i] = v
-      a, k = jax.tree_util.tree_unflatten(treedef, new)
-      return fn(*a, **k)
+      return tuple(shape)
 
     key = _cache_key(leaves, treedef, dyn)
     if key is not None and key in cache:
       jitted, out_tree = cache[key]
       return jax.tree_util.tree_unflatten(out_tree, jitted([leaves[i] for i in dyn]))
-    precision = "highest" if sound_fp else None
-    with jax.default_matmul_precision(precision) if precision else _nullcontext():
-      closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(
-          *[stand_in(i) for i in dyn])
-      out_tree = jax.tree_util.tree_structure(out_shape)
-      prog = _flatten(closed)
-      _classify(prog, [is_interval(leaves[i]) for i in dyn])
+    if axes is not None and n_batch > 1 and key is not None:
+      _check_examples_independent(fn, arguments, axes, batch_axis)
+    core = prog_lib.trace(fn, arguments, box_shape=one_example, precision_highest=sound_fp)
+    out_tree = core.out_tree
+    prog = _from_core(core)
+    _classify(prog, [v in core.depends for v in core.invars])
 
-      def compute(values):
-        """The numeric part, one XLA program (inlined when already under jit)."""
-        cenv = _eval_concrete(prog, [None if is_interval(v) else v for v in values])
-        targets = _targets(prog, intermediate)
-        ancestors = {t: _ancestors(prog, t) for t in targets}
-        prefixes = {t: _prefix(prog, cenv, t, ancestors[t], sound_fp) for t in targets}
-        plans = {}
-        if patches and not sound_fp:
-          plans = {t: _patch_plan(prog, cenv, t, prefixes, ancestors) for t in targets}
-          plans = {t: p for t, p in plans.items() if p is not None}
-        ctx = _Ctx(prog, cenv, sound_fp, intermediate, prefixes, ancestors, plans)
-        box_list = [v for v in values if is_interval(v)]
-        if axes is None:
-          outs = _run(ctx, box_list)
-        else:
-          outs = _batched(ctx, box_list, [axes[i] for i in boxes_idx], n_batch, batch_axis,
-                          chunk_size or _auto_chunk(prog, targets, ancestors, memory_bytes))
-        return [o if o is not None else _read(cenv, v) for v, o in zip(prog.outvars, outs)]
+    def compute(values):
+      """The numeric part, one XLA program (inlined when already under jit)."""
+      cenv = _eval_concrete(prog, [None if is_interval(v) else v for v in values])
+      targets = _targets(prog, intermediate)
+      ancestors = {t: _ancestors(prog, t) for t in targets}
+      prefixes = {t: _prefix(prog, cenv, t, ancestors[t], sound_fp) for t in targets}
+      plans = {}
+      if patches and not sound_fp:
+        plans = {t: _patch_plan(prog, cenv, t, prefixes, ancestors) for t in targets}
+        plans = {t: p for t, p in plans.items() if p is not None}
+      ctx = _Ctx(prog, cenv, sound_fp, intermediate, prefixes, ancestors, plans)
+      box_list = [v for v in values if is_interval(v)]
+      if axes is None:
+        outs = _run(ctx, box_list)
+      else:
+        outs = _batched(ctx, box_list, [axes[i] for i in boxes_idx], n_batch, batch_axis,
+                        chunk_size or _auto_chunk(prog, targets, ancestors, memory_bytes))
+      return [o if o is not None else _read(cenv, v) for v, o in zip(prog.outvars, outs)]
 
-      jitted = jax.jit(compute)
-      if key is not None and len(cache) < 16:
-        cache[key] = (jitted, out_tree)
-      results = jitted([leaves[i] for i in dyn])
+    jitted = jax.jit(compute)
+    if key is not None and len(cache) < 16:
+      cache[key] = (jitted, out_tree)
+    results = jitted([leaves[i] for i in dyn])
     return jax.tree_util.tree_unflatten(out_tree, results)
 
   return bounded
+
+
+def _check_examples_independent(fn: Callable, arguments: prog_lib.Arguments, axes: dict,
+                                batch_axis: int) -> None:
+  """With ``batch_axis`` set, every box leaf is split into examples and ``fn`` is bounded per
+  example. That is sound only if ``fn`` on the whole batch equals ``fn`` applied to each example
+  (an interval *parameter* whose length happens to equal the batch size is not a batch). Checked
+  at a random point of the boxes (concrete leaves as given): a difference raises."""
+  key = jax.random.PRNGKey(0)
+  values = []
+  for n, i in enumerate(arguments.dynamic_index):
+    leaf = arguments.leaves[i]
+    if arguments.kinds[i] == "box":
+      t = jax.random.uniform(jax.random.fold_in(key, n), leaf.shape, leaf.dtype)
+      values.append(leaf.lower + t * (leaf.upper - leaf.lower))
+    else:
+      values.append(leaf)
+  box_pos = [n for n, i in enumerate(arguments.dynamic_index) if arguments.kinds[i] == "box"]
+  box_axes = [axes[arguments.dynamic_index[n]] for n in box_pos]
+
+  def call(vals):
+    a, k = arguments.rebuild(vals)
+    return jax.tree_util.tree_leaves(fn(*a, **k))
+
+  def per_example(*boxes):
+    vals = list(values)
+    for n, b, ax in zip(box_pos, boxes, box_axes):
+      vals[n] = jnp.expand_dims(b, ax)
+    return call(vals)
+
+  whole = call(values)
+  split = jax.vmap(per_example, in_axes=tuple(box_axes))(*[values[n] for n in box_pos])
+  for w, s in zip(whole, split):
+    w, s = jnp.asarray(w), jnp.asarray(s)
+    if not jnp.issubdtype(w.dtype, jnp.floating):
+      continue
+    nd = w.ndim
+    ax = batch_axis % nd if nd else 0
+    if nd == 0 or s.ndim != nd + 1 or s.shape[1 + ax] != 1:
+      continue  # not split per example: reported by the batched pass itself
+    s = jnp.squeeze(jnp.moveaxis(s, 0, ax), ax + 1)
+    tol = 1e-4 * (1 + jnp.max(jnp.abs(w))) if w.size else 0
+    if s.shape != w.shape or bool(jnp.max(jnp.abs(s - w)) > tol):
+      raise BoundError(
+          f"bj.crown: with batch_axis={batch_axis} every Interval leaf is split into "
+          f"examples along that axis, but fn on the whole batch differs from fn applied to "
+          f"each example (e.g. an interval parameter whose length equals the batch size, or a "
+          f"layer mixing examples). Use batch_axis=None to bound the call as one problem.")
 
 
 def _cache_key(leaves, treedef, dyn):
@@ -1057,14 +1024,6 @@ def _cache_key(leaves, treedef, dyn):
   except TypeError:
     return None
   return key
-
-
-class _nullcontext:
-  def __enter__(self):
-    return None
-
-  def __exit__(self, *a):
-    return False
 
 
 def _auto_chunk(prog, targets, ancestors, memory_bytes) -> int:
