@@ -415,3 +415,29 @@ def test_crown_bound_method_is_rejected_clearly():
   cfg = agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4, bound_method="crown")
   with pytest.raises(ValueError, match="crown"):
     agt.make_step(mlp.apply, cfg)
+
+
+@pytest.mark.parametrize("backend", ["mlp", "ibp"])
+def test_fp_margin_step_runs_products_at_highest_precision(backend):
+  """The sound floating-point mode assumes float32 products: every dot_general of the step is
+  traced with precision=HIGHEST (no TF32 passes on an accelerator); without it, the default."""
+  X, y = _data(16)
+  params = _net(jax.random.PRNGKey(3), [3, 6, 1])
+  highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+
+  def precisions(jaxpr):
+    found = []
+    for e in jaxpr.eqns:
+      if e.primitive.name in ("dot_general", "conv_general_dilated"):
+        found.append(e.params["precision"])
+      for sub in jax.extend.core.jaxprs_in_params(e.params):
+        found += precisions(sub)
+    return found
+
+  for fp_margin in (True, False):
+    cfg = agt.Config(n_epochs=1, learning_rate=0.5, batch_size=16, k_private=2, clip_gamma=0.2,
+                     fp_margin=fp_margin)
+    step = agt.make_step(mlp.apply, cfg, backend)
+    found = precisions(jax.make_jaxpr(step)(agt.init(params, cfg), X, y).jaxpr)
+    assert found
+    assert all(p == highest for p in found) == fp_margin, found

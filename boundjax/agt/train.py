@@ -214,9 +214,11 @@ def make_step(model_apply: Callable, config: Config, backend: str = "mlp"
                      "use bound_method='interval' (the paper's choice).")
 
   def step(state: State, x_batch: Array, y_batch: Array) -> State:
-    d_n, d_l, d_u = descent_directions(model_apply, config, backend, state.params, state.bounds,
-                                       x_batch, y_batch)
-    return update(config, state, d_n, d_l, d_u)
+    # the sound floating-point mode assumes float32 products (u = 2^-24): no TF32 passes
+    with jax.default_matmul_precision("highest" if config.fp_margin else None):
+      d_n, d_l, d_u = descent_directions(model_apply, config, backend, state.params,
+                                         state.bounds, x_batch, y_batch)
+      return update(config, state, d_n, d_l, d_u)
   return step
 
 
