@@ -282,3 +282,35 @@ def test_crown_interval_bias_with_batch_length_is_not_split():
   out = bj.crown(f, batch_axis=None)(b, x)
   pts = jax.vmap(f)(_samples(b, 2_000, jax.random.PRNGKey(3)), _samples(x, 2_000))
   assert _inside(out, pts, 1e-5) == 0
+
+
+def test_jax_softmax_inlined_is_recognised_and_tighter():
+  box = bj.Interval.around(jax.random.normal(KEY, (3, 5)), 0.2)
+  for axis in (0, -1):
+    core = program.trace(lambda z: jax.nn.softmax(z, axis=axis), program.split_arguments((box,), {}))
+    assert [e.name for e in core.eqns] == ["boundjax_softmax"]
+  # an intermediate value used elsewhere keeps its equations; a changed body is not matched
+  def changed(z):
+    e = jnp.exp(z - jax.lax.stop_gradient(jnp.max(z, -1, keepdims=True)))
+    return e / (jnp.sum(e, -1, keepdims=True) + 1.0)
+  core = program.trace(changed, program.split_arguments((box,), {}))
+  assert "boundjax_softmax" not in [e.name for e in core.eqns]
+  xs = _samples(box, 10_000)
+  for fn in (lambda z: jax.nn.softmax(z), changed,
+             lambda z: jax.nn.softmax(z) * jnp.exp(z - jnp.max(z))):
+    assert _inside(bj.ibp(fn)(box), jax.vmap(fn)(xs), 1e-6) == 0
+  naive = lambda z: jnp.exp(z) / jnp.sum(jnp.exp(z), -1, keepdims=True)
+  assert float(bj.ibp(jax.nn.softmax)(box).width.max()) < 0.5 * float(
+      bj.ibp(naive)(box).width.max())
+
+
+def test_errors_name_the_users_line():
+  box = bj.Interval(jnp.zeros(3), jnp.ones(3))
+  with pytest.raises(bj.UnsupportedPrimitiveError, match=r"test_program.py:\d+"):
+    bj.ibp(lambda z: jnp.cumprod(z))(box)   # jnp.cumprod is a cached inner trace of JAX's
+
+
+def test_wide_bounds_warn():
+  box = bj.Interval(jnp.zeros(3), jnp.full(3, 20.0))
+  with pytest.warns(UserWarning, match="wide"):
+    bj.ibp(lambda z: jnp.exp(z))(box)

@@ -178,3 +178,58 @@ def recognise(eqn) -> tuple[jcore.Primitive, dict] | None:
       if ref is not None and same_jaxpr(body.jaxpr, ref.jaxpr):
         return prim, {"axis": negative_axis(int(ax[0]), aval.ndim)}
   return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Recognising JAX's softmax where it was inlined (jax.nn.softmax has no call boundary)
+# ----------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=256)
+def _reference_softmax_eqns(shape: tuple, dtype: str, axis: int):
+  closed = jax.make_jaxpr(functools.partial(jax.nn.softmax, axis=axis))(
+      jax.ShapeDtypeStruct(shape, dtype))
+  if len(closed.consts) or any(e.primitive.name in ("pjit", "jit") for e in closed.jaxpr.eqns):
+    return None
+  return closed.jaxpr
+
+
+def _atom_matches(a, r, env: dict) -> bool:
+  """Does the flat program's operand ``a`` play the role of the reference operand ``r``?"""
+  from boundjax.core.program import Lit
+  if isinstance(r, jcore.Literal):
+    return isinstance(a, Lit) and np.array_equal(np.asarray(a.val), np.asarray(r.val)) and \
+        np.asarray(a.val).dtype == np.asarray(r.val).dtype
+  return env.get(r) is a
+
+
+def match_inlined_softmax(eqns: list, start: int):
+  """If ``eqns[start:]`` begins with the equations of ``jax.nn.softmax`` (same program as JAX's
+  for this shape, dtype and axis), returns ``(length, input, output, axis)``, else None."""
+  first = eqns[start]
+  if first.prim.name != "reduce_max" or len(first.params.get("axes", ())) != 1:
+    return None
+  x = first.invars[0]
+  aval = getattr(x, "aval", None)
+  if aval is None or not jnp.issubdtype(aval.dtype, jnp.floating):
+    return None
+  axis = int(first.params["axes"][0])
+  ref = _reference_softmax_eqns(tuple(aval.shape), str(aval.dtype), axis)
+  if ref is None or start + len(ref.eqns) > len(eqns):
+    return None
+  env = {ref.invars[0]: x}
+  for e, r in zip(eqns[start:start + len(ref.eqns)], ref.eqns):
+    if e.prim is not r.primitive or len(e.invars) != len(r.invars) or \
+        len(e.outvars) != len(r.outvars):
+      return None
+    if not all(_atom_matches(a, b, env) for a, b in zip(e.invars, r.invars)):
+      return None
+    if not _same_params(e.params, r.params):
+      return None
+    for o, ro in zip(e.outvars, r.outvars):
+      if o.aval.strip_weak_type() != ro.aval.strip_weak_type():
+        return None
+      env[ro] = o
+  out = env.get(ref.outvars[0])
+  if out is None:
+    return None
+  return len(ref.eqns), x, out, negative_axis(axis, aval.ndim)

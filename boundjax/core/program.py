@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
@@ -222,15 +223,30 @@ class Program:
     return {e.name for e in self.eqns if e.abstract}
 
 
-def source_line(source_info) -> str:
-  """The user's frame of a source info: first frame outside boundjax, jax, flax, optax."""
+_LIBRARY_DIRS = ("/boundjax/", "/jax/", "/jaxlib/", "/flax/", "/optax/", "/chex/", "/numpy/",
+                 "/contextlib.py", "/functools.py")
+
+
+def _user_frame(source_info):
   try:
-    frame = source_info_util.user_frame(source_info.traceback)
-    if frame is not None:
-      fname = frame.file_name
-      if "/boundjax/" not in fname:
-        return f"{fname}:{frame.start_line} ({frame.function_name})"
-    return source_info_util.summarize(source_info)
+    tb = source_info.traceback
+    for frame in (tb.frames if tb is not None else []):
+      if not any(d in frame.file_name for d in _LIBRARY_DIRS):
+        return frame
+  except Exception:  # pragma: no cover - best effort only
+    return None
+  return None
+
+
+def source_line(source_info) -> str:
+  """The user's line of an equation: the innermost frame of its traceback outside boundjax,
+  jax, flax, optax and the standard library, e.g. ``model.py:12 (__call__)``."""
+  frame = _user_frame(source_info)
+  if frame is not None:
+    line = getattr(frame, "line_num", None) or getattr(frame, "start_line", "?")
+    return f"{frame.file_name}:{line} ({frame.function_name})"
+  try:
+    return source_info_util.summarize(source_info) or "<unknown location>"
   except Exception:  # pragma: no cover - best effort only
     return "<unknown location>"
 
@@ -260,7 +276,9 @@ def flatten(closed: jcore.ClosedJaxpr, *, recognise: Callable | None = None) -> 
     counter[0] += 1
     return Var(aval, counter[0])
 
-  def inline(jaxpr, const_vals, in_atoms):
+  def inline(jaxpr, const_vals, in_atoms, caller_info=None):
+    # equations of a cached inner trace (e.g. jnp functions that are jitted) carry no frame of
+    # the user's code: they take their caller's source info
     env = {}
     for v, c in zip(jaxpr.constvars, const_vals):
       nv = fresh(v.aval)
@@ -274,27 +292,30 @@ def flatten(closed: jcore.ClosedJaxpr, *, recognise: Callable | None = None) -> 
 
     for e in jaxpr.eqns:
       ins = [read(a) for a in e.invars]
+      info = e.source_info
+      if caller_info is not None and _user_frame(info) is None:
+        info = caller_info
       replaced = recognise(e) if recognise is not None else None
       if replaced is not None:
         prim, params = replaced
         outs = [fresh(v.aval) for v in e.outvars]
-        eqns.append(Eqn(prim, params, ins, outs, e.source_info, e.ctx.manager))
+        eqns.append(Eqn(prim, params, ins, outs, info, e.ctx.manager))
       else:
         sub = _called_jaxpr(e)
         if sub is not None:
           sj, sc = (sub.jaxpr, sub.consts) if isinstance(sub, jcore.ClosedJaxpr) else (sub, ())
           extra = len(ins) - len(sj.invars)
-          outs = inline(sj, sc, ins[extra:] if extra > 0 else ins)
+          outs = inline(sj, sc, ins[extra:] if extra > 0 else ins, info)
         elif e.primitive.name in CALL_PRIMITIVES:
           raise UnsupportedPrimitiveError(
               f"call primitive '{e.primitive.name}' carries no jaxpr boundjax can inline "
-              f"(at {source_line(e.source_info)})")
+              f"(at {source_line(info)})")
         else:
           outs = [fresh(v.aval) for v in e.outvars]
           prim, params = e.primitive, dict(e.params)
           if prim is lax.mul_p and ins[0] is ins[1] and isinstance(ins[0], Var):
             prim, params, ins = lax.integer_pow_p, {"y": 2}, ins[:1]
-          eqns.append(Eqn(prim, params, ins, outs, e.source_info, e.ctx.manager))
+          eqns.append(Eqn(prim, params, ins, outs, info, e.ctx.manager))
       for v, o in zip(e.outvars, outs):
         if not isinstance(v, jcore.DropVar):
           env[v] = o
@@ -302,7 +323,49 @@ def flatten(closed: jcore.ClosedJaxpr, *, recognise: Callable | None = None) -> 
 
   invars = [fresh(v.aval) for v in closed.jaxpr.invars]
   outvars = inline(closed.jaxpr, closed.consts, invars)
-  return Program(invars, outvars, eqns, consts, set())
+  program = Program(invars, outvars, eqns, consts, set())
+  if recognise is not None:
+    program = recognise_inlined_softmax(program)
+  return eliminate_dead_code(program)
+
+
+def recognise_inlined_softmax(program: Program) -> Program:
+  """Gives the output of every inlined ``jax.nn.softmax`` (its equations, equal to JAX's own
+  program, see `composite.match_inlined_softmax`) to the softmax composite instead. Its
+  intermediate equations stay (other equations may read them) and go if dead."""
+  from boundjax import nn
+  from boundjax.core import composite
+  eqns = list(program.eqns)
+  i = 0
+  while i < len(eqns):
+    found = composite.match_inlined_softmax(eqns, i)
+    if found is None:
+      i += 1
+      continue
+    length, x, out, axis = found
+    last = eqns[i + length - 1]
+    eqns[i + length - 1] = Eqn(nn.softmax_p, {"axis": axis}, [x], [out], last.source_info,
+                               last.manager)
+    i += length
+  program.eqns = eqns
+  return program
+
+
+def eliminate_dead_code(program: Program) -> Program:
+  """Drops equations none of whose outputs is used (no JAX primitive bound here has effects
+  that matter to a bound)."""
+  live = {a for a in program.outvars if isinstance(a, Var)}
+  kept = []
+  for e in reversed(program.eqns):
+    if any(o in live for o in e.outvars) or e.prim.name in _EFFECTFUL:
+      kept.append(e)
+      live.update(a for a in e.invars if isinstance(a, Var))
+  program.eqns = kept[::-1]
+  program.consts = {v: c for v, c in program.consts.items() if v in live}
+  return program
+
+
+_EFFECTFUL = frozenset({"debug_callback", "io_callback", "pure_callback"})
 
 
 def mark_dependence(program: Program, box_inputs: Sequence[bool]) -> Program:
@@ -439,12 +502,23 @@ def check_outputs(outs: list, *, where: str) -> list:
       if isinstance(lo, jax.core.Tracer) or isinstance(hi, jax.core.Tracer):
         o = Interval(jnp.where(jnp.isnan(lo), -jnp.inf, lo), jnp.where(jnp.isnan(hi), jnp.inf, hi),
                      validate=False)
-      elif bool(jnp.any(jnp.isnan(lo)) | jnp.any(jnp.isnan(hi))):
-        raise BoundError(
-            f"{where}: output {i} has a NaN bound; a rule produced NaN, which is a boundjax bug "
-            "(please report it with the function).")
+      else:
+        if bool(jnp.any(jnp.isnan(lo)) | jnp.any(jnp.isnan(hi))):
+          raise BoundError(
+              f"{where}: output {i} has a NaN bound; a rule produced NaN, which is a boundjax bug "
+              "(please report it with the function).")
+        width = float(jnp.max(hi - lo)) if jnp.size(lo) else 0.0
+        if width > WIDE:
+          warnings.warn(
+              f"{where}: output {i} has bounds up to {width:.3g} wide (> {WIDE:.0e}) on a finite "
+              "box; the box may be too large for this function, or a step is bounded loosely "
+              "(bj.crown is tighter for networks).", stacklevel=3)
     checked.append(o)
   return checked
+
+
+WIDE = 1e6
+"""Width above which a returned bound on a finite box emits a warning."""
 
 
 def inline_composites(program: Program, keep: Iterable[str] = ()) -> Program:
