@@ -10,9 +10,19 @@ products computed in any order, ``|fl(Σ a_k b_k) − Σ a_k b_k| ≤ γ_n Σ |a
 library functions (exp, tanh, ...) are assumed accurate to a few ulps; the caller states how
 many.
 
+Underflow: XLA on CPU flushes subnormal numbers to zero (results and operands), so every
+operation may also err by λ = finfo.tiny in absolute terms (Higham §2.1, the ``+ η`` term);
+`outward` always adds λ and never returns a subnormal endpoint, and `snap_outward` moves box ends
+out of the subnormal range before a function reads them.
+
+Element-wise library functions: their error budgets are measured, not assumed; see
+`boundjax.core.budgets`.
+
 API (used by the interval and linear domains):
   gamma(n, dtype) -> float                      γ_n for the dtype
+  sum_error(n, magnitude, dtype)                γ_{2n+2}·magnitude + 2n·λ (sums, dots, convs)
   outward(lo, hi, ulps=1, abs_err=None) -> (lo', hi')
+  snap_outward(lo, hi) -> (lo', hi')            subnormal ends to 0 / ±λ, outward
   round_down(x), round_up(x)                    one nextafter step towards -inf / +inf
 """
 
@@ -20,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -38,14 +49,96 @@ def gamma(n: int, dtype: Any) -> float:
   return nu / (1 - nu)
 
 
+def underflow_threshold(dtype: Any) -> float:
+  """λ = finfo.tiny, the smallest normal number (float32: 2^-126 ≈ 1.18e-38).
+
+  XLA on CPU flushes subnormal results to zero and reads subnormal operands as zero (FTZ/DAZ),
+  so an operation may err by up to λ in absolute terms besides its relative error: the model of
+  Higham, *Accuracy and Stability of Numerical Algorithms*, §2.1, ``fl(x op y) = (x op y)(1 + δ)
+  + η`` with ``|η| ≤ λ`` for flush-to-zero arithmetic.
+  """
+  return float(np.finfo(np.dtype(dtype)).tiny)
+
+
+def sum_error(n: int, magnitude, dtype: Any, terms: int = 1):
+  """A-priori bound on the rounding error of ``terms`` n-term sums of products, any order:
+
+      |fl(Σ_k a_k b_k) − Σ_k a_k b_k| ≤ γ_{2n+2} · M + 2n·terms·λ,   M = fl(Σ_k |a_k b_k|),
+
+  (Higham, §3.1, eq. (3.5): ``γ_n Σ|a_k b_k|``. ``M`` is itself computed in floating point and
+  may lie a factor ``1 − γ_n`` below the exact magnitude; ``γ_n / (1 − γ_n) ≤ γ_{2n+2}`` covers
+  that, the rounding of the product ``γ·M`` and the few extra operations of the midpoint–radius
+  and sign-split forms (whose partial products sum to at most ``M`` in magnitude). ``2n·λ``
+  per sum covers the n products and n − 1 additions that may each be flushed to zero, §2.1).
+  ``n`` is the true number of summed terms (the contraction length of a dot product; input
+  features × kernel window of a convolution; the window of a pooling sum).
+  """
+  n = max(int(n), 1)
+  return gamma(2 * n + 2, dtype) * magnitude + 2 * n * terms * underflow_threshold(dtype)
+
+
+_UINT = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
+
+
+def is_subnormal(x):
+  """True where ``x`` is a nonzero subnormal number, read from its bits (exponent field 0,
+  significand nonzero): XLA CPU compares subnormals as if they were 0 (DAZ), so ``x != 0`` and
+  ``|x| < tiny`` cannot be trusted for them."""
+  dtype = jnp.result_type(x)
+  info = np.finfo(np.dtype(dtype))
+  width = np.dtype(dtype).itemsize
+  bits = jax.lax.bitcast_convert_type(jnp.asarray(x), _UINT[width])
+  mant_bits = int(info.nmant)
+  exp_mask = ((1 << int(info.nexp)) - 1) << mant_bits
+  mant_mask = (1 << mant_bits) - 1
+  udt = _UINT[width]
+  exp_zero = (bits & jnp.asarray(exp_mask, udt)) == 0
+  mant_nonzero = (bits & jnp.asarray(mant_mask, udt)) != 0
+  return exp_zero & mant_nonzero
+
+
+def is_negative(x):
+  """The sign bit of ``x`` (also for subnormals, which XLA CPU would compare as 0)."""
+  dtype = jnp.result_type(x)
+  width = np.dtype(dtype).itemsize
+  bits = jax.lax.bitcast_convert_type(jnp.asarray(x), _UINT[width])
+  return (bits >> jnp.asarray(8 * width - 1, _UINT[width])) == 1
+
+
+def snap_outward(lo, hi):
+  """Moves subnormal endpoints out of the subnormal range: ``lo`` down to ``0`` or ``−λ``,
+  ``hi`` up to ``λ`` or ``0`` (λ = finfo.tiny).
+
+  XLA CPU reads subnormal operands as zero (DAZ), so ``sqrt(1e-40)`` returns 0 (not 1e-20) and
+  ``log(1e-40)`` returns −inf; a box whose ends are normal numbers or zeros is evaluated as
+  written. The snapped box contains the original one. Subnormals are recognised by their bits
+  (`is_subnormal`), since XLA compares them as zero.
+  """
+  dtype = jnp.result_type(lo)
+  if not jnp.issubdtype(dtype, jnp.floating) or np.dtype(dtype).itemsize not in _UINT:
+    return lo, hi
+  tiny = jnp.asarray(underflow_threshold(dtype), dtype)
+  zero = jnp.zeros((), dtype)
+  lo = jnp.where(is_subnormal(lo), jnp.where(is_negative(lo), -tiny, zero), lo)
+  hi = jnp.where(is_subnormal(hi), jnp.where(is_negative(hi), zero, tiny), hi)
+  return lo, hi
+
+
 def outward(lo, hi, ulps: int = 1, abs_err=None):
   """Moves ``lo`` down and ``hi`` up by ``abs_err`` (if given), then by ``ulps`` relative ulps.
 
-  The relative step uses ``|x|·ulps·eps`` plus the smallest normal number so that it also
-  moves values near zero; a final ``nextafter`` makes the step strict.
+  The relative step is ``|x|·ulps·eps + λ`` (``ulp(x) ≤ eps·|x|`` for normal ``x``; λ =
+  finfo.tiny covers a result flushed to zero), and a final ``nextafter`` makes the step strict.
+  Endpoints are then snapped out of the subnormal range (`snap_outward`), so the next operation
+  reads them as written. A lower bound of +inf (an overflowed result whose true value may be
+  finite) becomes ``finfo.max`` before the step, an upper bound of −inf becomes ``−finfo.max``;
+  NaN never appears in the result (a NaN endpoint becomes −inf / +inf).
   """
   dtype = jnp.result_type(lo)
   finfo = jnp.finfo(dtype)
+  big = jnp.asarray(finfo.max, dtype)
+  lo = jnp.where(lo == jnp.inf, big, lo)
+  hi = jnp.where(hi == -jnp.inf, -big, hi)
   if abs_err is not None:
     lo = lo - abs_err
     hi = hi + abs_err
@@ -56,7 +149,9 @@ def outward(lo, hi, ulps: int = 1, abs_err=None):
     hi = hi + step_hi
   lo = jnp.nextafter(lo, jnp.asarray(-jnp.inf, dtype))
   hi = jnp.nextafter(hi, jnp.asarray(jnp.inf, dtype))
-  return lo, hi
+  lo = jnp.where(jnp.isnan(lo), -jnp.inf, lo)
+  hi = jnp.where(jnp.isnan(hi), jnp.inf, hi)
+  return snap_outward(lo, hi)
 
 
 def round_down(x):

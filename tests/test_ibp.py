@@ -461,3 +461,259 @@ def test_bad_interval_inputs_raise():
 def test_sample_count_reported():
   """Runs last in this module: prints how many cases and samples the soundness tests used."""
   print(f"IBP soundness: {SAMPLES['cases']} cases, {SAMPLES['points']} sampled points")
+
+
+# ----------------------------------------------------------------------------------------------
+# regressions: sound-mode error bounds, underflow, pow, NaN, bitwise, comparisons, dead entries
+# ----------------------------------------------------------------------------------------------
+
+
+def _inside64(bound, exact, what=""):
+  """Zero-tolerance containment of float64 values ``exact`` in a float32 bound."""
+  lo = np.asarray(bound.lower, np.float64)
+  hi = np.asarray(bound.upper, np.float64)
+  bad = ~((lo <= exact) & (exact <= hi))
+  assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.size} float64 values outside; first: "
+                         f"{exact[bad][:3]} not in [{lo[bad][:3]}, {hi[bad][:3]}]")
+
+
+def _cancelling(n, seed=0, scale=1e4):
+  """float32 values whose prefix sums cancel heavily (rounding error >> 1 ulp of the result)."""
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=n) * scale
+  x[1::2] = -x[0::2][: n // 2] * (1 + 1e-6)
+  return x.astype(np.float32)
+
+
+def test_sound_cumsum_error_bound_holds_against_float64():
+  x = _cancelling(4096)[None].repeat(2, 0)
+  x[1] = x[1][::-1]
+  for reverse in (False, True):
+    out = bj.ibp(lambda v: jax.lax.cumsum(v, axis=1, reverse=reverse), sound=True)(
+        bj.Interval.point(jnp.asarray(x)))
+    x64 = x.astype(np.float64)
+    exact = np.flip(np.cumsum(np.flip(x64, 1), 1), 1) if reverse else np.cumsum(x64, 1)
+    _inside64(out, exact, f"cumsum reverse={reverse}")
+
+
+def test_sound_avg_pool_error_bound_holds_against_float64():
+  x = _cancelling(2 * 32 * 32 * 4, seed=1, scale=1e5).reshape(2, 32, 32, 4)
+  pool = lambda v: jax.lax.reduce_window(v, 0.0, jax.lax.add, (1, 16, 16, 1), (1, 8, 8, 1), "VALID")
+  out = bj.ibp(pool, sound=True)(bj.Interval.point(jnp.asarray(x)))
+  x64 = x.astype(np.float64)
+  win = np.lib.stride_tricks.sliding_window_view(x64, (16, 16), axis=(1, 2))
+  exact = win[:, ::8, ::8].sum((-1, -2))
+  _inside64(out, exact, "reduce_window_sum")
+
+
+def test_sound_cumlogsumexp_error_bound_holds_against_float64():
+  rng = np.random.default_rng(2)
+  x = (1e4 + rng.normal(size=(4, 4000)) * 3).astype(np.float32)
+  x[0] = 1e4  # equal entries: ~3.7 ulps of error after 4000 steps (one ulp is not enough)
+  x[1] = -x[1]
+  x[2] = rng.normal(size=4000).astype(np.float32) * 50
+  x[3] = rng.normal(size=4000).astype(np.float32) * 1e-3
+  out = bj.ibp(lambda v: jax.lax.cumlogsumexp(v, axis=1), sound=True)(bj.Interval.point(jnp.asarray(x)))
+  x64 = x.astype(np.float64)
+  exact = np.logaddexp.accumulate(x64, axis=1)
+  _inside64(out, exact, "cumlogsumexp")
+
+
+def test_sound_conv_counts_in_features_times_window():
+  """Convolution error uses n = in_features × window; checked against float64 with cancellation."""
+  rng = np.random.default_rng(3)
+  x = (rng.normal(size=(2, 12, 12, 8)) * 1e3).astype(np.float32)
+  w = rng.normal(size=(5, 5, 8, 4)).astype(np.float32)
+  conv = lambda a, k: jax.lax.conv_general_dilated(a, k, (1, 1), "VALID",
+                                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  out = bj.ibp(conv, sound=True)(bj.Interval.point(jnp.asarray(x)), jnp.asarray(w))
+  x64, w64 = x.astype(np.float64), w.astype(np.float64)
+  exact = np.zeros((2, 8, 8, 4))
+  for i in range(8):
+    for j in range(8):
+      exact[:, i, j] = np.einsum("bhwc,hwco->bo", x64[:, i:i + 5, j:j + 5], w64)
+  _inside64(out, exact, "conv")
+  from boundjax.domains import interval as dom
+  dn = jax.lax.conv_dimension_numbers(x.shape, w.shape, ("NHWC", "HWIO", "NHWC"))
+  assert dom._conv_count(x.shape, w.shape, {"dimension_numbers": dn}) == 5 * 5 * 8
+
+
+TRANSCENDENTAL = ["exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt",
+                  "cbrt", "erf", "erfc", "erf_inv", "atan", "asinh", "sinh", "atanh"]
+
+
+@pytest.mark.parametrize("name", TRANSCENDENTAL)
+def test_sound_transcendental_budgets_enclose_float64_on_dense_samples(name):
+  """Point boxes at ~1e6 dense float32 samples of the whole domain (tiny, huge, near zeros and
+  poles; `boundjax.core.budgets._samples`): the sound bound contains the float64 value."""
+  from boundjax.core import budgets
+  fn, ref, domain, special = budgets._references()[name]
+  x = budgets._samples(domain, special, seed=11, n_bits=400_000, n_grid=200_000, run=5000)
+  out = bj.ibp(fn, sound=True)(bj.Interval.point(jnp.asarray(x)))
+  with np.errstate(all="ignore"):
+    exact = ref(x.astype(np.float64))
+  real = np.isfinite(exact) | np.isinf(exact)
+  lo, hi = np.asarray(out.lower, np.float64), np.asarray(out.upper, np.float64)
+  assert not np.isnan(lo).any() and not np.isnan(hi).any()
+  ok = (lo <= exact) & (exact <= hi)
+  bad = real & ~ok
+  assert not bad.any(), f"{name}: {x[bad][:5]} -> {exact[bad][:5]} not in {lo[bad][:5]}, {hi[bad][:5]}"
+
+
+def test_sound_subnormal_inputs_and_flushed_results():
+  """XLA CPU reads subnormals as 0 and flushes subnormal results: bounds still enclose the
+  float64 truth and never cross."""
+  x = np.asarray([1e-40, 1e-45, -1e-40, 3e-39, 0.0], np.float32)
+  box = bj.Interval.point(jnp.asarray(x))
+  x64 = x.astype(np.float64)
+  cases = {"sqrt": (jnp.sqrt, np.sqrt), "log": (jnp.log, np.log), "mul": (lambda v: v * 1e30, lambda v: v * 1e30),
+           "exp": (jnp.exp, np.exp), "square": (jnp.square, np.square),
+           "div": (lambda v: v / 1e-5, lambda v: v / np.float64(np.float32(1e-5)))}
+  for name, (f, r) in cases.items():
+    out = bj.ibp(f, sound=True)(box)
+    assert np.all(np.asarray(out.lower) <= np.asarray(out.upper)), name
+    with np.errstate(all="ignore"):
+      exact = r(x64)
+    keep = ~np.isnan(exact)
+    lo, hi = np.asarray(out.lower, np.float64)[keep], np.asarray(out.upper, np.float64)[keep]
+    assert np.all((lo <= exact[keep]) & (exact[keep] <= hi)), (name, lo, exact[keep], hi)
+  # a product whose exact value is subnormal: flushed to 0, still enclosed
+  out = bj.ibp(lambda a: a * 1e-30, sound=True)(bj.Interval.point(jnp.asarray([1e-9], jnp.float32)))
+  assert float(out.lower[0]) <= float(np.float32(1e-9)) * 1e-30 <= float(out.upper[0])
+
+
+@pytest.mark.parametrize("c", [2.0, 3.0, 4.0, -1.0, -2.0, 0.5, -0.5, 1.5, 0.0])
+def test_pow_float_exponent_on_negative_boxes(c):
+  """``x ** c`` with a float exponent: integral c behaves like integer_pow (even/odd); a
+  non-integral c on a box reaching below 0 gives the full line; never NaN; samples enclosed."""
+  boxes = [bj.Interval(jnp.asarray([-2.0, -3.0, 0.5, -1.0]), jnp.asarray([1.0, -0.5, 2.0, 0.0]))]
+  for box in boxes:
+    for sound in (False, True):
+      out = bj.ibp(lambda x: x ** c, sound=sound)(box)
+      assert not np.isnan(np.asarray(out.lower)).any() and not np.isnan(np.asarray(out.upper)).any()
+      pts = np.concatenate([np.linspace(box.lower, box.upper, 2001), np.asarray([box.lower, box.upper])])
+      with np.errstate(all="ignore"):
+        vals = (np.power(pts.astype(np.float64), c) if sound else
+                np.asarray(jnp.asarray(pts, jnp.float32) ** c, np.float64))
+      keep = ~np.isnan(vals)
+      lo = np.broadcast_to(np.asarray(out.lower, np.float64), vals.shape)
+      hi = np.broadcast_to(np.asarray(out.upper, np.float64), vals.shape)
+      assert np.all((lo[keep] <= vals[keep]) & (vals[keep] <= hi[keep])), (c, sound)
+  out = bj.ibp(lambda x: x ** 2.0)(boxes[0])
+  np.testing.assert_array_equal(np.asarray(out.lower), [0.0, 0.25, 0.25, 0.0])
+  np.testing.assert_array_equal(np.asarray(out.upper), [4.0, 9.0, 4.0, 1.0])
+
+
+def test_pow_box_exponent_positive_base():
+  x = bj.Interval(jnp.asarray([0.5, 0.0, 2.0]), jnp.asarray([3.0, 1.0, 2.5]))
+  y = bj.Interval(jnp.asarray([-1.0, 0.5, -2.0]), jnp.asarray([2.0, 2.0, 0.5]))
+  _check(jax.lax.pow, (x, y), what="pow box exponent")
+  _check(jax.lax.pow, (x, y), what="pow box exponent sound", sound=True, tol=0.0)
+
+
+def test_nan_free_idioms_enclose_samples():
+  """hypot, xlogy, safe log, 0·inf and std (sound): no NaN in any bound, samples (incl. 0)
+  enclosed."""
+  from jax.scipy.special import xlogy
+  a = bj.Interval(jnp.asarray([-1.0, 0.0, 0.0, 2.0]), jnp.asarray([1.0, 0.0, 3.0, 4.0]))
+  b = bj.Interval(jnp.asarray([0.0, -2.0, 0.0, 1.0]), jnp.asarray([2.0, 0.0, 1.0, 3.0]))
+  cases = {
+      "hypot": (jnp.hypot, (a, b)),
+      "xlogy": (xlogy, (bj.Interval(jnp.zeros(4), jnp.ones(4)), bj.Interval(jnp.zeros(4), 2 * jnp.ones(4)))),
+      "safe_log": (lambda x: jnp.where(x > 0, jnp.log(x), 0.0), (a,)),
+      "zero_times_inf": (lambda x, y: x * jnp.log(y), (bj.Interval(jnp.zeros(4), jnp.zeros(4)), b)),
+      "std": (lambda x: jnp.std(x, axis=1), (bj.Interval(-jnp.ones((3, 5)), jnp.ones((3, 5))),)),
+  }
+  for name, (f, boxes) in cases.items():
+    for sound in (False, True):
+      out = bj.ibp(f, sound=sound)(*boxes)
+      assert not np.isnan(np.asarray(out.lower)).any() and not np.isnan(np.asarray(out.upper)).any(), name
+      pts = sample_tree(jax.random.PRNGKey(5), tuple(boxes), 4000)
+      vals = np.asarray(jax.vmap(f)(*pts))
+      keep = ~np.isnan(vals)
+      lo = np.broadcast_to(np.asarray(out.lower), vals.shape)
+      hi = np.broadcast_to(np.asarray(out.upper), vals.shape)
+      assert np.all((lo[keep] <= vals[keep]) & (vals[keep] <= hi[keep])), (name, sound)
+  std = bj.ibp(lambda x: jnp.std(x, axis=1), sound=True)(bj.Interval(-jnp.ones((3, 5)), jnp.ones((3, 5))))
+  assert np.all(np.asarray(std.lower) >= 0) and np.all(np.isfinite(np.asarray(std.upper)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.int8, jnp.bool_])
+@pytest.mark.parametrize("op", ["and", "or"])
+def test_bitwise_and_or_sound_by_enumeration(op, dtype):
+  f = jnp.bitwise_and if op == "and" else jnp.bitwise_or
+  if dtype == jnp.bool_:
+    vals = [False, True]
+  elif dtype == jnp.uint8:
+    vals = list(range(0, 14))
+  else:
+    vals = list(range(-6, 9))
+  boxes = [(l, u) for l in vals for u in vals if l <= u]
+  rng = np.random.default_rng(0)
+  pairs = [(boxes[i], boxes[j]) for i, j in rng.integers(0, len(boxes), size=(300, 2))]
+  xl = jnp.asarray([p[0][0] for p in pairs], dtype)
+  xu = jnp.asarray([p[0][1] for p in pairs], dtype)
+  yl = jnp.asarray([p[1][0] for p in pairs], dtype)
+  yu = jnp.asarray([p[1][1] for p in pairs], dtype)
+  out = bj.ibp(f)(bj.Interval(xl, xu), bj.Interval(yl, yu))
+  lo, hi = np.asarray(out.lower), np.asarray(out.upper)
+  for k, ((a0, a1), (b0, b1)) in enumerate(pairs):
+    xs = np.arange(int(a0), int(a1) + 1).astype(dtype)
+    ys = np.arange(int(b0), int(b1) + 1).astype(dtype)
+    v = np.asarray(f(jnp.asarray(xs)[:, None], jnp.asarray(ys)[None, :]))
+    assert lo[k] <= v.min() and v.max() <= hi[k], (op, (a0, a1), (b0, b1), lo[k], hi[k], v.min(), v.max())
+
+
+def test_comparisons_with_infinite_ends_and_nan_enclose_samples():
+  x = bj.Interval(jnp.asarray([-1.0, -1.0, 0.5]), jnp.asarray([2.0, 0.5, 2.0]))
+  f = lambda v: jnp.where(jnp.log(v) < 0, 1.0, 0.0)
+  for g in (f, lambda v: (jnp.log(v) <= 0).astype(jnp.float32),
+            lambda v: (jnp.log(v) >= -5).astype(jnp.float32),
+            lambda v: (jnp.log(v) == jnp.log(v)).astype(jnp.float32),
+            lambda v: (jnp.log(v) != 1.0).astype(jnp.float32),
+            lambda v: (jnp.log(v) < jnp.inf).astype(jnp.float32),
+            lambda v: jnp.isfinite(jnp.log(v)).astype(jnp.float32)):
+    _check(g, (x,), n=4000, tol=0.0, what="comparison after log")
+  # operands with infinite ends: log of a box touching 0, 1/x of a box touching 0
+  box = bj.Interval(jnp.asarray([0.0, 0.0, 0.0]), jnp.asarray([2.0, 1.0, 0.0]))
+  for cmp in (jnp.less, jnp.less_equal, jnp.greater, jnp.greater_equal, jnp.equal, jnp.not_equal):
+    for g in (lambda v: cmp(jnp.log(v), 0.5), lambda v: cmp(1.0 / v, 3.0),
+              lambda v: cmp(jnp.log(v), -jnp.inf), lambda v: cmp(1.0 / v, jnp.inf),
+              lambda v: cmp(jnp.log(v), 1.0 / v)):
+      _check(lambda v: g(v).astype(jnp.float32), (box,), n=2000, tol=0.0, what="inf ends")
+  sel = bj.ibp(lambda p, a, b: jax.lax.select(p > 0, a, b))(
+      bj.Interval(-jnp.ones(3), jnp.ones(3)), bj.Interval(jnp.zeros(3), jnp.ones(3)), 5 * jnp.ones(3))
+  np.testing.assert_array_equal(np.asarray(sel.lower), 0.0)
+  np.testing.assert_array_equal(np.asarray(sel.upper), 5.0)
+
+
+@pytest.mark.parametrize("mode", ["midrad", "signsplit", "best"])
+@pytest.mark.parametrize("sound", [False, True])
+def test_products_near_float32_max_stay_finite(mode, sound):
+  """Boxes near ±3e38 whose products are finite give finite bounds (the centre is l/2 + u/2)."""
+  x = bj.Interval(jnp.full((2, 3), 3.0e38), jnp.full((2, 3), 3.2e38))
+  xs = bj.Interval(jnp.full((2, 3), -3.2e38), jnp.full((2, 3), 3.0e38))
+  w = jnp.full((3, 2), 0.1)
+  wb = bj.Interval(w, 1.05 * w)
+  for a in (x, xs):
+    for b in (w, wb):
+      out = bj.ibp(lambda p, q: p @ q, matmul=mode, sound=sound)(a, b)
+      assert np.all(np.isfinite(np.asarray(out.lower))) and np.all(np.isfinite(np.asarray(out.upper)))
+      _check(lambda p, q: p @ q, (a, b), n=500, tol=1e-6, matmul=mode, sound=sound)
+  conv = lambda p, k: jax.lax.conv_general_dilated(p, k, (1,), "VALID")
+  out = bj.ibp(conv, matmul=mode, sound=sound)(bj.Interval(jnp.full((1, 2, 4), 3.0e38), jnp.full((1, 2, 4), 3.3e38)),
+                                               jnp.full((3, 2, 2), 0.1))
+  assert np.all(np.isfinite(np.asarray(out.lower))) and np.all(np.isfinite(np.asarray(out.upper)))
+
+
+def test_rule_table_has_no_dead_entries():
+  from jax import lax
+  from boundjax.core import composite
+  from boundjax.domains import interval as dom
+  for name in dom.RULES:
+    assert hasattr(lax, name + "_p") or name in composite.REGISTRY or name in (
+        "add_any", "copy", "optimization_barrier"), name
+  assert "copy_p" not in dom.RULES
+  import inspect
+  src = inspect.getsource(dom._build_rules)
+  assert src.count('"sort"') == 1

@@ -13,7 +13,24 @@ Every rule maps boxes to a box containing every value the primitive takes on the
   with an undetermined predicate returns the hull of the branches it may take.
 
 With ``IntervalContext.sound`` every result is rounded outward (see `boundjax.rounding`), so
-bounds hold for the exact real-number semantics despite float rounding.
+bounds hold for the exact real-number semantics despite float rounding. Every outward step comes
+from an error bound of its operation:
+
+* one correctly rounded operation (add, sub, mul, div, sqrt, convert): 1 ulp;
+* sums, dot products, convolutions, cumulative and windowed sums: Higham's ``γ·Σ|terms|`` with
+  the true number of summed terms (`boundjax.rounding.sum_error`);
+* cumlogsumexp: an a-priori bound of n log-add-exp steps (`_cumlogsumexp_error`);
+* library functions (exp, tanh, erf, ...): the measured budgets of `boundjax.core.budgets`
+  (relative ulps plus an absolute floor near a zero of the function);
+* every step adds ``finfo.tiny`` (XLA CPU flushes subnormal results to zero) and box ends are
+  moved out of the subnormal range before a rule reads them (XLA CPU reads subnormal operands as
+  zero), see `boundjax.rounding.snap_outward`.
+
+Real domain and NaN. A bound encloses every real value an operation takes on the box. Where a box
+leaves the real domain of an operation (``log`` of a box reaching below 0, ``x ** 0.5`` of a
+negative box, ``inf − inf``), JAX returns NaN for some points; the rule then returns the full line
+``[−inf, +inf]``, which also marks "may be NaN": comparisons with such an operand are never
+*definitely* true (a comparison with NaN is False in JAX). A NaN never appears in a bound.
 """
 
 from __future__ import annotations
@@ -24,9 +41,11 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from boundjax import nn, rounding
+from boundjax.core import budgets
 from boundjax.core import program as prog_lib
 from boundjax.errors import UnsupportedPrimitiveError
 from boundjax.interval import (Interval, bilinear_midrad, bilinear_signsplit, lower_of,
@@ -65,24 +84,53 @@ def _point(x) -> bool:
 lo_, hi_ = lower_of, upper_of
 
 
-def _finish(ctx: IntervalContext, lo, hi, ulps: int = 0, err=None) -> Interval:
+def _finish(ctx: IntervalContext, lo, hi, ulps: int = 0, err=None, *, sign_exact: bool = False,
+            floor=None, ceil=None) -> Interval:
   """Builds the output box, rounding outward in sound mode.
 
-  ``ulps`` is the number of units in the last place by which the primitive's implementation may
-  err; ``err`` an absolute a-priori error bound (for sums and products).
+  Args:
+    ulps: units in the last place by which the operation may err (relative).
+    err: an absolute a-priori error bound (sums, products, library functions near a zero).
+    sign_exact: the computed endpoints have the sign of the exact ones (true for one correctly
+      rounded operation of exact operands: rounding is monotone and maps 0 to 0, IEEE 754 §4.3;
+      a result flushed to zero is a zero with the sign of the exact result), so a computed
+      ``lo`` with a clear sign bit (``hi`` with a set one, or ``hi < 0``) keeps its sign after
+      the outward step.
+    floor, ceil: a range the exact values are known to lie in (e.g. ``[-1, 1]`` for tanh).
   """
   if jnp.issubdtype(jnp.result_type(lo), jnp.floating):
     lo, hi = _no_nan(lo, hi)
     if ctx.sound:
+      lo0, hi0 = lo, hi
       lo, hi = rounding.outward(lo, hi, ulps=max(ulps, 1), abs_err=err)
+      if sign_exact:
+        # the sign bit, not ``>= 0``: a result flushed to zero keeps the sign of the exact result
+        # (x86 FTZ, Intel SDM Vol. 1 §10.2.3.3), while -0.0 >= 0 holds numerically
+        lo = jnp.where(~rounding.is_negative(lo0), jnp.maximum(lo, 0), lo)
+        hi = jnp.where(rounding.is_negative(hi0) | (hi0 < 0), jnp.minimum(hi, 0), hi)
+    if floor is not None:
+      lo, hi = jnp.maximum(lo, floor), jnp.maximum(hi, floor)
+    if ceil is not None:
+      lo, hi = jnp.minimum(lo, ceil), jnp.minimum(hi, ceil)
   return _iv(lo, hi)
 
 
 def _no_nan(lo, hi):
-  """NaN endpoints (an operation evaluated outside its real domain, e.g. log of a box reaching
-  below 0) widen to ``-inf`` / ``+inf``: a value NaN is not a real number, every real value the
-  operation takes stays enclosed, and no NaN reaches a comparison or a returned bound."""
-  return jnp.where(jnp.isnan(lo), -jnp.inf, lo), jnp.where(jnp.isnan(hi), jnp.inf, hi)
+  """A NaN endpoint (an operation evaluated outside its real domain, e.g. log of a box reaching
+  below 0, ``inf − inf``) makes the whole box ``[−inf, +inf]``: every real value stays enclosed,
+  the box says "may be NaN" to comparisons (see `_may_be_nan`), and no NaN reaches a bound."""
+  bad = jnp.isnan(lo) | jnp.isnan(hi)
+  return jnp.where(bad, -jnp.inf, lo), jnp.where(bad, jnp.inf, hi)
+
+
+def _may_be_nan(x):
+  """True where a float box is the full line (the marker of a possible NaN, see `_no_nan`)."""
+  lo, hi = lo_(x), hi_(x)
+  if not jnp.issubdtype(jnp.result_type(lo), jnp.floating):
+    return jnp.zeros(jnp.shape(lo), bool)
+  if not isinstance(x, Interval):
+    return jnp.isnan(lo)
+  return (lo == -jnp.inf) & (hi == jnp.inf)
 
 
 def _corner_product(al, au, bl, bu):
@@ -99,16 +147,66 @@ def _corner_product(al, au, bl, bu):
 # element-wise rules
 # ----------------------------------------------------------------------------------------------
 
-def _increasing(fn: Callable, ulps: int = 0):
+@dataclasses.dataclass(frozen=True)
+class Monotone:
+  """What a sound rule knows about a monotone element-wise function ``f``.
+
+  Attributes:
+    ulps, abs_err: its error budget (`boundjax.core.budgets`): ``|f̂ − f| ≤ ulps·eps·|f̂| +
+      abs_err``.
+    range: an interval containing every value of ``f`` (e.g. ``(-1, 1)`` for tanh).
+    zero: ``f`` changes sign at this argument (``sign f(x) = ±sign(x − zero)``), or None.
+  """
+  ulps: int = 1
+  abs_err: float = 0.0
+  range: tuple = (None, None)
+  zero: float | None = None
+
+
+def _monotone_info(name: str, range_=(None, None), zero=None) -> Monotone:
+  b = budgets.BUDGETS.get(name)
+  if b is None:
+    return Monotone(1, 0.0, range_, zero)
+  return Monotone(b.ulps, b.abs_err, range_, zero)
+
+
+def _monotone(fn: Callable, info: Monotone, increasing: bool, elementwise: bool = True):
+  """Rule of a monotone function: ``[f(l), f(u)]`` (increasing) or ``[f(u), f(l)]``.
+
+  Element-wise functions: a NaN at an end (the box leaves the real domain) or an operand that may
+  be NaN gives the full line (`_no_nan`). In sound mode the ends move out by the function's
+  budget, then back into its range and onto the right side of its zero, both known exactly.
+  """
   def rule(ctx, x, **params):
-    return _finish(ctx, fn(x.lower, **params), fn(x.upper, **params), ulps)
+    a, b = fn(x.lower, **params), fn(x.upper, **params)
+    lo, hi = (a, b) if increasing else (b, a)
+    if not jnp.issubdtype(jnp.result_type(lo), jnp.floating):
+      return _iv(lo, hi)
+    bad = jnp.isnan(lo) | jnp.isnan(hi)
+    if elementwise:
+      bad = bad | _may_be_nan(x)
+    if not ctx.sound:
+      out = _finish(ctx, lo, hi)
+    else:
+      out = _finish(ctx, lo, hi, info.ulps, info.abs_err or None, floor=info.range[0],
+                    ceil=info.range[1])
+    lo, hi = out.lower, out.upper
+    if ctx.sound and info.zero is not None:
+      nonneg, nonpos = (x.lower >= info.zero, x.upper <= info.zero) if increasing else \
+          (x.upper <= info.zero, x.lower >= info.zero)
+      lo = jnp.where(nonneg, jnp.maximum(lo, 0), lo)
+      hi = jnp.where(nonpos, jnp.minimum(hi, 0), hi)
+    return _iv(jnp.where(bad, -jnp.inf, lo), jnp.where(bad, jnp.inf, hi))
   return rule
 
 
-def _decreasing(fn: Callable, ulps: int = 0):
-  def rule(ctx, x, **params):
-    return _finish(ctx, fn(x.upper, **params), fn(x.lower, **params), ulps)
-  return rule
+def _increasing(fn: Callable, ulps: int = 0, elementwise: bool = True):
+  """An increasing function computed exactly (order statistics, floor, ...)."""
+  return _monotone(fn, Monotone(ulps), True, elementwise)
+
+
+def _decreasing(fn: Callable, ulps: int = 0, elementwise: bool = True):
+  return _monotone(fn, Monotone(ulps), False, elementwise)
 
 
 def _structural(prim):
@@ -123,11 +221,13 @@ def _structural(prim):
 
 
 def _add(ctx, x, y, **_):
-  return _finish(ctx, lo_(x) + lo_(y), hi_(x) + hi_(y), 1)
+  """``[lx + ly, ux + uy]``; one correctly rounded addition per end (1 ulp, sign exact)."""
+  return _finish(ctx, lo_(x) + lo_(y), hi_(x) + hi_(y), 1, sign_exact=True)
 
 
 def _sub(ctx, x, y, **_):
-  return _finish(ctx, lo_(x) - hi_(y), hi_(x) - lo_(y), 1)
+  """``[lx − uy, ux − ly]``; one correctly rounded subtraction per end."""
+  return _finish(ctx, lo_(x) - hi_(y), hi_(x) - lo_(y), 1, sign_exact=True)
 
 
 def _neg(ctx, x, **_):
@@ -147,15 +247,15 @@ def _mul(ctx, x, y, **_):
     lo, hi = _mul_point(y, x)
   else:
     lo, hi = _corner_product(x.lower, x.upper, y.lower, y.upper)
-  return _finish(ctx, lo, hi, 1)
+  return _finish(ctx, lo, hi, 1, sign_exact=True)
 
 
 def _square(ctx, x, **_):
   al, au = jnp.abs(x.lower), jnp.abs(x.upper)
   straddle = (x.lower < 0) & (x.upper > 0)
-  lo = jnp.where(straddle, 0.0, jnp.minimum(al, au) ** 2).astype(x.lower.dtype)
-  hi = jnp.maximum(al, au) ** 2
-  return _finish(ctx, lo, hi, 1)
+  lo = jnp.where(straddle, 0.0, lax.square(jnp.minimum(al, au))).astype(x.lower.dtype)
+  hi = lax.square(jnp.maximum(al, au))
+  return _finish(ctx, lo, hi, 1, sign_exact=True, floor=0.0)
 
 
 def _reciprocal(lo, hi):
@@ -168,17 +268,21 @@ def _reciprocal(lo, hi):
 
 
 def _div(ctx, x, y, **_):
+  """x / y: the four corner quotients when 0 is not in the divisor box (one correctly rounded
+  division each, so zero-width boxes reproduce ``x / y`` bitwise); the full line when it is,
+  unless x is exactly 0 (``0 / y = 0`` for every real y ≠ 0)."""
   if _point(y):
     a, b = lo_(x) / y, hi_(x) / y
-    return _finish(ctx, jnp.minimum(a, b), jnp.maximum(a, b), 1)
-  rlo, rhi = _reciprocal(y.lower, y.upper)
+    return _finish(ctx, jnp.minimum(a, b), jnp.maximum(a, b), 1, sign_exact=True)
   has_zero = (y.lower <= 0) & (y.upper >= 0)
-  lo, hi = _corner_product(lo_(x), hi_(x), rlo, rhi)
-  # a divisor box containing 0: x / y takes every real value unless x is exactly 0
+  qs = [a / b for a in (lo_(x), hi_(x)) for b in (y.lower, y.upper)]
+  lo = jnp.minimum(jnp.minimum(qs[0], qs[1]), jnp.minimum(qs[2], qs[3]))
+  hi = jnp.maximum(jnp.maximum(qs[0], qs[1]), jnp.maximum(qs[2], qs[3]))
   x_zero = (lo_(x) == 0) & (hi_(x) == 0)
-  lo = jnp.where(has_zero & ~x_zero, -jnp.inf, lo)
-  hi = jnp.where(has_zero & ~x_zero, jnp.inf, hi)
-  return _finish(ctx, lo, hi, 1)
+  zero = jnp.zeros_like(lo)
+  lo = jnp.where(has_zero, jnp.where(x_zero, zero, -jnp.inf), lo)
+  hi = jnp.where(has_zero, jnp.where(x_zero, zero, jnp.inf), hi)
+  return _finish(ctx, lo, hi, 1, sign_exact=True)
 
 
 def _max(ctx, x, y, **_):
@@ -193,37 +297,109 @@ def _abs(ctx, x, **_):
   al, au = jnp.abs(x.lower), jnp.abs(x.upper)
   straddle = (x.lower < 0) & (x.upper > 0)
   lo = jnp.where(straddle, jnp.zeros_like(al), jnp.minimum(al, au))
-  return _iv(lo, jnp.maximum(al, au))
+  hi = jnp.maximum(al, au)
+  if jnp.issubdtype(jnp.result_type(lo), jnp.floating):
+    lo, hi = _no_nan(lo, hi)
+  return _iv(lo, hi)
 
 
 def _integer_pow(ctx, x, *, y: int):
+  """x ** y for an integer y: odd y increasing; even y through |x|; negative y the reciprocal
+  of the positive power (full line when the box contains 0). ``|y|`` multiplications by
+  repeated squaring err by at most ``γ_{2 log2 |y|}`` relative: ``|y|`` ulps is a safe budget."""
   if y == 0:
     one = jnp.ones_like(x.lower)
     return _iv(one, one)
   if y < 0:
     pos = _integer_pow(ctx, x, y=-y)
-    return _finish(ctx, *_reciprocal(pos.lower, pos.upper), 1)
+    if not ctx.sound:
+      # same operations as lax.integer_pow (1 / x^|y|), so points are reproduced bitwise
+      odd = -y % 2 == 1
+      contains0 = (x.lower <= 0) & (x.upper >= 0)
+      p_lo, p_hi = lax.integer_pow(x.lower, -y), lax.integer_pow(x.upper, -y)
+      if odd:
+        lo, hi = 1 / p_hi, 1 / p_lo
+      else:
+        al, au = jnp.abs(x.lower), jnp.abs(x.upper)
+        lo = 1 / lax.integer_pow(jnp.maximum(al, au), -y)
+        hi = 1 / lax.integer_pow(jnp.minimum(al, au), -y)
+        del p_lo, p_hi
+      lo = jnp.where(contains0, -jnp.inf if odd else lo, lo)
+      hi = jnp.where(contains0, jnp.inf, hi)
+      return _finish(ctx, lo, hi)
+    rlo, rhi = _reciprocal(pos.lower, pos.upper)
+    if -y % 2 == 0:
+      rlo = jnp.where(pos.lower <= 0, 0.0, rlo).astype(rlo.dtype)  # x^-2k > 0
+    return _finish(ctx, rlo, rhi, 1, sign_exact=True)
   if y % 2 == 1:
-    return _finish(ctx, lax.integer_pow(x.lower, y), lax.integer_pow(x.upper, y), y)
+    return _finish(ctx, lax.integer_pow(x.lower, y), lax.integer_pow(x.upper, y), y,
+                   sign_exact=True)
   al, au = jnp.abs(x.lower), jnp.abs(x.upper)
   straddle = (x.lower < 0) & (x.upper > 0)
   lo = jnp.where(straddle, jnp.zeros_like(al), lax.integer_pow(jnp.minimum(al, au), y))
-  return _finish(ctx, lo, lax.integer_pow(jnp.maximum(al, au), y), y)
+  return _finish(ctx, lo, lax.integer_pow(jnp.maximum(al, au), y), y, sign_exact=True,
+                 floor=0.0)
+
+
+def _pow_point_exponent(ctx, x: Interval, c):
+  """``x ** c`` for a concrete exponent ``c`` (array or scalar).
+
+  * ``c`` integral (``c == round(c)``): like `integer_pow` (even ``c``: a function of ``|x|``;
+    odd ``c``: increasing for ``c > 0``, decreasing on each side of the pole at 0 for ``c < 0``),
+    evaluated with ``pow`` itself at the ends so zero-width boxes reproduce it bitwise;
+  * ``c`` not integral: real only for ``x ≥ 0`` (JAX gives NaN for ``x < 0``): a box reaching
+    below 0 gives the full line; otherwise increasing (``c > 0``) or decreasing (``c < 0``).
+  """
+  c = jnp.asarray(c, x.lower.dtype)
+  l, u = x.lower, x.upper
+  al, au = jnp.abs(l), jnp.abs(u)
+  straddle = (l < 0) & (u > 0)
+  contains0 = (l <= 0) & (u >= 0)
+  integral = c == jnp.round(c)
+  even = integral & (jnp.mod(c, 2) == 0)
+  odd = integral & ~even
+  p = lambda a: lax.pow(a, c)
+  pl, pu = p(l), p(u)
+  amin, amax = jnp.minimum(al, au), jnp.maximum(al, au)
+  # even: |x|^c, increasing in |x| for c > 0, decreasing for c < 0
+  e_lo = jnp.where(c > 0, jnp.where(straddle, 0.0, p(amin)), p(amax))
+  e_hi = jnp.where(c > 0, p(amax), jnp.where(contains0, jnp.inf, p(amin)))
+  # odd: increasing for c > 0; for c < 0 decreasing on each side of 0, pole at 0
+  o_lo = jnp.where(c > 0, pl, jnp.where(contains0, -jnp.inf, pu))
+  o_hi = jnp.where(c > 0, pu, jnp.where(contains0, jnp.inf, pl))
+  # not integral: x >= 0 only
+  n_lo = jnp.where(c > 0, pl, pu)
+  n_hi = jnp.where(c > 0, pu, pl)
+  n_lo = jnp.where(l < 0, jnp.nan, n_lo)
+  lo = jnp.where(even, e_lo, jnp.where(odd, o_lo, n_lo))
+  hi = jnp.where(even, e_hi, jnp.where(odd, o_hi, n_hi))
+  zero_c = c == 0
+  lo = jnp.where(zero_c, 1.0, lo).astype(l.dtype)  # x ** 0 = 1 (also at 0 and inf)
+  hi = jnp.where(zero_c, 1.0, hi).astype(l.dtype)
+  pos = (even & (c != 0)) | (l >= 0)
+  b = budgets.BUDGETS["pow"]
+  out = _finish(ctx, lo, hi, b.ulps, b.abs_err or None, sign_exact=True)
+  lo2 = jnp.where(pos & ~jnp.isinf(out.lower), jnp.maximum(out.lower, 0), out.lower)
+  return _iv(lo2, out.upper)
 
 
 def _pow(ctx, x, y, **_):
-  if _point(y) and not isinstance(x, Interval):
-    raise AssertionError("unreachable")
-  if not _point(y):
-    raise UnsupportedPrimitiveError("'pow' with a bounded exponent is not supported; use exp/log")
-  # x ** c for a concrete exponent c, x >= 0: monotone increasing if c >= 0, decreasing if c < 0.
-  c = jnp.asarray(y)
-  l, u = jnp.maximum(x.lower, 0), jnp.maximum(x.upper, 0)
-  a, b = lax.pow(l, c), lax.pow(u, c)
-  lo, hi = jnp.minimum(a, b), jnp.maximum(a, b)
-  neg = x.lower < 0
-  lo = jnp.where(neg, jnp.nan, lo)  # outside the real domain: poison loudly
-  return _finish(ctx, lo, hi, 4)
+  """``pow(x, y)``: concrete exponent (`_pow_point_exponent`); a bounded exponent needs a
+  non-negative base box: ``x^y = exp(y log x)`` is monotone in x for fixed y and in y for fixed
+  x, so the extremes over the box are among the four corners (full line if the base box reaches
+  below 0, where JAX gives NaN)."""
+  if _point(y):
+    return _pow_point_exponent(ctx, x, y)
+  xl, xu = lo_(x), hi_(x)
+  corners = [lax.pow(a, b) for a in (xl, xu) for b in (y.lower, y.upper)]
+  lo = jnp.minimum(jnp.minimum(corners[0], corners[1]), jnp.minimum(corners[2], corners[3]))
+  hi = jnp.maximum(jnp.maximum(corners[0], corners[1]), jnp.maximum(corners[2], corners[3]))
+  # pow(0, 0) = 1 lies between pow(0, y<0) = inf and pow(0, y>0) = 0: covered by the corners
+  lo = jnp.where(xl < 0, jnp.nan, lo)
+  b = budgets.BUDGETS["pow"]
+  out = _finish(ctx, lo, hi, b.ulps, b.abs_err or None, sign_exact=True)
+  return _iv(jnp.where((xl >= 0) & ~jnp.isinf(out.lower), jnp.maximum(out.lower, 0), out.lower),
+             out.upper)
 
 
 def _clamp(ctx, lo_b, x, hi_b, **_):
@@ -249,8 +425,17 @@ def _convert(ctx, x, *, new_dtype, **params):
     return _iv(definitely, possibly)
   cv = functools.partial(lax.convert_element_type_p.bind, new_dtype=new_dtype, **params)
   lo, hi = cv(x.lower), cv(x.upper)
-  if jnp.issubdtype(jnp.dtype(new_dtype), jnp.floating) and ctx.sound:
-    return _finish(ctx, lo, hi, 1)
+  if jnp.issubdtype(jnp.dtype(new_dtype), jnp.floating):
+    # rounding to the new type is monotone (one correctly rounded operation, 1 ulp)
+    return _finish(ctx, lo, hi, 1, sign_exact=True)
+  if jnp.issubdtype(x.dtype, jnp.floating):
+    # float -> integer truncates towards 0 (monotone); a box that may be NaN (NaN converts to an
+    # implementation-defined integer) or reaches ±inf takes the whole integer range
+    info = jnp.iinfo(jnp.dtype(new_dtype)) if not to_bool else None
+    if info is not None:
+      wide = _may_be_nan(x)
+      lo = jnp.where(wide, info.min, lo).astype(new_dtype)
+      hi = jnp.where(wide, info.max, hi).astype(new_dtype)
   return _iv(lo, hi)
 
 
@@ -259,7 +444,11 @@ def _convert(ctx, x, *, new_dtype, **params):
 # ----------------------------------------------------------------------------------------------
 
 def _compare(strict: bool, flip: bool):
-  """x < y (strict) or x <= y; ``flip`` swaps the operands (for gt/ge)."""
+  """x < y (strict) or x <= y; ``flip`` swaps the operands (for gt/ge).
+
+  Boolean box ``[definitely, possibly]``. Infinite ends compare as IEEE numbers, which is right
+  for every real value in the box; an operand that may be NaN (`_may_be_nan`) makes the
+  comparison never definitely true (NaN compares False)."""
   def rule(ctx, x, y, **_):
     if flip:
       x, y = y, x
@@ -267,6 +456,7 @@ def _compare(strict: bool, flip: bool):
       definitely, possibly = hi_(x) < lo_(y), lo_(x) < hi_(y)
     else:
       definitely, possibly = hi_(x) <= lo_(y), lo_(x) <= hi_(y)
+    definitely = definitely & ~_may_be_nan(x) & ~_may_be_nan(y)
     return _iv(definitely, possibly)
   return rule
 
@@ -282,18 +472,77 @@ def _ne(ctx, x, y, **_):
   return _iv(~e.upper, ~e.lower)
 
 
-def _and(ctx, x, y, **_):
-  return _iv(lax.bitwise_and(lo_(x), lo_(y)), lax.bitwise_and(hi_(x), hi_(y)))
+def _smear(v):
+  """``2^bitlen(v) − 1`` for non-negative integers: every bit below the highest set bit."""
+  bits = jnp.iinfo(v.dtype).bits
+  shift = 1
+  while shift < bits:
+    v = v | lax.shift_right_logical(v, jnp.asarray(shift, v.dtype))
+    shift *= 2
+  return v
 
 
-def _or(ctx, x, y, **_):
-  return _iv(lax.bitwise_or(lo_(x), lo_(y)), lax.bitwise_or(hi_(x), hi_(y)))
+def _int_range(dtype, shape):
+  info = jnp.iinfo(dtype)
+  return jnp.full(shape, info.min, dtype), jnp.full(shape, info.max, dtype)
+
+
+def _bitwise(is_and: bool):
+  """Bitwise and/or of boxes.
+
+  bool: both are monotone, ``[f(lx, ly), f(ux, uy)]``. Integers: for non-negative x, y,
+  ``x & y ∈ [0, min(ux, uy)]`` (and ``[0, ux]`` as soon as x ≥ 0), ``x | y ∈ [max(lx, ly),
+  2^bitlen(max(ux, uy)) − 1]``; with a possibly negative operand the dtype's range.
+  """
+  prim = lax.and_p if is_and else lax.or_p
+
+  def rule(ctx, x, y, **_):
+    lx, ux, ly, uy = lo_(x), hi_(x), lo_(y), hi_(y)
+    dtype = jnp.result_type(lx)
+    if jnp.issubdtype(dtype, jnp.bool_):
+      return _iv(prim.bind(lx, ly), prim.bind(ux, uy))
+    shape = jnp.broadcast_shapes(jnp.shape(lx), jnp.shape(ly))
+    lx, ux, ly, uy = [jnp.broadcast_to(a, shape) for a in (lx, ux, ly, uy)]
+    if not isinstance(x, Interval) and not isinstance(y, Interval):
+      v = prim.bind(lx, ly)
+      return _iv(v, v)
+    dmin, dmax = _int_range(dtype, shape)
+    xpos, ypos = lx >= 0, ly >= 0
+    zero = jnp.zeros(shape, dtype)
+    if is_and:
+      hi = jnp.where(xpos & ypos, jnp.minimum(ux, uy),
+                     jnp.where(xpos, ux, jnp.where(ypos, uy, dmax)))
+      lo = jnp.where(xpos | ypos, zero, dmin)
+      # a point operand: exact
+      return _iv(lo, hi)
+    lo = jnp.where(xpos & ypos, jnp.maximum(lx, ly), dmin)
+    hi = jnp.where(xpos & ypos, _smear(jnp.maximum(ux, uy)), dmax)
+    return _iv(lo, hi)
+
+  return rule
 
 
 def _not(ctx, x, **_):
-  if not jnp.issubdtype(x.dtype, jnp.bool_):
-    raise UnsupportedPrimitiveError("bitwise 'not' of a bounded integer is not supported")
+  """Bitwise not: ``~x = −x − 1`` (signed) or ``max − x`` (unsigned), decreasing; bool: not."""
   return _iv(~x.upper, ~x.lower)
+
+
+def _reduce_bitwise(is_and: bool):
+  """reduce_and / reduce_or: monotone for bool; integers fold the rule of `_bitwise`."""
+  def rule(ctx, x, *, axes, **params):
+    prim = lax.reduce_and_p if is_and else lax.reduce_or_p
+    if jnp.issubdtype(x.dtype, jnp.bool_):
+      return _iv(prim.bind(x.lower, axes=axes, **params), prim.bind(x.upper, axes=axes, **params))
+    allpos = jnp.min(x.lower, axis=axes) >= 0
+    dmin, dmax = _int_range(x.dtype, allpos.shape)
+    if is_and:
+      lo = jnp.where(allpos, jnp.zeros_like(dmin), dmin)
+      hi = jnp.where(allpos, jnp.min(x.upper, axis=axes), dmax)
+    else:
+      lo = jnp.where(allpos, jnp.max(x.lower, axis=axes), dmin)
+      hi = jnp.where(allpos, _smear(jnp.max(x.upper, axis=axes)), dmax)
+    return _iv(lo, hi)
+  return rule
 
 
 def _select_n(ctx, pred, *cases, **_):
@@ -319,16 +568,28 @@ def _select_n(ctx, pred, *cases, **_):
 # reductions
 # ----------------------------------------------------------------------------------------------
 
+def _mag(v):
+  """``max(|l|, |u|)`` of a box (an array's ``|x|``): the largest magnitude of its values."""
+  return jnp.maximum(jnp.abs(lo_(v)), jnp.abs(hi_(v)))
+
+
+def _nonneg_sum_floor(lo, terms_lo_min):
+  """A sum of terms that are all ≥ 0 is ≥ 0 (exactly): keeps the outward step from crossing 0."""
+  return jnp.where(terms_lo_min >= 0, jnp.maximum(lo, 0), lo)
+
+
 def _reduce_sum(ctx, x, *, axes, **params):
-  lo, hi = jnp.sum(x.lower, axis=axes), jnp.sum(x.upper, axis=axes)
-  err = None
-  if ctx.sound:
-    n = 1
-    for a in axes:
-      n *= x.shape[a]
-    err = rounding.gamma(n + 1, x.dtype) * jnp.sum(jnp.maximum(jnp.abs(x.lower), jnp.abs(x.upper)),
-                                                   axis=axes)
-  return _finish(ctx, lo, hi, 1, err)
+  """Σ over ``axes``: ``[Σ l, Σ u]``, sound with ``sum_error(n, Σ max(|l|, |u|))``, n the number of
+  summed terms (Higham §3.1)."""
+  bind = lambda a: lax.reduce_sum_p.bind(a, axes=tuple(axes), **params)
+  lo, hi = bind(x.lower), bind(x.upper)
+  if not ctx.sound or not jnp.issubdtype(x.dtype, jnp.floating):
+    return _finish(ctx, lo, hi)
+  n = 1
+  for a in axes:
+    n *= x.shape[a]
+  out = _finish(ctx, lo, hi, 1, rounding.sum_error(n, bind(_mag(x)), x.dtype))
+  return _iv(_nonneg_sum_floor(out.lower, jnp.min(x.lower, axis=tuple(axes))), out.upper)
 
 
 def _argminmax(is_max: bool):
@@ -349,14 +610,75 @@ def _argminmax(is_max: bool):
 
 
 def _cumulative(prim):
+  """cummax / cummin: exact order statistics of prefixes, increasing in every entry."""
   def rule(ctx, x, **params):
-    return _finish(ctx, prim.bind(x.lower, **params), prim.bind(x.upper, **params), 1)
+    return _finish(ctx, prim.bind(x.lower, **params), prim.bind(x.upper, **params))
   return rule
 
 
-def _reduce_window_sum(ctx, x, **params):
-  return _finish(ctx, lax.reduce_window_sum_p.bind(x.lower, **params),
-                 lax.reduce_window_sum_p.bind(x.upper, **params), 1)
+def _cumsum(ctx, x, *, axis, reverse, **params):
+  """Prefix sums ``[cumsum(l), cumsum(u)]``; the k-th prefix is a k-term sum (in whatever order
+  XLA evaluates it), so ``|error| ≤ sum_error(n, cumsum(max(|l|, |u|)))`` with n the axis length
+  (Higham §3.1; γ is increasing in n)."""
+  bind = lambda a: lax.cumsum_p.bind(a, axis=axis, reverse=reverse, **params)
+  lo, hi = bind(x.lower), bind(x.upper)
+  if not ctx.sound or not jnp.issubdtype(x.dtype, jnp.floating):
+    return _finish(ctx, lo, hi)
+  err = rounding.sum_error(x.shape[axis], bind(_mag(x)), x.dtype)
+  out = _finish(ctx, lo, hi, 1, err)
+  return _iv(_nonneg_sum_floor(out.lower, lax.cummin_p.bind(x.lower, axis=axis, reverse=reverse)),
+             out.upper)
+
+
+def _cumlogsumexp_error(x: Interval, axis: int):
+  """A-priori error bound of XLA's cumulative log-sum-exp along ``axis`` (length n).
+
+  Each output is ≤ n − 1 steps ``r = m + log1p(exp(−|a − b|))``, ``m = max(a, b)``. One step errs
+  by at most ``u(|a| + |b| + |r|)`` (the subtraction, whose error passes through a derivative
+  ``σ ≤ 1``, and the final addition) plus ``(b_exp + b_log1p)·eps`` (exp of a value ≤ 1 and log1p
+  of a value ≤ 1 within their measured budgets, `boundjax.core.budgets`, derivative ≤ 1). Every
+  operand and partial result lies in ``[−M, M + log n]`` with ``M`` the largest finite
+  magnitude along the axis, and log-add-exp is 1-Lipschitz in the max-norm, so the step errors
+  add up:
+
+      |error| ≤ n · (3u·(M + log n) + (b_exp + b_log1p)·eps) + 2n·λ.
+
+  (Higham §3.1 style forward analysis; λ = finfo.tiny covers flushed intermediate results.)
+  """
+  n = x.shape[axis]
+  dtype = x.dtype
+  finfo = jnp.finfo(dtype)
+  mag = jnp.where(jnp.isfinite(_mag(x)), _mag(x), 0.0)
+  m = jnp.max(mag, axis=axis, keepdims=True)
+  u = rounding.unit_roundoff(dtype)
+  b = budgets.BUDGETS["exp"].ulps + budgets.BUDGETS["log1p"].ulps
+  step = 3 * u * (m + np.log(n) + 1) + b * float(finfo.eps)
+  err = n * step + 2 * n * rounding.underflow_threshold(dtype)
+  return jnp.broadcast_to(err, x.shape).astype(dtype)
+
+
+def _cumlogsumexp(ctx, x, **params):
+  """Prefix log-sum-exp is increasing in every entry: ``[f(l), f(u)]``, outward by
+  `_cumlogsumexp_error` in sound mode."""
+  bind = lambda a: lax.cumlogsumexp_p.bind(a, **params)
+  lo, hi = bind(x.lower), bind(x.upper)
+  if not ctx.sound:
+    return _finish(ctx, lo, hi)
+  return _finish(ctx, lo, hi, 1, _cumlogsumexp_error(x, params["axis"]))
+
+
+def _reduce_window_sum(ctx, x, *, window_dimensions, **params):
+  """Windowed sums (average pooling before its division): ``[f(l), f(u)]``; each output sums
+  ``n = Π window_dimensions`` terms (padding adds zeros), so ``sum_error(n, f(max(|l|, |u|)))``."""
+  bind = lambda a: lax.reduce_window_sum_p.bind(a, window_dimensions=window_dimensions, **params)
+  lo, hi = bind(x.lower), bind(x.upper)
+  if not ctx.sound or not jnp.issubdtype(x.dtype, jnp.floating):
+    return _finish(ctx, lo, hi)
+  n = int(np.prod(window_dimensions))
+  out = _finish(ctx, lo, hi, 1, rounding.sum_error(n, bind(_mag(x)), x.dtype))
+  # padding cells hold 0 (≥ 0) for the sum and are ignored by the min
+  floor = lax.reduce_window_min_p.bind(x.lower, window_dimensions=window_dimensions, **params)
+  return _iv(_nonneg_sum_floor(out.lower, floor), out.upper)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -385,45 +707,68 @@ def _dot_exact(x, y, dimension_numbers, preferred_element_type, **_):
   return jnp.sum(lo, axis=axes).astype(out_dtype), jnp.sum(hi, axis=axes).astype(out_dtype)
 
 
-def _bilinear(prim_bind, exact_fn=None):
+LARGE = 1e38
+"""Beyond this magnitude the midpoint–radius form may overflow in its radius products."""
+
+
+def _midrad_safe(op, x, y):
+  """Midpoint–radius bounds (`bilinear_midrad`, which halves before adding, so the centre of a
+  box near ±3e38 stays finite), with a sign-split fallback wherever the midpoint–radius result
+  is not finite but the sign-split one is (e.g. ends near ±3e38, where ``|c| + r`` overflows)."""
+  lo, hi = bilinear_midrad(op, x, y)
+  bad = ~(jnp.isfinite(lo) & jnp.isfinite(hi))
+  large = (jnp.max(_mag(x)) > LARGE) | (jnp.max(_mag(y)) > LARGE)
+  if isinstance(large, jax.core.Tracer) or not bool(large):
+    return lo, hi  # under jit: midpoint–radius only (one form, no data-dependent branch)
+  l2, h2 = bilinear_signsplit(op, x, y)
+  return jnp.where(bad, l2, lo), jnp.where(bad, h2, hi)
+
+
+def _bilinear(prim_bind, exact_fn=None, count=None):
+  """dot_general / conv_general_dilated of boxes (see `IntervalContext.matmul`).
+
+  Sound mode: every form is a few bilinear products of arrays whose magnitudes are bounded by
+  ``op(max(|x|), max(|y|))``, so ``sum_error(n, op(|x|, |y|), terms=12)`` bounds the rounding
+  error with n the true number of summed products per output (``count``).
+  """
   def rule(ctx, x, y, **params):
     op = lambda a, b: prim_bind(a, b, **params)
     both = isinstance(x, Interval) and isinstance(y, Interval)
     mode = ctx.matmul if both else "midrad"
     if mode == "midrad":
-      lo, hi = bilinear_midrad(op, x, y)
+      lo, hi = _midrad_safe(op, x, y)
     elif mode == "signsplit":
       lo, hi = bilinear_signsplit(op, x, y)
     elif mode == "best":
-      l1, h1 = bilinear_midrad(op, x, y)
+      l1, h1 = _midrad_safe(op, x, y)
       l2, h2 = bilinear_signsplit(op, x, y)
       lo, hi = jnp.maximum(l1, l2), jnp.minimum(h1, h2)
+      # both enclose the value up to rounding; if rounding makes them cross, keep midrad's
+      crossed = lo > hi
+      lo, hi = jnp.where(crossed, l1, lo), jnp.where(crossed, h1, hi)
     else:
       if exact_fn is None:
         raise UnsupportedPrimitiveError("matmul='exact' is only available for dot_general")
       lo, hi = exact_fn(x, y, **params)
     err = None
     if ctx.sound:
-      mag = lambda v: jnp.maximum(jnp.abs(lo_(v)), jnp.abs(hi_(v)))
-      n = _contraction_size(x, params)
-      err = rounding.gamma(n + 4, jnp.result_type(lo)) * op(mag(x), mag(y))
+      n = count(jnp.shape(lo_(x)), jnp.shape(lo_(y)), params)
+      err = rounding.sum_error(n, op(_mag(x), _mag(y)), jnp.result_type(lo), terms=12)
     return _finish(ctx, lo, hi, 1, err)
   return rule
 
 
-def _contraction_size(x, params) -> int:
-  shape = jnp.shape(lo_(x))
-  if "dimension_numbers" in params and isinstance(params["dimension_numbers"][0][0], tuple):
-    (lc, _), _ = params["dimension_numbers"]
-    n = 1
-    for d in lc:
-      n *= shape[d]
-    return n
-  # convolution: input features x kernel window; a safe over-count is the whole input size
-  n = 1
-  for s in shape[1:]:
-    n *= s
-  return n
+def _dot_count(x_shape, y_shape, params) -> int:
+  """Terms per output of dot_general: the product of the contracting dimensions."""
+  (lc, _), _ = params["dimension_numbers"]
+  return int(np.prod([x_shape[d] for d in lc], dtype=np.int64))
+
+
+def _conv_count(x_shape, y_shape, params) -> int:
+  """Terms per output of a convolution: input features per group × kernel window, i.e. every
+  kernel entry of one output feature (``rhs.size / rhs.shape[out_feature_dim]``)."""
+  rhs_spec = params["dimension_numbers"].rhs_spec
+  return int(np.prod(y_shape, dtype=np.int64) // max(y_shape[rhs_spec[0]], 1))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -434,6 +779,25 @@ def _p(name):
   return getattr(lax, name + "_p")
 
 
+_HALF_PI = float(np.nextafter(np.float32(np.pi / 2), np.float32(np.inf)))
+MONOTONE: dict[str, tuple[bool, tuple, float | None]] = {
+    # name: (increasing, range containing every value, argument where the sign changes)
+    "exp": (True, (0.0, None), None), "exp2": (True, (0.0, None), None),
+    "expm1": (True, (-1.0, None), 0.0), "log": (True, (None, None), 1.0),
+    "log1p": (True, (None, None), 0.0), "tanh": (True, (-1.0, 1.0), 0.0),
+    "logistic": (True, (0.0, 1.0), None), "sqrt": (True, (0.0, None), None),
+    "cbrt": (True, (None, None), 0.0), "erf": (True, (-1.0, 1.0), 0.0),
+    "atan": (True, (-_HALF_PI, _HALF_PI), 0.0), "asinh": (True, (None, None), 0.0),
+    "sinh": (True, (None, None), 0.0), "erf_inv": (True, (None, None), 0.0),
+    "atanh": (True, (None, None), 0.0), "floor": (True, (None, None), None),
+    "ceil": (True, (None, None), None), "round": (True, (None, None), None),
+    "reduce_precision": (True, (None, None), None),
+    "rsqrt": (False, (0.0, None), None), "erfc": (False, (0.0, 2.0), None),
+}
+"""Monotone element-wise primitives with their exact ranges and sign changes; error budgets come
+from `boundjax.core.budgets`."""
+
+
 def _build_rules() -> dict[str, Callable]:
   r: dict[str, Callable] = {
       "add": _add, "add_any": _add, "sub": _sub, "neg": _neg, "mul": _mul, "div": _div,
@@ -442,36 +806,28 @@ def _build_rules() -> dict[str, Callable]:
       "convert_element_type": _convert,
       "lt": _compare(True, False), "le": _compare(False, False),
       "gt": _compare(True, True), "ge": _compare(False, True), "eq": _eq, "ne": _ne,
-      "and": _and, "or": _or, "not": _not, "select_n": _select_n,
+      "and": _bitwise(True), "or": _bitwise(False), "not": _not, "select_n": _select_n,
+      "reduce_and": _reduce_bitwise(True), "reduce_or": _reduce_bitwise(False),
       "reduce_sum": _reduce_sum,
-      "reduce_max": _increasing(lambda a, axes, **k: jnp.max(a, axis=axes)),
-      "reduce_min": _increasing(lambda a, axes, **k: jnp.min(a, axis=axes)),
+      "reduce_max": _increasing(lambda a, axes, **k: jnp.max(a, axis=axes), elementwise=False),
+      "reduce_min": _increasing(lambda a, axes, **k: jnp.min(a, axis=axes), elementwise=False),
       "argmax": _argminmax(True), "argmin": _argminmax(False),
       "reduce_window_sum": _reduce_window_sum,
-      "reduce_window_max": _increasing(lax.reduce_window_max_p.bind),
-      "reduce_window_min": _increasing(lax.reduce_window_min_p.bind),
-      "cumsum": _cumulative(lax.cumsum_p), "cummax": _cumulative(lax.cummax_p),
-      "cummin": _cumulative(lax.cummin_p), "cumlogsumexp": _cumulative(lax.cumlogsumexp_p),
-      "sort": lambda ctx, x, **p: (
-          [_iv(lax.sort_p.bind(x.lower, **p)[0], lax.sort_p.bind(x.upper, **p)[0])]
-          if p.get("num_keys", 1) == 1 and not isinstance(x, tuple) else None),
-      "dot_general": _bilinear(lax.dot_general_p.bind, _dot_exact),
-      "conv_general_dilated": _bilinear(lax.conv_general_dilated_p.bind),
+      "reduce_window_max": _increasing(lax.reduce_window_max_p.bind, elementwise=False),
+      "reduce_window_min": _increasing(lax.reduce_window_min_p.bind, elementwise=False),
+      "cumsum": _cumsum, "cummax": _cumulative(lax.cummax_p),
+      "cummin": _cumulative(lax.cummin_p), "cumlogsumexp": _cumlogsumexp,
+      "dot_general": _bilinear(lax.dot_general_p.bind, _dot_exact, _dot_count),
+      "conv_general_dilated": _bilinear(lax.conv_general_dilated_p.bind, None, _conv_count),
       "stop_gradient": lambda ctx, x: x,
-      "copy": lambda ctx, x: x, "copy_p": lambda ctx, x: x,
+      "copy": lambda ctx, x: x,
       "optimization_barrier": lambda ctx, *xs: list(xs),
   }
-  increasing = {"exp": 2, "exp2": 2, "log": 2, "log1p": 2, "expm1": 2, "tanh": 2, "logistic": 2,
-                "sqrt": 1, "cbrt": 2, "erf": 2, "atan": 2, "asinh": 2, "sinh": 2, "floor": 0,
-                "ceil": 0, "round": 0, "reduce_precision": 0, "erf_inv": 4, "atanh": 2}
-  for name, ulps in increasing.items():
-    prim = _p(name)
-    r[name] = _increasing(prim.bind, ulps)
-  for name, ulps in {"rsqrt": 2, "erfc": 2}.items():
-    r[name] = _decreasing(_p(name).bind, ulps)
+  for name, (increasing, range_, zero) in MONOTONE.items():
+    r[name] = _monotone(_p(name).bind, _monotone_info(name, range_, zero), increasing)
   structural = ["reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice",
                 "dynamic_slice", "gather", "concatenate", "pad", "rev", "split",
-                "dynamic_update_slice", "real", "reduce_and", "reduce_or"]
+                "dynamic_update_slice", "real"]
   for name in structural:
     prim = getattr(lax, name + "_p", None)
     if prim is None:
@@ -505,12 +861,34 @@ def _sort(ctx, *operands, **params):
 RULES = {**_build_rules(), **nn.INTERVAL_RULES}
 
 
+def _snap(v):
+  """Sound mode: a float box's subnormal ends move out of the subnormal range
+  (`boundjax.rounding.snap_outward`: XLA CPU reads them as 0); a concrete float operand holding a
+  subnormal becomes the box around it. Tracers of concrete operands are left alone (their values
+  are unknown; see the weak points in the module docstring)."""
+  if isinstance(v, Interval):
+    if jnp.issubdtype(v.dtype, jnp.floating):
+      return _iv(*rounding.snap_outward(v.lower, v.upper))
+    return v
+  if isinstance(v, jax.core.Tracer) or not hasattr(v, "dtype"):
+    return v
+  if not jnp.issubdtype(jnp.result_type(v), jnp.floating):
+    return v
+  a = np.asarray(v)
+  tiny = np.finfo(a.dtype).tiny if a.dtype.kind == "f" else 0
+  if a.dtype.kind == "f" and np.any((a != 0) & (np.abs(a) < tiny)):
+    return _iv(*rounding.snap_outward(jnp.asarray(v), jnp.asarray(v)))
+  return v
+
+
 def abstract_eqn(ctx: IntervalContext, eqn: prog_lib.Eqn, invals: list) -> list:
   """Bounds one box-dependent equation with its rule (a composite whose rule declines is
   bounded through its body)."""
   rule = RULES.get(eqn.name)
   if rule is None:
     raise prog_lib.unsupported("interval", eqn, RULES)
+  if ctx.sound:
+    invals = [_snap(v) for v in invals]
   try:
     out = rule(ctx, *invals, **eqn.params)
   except UnsupportedPrimitiveError as e:
