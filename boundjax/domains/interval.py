@@ -513,11 +513,13 @@ def _bitwise(is_and: bool):
       hi = jnp.where(xpos & ypos, jnp.minimum(ux, uy),
                      jnp.where(xpos, ux, jnp.where(ypos, uy, dmax)))
       lo = jnp.where(xpos | ypos, zero, dmin)
-      # a point operand: exact
-      return _iv(lo, hi)
-    lo = jnp.where(xpos & ypos, jnp.maximum(lx, ly), dmin)
-    hi = jnp.where(xpos & ypos, _smear(jnp.maximum(ux, uy)), dmax)
-    return _iv(lo, hi)
+    else:
+      lo = jnp.where(xpos & ypos, jnp.maximum(lx, ly), dmin)
+      hi = jnp.where(xpos & ypos, _smear(jnp.maximum(ux, uy)), dmax)
+    # both operands single values: the exact result
+    exact = (lx == ux) & (ly == uy)
+    v = prim.bind(lx, ly)
+    return _iv(jnp.where(exact, v, lo), jnp.where(exact, v, hi))
 
   return rule
 
@@ -541,7 +543,9 @@ def _reduce_bitwise(is_and: bool):
     else:
       lo = jnp.where(allpos, jnp.max(x.lower, axis=axes), dmin)
       hi = jnp.where(allpos, _smear(jnp.max(x.upper, axis=axes)), dmax)
-    return _iv(lo, hi)
+    exact = jnp.all(x.lower == x.upper, axis=axes)
+    v = prim.bind(x.lower, axes=axes, **params)
+    return _iv(jnp.where(exact, v, lo), jnp.where(exact, v, hi))
   return rule
 
 
@@ -827,7 +831,8 @@ def _build_rules() -> dict[str, Callable]:
     r[name] = _monotone(_p(name).bind, _monotone_info(name, range_, zero), increasing)
   structural = ["reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice",
                 "dynamic_slice", "gather", "concatenate", "pad", "rev", "split",
-                "dynamic_update_slice", "real"]
+                "dynamic_update_slice"]
+  # (no rule for ``real``: a box is never complex and no rule produces complex values)
   for name in structural:
     prim = getattr(lax, name + "_p", None)
     if prim is None:
