@@ -39,7 +39,7 @@ LIBRARY_PACKAGES = ("boundjax", "jax", "jaxlib", "flax", "optax", "numpy")
 
 @functools.lru_cache(maxsize=1)
 def _library_dirs() -> tuple[str, ...]:
-  """Directories of `LIBRARY_PACKAGES` (found without importing them) and of the stdlib."""
+  """Directories of the `LIBRARY_PACKAGES` that are installed (found without importing them)."""
   dirs = []
   for name in LIBRARY_PACKAGES:
     try:
