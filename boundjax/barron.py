@@ -14,7 +14,10 @@ Four ways to get a constant:
 * `closed_form` — the spec's table (§4.1 A): ridge profiles (tanh, tanh(t/2), logistic, erf,
   sech, Gaussian bump), isotropic and general Gaussians, ridge functions ``g(w.x + b)``.
 * `fft_1d`, `fft_2d` — FFT quadrature of the gradient form on a uniform grid (§4.1 B, C), in
-  float64 by default, jitted, batched over a leading parameter axis with ``params=``.
+  float64 by default, jitted, batched over a leading parameter axis with ``params=``. A gradient
+  that does not decay inside the grid (ridges, networks in 2-D) is multiplied by a
+  positive-definite Gaussian taper first: cut off by the window it leaked and the sum diverged
+  like ``log N``; tapered, the value never exceeds ``C_h`` beyond quadrature error (`fft_2d`).
 * `monte_carlo` — importance sampling of the defining integral when the Fourier transform is
   known analytically (§4.1 D), any ``q``, with a standard error; `gaussian_mixture_mc` builds the
   transform and the proposal for Gaussian mixtures.
@@ -23,7 +26,9 @@ Four ways to get a constant:
   constant of the *network*; for a network fitted to an unknown ``eta`` it is a surrogate, not a
   certificate of ``C_eta`` (spec §4.1 A, last bullet).
 
-`barron_constant` dispatches between them.
+`barron_constant` dispatches between them; for FFT it also compares against two coarser grids
+and returns an `Estimate` with an ``error`` estimate and a ``converged`` flag (an unconverged
+FFT value is not an estimate of ``C_h``).
 """
 
 from __future__ import annotations

@@ -262,3 +262,129 @@ def test_fft_grid_of_samples():
     barron.fft_grid(np.zeros((100, 100)), L)
   with pytest.raises(ValueError, match="q = 1, 2"):
     barron.fft_grid(np.zeros((16, 16, 16)), L)
+
+
+# --- FFT on non-decaying gradients: window truncation, resolution checks ------------------------
+# A ridge g(w . x) in 2-D has a gradient that does not decay along the ridge. Cut off by the
+# FFT window, its periodic extension jumps at the border of a tilted ridge, the jump leaks
+# spectral mass ~ 1/|omega| over the whole grid, and sum |F| grows like log N: the untapered
+# estimate of tanh(x.w/2), |w| = 1 (exact 1/2), was 1.46, 1.60, 1.74, 1.88 at N = 128 ... 1024.
+
+_TILT = np.array([math.cos(0.6), math.sin(0.6)])
+
+
+def _tilted_ridge(x):
+  return jnp.tanh(0.5 * (x @ jnp.asarray(_TILT)) + 0.1)
+
+
+def _train_2d(act: str, k: int = 8, steps: int = 400, seed: int = 0) -> tuple[dict, callable]:
+  """A width-k two-layer network fitted to a 2-D sign pattern (a trained adversary, eq. 5)."""
+  import optax
+  k1, k2 = jax.random.split(jax.random.key(seed))
+  T = jax.random.normal(k1, (512, 2))
+  S = jnp.sign(T[:, 0] * T[:, 1] + 0.3 * T[:, 0])
+  f = {"logistic": jax.nn.sigmoid, "relu": jax.nn.relu}[act]
+  apply = lambda p, x: p["c0"] + f(x @ p["a"] + p["b"]) @ p["c"]
+  p = {"a": jax.random.normal(k2, (2, k)), "b": jnp.zeros(k), "c": jnp.zeros(k),
+       "c0": jnp.zeros(())}
+  opt = optax.adam(3e-2)
+  st = opt.init(p)
+
+  @jax.jit
+  def step(p, st):
+    g = jax.grad(lambda p: jnp.mean((apply(p, T) - S) ** 2))(p)
+    u, st = opt.update(g, st)
+    return optax.apply_updates(p, u), st
+
+  for _ in range(steps):
+    p, st = step(p, st)
+  p = jax.tree.map(lambda v: np.asarray(v, np.float64), p)
+  return p, lambda x: apply(p, x[None])[0]
+
+
+def test_fft_2d_tilted_ridge_tapered_to_exact_value():
+  exact = float(barron.closed_form("ridge", w=_TILT, profile="tanh_half"))
+  assert exact == pytest.approx(0.5, rel=1e-12)
+  for N in (256, 512):  # offset 0.1: the taper biases low by 1e-3 at L = 30, 1e-11 at 60
+    got = float(barron.fft_2d(_tilted_ridge, L=30.0, N=N))
+    assert exact * (1 - 2e-3) <= got <= exact * (1 + 1e-9), N
+  assert float(barron.fft_2d(_tilted_ridge, L=60.0, N=512)) == pytest.approx(exact, rel=1e-9)
+  centred = lambda x: jnp.tanh(0.5 * (x @ jnp.asarray(_TILT)))  # F(g') >= 0: exact
+  assert float(barron.fft_2d(centred, L=30.0, N=256)) == pytest.approx(exact, rel=1e-9)
+  # a Gaussian profile (F(g') changes sign): the taper biases low, never high (Young's inequality)
+  w = 1.7 * _TILT
+  ridge = lambda x: jnp.exp(-0.5 * (x @ jnp.asarray(w) + 0.3) ** 2)
+  exact = 1.7 * math.sqrt(2 / math.pi)
+  got = float(barron.fft_2d(ridge, L=60.0, N=512))
+  assert exact * (1 - 1e-2) <= got <= exact * (1 + 1e-6)
+  # untapered, the estimate is the divergent one described above
+  assert float(barron.fft_2d(_tilted_ridge, L=30.0, N=512, taper="none")) > 1.5
+
+
+@pytest.mark.parametrize("case", ["tanh_half_1d", "sech_1d", "gaussian_2d", "tilted_ridge_2d",
+                                  "axis_ridge_2d"])
+def test_fft_estimate_within_its_stated_error(case):
+  if case == "tanh_half_1d":
+    est = barron.barron_constant(barron.PROFILES["tanh_half"][0], method="fft")
+    exact = float(barron.closed_form("tanh_half"))
+  elif case == "sech_1d":
+    est = barron.barron_constant(lambda t: 1 / jnp.cosh(t), method="fft", N=2 ** 16, L=100.0)
+    exact = 8 * G / math.pi ** 2
+  elif case == "gaussian_2d":
+    s = 1.3
+    est = barron.barron_constant(lambda x: jnp.exp(-jnp.sum(x * x) / (2 * s * s)), q=2,
+                                 method="fft", L=30.0, N=512)
+    exact = float(barron.closed_form("gaussian", s=s, q=2))
+  elif case == "tilted_ridge_2d":
+    est = barron.barron_constant(_tilted_ridge, q=2, method="fft", L=30.0, N=512)
+    exact = float(barron.closed_form("ridge", w=_TILT, profile="tanh_half"))
+  else:
+    est = barron.barron_constant(lambda x: jnp.exp(-0.5 * (1.7 * x[0] + 0.3) ** 2), q=2,
+                                 method="fft", L=30.0, N=512)
+    exact = float(barron.closed_form("ridge", w=[1.7, 0.0], profile="gaussian"))
+  assert est.method == "fft"
+  assert est.converged, (case, float(est.value), float(est.error))
+  assert 0 <= float(est.error) <= 1e-2 * exact
+  assert abs(float(est.value) - exact) <= float(est.error), (case, float(est.value), exact,
+                                                              float(est.error))
+
+
+@pytest.mark.parametrize("act", ["logistic", "relu"])
+def test_fft_never_exceeds_proven_bound_unflagged(act):
+  p, h = _train_2d(act)
+  if act == "logistic":
+    bound = float(barron.network_upper_bound(p["a"], p["c"], "logistic"))
+  else:  # ReLU: C = infinity, every finite value is wrong; it must be flagged
+    bound = -math.inf
+  for L, N in ((30.0, 256), (20.0, 512)):
+    est = barron.barron_constant(h, q=2, method="fft", L=L, N=N)
+    assert math.isfinite(float(est.value)) and float(est.error) >= 0
+    assert float(est.value) <= bound * (1 + 1e-6) or not est.converged, (
+        act, L, N, float(est.value), bound, float(est.error))
+    if act == "logistic":  # the taper's guarantee (Young): below C_h <= bound even unconverged
+      assert float(est.value) <= bound * (1 + 1e-6)
+    else:
+      assert not est.converged
+  if act == "relu":
+    with pytest.raises(ValueError, match="did not converge"):
+      barron.barron_constant(h, q=2, method="fft", L=30.0, N=256, strict=True)
+
+
+def test_fft_tilted_ridge_never_exceeds_bound_unflagged():
+  bound = float(barron.network_upper_bound(_TILT[:, None], np.array([1.0]), "tanh_half"))
+  for L, N in ((15.0, 128), (30.0, 256), (60.0, 512)):
+    est = barron.barron_constant(_tilted_ridge, q=2, method="fft", L=L, N=N)
+    assert float(est.value) <= bound * (1 + 1e-6) or not est.converged, (L, N, est)
+  # an under-resolved grid (dt = 0.94 for a transition of width 1/8) is flagged, not reported
+  steep = lambda x: jnp.tanh(8.0 * (x @ jnp.asarray(_TILT)) + 0.3)
+  for N in (64, 128):
+    assert not barron.barron_constant(steep, q=2, method="fft", L=30.0, N=N).converged
+  est = barron.barron_constant(steep, q=2, method="fft", L=30.0, N=512)
+  assert est.converged and float(est.value) == pytest.approx(8.0, rel=1e-6)
+
+
+def test_fft_check_needs_refinable_grid():
+  with pytest.raises(ValueError, match="N >= 32"):
+    barron.barron_constant(jnp.tanh, method="fft", N=16)
+  e = barron.barron_constant(kind="tanh", a=0.3)
+  assert e.converged and float(e.error) == 0.0
