@@ -41,12 +41,16 @@ class SolveConfig:
 
   Attributes:
     solver: ``"scip"`` (default), ``"highs"`` or ``"cpsat"`` (purely integer models only).
-    time_limit: seconds (``None``: no limit).
+    time_limit: seconds (``None`` or ``inf``: no limit).
     threads: solver threads (ignored for HiGHS, whose threads are global).
-    relative_gap: relative optimality gap for optimisation queries.
-    absolute_gap: absolute optimality gap.
-    tol: margin tolerance for verification: VERIFIED needs a proven margin > ``tol``.
-    solution_limit: stop at the first feasible solution in feasibility-style queries.
+    relative_gap: relative optimality gap for optimisation queries (finite, ``>= 0``).
+    absolute_gap: absolute optimality gap (finite, ``>= 0``).
+    tol: margin tolerance for verification (finite, ``>= 0``): VERIFIED needs a proven margin
+      ``> tol`` (Tjeng's feasibility form, Sphynx spec §2.6). A negative ``tol`` would turn
+      "margin > tol" into a non-proof (a network wrong everywhere with margin ``-0.5`` was
+      VERIFIED at ``tol=-1``), so it is refused. ``tol`` should also cover the solver's
+      feasibility tolerance (SCIP/HiGHS: ``1e-6``), which an infeasibility proof is only exact to;
+      ``tol=0`` is accepted but then ties within that tolerance are the solver's call.
   """
 
   solver: str = "scip"
@@ -63,6 +67,23 @@ class SolveConfig:
       raise ValueError(f"SolveConfig: time_limit must be > 0 seconds, got {self.time_limit}.")
     if self.threads < 1:
       raise ValueError(f"SolveConfig: threads must be >= 1, got {self.threads}.")
+    for name in ("relative_gap", "absolute_gap", "tol"):
+      check_nonneg_finite(getattr(self, name), f"SolveConfig: {name}")
+
+
+def check_nonneg_finite(value: Any, what: str) -> float:
+  """``float(value)`` if it is finite and ``>= 0``, else `ValueError` naming ``what``.
+
+  Used for tolerances: a negative (or NaN) margin tolerance would let a solver's answer to
+  "margin <= tol" be read as a proof of a margin it never established.
+  """
+  try:
+    v = float(value)
+  except (TypeError, ValueError):
+    raise ValueError(f"{what} must be a finite number >= 0, got {value!r}.") from None
+  if not (math.isfinite(v) and v >= 0):
+    raise ValueError(f"{what} must be a finite number >= 0, got {value!r}.")
+  return v
 
 
 @dataclasses.dataclass
@@ -99,7 +120,7 @@ class SolveOutcome:
 def _params(cfg: SolveConfig, solution_limit: int | None) -> mathopt.SolveParameters:
   kw: dict[str, Any] = dict(relative_gap_tolerance=cfg.relative_gap,
                             absolute_gap_tolerance=cfg.absolute_gap)
-  if cfg.time_limit is not None:
+  if cfg.time_limit is not None and math.isfinite(cfg.time_limit):  # inf: no limit
     kw["time_limit"] = datetime.timedelta(seconds=float(cfg.time_limit))
   if cfg.solver != "highs":
     kw["threads"] = int(cfg.threads)

@@ -39,7 +39,7 @@ from milp import bounds as bounds_lib
 from milp.encode import Encoding, reconstruct_member
 from milp.network import Network, classify, forward_batch, margins
 from milp.neighbourhoods import Neighbourhood
-from milp.solve import SolveConfig, solve
+from milp.solve import SolveConfig, check_nonneg_finite, solve
 
 ReplayFn = Callable[[np.ndarray], np.ndarray]  # (n, d) inputs -> (n, outputs)
 
@@ -139,7 +139,11 @@ def verify(net: Network, nbhd: Neighbourhood, label: int, cfg: SolveConfig = Sol
     net: a concrete network or a hyper-network (`milp.network.Network`).
     nbhd: the neighbourhood (`milp.neighbourhoods`).
     label: the class index that must hold (0/1 for a ``"sign"`` network).
-    cfg: solver settings (``cfg.tol`` is the margin tolerance).
+    cfg: solver settings (``cfg.tol`` is the margin tolerance, finite and ``>= 0``; re-checked
+      here, `ValueError` otherwise). Only a bound ``> tol`` or an ``INFEASIBLE`` answer to
+      ``margin <= tol`` for every class counts as VERIFIED; any other solver status
+      (time/solution limits, numerical errors, imprecise) gives UNKNOWN or a replayed
+      counterexample.
     bounds: big-M constants from ``"ibp"`` or ``"crown"``.
     replay: real networks (concrete `Network`s or callables ``X -> outputs``) that counterexamples
       are replayed through; for a hyper-network these are its known members.
@@ -148,6 +152,9 @@ def verify(net: Network, nbhd: Neighbourhood, label: int, cfg: SolveConfig = Sol
     point_rows_as_equalities: see `Encoding.add_network`.
   """
   t0 = time.perf_counter()
+  # re-checked here: VERIFIED below reads "margin > tol" as a proof, so a config whose
+  # validation was bypassed (object.__setattr__, a duck-typed cfg) must not get through
+  check_nonneg_finite(cfg.tol, "verify: cfg.tol")
   if nbhd.size != net.input_size:
     raise ValueError(f"verify: neighbourhood has {nbhd.size} inputs, network takes {net.input_size}.")
   if not 0 <= int(label) < net.num_classes:

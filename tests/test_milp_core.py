@@ -438,3 +438,55 @@ def test_bad_inputs_raise_clear_errors():
     N.interval_network(one, one, output="logits")
   with pytest.raises(ValueError, match="unknown method"):
     B.compute(net, np.zeros(2), np.ones(2), "deeppoly")
+
+
+# ------------------------------------------------------------------------------------------------
+# Tolerances: a negative or non-finite tol turns "margin > tol" into a non-proof
+# ------------------------------------------------------------------------------------------------
+
+def _always_class_1(out="logits"):
+  """A point network whose class is 1 at every input (logit margin z_0 - z_1 = -0.5)."""
+  w1, b1 = np.array([[1.0, -1.0], [-1.0, 1.0]]), np.zeros(2)
+  if out == "sign":  # N(x) = 0.5 >= 0: class 1
+    return N.interval_network([(w1, b1), (np.zeros((1, 2)), np.array([0.5]))],
+                              [(w1, b1), (np.zeros((1, 2)), np.array([0.5]))])
+  w2, b2 = np.array([[0.3, 0.3], [0.3, 0.3]]), np.array([0.0, 0.5])
+  return N.interval_network([(w1, b1), (w2, b2)], [(w1, b1), (w2, b2)], output="logits")
+
+
+@pytest.mark.parametrize("bad", [-1.0, -1e-9, float("nan"), float("inf"), float("-inf")])
+def test_solve_config_rejects_bad_tol(bad):
+  with pytest.raises(ValueError, match="tol"):
+    SolveConfig(tol=bad)
+
+
+@pytest.mark.parametrize("field", ["relative_gap", "absolute_gap"])
+@pytest.mark.parametrize("bad", [-1e-6, float("nan"), float("inf")])
+def test_solve_config_rejects_bad_gaps(field, bad):
+  with pytest.raises(ValueError, match=field):
+    SolveConfig(**{field: bad})
+
+
+def test_solve_config_accepts_zero_tolerances():
+  cfg = SolveConfig(tol=0.0, relative_gap=0.0, absolute_gap=0.0)
+  assert cfg.tol == 0.0
+
+
+@pytest.mark.parametrize("out", ["logits", "sign"])
+def test_everywhere_misclassified_never_verified(out):
+  net = _always_class_1(out)
+  nbhd = NB.linf_ball(np.array([0.5, 0.4]), 0.3)
+  rng = np.random.default_rng(16)
+  assert min_margin(net, nbhd, 0, rng) < 0   # class 1 everywhere: label 0 is wrong everywhere
+  for solver in ("scip", "highs"):
+    for tol in (0.0, 1e-6, 0.1):
+      for shortcut in (True, False):
+        r = V.verify(net, nbhd, 0, SolveConfig(solver=solver, tol=tol), samples=0,
+                     use_bounds_shortcut=shortcut)
+        assert r.status != V.Status.VERIFIED, (solver, tol, shortcut, r)
+        assert r.margin_bound < 0 or r.margin_bound == -np.inf
+  # a config whose validation was bypassed is refused by verify itself, not trusted
+  cfg = SolveConfig()
+  object.__setattr__(cfg, "tol", -1.0)
+  with pytest.raises(ValueError, match="tol"):
+    V.verify(net, nbhd, 0, cfg, samples=0)
