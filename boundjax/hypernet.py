@@ -106,17 +106,42 @@ def flat_bounds(hyper: PyTree) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _outward(lo: np.ndarray, hi: np.ndarray, dtype) -> tuple[np.ndarray, np.ndarray]:
-  """Casts float64 bounds to ``dtype`` rounding ``lo`` down and ``hi`` up."""
+  """Casts float64 bounds to ``dtype`` rounding ``lo`` down and ``hi`` up.
+
+  ``lo_c = cast(lo)``, then ``lo_c = nextafter(lo_c, -inf)`` where ``lo_c > lo`` (the
+  round-to-nearest cast went inward), and symmetrically for ``hi``; compared in float64, so
+  ``lo_c <= lo`` and ``hi_c >= hi`` exactly, at most one ulp of ``dtype`` looser than needed.
+  """
+  dtype = np.dtype(dtype)
   lo_c, hi_c = lo.astype(dtype), hi.astype(dtype)
   lo_c = np.where(lo_c.astype(np.float64) > lo, np.nextafter(lo_c, dtype.type(-np.inf)), lo_c)
   hi_c = np.where(hi_c.astype(np.float64) < hi, np.nextafter(hi_c, dtype.type(np.inf)), hi_c)
   return lo_c, hi_c
 
 
+def _device_dtype(dtype) -> np.dtype:
+  """The dtype ``jnp.asarray`` gives an array of ``dtype`` (float64 -> float32 without x64)."""
+  return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+
+
+def _sound_interval(lo: np.ndarray, hi: np.ndarray) -> Interval:
+  """``Interval(lo, hi)`` on the device, rounded outward if the device dtype is narrower.
+
+  ``jnp.asarray`` rounds to nearest: with jax x64 disabled a float64 minimum can round up and a
+  maximum down, leaving the very points the box was built from outside it (LUCID Def. 5.1
+  needs containment). Floating bounds are therefore cast with `_outward`; others pass as is.
+  """
+  target = _device_dtype(lo.dtype)
+  if np.issubdtype(lo.dtype, np.floating) and target != lo.dtype:
+    lo, hi = _outward(np.asarray(lo, np.float64), np.asarray(hi, np.float64), target)
+  return Interval(jnp.asarray(lo, target), jnp.asarray(hi, target))
+
+
 def from_flat_bounds(lower: np.ndarray, upper: np.ndarray, like: PyTree) -> PyTree:
   """A hyper-network shaped like the parameters ``like`` from ``(P,)`` bound vectors.
 
-  Bounds are rounded outward to each leaf's dtype, so containment survives the cast.
+  Bounds are rounded outward to each leaf's dtype as JAX stores it (float64 leaves become
+  float32 when x64 is disabled), so containment survives the cast.
   """
   leaves, treedef = jax.tree_util.tree_flatten(like)
   sizes = [int(np.size(l)) for l in leaves]
@@ -126,9 +151,11 @@ def from_flat_bounds(lower: np.ndarray, upper: np.ndarray, like: PyTree) -> PyTr
   out, start = [], 0
   for leaf, size in zip(leaves, sizes):
     a = np.asarray(leaf)
+    target = _device_dtype(a.dtype)
     lo, hi = _outward(np.asarray(lower[start:start + size], np.float64),
-                      np.asarray(upper[start:start + size], np.float64), a.dtype)
-    out.append(Interval(jnp.asarray(lo.reshape(a.shape)), jnp.asarray(hi.reshape(a.shape))))
+                      np.asarray(upper[start:start + size], np.float64), target)
+    out.append(Interval(jnp.asarray(lo.reshape(a.shape), target),
+                        jnp.asarray(hi.reshape(a.shape), target)))
     start += size
   return jax.tree_util.tree_unflatten(treedef, out)
 
@@ -145,14 +172,17 @@ def from_ensemble(stacked: PyTree, members: Optional[Sequence[int] | np.ndarray]
     members: row indices (or a boolean mask) to abstract; default all rows.
 
   Returns:
-    A pytree like one member whose leaves are `Interval` s.
+    A pytree like one member whose leaves are `Interval` s. The hull is computed in the members'
+    own dtype and, where JAX stores it narrower (float64 members with x64 disabled become
+    float32), rounded outward: ``lower = round_down(min_n w^n)``, ``upper = round_up(max_n w^n)``,
+    so every member lies in the box when compared in its own precision.
   """
   def hull(a):
     a = np.asarray(a)
     sel = a if members is None else a[np.asarray(members)]
     if sel.shape[0] == 0:
       raise ValueError("from_ensemble: no members selected.")
-    return Interval(jnp.asarray(sel.min(axis=0)), jnp.asarray(sel.max(axis=0)))
+    return _sound_interval(sel.min(axis=0), sel.max(axis=0))
 
   return jax.tree_util.tree_map(hull, stacked)
 

@@ -40,6 +40,47 @@ def test_from_ensemble_contains_every_member_and_is_tight():
     H.from_ensemble(st, members=np.zeros(6, bool))
 
 
+def test_from_ensemble_float64_members_inside_float32_box():
+  # x64 disabled: jnp.asarray casts float64 to float32 by rounding to nearest, so a min can round
+  # up and a max down, and members stuck out of their own hull. The box is rounded outward.
+  rng = np.random.default_rng(17)
+  st = {"w": rng.normal(size=(7, 40, 3)), "b": [rng.normal(size=(7, 5)) * 1e-3],
+        "c": np.float64(1.0) + rng.random((7,)) * 1e-9}   # members 1 ulp(f32) apart and less
+  with jax.enable_x64(False):
+    hyper = H.from_ensemble(st)
+    sub = H.from_ensemble(st, members=[0, 3])
+  for leaf in H.interval_leaves(hyper):
+    assert leaf.lower.dtype == jnp.float32 and leaf.upper.dtype == jnp.float32
+  lo, hi = H.flat_bounds(hyper)
+  w = H.flatten_stacked(st)
+  assert w.dtype == np.float64
+  assert np.all(w >= lo.astype(np.float64)) and np.all(w <= hi.astype(np.float64))
+  assert H.contains_members(hyper, st).all()
+  assert H.contains_members(sub, st)[[0, 3]].all()
+  # tight: one float32 step at most beyond the exact float64 hull
+  lo32, hi32 = w.min(0).astype(np.float32), w.max(0).astype(np.float32)
+  assert np.all(lo >= np.nextafter(lo32, np.float32(-np.inf)))
+  assert np.all(hi <= np.nextafter(hi32, np.float32(np.inf)))
+  # float64 kept when x64 is on, exactly the hull
+  with jax.enable_x64(True):
+    h64 = H.from_ensemble(st)
+    lo64, hi64 = H.flat_bounds(h64)
+  assert lo64.dtype == np.float64
+  np.testing.assert_array_equal(lo64, w.min(0))
+  np.testing.assert_array_equal(hi64, w.max(0))
+
+
+def test_from_flat_bounds_float64_template_without_x64():
+  rng = np.random.default_rng(18)
+  lo = rng.normal(size=30)
+  hi = lo + rng.random(30) * 1e-9
+  with jax.enable_x64(False):
+    hyper = H.from_flat_bounds(lo, hi, {"w": np.zeros((3, 10), np.float64)})
+  flo, fhi = H.flat_bounds(hyper)
+  assert flo.dtype == np.float32
+  assert np.all(flo.astype(np.float64) <= lo) and np.all(fhi.astype(np.float64) >= hi)
+
+
 def test_contains_hand_made():
   hyper = {"w": Interval(jnp.array([1.0, 1.0]), jnp.array([3.0, 2.0])), "b": Interval.point(1.0)}
   assert H.contains(hyper, {"w": jnp.array([1.0, 2.0]), "b": jnp.array(1.0)})
