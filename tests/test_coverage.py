@@ -12,7 +12,10 @@ all:
   integer and boolean outputs);
 * interval domain, ``bj.ibp(fn, sound=True)``: the float64 value of ``fn`` at the same float32
   points (``jax.enable_x64``) lies in the bound with *zero* tolerance;
-* interval domain, zero-width boxes reproduce ``fn`` bitwise in the non-sound mode;
+* interval domain, zero-width boxes reproduce ``fn`` bitwise in the non-sound mode (eager);
+
+The sampled checks bound ``jax.jit(bj.ibp(fn))`` (one compilation per case keeps the file fast;
+`tests/test_ibp.py` checks that jit and eager bounds agree).
 * difference domain, ``bj.difference(fn)(params_ref, params_other, x)`` with ``params_ref``
   concrete, ``params_other`` an `Interval` box and ``x`` an input box: ``ref`` encloses
   ``fn(params_ref, x)``, ``other`` encloses ``fn(p, x)`` and ``delta`` encloses ``fn(p, x) −
@@ -330,7 +333,7 @@ def test_interval_rule_sound(name):
   rng = _rng(name)
   args = case.make(rng)
   assert name in _trace_names(case.fn, args), f"case for '{name}' does not reach it"
-  bound = bj.ibp(case.fn)(*args)
+  bound = jax.jit(bj.ibp(case.fn))(*args)  # one compilation instead of one per eager op
   samples = sample_args(rng, args)
   values = _vmapped(case.fn, args, samples)
   jax.tree_util.tree_map(lambda b, v: _check_inside(b, v, 1e-5, name), bound, values,
@@ -343,7 +346,7 @@ def test_interval_rule_sound_mode_contains_float64(name):
   case = INTERVAL_CASES[name]
   rng = _rng(name, 1)
   args = case.make(rng)
-  bound = bj.ibp(case.fn, sound=True)(*args)
+  bound = jax.jit(bj.ibp(case.fn, sound=True))(*args)
   samples = sample_args(rng, args)
   with enable_x64():
     args64 = [a if isinstance(a, bj.Interval) else jnp.asarray(_to64(a)) for a in args]
@@ -510,7 +513,7 @@ def test_difference_rule_sound(name):
   case = DIFFERENCE_CASES[name]
   rng = _rng(name, 3)
   p_ref, p_box, x = case.make(rng)
-  out = bj.difference(case.fn)(p_ref, p_box, x)
+  out = jax.jit(bj.difference(case.fn))(p_ref, p_box, x)
   keys = sorted(p_box)
   args = (x, *[p_box[k] for k in keys])
   samples = sample_args(rng, args)
