@@ -76,3 +76,43 @@ def test_outward_moves_past_float_error_of_a_sum():
   lo, hi = rounding.outward(s, s, ulps=1, abs_err=err)
   exact = x.astype(np.float64).sum(1)
   assert np.all(np.asarray(lo, np.float64) <= exact) and np.all(exact <= np.asarray(hi, np.float64))
+
+
+def test_subnormals_recognised_by_bits_and_snapped_outward():
+  """XLA CPU compares subnormals as 0 (DAZ): `is_subnormal` reads the bits, `snap_outward` moves
+  subnormal ends to 0 / ±tiny, outward."""
+  tiny = float(np.finfo(np.float32).tiny)
+  x = jnp.asarray(np.array([1e-40, -1e-40, 0.0, -0.0, 1e-45, tiny, -2 * tiny, 1.0], np.float32))
+  np.testing.assert_array_equal(np.asarray(rounding.is_subnormal(x)),
+                                [True, True, False, False, True, False, False, False])
+  lo, hi = rounding.snap_outward(x, x)
+  lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+  x64 = np.asarray(x, np.float64)
+  assert np.all(lo <= x64) and np.all(x64 <= hi)
+  assert not np.any(np.asarray(rounding.is_subnormal(jnp.asarray(lo, jnp.float32))))
+  assert not np.any(np.asarray(rounding.is_subnormal(jnp.asarray(hi, jnp.float32))))
+
+
+def test_outward_never_returns_nan_or_subnormal_and_handles_overflowed_ends():
+  big = np.finfo(np.float32).max
+  lo = jnp.asarray([jnp.inf, 0.0, -1e-39, 1.0, -jnp.inf], jnp.float32)
+  hi = jnp.asarray([jnp.inf, 0.0, 1e-39, -jnp.inf, jnp.inf], jnp.float32)
+  lo2, hi2 = rounding.outward(lo, hi, ulps=4, abs_err=jnp.asarray(jnp.inf))
+  assert not np.isnan(np.asarray(lo2)).any() and not np.isnan(np.asarray(hi2)).any()
+  lo3, hi3 = rounding.outward(lo, hi, ulps=4)
+  # an overflowed lower end (+inf) may stand for a finite value near the maximum
+  assert float(lo3[0]) < big and np.isfinite(float(lo3[0]))
+  assert float(hi3[3]) > -big and np.isfinite(float(hi3[3]))
+  for a in (lo3, hi3):
+    assert not np.any(np.asarray(rounding.is_subnormal(a)))
+
+
+def test_sum_error_covers_flushed_products():
+  """Products that underflow are flushed to zero: sum_error adds 2n·tiny."""
+  a = np.full(1000, 1e-20, np.float32)
+  b = np.full(1000, 1e-20, np.float32)
+  got = float(jnp.dot(jnp.asarray(a), jnp.asarray(b)))
+  exact = float(a.astype(np.float64) @ b.astype(np.float64))
+  err = float(rounding.sum_error(1000, np.float32(got), jnp.float32))
+  assert abs(got - exact) <= err
+  assert rounding.sum_error(10, 0.0, jnp.float32) >= 20 * float(np.finfo(np.float32).tiny)
