@@ -31,6 +31,12 @@ leaves the real domain of an operation (``log`` of a box reaching below 0, ``x *
 negative box, ``inf − inf``), JAX returns NaN for some points; the rule then returns the full line
 ``[−inf, +inf]``, which also marks "may be NaN": comparisons with such an operand are never
 *definitely* true (a comparison with NaN is False in JAX). A NaN never appears in a bound.
+
+Known weak points: the NaN marker is propagated through element-wise monotone functions and
+comparisons, but not through ``max``/``min``/products with an exact 0 (``0 · [−inf, inf] = 0``);
+sound mode relies on XLA CPU flushing to *signed* zeros (x86 FTZ); a concrete operand holding a
+subnormal is widened only when its value is known (not under ``jit``); the function budgets
+are measured on XLA CPU (x86-64) and hold for that backend.
 """
 
 from __future__ import annotations
