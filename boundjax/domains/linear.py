@@ -76,6 +76,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from typing import Any, Callable, Sequence
 
 import jax
@@ -98,22 +99,352 @@ except ImportError:  # pragma: no cover
 
 INTERMEDIATE_MODES = ("crown", "ibp")
 
-# Affine in all abstract operands jointly (no products between operands).
-_AFFINE = frozenset({"add", "add_any", "sub", "neg", "reshape", "broadcast_in_dim", "transpose",
-                     "squeeze", "expand_dims", "reduce_sum", "reduce_window_sum", "concatenate",
-                     "slice", "pad", "convert_element_type", "copy", "copy_p", "stop_gradient",
-                     "rev", "cumsum", "select_n", "dynamic_slice", "gather"})
-# Linear in one operand when the other is concrete.
-_BILINEAR = frozenset({"mul", "dot_general", "conv_general_dilated"})
-# Operands that must be concrete (indices, predicates).
-_INDEX_OPERANDS = {"select_n": (0,), "dynamic_slice": None, "gather": (1,)}
-# Additive operands: a concrete value there is an offset, not a coefficient.
-_ADDITIVE = frozenset({"add", "add_any", "sub", "concatenate", "pad", "select_n"})
-# Pure data movement: the transpose is exact in floating point.
-_EXACT_TRANSPOSE = frozenset({"reshape", "transpose", "squeeze", "expand_dims", "slice", "pad",
-                              "concatenate", "rev", "copy", "copy_p", "stop_gradient",
-                              "dynamic_slice", "select_n", "reduce_sum", "neg"})
-SUPPORTED = sorted(_AFFINE | _BILINEAR | {"div", "max", "min"})
+
+# ----------------------------------------------------------------------------------------------
+# Linear relaxations of nonlinear operations
+# ----------------------------------------------------------------------------------------------
+#
+# A relaxation of ``y = f(x_1, ..., x_k)`` on the box ``x_p ∈ [l_p, u_p]`` is a pair of linear
+# functions ``L_lo(x) + b_lo <= y <= L_up(x) + b_up`` valid on the whole box (CROWN, Zhang et al.
+# 2018, §3.2 and appendix; auto_LiRPA, Xu et al. 2020, §3). Elementwise operations give one
+# slope per entry (``L(x) = a ⊙ x``); a pooling maximum gives a selection map. `_Lines` holds,
+# per relaxed operand, either an array of slopes (the output's shape) or a callable applying
+# ``Lᵀ`` to a row of ``Λ`` (None: a zero map).
+
+@dataclasses.dataclass
+class _Lines:
+  """``Σ_p lo[p](x_p) + b_lo <= y <= Σ_p up[p](x_p) + b_up`` on the box."""
+  lo: list
+  b_lo: Any
+  up: list
+  b_up: Any
+
+
+def _safe_div(a, b):
+  return a / jnp.where(b == 0, 1.0, b)
+
+
+def _tangent(f, df, d):
+  """Slope and intercept of the tangent of ``f`` at ``d``: ``f(d) + f'(d)(x - d)``."""
+  a = df(d)
+  return a, f(d) - a * d
+
+
+def _chord(f, l, u):
+  """Slope and intercept of the chord of ``f`` between ``l`` and ``u``."""
+  fl, fu = f(l), f(u)
+  a = _safe_div(fu - fl, u - l)
+  return a, fl - a * l
+
+
+def _convex(f, df):
+  """Convex ``f``: upper line the chord, lower line the tangent at the midpoint (CROWN §3.2)."""
+  def lines(l, u):
+    a_up, b_up = _chord(f, l, u)
+    a_lo, b_lo = _tangent(f, df, (l + u) / 2)
+    return a_lo, b_lo, a_up, b_up
+  return lines
+
+
+def _concave(f, df):
+  """Concave ``f``: lower line the chord, upper line the tangent at the midpoint."""
+  def lines(l, u):
+    a_lo, b_lo = _chord(f, l, u)
+    a_up, b_up = _tangent(f, df, (l + u) / 2)
+    return a_lo, b_lo, a_up, b_up
+  return lines
+
+
+def _bisect(pred, lo, hi, steps: int = 30):
+  """Elementwise bisection keeping ``pred(hi)`` true (``pred`` monotone: false at lo side)."""
+  def body(_, st):
+    a, b = st
+    mid = (a + b) / 2
+    ok = pred(mid)
+    return jnp.where(ok, a, mid), jnp.where(ok, mid, b)
+  return lax.fori_loop(0, steps, body, (lo, hi))[1]
+
+
+def _s_shaped(f, df, far: float = 10.0):
+  """An increasing ``f`` convex on ``x <= 0`` and concave on ``x >= 0`` (tanh, logistic, erf,
+  atan): CROWN's construction (Zhang et al. 2018, §3.2, "general activations").
+
+  * ``u <= 0``: convex part: chord above, tangent at the midpoint below.
+  * ``l >= 0``: concave part: chord below, tangent at the midpoint above.
+  * ``l < 0 < u``: upper line the tangent at ``d >= 0`` that passes above ``(l, f(l))``:
+    ``g(d) = f(d) + f'(d)(l - d) - f(l)`` is non-decreasing in ``d >= 0`` (``g' = f''(d)(l - d)
+    >= 0``), so bisection on ``[0, max(u, far)]`` keeping ``g >= 0`` finds one. It is valid: on
+    ``[0, ∞)`` a tangent of the concave part lies above ``f``; on ``[l, 0]`` the line minus
+    ``f`` is concave and non-negative at both ends. The lower line is the mirror image (tangent
+    at ``d <= 0`` passing below ``(u, f(u))``). Lines that fail their end-point check are
+    replaced by constants by the caller.
+  """
+  convex, concave = _convex(f, df), _concave(f, df)
+
+  def lines(l, u):
+    c_lines = convex(l, u)
+    k_lines = concave(l, u)
+    fl, fu = f(l), f(u)
+    hi0 = jnp.maximum(u, far)
+    d_up = _bisect(lambda d: f(d) + df(d) * (l - d) >= fl, jnp.zeros_like(l), hi0)
+    lo0 = jnp.minimum(l, -far)
+    d_lo = _bisect(lambda d: f(d) + df(d) * (u - d) <= fu, jnp.zeros_like(u), lo0)
+    a_up, b_up = _tangent(f, df, d_up)
+    a_lo, b_lo = _tangent(f, df, d_lo)
+    left, right = u <= 0, l >= 0
+    pick = lambda c, k, m: jnp.where(left, c, jnp.where(right, k, m))  # noqa: E731
+    return (pick(c_lines[0], k_lines[0], a_lo), pick(c_lines[1], k_lines[1], b_lo),
+            pick(c_lines[2], k_lines[2], a_up), pick(c_lines[3], k_lines[3], b_up))
+  return lines
+
+
+def _dtanh(x):
+  t = jnp.tanh(x)
+  return 1 - t * t
+
+
+def _dlogistic(x):
+  s = jax.nn.sigmoid(x)
+  return s * (1 - s)
+
+
+def _derf(x):
+  return (2 / math.sqrt(math.pi)) * jnp.exp(-x * x)
+
+
+def _erfc_lines(l, u):
+  """``erfc = 1 - erf``: the lines of ``erf`` reflected."""
+  a_lo, b_lo, a_up, b_up = _s_shaped(lax.erf, _derf)(l, u)
+  return -a_up, 1 - b_up, -a_lo, 1 - b_lo
+
+
+def _abs_lines(l, u):
+  """``|x|`` (convex): the chord above; below ``x`` or ``-x``, the one closer on the box."""
+  a_up, b_up = _chord(jnp.abs, l, u)
+  a_lo = jnp.where(u > -l, 1.0, -1.0).astype(l.dtype)
+  return a_lo, jnp.zeros_like(l), a_up, b_up
+
+
+def _power_lines(n: int):
+  """``x^n`` for even ``n >= 2`` (convex): chord above, tangent at the midpoint below."""
+  return _convex(lambda x: lax.integer_pow(x, n), lambda x: n * lax.integer_pow(x, n - 1))
+
+
+def _domain(lines, lo: float, strict: bool):
+  """Restricts a relaxation to boxes inside the real domain ``x > lo`` (``x >= lo``); elsewhere
+  the caller uses constant lines from the interval bound."""
+  def f(l, u):
+    bad = (l <= lo) if strict else (l < lo)
+    a_lo, b_lo, a_up, b_up = lines(jnp.where(bad, lo + 1.0, l), jnp.where(bad, lo + 2.0, u))
+    nan = jnp.full_like(l, jnp.nan)
+    return tuple(jnp.where(bad, nan, a) for a in (a_lo, b_lo, a_up, b_up))
+  return f
+
+
+_UNARY_LINES: dict[str, Callable] = {
+    "exp": _convex(jnp.exp, jnp.exp),
+    "expm1": _convex(jnp.expm1, jnp.exp),
+    "log": _domain(_concave(jnp.log, lambda x: 1 / x), 0.0, True),
+    "log1p": _domain(_concave(jnp.log1p, lambda x: 1 / (1 + x)), -1.0, True),
+    "sqrt": _domain(_concave(jnp.sqrt, lambda x: 0.5 / jnp.sqrt(x)), 0.0, False),
+    "rsqrt": _domain(_convex(lax.rsqrt, lambda x: -0.5 * lax.rsqrt(x) / x), 0.0, True),
+    "tanh": _s_shaped(jnp.tanh, _dtanh),
+    "logistic": _s_shaped(jax.nn.sigmoid, _dlogistic, far=20.0),
+    "erf": _s_shaped(lax.erf, _derf),
+    "erfc": _erfc_lines,
+    "atan": _s_shaped(jnp.arctan, lambda x: 1 / (1 + x * x), far=50.0),
+    "abs": _abs_lines,
+    "square": _power_lines(2),
+}
+
+
+def _finite_or_constant(a_lo, b_lo, a_up, b_up, l, u, y_lo, y_hi, check: Callable | None):
+  """Replaces entries whose lines are not finite, whose box is (nearly) a point, or that fail
+  the end-point check by the constant lines ``y_lo <= y <= y_hi`` (the interval bound)."""
+  tiny = (u - l) <= 1e-6 * (1 + jnp.abs(l) + jnp.abs(u))
+  ok = ~tiny & jnp.isfinite(a_lo) & jnp.isfinite(b_lo) & jnp.isfinite(a_up) & jnp.isfinite(b_up)
+  if check is not None:
+    ok = ok & check(a_lo, b_lo, a_up, b_up)
+  ok_lo = ok & (a_lo * l + b_lo <= y_hi) & (a_lo * u + b_lo <= y_hi)  # never above the box
+  ok_up = ok & (a_up * l + b_up >= y_lo) & (a_up * u + b_up >= y_lo)
+  zero = jnp.zeros_like(l)
+  return (jnp.where(ok_lo, a_lo, zero), jnp.where(ok_lo, b_lo, y_lo),
+          jnp.where(ok_up, a_up, zero), jnp.where(ok_up, b_up, y_hi))
+
+
+def _endpoint_check(f):
+  """Both lines on the right side of ``f`` at the box ends (a cheap guard against a line made
+  invalid by float error in its construction; the construction itself is the proof)."""
+  def check(l, u):
+    fl, fu = f(l), f(u)
+    def ok(a_lo, b_lo, a_up, b_up):
+      tol_l = 1e-6 * (1 + jnp.abs(fl))
+      tol_u = 1e-6 * (1 + jnp.abs(fu))
+      return ((a_lo * l + b_lo <= fl + tol_l) & (a_lo * u + b_lo <= fu + tol_u)
+              & (a_up * l + b_up >= fl - tol_l) & (a_up * u + b_up >= fu - tol_u))
+    return ok
+  return check
+
+
+_UNARY_FN = {"exp": jnp.exp, "expm1": jnp.expm1, "log": jnp.log, "log1p": jnp.log1p,
+             "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt, "tanh": jnp.tanh, "logistic": jax.nn.sigmoid,
+             "erf": lax.erf, "erfc": lax.erfc, "atan": jnp.arctan, "abs": jnp.abs,
+             "square": jnp.square}
+
+
+def _unary_relaxation(name: str, params: dict):
+  """``(l, u) -> (a_lo, b_lo, a_up, b_up)`` for a unary primitive, or None."""
+  if name == "integer_pow":
+    n = params["y"]
+    if n == 1:
+      return lambda l, u: (jnp.ones_like(l), jnp.zeros_like(l), jnp.ones_like(l),
+                           jnp.zeros_like(l))
+    if n >= 2 and n % 2 == 0:
+      return _power_lines(n)
+    return None
+  return _UNARY_LINES.get(name)
+
+
+def _unary_fn(name: str, params: dict):
+  if name == "integer_pow":
+    return lambda x: lax.integer_pow(x, params["y"])
+  return _UNARY_FN[name]
+
+
+def _reciprocal_lines(c, l, u):
+  """``y = c / d`` with ``d ∈ [l, u]`` not containing 0 (``1/d`` is convex for ``d > 0`` and
+  concave for ``d < 0``; scaling by ``c < 0`` swaps the lines); straddling boxes get NaN (the
+  caller substitutes the interval bound)."""
+  pos = l > 0
+  neg = u < 0
+  inv = lambda x: 1 / x  # noqa: E731
+  dinv = lambda x: -1 / (x * x)  # noqa: E731
+  lc, uc = jnp.where(pos | neg, l, 1.0), jnp.where(pos | neg, u, 2.0)
+  cv = _convex(inv, dinv)(lc, uc)
+  cc = _concave(inv, dinv)(lc, uc)
+  a_lo, b_lo, a_up, b_up = (jnp.where(pos, x, y) for x, y in zip(cv, cc))
+  cpos = c >= 0
+  lo = (jnp.where(cpos, c * a_lo, c * a_up), jnp.where(cpos, c * b_lo, c * b_up))
+  up = (jnp.where(cpos, c * a_up, c * a_lo), jnp.where(cpos, c * b_up, c * b_lo))
+  nan = jnp.full_like(l, jnp.nan)
+  bad = ~(pos | neg)
+  return tuple(jnp.where(bad, nan, a) for a in (*lo, *up))
+
+
+def _mccormick(lx, ux, ly, uy):
+  """``y = x · z``: the average of the two McCormick planes on each side (McCormick 1976;
+  used for products in auto_LiRPA, Xu et al. 2020):
+  ``x z >= ½[(l_z + u_z) x + (l_x + u_x) z - l_x l_z - u_x u_z]`` and
+  ``x z <= ½[(l_z + u_z) x + (l_x + u_x) z - l_x u_z - u_x l_z]`` (an average of valid planes
+  is valid)."""
+  cx, cy = (lx + ux) / 2, (ly + uy) / 2
+  b_lo = -(lx * ly + ux * uy) / 2
+  b_up = -(lx * uy + ux * ly) / 2
+  return [cy, cx], b_lo, [cy, cx], b_up
+
+
+def _leaky_lines(p, n, l, u):
+  """``y = p x`` for ``x >= 0`` and ``n x`` below (leaky ReLU: ``p = 1, n = α``; also
+  ``max(x, α x)``): convex for ``n <= p`` (chord above; ``p x`` or ``n x`` below, the one closer
+  on the box, as CROWN-Ada, Zhang et al. 2018 §3.2), concave otherwise (mirror image). Exact on
+  stable boxes."""
+  act, ina = l >= 0, u <= 0
+  den = jnp.where(act | ina, 1.0, u - l)
+  k = (p * u - n * l) / den  # the chord through (l, n l) and (u, p u)
+  kb = p * u - k * u
+  near = jnp.where(u > -l, p, n)
+  convex = n <= p
+  a_lo, b_lo = jnp.where(convex, near, k), jnp.where(convex, 0.0, kb)
+  a_up, b_up = jnp.where(convex, k, near), jnp.where(convex, kb, 0.0)
+  stable = lambda v, on_act, on_ina: jnp.where(act, on_act, jnp.where(ina, on_ina, v))  # noqa: E731
+  return (stable(a_lo, p, n), stable(b_lo, 0.0, 0.0), stable(a_up, p, n),
+          stable(b_up, 0.0, 0.0))
+
+
+# ----------------------------------------------------------------------------------------------
+# One record per primitive
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class OpRecord:
+  """Everything CROWN knows about one primitive applied to box-dependent values.
+
+  Attributes:
+    kind: "affine" (linear in its abstract operands jointly, plus a concrete offset),
+      "bilinear" (linear in one operand when the others are concrete: mul, div, dot_general,
+      conv; a product of two box-dependent operands is relaxed or bounded by intervals),
+      "relu" (``max(x, c)`` / ``min(x, c)`` with concrete ``c``; two box-dependent operands are
+      relaxed) or "nonlinear" (relaxed by lines on the input box, `_Lines`).
+    index_operands: operands that must be concrete (indices, predicates); None: all but the
+      first.
+    additive: a concrete float operand is an offset added to the result, not a coefficient.
+    exact_transpose: pure data movement: the transpose is exact in floating point (sound mode
+      needs no γ_n for it).
+    pattern_safe: the transpose with every concrete float operand set to 1 gives a superset of
+      the non-zero pattern of the true transpose (the windowed pass).
+    relax: "unary" (elementwise lines ``(l, u) -> (a_lo, b_lo, a_up, b_up)``, see
+      `_unary_relaxation`) or "pool" (a maximum/minimum over entries: selection map below or
+      above, the interval bound on the other side).
+  """
+  kind: str
+  index_operands: tuple | None = ()
+  additive: bool = False
+  exact_transpose: bool = False
+  pattern_safe: bool = False
+  relax: str = ""
+
+
+def _build_ops() -> dict[str, OpRecord]:
+  aff = lambda **k: OpRecord("affine", **k)  # noqa: E731
+  ops = {
+      "add": aff(additive=True, pattern_safe=True),
+      "add_any": aff(additive=True, pattern_safe=True),
+      "sub": aff(additive=True),
+      "neg": aff(exact_transpose=True),
+      "reshape": aff(exact_transpose=True, pattern_safe=True),
+      "broadcast_in_dim": aff(pattern_safe=True),
+      "transpose": aff(exact_transpose=True, pattern_safe=True),
+      "squeeze": aff(exact_transpose=True, pattern_safe=True),
+      "expand_dims": aff(exact_transpose=True, pattern_safe=True),
+      "reduce_sum": aff(exact_transpose=True, pattern_safe=True),
+      "reduce_window_sum": aff(pattern_safe=True),
+      "concatenate": aff(additive=True, exact_transpose=True),
+      "slice": aff(exact_transpose=True, pattern_safe=True),
+      "pad": aff(additive=True, exact_transpose=True, pattern_safe=True),
+      "convert_element_type": aff(pattern_safe=True),
+      "copy": aff(exact_transpose=True, pattern_safe=True),
+      "copy_p": aff(exact_transpose=True, pattern_safe=True),
+      "stop_gradient": aff(exact_transpose=True),
+      "rev": aff(exact_transpose=True),
+      "cumsum": aff(),
+      "select_n": aff(index_operands=(0,), additive=True, exact_transpose=True),
+      "dynamic_slice": aff(index_operands=None, exact_transpose=True),
+      "gather": aff(index_operands=(1,)),
+      "mul": OpRecord("bilinear", pattern_safe=True),
+      "div": OpRecord("bilinear", pattern_safe=True),
+      "dot_general": OpRecord("bilinear", pattern_safe=True),
+      "conv_general_dilated": OpRecord("bilinear", pattern_safe=True),
+      "max": OpRecord("relu"),
+      "min": OpRecord("relu"),
+  }
+  for name in (*_UNARY_LINES, "integer_pow"):
+    ops[name] = OpRecord("nonlinear", relax="unary")
+  for name in ("reduce_max", "reduce_min", "reduce_window_max", "reduce_window_min"):
+    ops[name] = OpRecord("nonlinear", relax="pool")
+  return ops
+
+
+OPS: dict[str, OpRecord] = _build_ops()
+SUPPORTED = sorted(OPS)
+_NO_RECORD = OpRecord("none")
+
+
+def _op(name: str) -> OpRecord:
+  return OPS.get(name, _NO_RECORD)
+
+
+class CrownFallbackWarning(UserWarning):
+  """CROWN bounds an operation by its interval bound (no linear relaxation applies)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -122,15 +453,25 @@ SUPPORTED = sorted(_AFFINE | _BILINEAR | {"div", "max", "min"})
 
 @dataclasses.dataclass
 class _Eqn:
-  """CROWN's record of one equation of the flat program: its role ("concrete", "affine",
-  "relu") and which operands depend on the box."""
+  """CROWN's record of one equation of the flat program.
+
+  ``kind``: "concrete" (no box-dependent operand), "const" (box-dependent but statically known,
+  e.g. ``x != x`` of finite values), "affine", "relu" (``max(x, c)`` / ``min(x, c)``),
+  "nonlinear" (relaxed by lines in the variables ``relax_in``; ``mode`` names the relaxation)
+  or "fallback" (its outputs are bounded by the forward interval pass and enter the backward
+  pass as fresh box variables; ``reason`` says why).
+  """
   prim: Any
   params: dict
   invars: list
   outvars: list
   orig: prog_lib.Eqn  # the program layer's equation (source line, context)
-  kind: str = "concrete"  # "concrete" | "affine" | "relu"
+  kind: str = "concrete"
   abstract_pos: tuple = ()
+  relax_in: tuple = ()
+  mode: str = ""
+  aux: Any = None
+  reason: str = ""
 
   @property
   def name(self) -> str:
@@ -138,6 +479,15 @@ class _Eqn:
 
   def where(self) -> str:
     return self.orig.where()
+
+  @property
+  def back_in(self) -> list:
+    """The variables the backward pass continues to from this equation's output."""
+    if self.kind in ("affine", "relu"):
+      return [self.invars[p] for p in self.abstract_pos]
+    if self.kind == "nonlinear":
+      return list(self.relax_in)
+    return []
 
 
 @dataclasses.dataclass
@@ -152,66 +502,220 @@ class _Program:
 
 
 def _from_core(program: prog_lib.Program) -> _Program:
-  """CROWN's view of a flat program of the program layer (composites inlined)."""
-  program = prog_lib.inline_composites(program)
+  """CROWN's view of a flat program of the program layer. Composites with an interval rule
+  (softmax, log-softmax, ...) are kept whole: CROWN bounds them by that (tight) rule."""
+  keep = [n for n in interval_domain.RULES if n in _composite_names()]
+  program = prog_lib.inline_composites(program, keep=keep)
   eqns = [_Eqn(e.prim, e.params, e.invars, e.outvars, e) for e in program.eqns]
   producer = {o: i for i, e in enumerate(eqns) for o in e.outvars}
   return _Program(program.invars, program.outvars, eqns, program.consts, set(), producer, {})
+
+
+def _composite_names() -> set[str]:
+  from boundjax.core import composite
+  return {p.name for p in composite.BODIES}
 
 
 def _is_float(aval) -> bool:
   return jnp.issubdtype(aval.dtype, jnp.floating)
 
 
-def _classify(prog: _Program, abstract_in: Sequence[bool]) -> None:
-  """Marks abstract variables and checks every abstract equation is affine or a ReLU."""
-  abstract = {v for v, a in zip(prog.invars, abstract_in) if a}
-  uses: dict = {}
-  for e in prog.eqns:
-    pos = tuple(i for i, a in enumerate(e.invars) if isinstance(a, _Var) and a in abstract)
-    if not pos:
-      continue
-    e.abstract_pos = pos
-    name = e.name
-    bad = None
-    if name in _AFFINE:
-      idx = _INDEX_OPERANDS.get(name, ())
-      if idx is None:  # dynamic_slice: every operand but the first is an index
-        idx = tuple(range(1, len(e.invars)))
-      if any(p in idx for p in pos):
-        bad = "a box-dependent index or predicate"
-      elif name == "convert_element_type" and not _is_float(e.outvars[0].aval):
-        bad = "a conversion to a non-float type"
+def _low_precision(aval) -> bool:
+  """bfloat16 / float16 (their rounding is far from linear at CROWN's tolerance)."""
+  return _is_float(aval) and jnp.finfo(aval.dtype).bits < 32
+
+
+def _is_literal_zero(a) -> bool:
+  return isinstance(a, _Lit) and np.ndim(a.val) == 0 and float(a.val) == 0.0
+
+
+def _match_leaky(e: _Eqn, abstract: set, made_by: dict):
+  """``select_n(x >= 0, α x, x)`` (``jax.nn.leaky_relu``; also ``>``, and ``<`` / ``<=`` with
+  the cases swapped): returns ``(x, α operand)`` or None."""
+  if len(e.invars) != 3 or e.abstract_pos == () or not isinstance(e.invars[0], _Var):
+    return None
+  cmp = made_by.get(e.invars[0])
+  if cmp is None or cmp.name not in ("ge", "gt", "lt", "le") or not _is_literal_zero(cmp.invars[1]):
+    return None
+  x = cmp.invars[0]
+  neg_case, pos_case = (e.invars[1], e.invars[2]) if cmp.name in ("ge", "gt") else \
+      (e.invars[2], e.invars[1])
+  if pos_case is not x:
+    return None
+  return _scaled_copy(neg_case, x, abstract, made_by)
+
+
+def _scaled_copy(v, x, abstract: set, made_by: dict):
+  """If ``v = mul(x, α)`` / ``mul(α, x)`` with concrete ``α``: the operand ``α``, else None."""
+  m = made_by.get(v) if isinstance(v, _Var) else None
+  if m is None or m.name != "mul":
+    return None
+  a, b = m.invars
+  if a is x and not (isinstance(b, _Var) and b in abstract):
+    return (x, b)
+  if b is x and not (isinstance(a, _Var) and a in abstract):
+    return (x, a)
+  return None
+
+
+def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool) -> None:
+  """Sets ``kind`` (and ``mode``, ``relax_in``, ``aux``, ``reason``) of an abstract equation."""
+  name, pos = e.name, e.abstract_pos
+  rec = _op(name)
+  ins = [e.invars[p] for p in pos]
+  same = all(v.shape == e.outvars[0].shape for v in ins) if e.outvars else False
+
+  def fallback(reason):
+    e.kind, e.reason = "fallback", reason
+
+  def nonlinear(mode, relax_in, aux=None):
+    if sound:
+      return fallback("sound_fp bounds nonlinear operations other than ReLU-type ones by "
+                      "intervals")
+    e.kind, e.mode, e.relax_in, e.aux = "nonlinear", mode, tuple(relax_in), aux
+
+  if name in ("ne", "eq") and len(e.invars) == 2 and e.invars[0] is e.invars[1] \
+      and _is_float(e.invars[0].aval):
+    e.kind = "const"  # x != x is False for the finite reals of a box (NaN tests)
+    return
+  if any(_low_precision(v.aval) for v in ins) or any(_low_precision(o.aval) for o in e.outvars):
+    return fallback("bfloat16/float16 arithmetic (its rounding is not a linear map)")
+  if name == "select_n":
+    leaky = _match_leaky(e, abstract, made_by)
+    if leaky is not None:
+      return nonlinear("leaky", (leaky[0],), ("select", leaky[1]))
+  if not all(_is_float(o.aval) for o in e.outvars):
+    return fallback("a non-float result")
+  if rec.kind == "none":
+    return fallback("no linear relaxation")
+  if rec.kind == "affine":
+    idx = rec.index_operands
+    if idx is None:
+      idx = tuple(range(1, len(e.invars)))
+    if any(p in idx for p in pos):
+      return fallback("a box-dependent index or predicate")
+    if not all(_is_float(v.aval) for v in ins):
+      return fallback("a non-float box-dependent operand")
+    e.kind = "affine"
+    return
+  if not all(_is_float(v.aval) for v in ins):
+    return fallback("a non-float box-dependent operand")
+  if rec.kind == "bilinear":
+    if len(pos) == 1 and not (name == "div" and pos == (1,)):
       e.kind = "affine"
-    elif name in _BILINEAR:
-      if len(pos) > 1:
-        bad = ("a product of two box-dependent operands (CROWN needs one operand concrete; "
-               "use bj.ibp for interval parameters)")
-      e.kind = "affine"
-    elif name == "div":
-      if pos != (0,):
-        bad = "a box-dependent denominator"
-      e.kind = "affine"
-    elif name in ("max", "min"):
-      if len(pos) != 1 or len(e.invars) != 2:
-        bad = "two box-dependent operands (only max(x, c) / min(x, c) with concrete c is a ReLU)"
+      return
+    if name == "div" and pos == (1,) and same:
+      return nonlinear("reciprocal", ins)
+    if name == "mul" and len(pos) == 2 and same:
+      return nonlinear("product", ins)
+    return fallback("a product of two box-dependent operands (no linear relaxation of this "
+                    "shape; use bj.ibp for interval parameters)")
+  if rec.kind == "relu":
+    if len(pos) == 1 and len(e.invars) == 2:
       e.kind = "relu"
-    else:
-      bad = "no linear relaxation"
-    if bad is None and e.kind == "affine" and name not in interval_domain.RULES:
-      bad = "no interval rule for the forward pass"
-    if bad is None and not all(_is_float(o.aval) for o in e.outvars):
-      bad = "a non-float result"
-    if bad is not None:
-      raise UnsupportedPrimitiveError(
-          f"CROWN (linear domain) cannot bound primitive '{name}' at {e.where()}: {bad}. "
-          f"Supported on box-dependent values: {', '.join(SUPPORTED)}; max/min only against a "
-          "concrete value (ReLU).")
-    for p in pos:
-      uses[e.invars[p]] = uses.get(e.invars[p], 0) + 1
-    abstract.update(e.outvars)
+      return
+    if len(pos) == 2 and same:
+      if name == "max":
+        for x, v in ((e.invars[0], e.invars[1]), (e.invars[1], e.invars[0])):
+          leaky = _scaled_copy(v, x, abstract, made_by)
+          if leaky is not None:
+            return nonlinear("leaky", (x,), ("max", leaky[1]))
+      return nonlinear(name + "2", ins)
+    return fallback("max/min of box-dependent operands of different shapes")
+  if rec.relax == "pool":
+    return nonlinear("pool", ins)
+  if _unary_relaxation(name, e.params) is None:
+    return fallback("no linear relaxation for these parameters")
+  return nonlinear("unary", ins)
+
+
+def _classify(prog: _Program, abstract_in: Sequence[bool], sound: bool = False) -> None:
+  """Decides every abstract equation's role (`_decide`), rewrites ``x / d`` of two
+  box-dependent operands into ``x · (1 / d)``, and counts the uses of every abstract variable.
+
+  Raises `UnsupportedPrimitiveError` for an operation that CROWN can neither relax nor bound
+  by intervals (no rule of the interval domain)."""
+  abstract = {v for v, a in zip(prog.invars, abstract_in) if a}
+  made_by: dict = {}
+  eqns: list = []
+  fresh = [0]
+
+  def add(e: _Eqn):
+    pos = tuple(i for i, a in enumerate(e.invars) if isinstance(a, _Var) and a in abstract)
+    e.abstract_pos = pos
+    if pos:
+      _decide(e, abstract, made_by, sound)
+      if e.kind == "fallback" and e.name not in interval_domain.RULES:
+        raise UnsupportedPrimitiveError(
+            f"CROWN (linear domain) cannot bound primitive '{e.name}' at {e.where()}: "
+            f"{e.reason}, and the interval domain has no rule for it. Supported on "
+            f"box-dependent values: {', '.join(SUPPORTED)}, and by intervals every primitive "
+            "of bj.ibp.")
+      if e.kind == "affine" and e.name not in interval_domain.RULES:
+        raise UnsupportedPrimitiveError(
+            f"CROWN (linear domain) cannot bound primitive '{e.name}' at {e.where()}: no "
+            "interval rule for the forward pass.")
+      if e.kind != "const":
+        abstract.update(e.outvars)
+    for o in e.outvars:
+      made_by[o] = e
+    eqns.append(e)
+
+  for e in prog.eqns:
+    ab = [isinstance(a, _Var) and a in abstract for a in e.invars]
+    if e.name == "div" and len(ab) == 2 and all(ab) and e.invars[1].shape == e.outvars[0].shape \
+        and e.invars[0].shape == e.outvars[0].shape and _is_float(e.outvars[0].aval) \
+        and not _low_precision(e.outvars[0].aval):
+      x, d = e.invars
+      fresh[0] -= 1
+      r = _Var(d.aval, fresh[0])
+      one = _Lit(np.ones((), d.aval.dtype))
+      add(_Eqn(lax.div_p, {}, [one, d], [r], e.orig))
+      add(_Eqn(lax.mul_p, {}, [x, r], list(e.outvars), e.orig))
+      continue
+    add(e)
+  prog.eqns = eqns
+  prog.producer = {o: i for i, e in enumerate(eqns) for o in e.outvars}
+  uses: dict = {}
+  for e in eqns:
+    for v in e.back_in:
+      uses[v] = uses.get(v, 0) + 1
   prog.abstract = abstract
   prog.uses = uses
+
+
+def _warn_fallbacks(prog: _Program) -> None:
+  """One `CrownFallbackWarning` per primitive bounded by intervals on the way to an output."""
+  reach = _reachable(prog)
+  seen: dict = {}
+  for i, e in enumerate(prog.eqns):
+    if e.kind == "fallback" and i in reach and e.name not in seen:
+      seen[e.name] = e
+  for name, e in seen.items():
+    hint = " Use bj.ibp, or avg_pool." if name.startswith("reduce_window_max") else \
+        " Use bj.ibp if that is enough."
+    warnings.warn(f"bj.crown: no linear relaxation for '{name}' at {e.where()} ({e.reason}); "
+                  f"its interval bound is used (looser).{hint}", CrownFallbackWarning,
+                  stacklevel=4)
+
+
+def _reachable(prog: _Program) -> set[int]:
+  """Indices of the abstract equations the backward passes of the outputs can reach (also
+  through the inputs of fallback equations, whose intervals come from earlier equations)."""
+  seen, stack, idx = set(), [v for v in prog.outvars if isinstance(v, _Var)], set()
+  while stack:
+    v = stack.pop()
+    if v in seen:
+      continue
+    seen.add(v)
+    i = prog.producer.get(v)
+    if i is None or prog.eqns[i].kind in ("concrete", "const"):
+      continue
+    idx.add(i)
+    e = prog.eqns[i]
+    stack.extend(e.back_in if e.kind != "fallback" else
+                 [e.invars[p] for p in e.abstract_pos])
+  return idx
 
 
 def _bind(e: _Eqn, vals: Sequence[Any]):
@@ -234,6 +738,10 @@ def _eval_concrete(prog: _Program, args: Sequence[Any]) -> dict:
     if v not in prog.abstract:
       env[v] = a
   for e in prog.eqns:
+    if e.kind == "const":  # x != x / x == x of finite values
+      o = e.outvars[0]
+      env[o] = np.full(o.shape, e.name == "eq", o.aval.dtype)
+      continue
     if e.kind != "concrete":
       continue
     out = _bind(e, [_read(env, a) for a in e.invars])
@@ -310,7 +818,7 @@ def _abs_linear(e: _Eqn, cenv: dict, pos: int, v):
     c = _read(cenv, a)
     if not jnp.issubdtype(jnp.result_type(c), jnp.floating):
       vals.append(c)  # indices / predicates
-    elif e.name in _ADDITIVE:
+    elif _op(e.name).additive:
       vals.append(jnp.zeros_like(c))
     else:
       vals.append(jnp.abs(c))
@@ -326,7 +834,7 @@ def _transpose_terms(e: _Eqn, pos: int) -> int:
   """How many terms the transpose sums into one entry of operand ``pos`` (for γ_n)."""
   x, y = e.invars[pos], e.outvars[0]
   name = e.name
-  if name in _EXACT_TRANSPOSE or (name == "convert_element_type"
+  if _op(name).exact_transpose or (name == "convert_element_type"
                                   and x.aval.dtype == y.aval.dtype):
     return 0
   if name == "dot_general":
@@ -398,11 +906,10 @@ def _ancestors(prog: _Program, target: _Var) -> list[int]:
       continue
     seen.add(v)
     i = prog.producer.get(v)
-    if i is None or prog.eqns[i].kind == "concrete":
+    if i is None or prog.eqns[i].kind in ("concrete", "const"):
       continue
     idx.add(i)
-    e = prog.eqns[i]
-    stack.extend(e.invars[p] for p in e.abstract_pos)
+    stack.extend(prog.eqns[i].back_in)
   return sorted(idx)
 
 
@@ -423,7 +930,7 @@ def _is_zero(a) -> bool:
 
 def _has_offset(e: _Eqn) -> bool:
   """Whether ``op(0, consts)`` can be non-zero (an additive concrete operand)."""
-  if e.name not in _ADDITIVE:
+  if not _op(e.name).additive:
     return False
   for i, a in enumerate(e.invars):
     if i in e.abstract_pos or _is_zero(a):
@@ -450,11 +957,13 @@ def _prefix(prog: _Program, cenv: dict, target: _Var, anc: list[int], sound: boo
   pending, steps = {}, []
   for i in reversed(anc):
     e = prog.eqns[i]
+    if e.kind != "affine":  # relu, nonlinear, fallback: the example-dependent part
+      for y in e.outvars:
+        if y in lam:
+          pending[y] = lam.pop(y)
+      continue
     y = e.outvars[0]
     if y not in lam:
-      continue
-    if e.kind == "relu":
-      pending[y] = lam.pop(y)
       continue
     lam_y = lam.pop(y)
     y0, vjp = _affine_vjp(e, cenv)
@@ -476,14 +985,6 @@ def _prefix(prog: _Program, cenv: dict, target: _Var, anc: list[int], sound: boo
 # ----------------------------------------------------------------------------------------------
 # Windowed ("patches") backward pass for local layers
 # ----------------------------------------------------------------------------------------------
-
-# Equations whose transpose, with every concrete float operand set to 1, gives a superset of the
-# non-zero pattern of the true transpose (all coefficients non-negative: no cancellation).
-_PATTERN_SAFE = frozenset({"conv_general_dilated", "dot_general", "mul", "div", "add", "add_any",
-                           "reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims",
-                           "convert_element_type", "pad", "slice", "reduce_sum",
-                           "reduce_window_sum", "copy", "copy_p"})
-
 
 @dataclasses.dataclass
 class _PatchPlan:
@@ -513,7 +1014,7 @@ def _ones_cenv(prog: _Program, anc: list[int]):
     e = prog.eqns[i]
     if e.kind == "relu":
       continue
-    if e.name not in _PATTERN_SAFE:
+    if e.kind != "affine" or not _op(e.name).pattern_safe:
       return None
     for j, a in enumerate(e.invars):
       if j in e.abstract_pos or not isinstance(a, _Var):
@@ -646,22 +1147,91 @@ class _Ctx:
   prefixes: dict  # target var -> _Prefix
   ancestors: dict  # target var -> [eqn index]
   plans: dict = dataclasses.field(default_factory=dict)  # target var -> _PatchPlan
+  spec_var: Any = None  # the output bounded through a specification matrix, if any
+  spec_batched: bool = False  # results get a leading batch axis of size 1
 
 
 def _mag(iv: Interval):
   return jnp.maximum(jnp.abs(iv.lower), jnp.abs(iv.upper))
 
 
-def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict):
+def _gather_mu(lam: dict, pending: dict, y, m: int):
+  """``Λ`` at ``y`` for both bounds, (2, m, *y.shape): the example's own rows plus the shared
+  prefix rows; None when neither reaches ``y``."""
+  own, shared = lam.pop(y, None), pending.get(y)
+  if own is None and shared is None:
+    return None
+  if own is None:
+    return jnp.broadcast_to(shared[None], (2, *shared.shape))
+  return own if shared is None else own + shared[None]
+
+
+def _apply_map(t, rows):
+  """``Lᵀ`` of one side of a relaxation applied to rows (leading axis): slopes, a map or None."""
+  if t is None:
+    return None
+  if callable(t):
+    return jax.vmap(t)(rows)
+  return rows * t
+
+
+def _safe_rowdot(rows, b):
+  """``Σ rows · b`` per row with ``0 · ±inf = 0`` (interval bounds may be infinite)."""
+  prod = jnp.where(rows == 0, 0.0, rows * b).astype(rows.dtype)
+  return jnp.sum(prod.reshape((rows.shape[0], -1)), axis=1)
+
+
+def _relaxed_step(ln: _Lines, e: _Eqn, mu, m: int, lam: dict, bias):
+  """One nonlinear equation of the backward pass: for the lower bound positive entries of
+  ``Λ_y`` take the lower line and negative ones the upper line, for the upper bound the other
+  way round (CROWN, Zhang et al. 2018, Theorem 3.2): ``Λ_x += L_loᵀ Λ⁺ + L_upᵀ Λ⁻`` and
+  ``bias += Λ⁺·b_lo + Λ⁻·b_up`` (lower; swapped for the upper bound)."""
+  lo_rows = jnp.concatenate([jnp.maximum(mu[0], 0), jnp.minimum(mu[1], 0)])  # (2m, ...)
+  up_rows = jnp.concatenate([jnp.minimum(mu[0], 0), jnp.maximum(mu[1], 0)])
+  bias = bias + (_safe_rowdot(lo_rows, ln.b_lo) + _safe_rowdot(up_rows, ln.b_up)).reshape((2, m))
+  for x, t_lo, t_up in zip(e.relax_in, ln.lo, ln.up):
+    parts = [q for q in (_apply_map(t_lo, lo_rows), _apply_map(t_up, up_rows)) if q is not None]
+    if parts:
+      _add_to(lam, x, sum(parts[1:], parts[0]).reshape((2, m, *x.shape)))
+  return bias
+
+
+def _fallback_step(iv: Interval, mu, m: int):
+  """A fallback output ``y ∈ [l, u]`` is a box variable: the lower bound gains
+  ``Σ Λ⁺ l + Λ⁻ u``, the upper bound ``Σ Λ⁺ u + Λ⁻ l``; also returns ``Σ |Λ|·max(|l|, |u|)``
+  (sound mode error terms)."""
+  lo, hi = iv.lower, iv.upper
+  low = _safe_rowdot(jnp.maximum(mu[0], 0), lo) + _safe_rowdot(jnp.minimum(mu[0], 0), hi)
+  up = _safe_rowdot(jnp.maximum(mu[1], 0), hi) + _safe_rowdot(jnp.minimum(mu[1], 0), lo)
+  mag = _safe_rowdot(jnp.abs(mu.reshape((2 * m, -1))), _mag(iv).reshape(-1)).reshape((2, m))
+  return jnp.stack([low, up]), mag
+
+
+def _spec_prefix(px: _Prefix, spec) -> _Prefix:
+  """The prefix of ``C @ target`` (start ``Λ = C`` instead of ``I``): every shared row block is
+  mapped by ``C`` (k, m), which is exact linear algebra on the example-independent part."""
+  k = spec.shape[0]
+  mapc = lambda a: jnp.tensordot(spec.astype(a.dtype), a, axes=1)  # noqa: E731
+  return _Prefix(k, {v: mapc(a) for v, a in px.pending.items()},
+                 {v: mapc(a) for v, a in px.at_input.items()}, spec.astype(px.bias.dtype) @ px.bias,
+                 jnp.zeros((k,), px.bias.dtype), [])
+
+
+def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = None,
+              spec=None):
   """CROWN lower and upper bounds of ``target`` (flattened, shape (m,)) for one example.
 
-  ``ivs``: forward intervals of abstract variables; ``pre``: ReLU input var -> (l, u).
+  ``ivs``: forward intervals of abstract variables; ``pre``: ReLU input var -> (l, u);
+  ``rel``: nonlinear equation index -> its `_Lines` on this example.
   """
+  rel = {} if rel is None else rel
   plan = ctx.plans.get(target)
-  if plan is not None:
+  if plan is not None and spec is None:
     return _backward_patches(plan, target, ivs, pre)
   prog, cenv, sound = ctx.prog, ctx.cenv, ctx.sound
   px: _Prefix = ctx.prefixes[target]
+  if spec is not None:
+    px = _spec_prefix(px, spec)
   dtype = target.aval.dtype
   m, n_eq = px.m, len(prog.eqns)
   lam: dict = {}  # var -> (2, m, *shape): [0] for the lower bound, [1] for the upper bound
@@ -670,10 +1240,23 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict):
   for (abs_lam, e, p, g) in px.steps:
     x = e.invars[p]
     slack = slack + g * _rowdot(abs_lam, _abs_linear(e, cenv, p, _mag(ivs[x])))
+  fb_abs, n_fb = jnp.zeros((2, m), dtype), 0
   if px.pending:
     for i in reversed(ctx.ancestors[target]):
       e = prog.eqns[i]
       y = e.outvars[0]
+      if e.kind == "nonlinear":
+        mu = _gather_mu(lam, px.pending, y, m)
+        if mu is not None:
+          bias = _relaxed_step(rel[i], e, mu, m, lam, bias)
+        continue
+      if e.kind == "fallback":
+        for y2 in e.outvars:
+          mu = _gather_mu(lam, px.pending, y2, m)
+          if mu is not None:
+            add, mag = _fallback_step(ivs[y2], mu, m)
+            bias, fb_abs, n_fb = bias + add, fb_abs + mag, n_fb + y2.size
+        continue
       if e.kind == "relu":
         own = lam.pop(y, None)  # (2, m, ...) from pass 2, or None
         shared = px.pending.get(y)  # (m, ...) from the prefix, or None
@@ -687,7 +1270,7 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict):
           lt, ut = rounding.round_down(lt), rounding.round_up(ut)
         a_lo, a_up, b_up = _relu_lines(lt, ut, sound)
         n = x.size
-        flat = lambda a: a.reshape(a.shape[:-len(x.shape)] + (n,))  # noqa: E731
+        flat = lambda a: a.reshape(a.shape[:a.ndim - len(x.shape)] + (n,))  # noqa: E731
         a_lo, a_up, b_up = flat(a_lo), flat(a_up), flat(b_up)
         if own is None:
           mu = flat(shared)[None]  # (1, m, n): shared by both bounds
@@ -737,8 +1320,8 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict):
           slack = slack + g * _rowdot(jnp.abs(lam_y), _abs_linear(e, cenv, p, _mag(ivs[x])), 2)
   # concretise at the input boxes
   lower, upper = bias[0], bias[1]
-  absum = jnp.abs(bias[0]) + jnp.abs(bias[1])
-  n_in = 0
+  absum = jnp.abs(bias[0]) + jnp.abs(bias[1]) + fb_abs[0] + fb_abs[1]
+  n_in = n_fb
   for v in prog.invars:
     if v not in prog.abstract:
       continue
@@ -760,6 +1343,8 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict):
     lower = lower - 2 * (slack[0] + err)
     upper = upper + 2 * (slack[1] + err)
     lower, upper = rounding.outward(lower, upper, ulps=1)
+  if spec is not None:
+    return lower, upper
   return lower.reshape(target.shape), upper.reshape(target.shape)
 
 
@@ -778,42 +1363,201 @@ def _intersect(a: Interval, lo, hi, sound: bool) -> Interval:
   return Interval(lo2, hi2, validate=False)
 
 
-def _run(ctx: _Ctx, boxes: Sequence[Interval]) -> list:
-  """The per-example pass: forward intervals, ReLU pre-activation bounds in order, and the
-  final CROWN bounds of every abstract output. Returns Intervals for abstract outputs."""
+def _interval_of(e: _Eqn, vals: list, sound: bool) -> list:
+  """The forward interval rule of an equation (a composite through the interval domain, which
+  may bound its body instead); low-precision arithmetic always in the domain's sound mode, whose
+  outward rounding covers the float error of evaluating the operation in that precision."""
+  low = any(_low_precision(o.aval) for o in e.outvars) or any(
+      isinstance(v, Interval) and _low_precision(jax.typeof(v.lower)) for v in vals)
+  if low and e.name in interval_domain.RULES:
+    return _interval_low_precision(e, vals)
+  ivctx = interval_domain.IntervalContext(sound=sound)
+  if e.prim is e.orig.prim:
+    return interval_domain.abstract_eqn(ivctx, e.orig, vals)
+  out = interval_domain.RULES[e.name](ivctx, *vals, **e.params)
+  return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _is_low_dtype(d) -> bool:
+  try:
+    return jnp.issubdtype(d, jnp.floating) and jnp.finfo(d).bits < 32
+  except TypeError:
+    return False
+
+
+def _interval_low_precision(e: _Eqn, vals: list) -> list:
+  """Interval of a bfloat16/float16 equation: the rule in float32 (every low-precision operand
+  and dtype parameter raised to float32), widened by two units of the low format's roundoff
+  plus its smallest subnormal, then rounded outward to the output dtype (rounding to nearest is
+  monotone, so the stored value of any point of the box stays inside). This covers an operation
+  evaluated in float32 and rounded once to the low format (XLA's CPU and GPU evaluation of
+  bfloat16 products and sums), not one that rounds every partial sum to bfloat16."""
+  f32 = jnp.float32
+  up = lambda a: a.astype(f32) if _is_low_dtype(jnp.result_type(a)) else a  # noqa: E731
+  vals32 = [Interval(up(v.lower), up(v.upper), validate=False) if isinstance(v, Interval)
+            else (up(jnp.asarray(v)) if _is_float(jax.typeof(jnp.asarray(v))) else v)
+            for v in vals]
+  params = {k: (np.dtype(f32) if not isinstance(v, bool) and _is_low_dtype_param(v) else v)
+            for k, v in e.params.items()}
+  out = interval_domain.RULES[e.name](interval_domain.IntervalContext(), *vals32, **params)
+  outs = list(out) if isinstance(out, (list, tuple)) else [out]
+  res = []
+  for o, var in zip(outs, e.outvars):
+    dt = var.aval.dtype
+    if not _is_low_dtype(dt):
+      res.append(o)
+      continue
+    info = jnp.finfo(dt)
+    margin = 2 * float(info.eps) / 2
+    tiny = float(info.smallest_subnormal)
+    lo = o.lower - margin * jnp.abs(o.lower) - tiny
+    hi = o.upper + margin * jnp.abs(o.upper) + tiny
+    lo_d, hi_d = lo.astype(dt), hi.astype(dt)
+    lo_d = jnp.where(lo_d.astype(f32) > lo, jnp.nextafter(lo_d, jnp.asarray(-jnp.inf, dt)), lo_d)
+    hi_d = jnp.where(hi_d.astype(f32) < hi, jnp.nextafter(hi_d, jnp.asarray(jnp.inf, dt)), hi_d)
+    res.append(Interval(lo_d, hi_d, validate=False))
+  return res
+
+
+def _is_low_dtype_param(v) -> bool:
+  try:
+    return isinstance(v, (np.dtype, type)) and _is_low_dtype(v)
+  except Exception:  # pragma: no cover - exotic parameter values
+    return False
+
+
+def _leaky_slopes(e: _Eqn, cenv: dict, x: _Var):
+  """Slopes ``(p, n)`` of a leaky-ReLU equation on the positive and negative side."""
+  kind, atom = e.aux
+  alpha = jnp.broadcast_to(jnp.asarray(_read(cenv, atom), x.aval.dtype), x.shape)
+  if kind == "select":
+    return jnp.ones_like(alpha), alpha
+  return jnp.maximum(alpha, 1.0), jnp.minimum(alpha, 1.0)
+
+
+def _relax_lines(e: _Eqn, cenv: dict, bounds: list, y_iv: Interval) -> _Lines:
+  """The lines of a nonlinear equation on this example's input bounds (see `_Lines`)."""
+  y_lo, y_hi = y_iv.lower, y_iv.upper
+  zeros = jnp.zeros_like(y_lo)
+  if e.mode in ("unary", "reciprocal", "leaky"):
+    (l, u), = bounds
+    if e.mode == "unary":
+      lines = _unary_relaxation(e.name, e.params)(l, u)
+      check = _endpoint_check(_unary_fn(e.name, e.params))(l, u)
+    elif e.mode == "reciprocal":
+      c = jnp.broadcast_to(jnp.asarray(_read(cenv, e.invars[0]), l.dtype), l.shape)
+      lines = _reciprocal_lines(c, l, u)
+      check = _endpoint_check(lambda d: c / d)(l, u)
+    else:
+      p, n = _leaky_slopes(e, cenv, e.relax_in[0])
+      lines, check = _leaky_lines(p, n, l, u), None
+    a_lo, b_lo, a_up, b_up = _finite_or_constant(*lines, l, u, y_lo, y_hi, check)
+    return _Lines([a_lo], b_lo, [a_up], b_up)
+  if e.mode == "product":
+    (lx, ux), (lz, uz) = bounds
+    a_lo, b_lo, a_up, b_up = _mccormick(lx, ux, lz, uz)
+    ok = jnp.isfinite(lx) & jnp.isfinite(ux) & jnp.isfinite(lz) & jnp.isfinite(uz)
+    keep = lambda a: jnp.where(ok, a, 0.0)  # noqa: E731
+    return _Lines([keep(a) for a in a_lo], jnp.where(ok, b_lo, y_lo),
+                  [keep(a) for a in a_up], jnp.where(ok, b_up, y_hi))
+  if e.mode in ("max2", "min2"):
+    (l1, u1), (l2, u2) = bounds
+    one, zero = jnp.ones_like(l1), jnp.zeros_like(l1)
+    if e.mode == "max2":  # max >= the operand with the larger lower bound; = a dominating one
+      first = l1 >= l2
+      sel = [jnp.where(first, one, zero), jnp.where(first, zero, one)]
+      d1, d2 = l1 >= u2, l2 >= u1
+      dom = [jnp.where(d1, one, zero), jnp.where(d2 & ~d1, one, zero)]
+      return _Lines(sel, zeros, dom, jnp.where(d1 | d2, zero, y_hi))
+    first = u1 <= u2
+    sel = [jnp.where(first, one, zero), jnp.where(first, zero, one)]
+    d1, d2 = u1 <= l2, u2 <= l1
+    dom = [jnp.where(d1, one, zero), jnp.where(d2 & ~d1, one, zero)]
+    return _Lines(dom, jnp.where(d1 | d2, zero, y_lo), sel, zeros)
+  if e.mode == "pool":
+    (l, u), = bounds
+    is_max = e.name in ("reduce_max", "reduce_window_max")
+    _, vjp = jax.vjp(lambda z: _bind1(e, [z]), l if is_max else u)
+    sel = lambda g: vjp(g)[0]  # noqa: E731  a convex combination of the entries (ties split)
+    if is_max:  # max >= the entry with the largest lower bound; <= the largest upper bound
+      return _Lines([sel], zeros, [None], y_hi)
+    return _Lines([None], y_lo, [sel], zeros)
+  raise AssertionError(e.mode)
+
+
+def _spec_interval(iv: Interval, spec):
+  """Interval bound of ``C y`` from ``y ∈ [l, u]``: ``C⁺ l + C⁻ u`` and ``C⁺ u + C⁻ l``."""
+  l, u = iv.lower.reshape(-1), iv.upper.reshape(-1)
+  cp, cn = jnp.maximum(spec, 0), jnp.minimum(spec, 0)
+  return Interval(_safe_rowdot(cp, l) + _safe_rowdot(cn, u),
+                  _safe_rowdot(cp, u) + _safe_rowdot(cn, l), validate=False)
+
+
+def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None) -> list:
+  """The per-example pass: forward intervals, pre-activation bounds of every ReLU and relaxed
+  equation in order (with their lines), and the final CROWN bounds of every abstract output.
+  Returns Intervals for abstract outputs."""
   prog, cenv = ctx.prog, ctx.cenv
-  ivctx = interval_domain.IntervalContext(sound=ctx.sound)
   ivs = {}
   it = iter(boxes)
   for v in prog.invars:
     if v in prog.abstract:
       ivs[v] = next(it)
   pre: dict = {}
-  for e in prog.eqns:
-    if e.kind == "concrete":
+  rel: dict = {}
+
+  def tighten(x):
+    if x not in pre:
+      if ctx.intermediate == "crown" and x in ctx.prefixes:
+        lo, hi = _backward(ctx, x, ivs, pre, rel)
+        ivs[x] = _intersect(ivs[x], lo, hi, ctx.sound)
+      pre[x] = (ivs[x].lower, ivs[x].upper)
+    return pre[x]
+
+  for i, e in enumerate(prog.eqns):
+    if e.kind in ("concrete", "const"):
       continue
     if e.kind == "relu":
       x, c, sigma = _relu_parts(e, cenv)
-      if x not in pre:
-        if ctx.intermediate == "crown":
-          lo, hi = _backward(ctx, x, ivs, pre)
-          ivs[x] = _intersect(ivs[x], lo, hi, ctx.sound)
-        pre[x] = (ivs[x].lower, ivs[x].upper)
+      tighten(x)
       op = jnp.maximum if sigma > 0 else jnp.minimum
       ivs[e.outvars[0]] = Interval(op(ivs[x].lower, c), op(ivs[x].upper, c), validate=False)
       continue
+    if e.kind == "nonlinear":
+      bounds = [tighten(x) for x in e.relax_in]
+    elif e.kind == "fallback":
+      for p in e.abstract_pos:
+        if e.invars[p] in ctx.prefixes:
+          tighten(e.invars[p])
     vals = [ivs[a] if isinstance(a, _Var) and a in prog.abstract else _read(cenv, a)
             for a in e.invars]
-    rule = interval_domain.RULES[e.name]
-    out = rule(ivctx, *vals, **e.params)
-    outs = out if isinstance(out, (list, tuple)) else [out]
+    if e.kind == "nonlinear" and e.mode == "leaky":
+      (l, u), = bounds
+      p, n = _leaky_slopes(e, cenv, e.relax_in[0])
+      f = lambda t: jnp.where(t >= 0, p * t, n * t)  # noqa: E731
+      lo = jnp.minimum(jnp.minimum(f(l), f(u)), jnp.where((l < 0) & (u > 0), 0.0, jnp.inf))
+      outs = [Interval(lo, jnp.maximum(f(l), f(u)), validate=False)]
+    elif e.kind == "affine":
+      out = interval_domain.RULES[e.name](interval_domain.IntervalContext(sound=ctx.sound),
+                                          *vals, **e.params)
+      outs = out if isinstance(out, (list, tuple)) else [out]
+    else:
+      outs = _interval_of(e, vals, ctx.sound)
     for v, o in zip(e.outvars, outs):
       ivs[v] = o
+    if e.kind == "nonlinear":
+      rel[i] = _relax_lines(e, cenv, bounds, ivs[e.outvars[0]])
   results = []
   for v in prog.outvars:
     if isinstance(v, _Var) and v in prog.abstract:
-      if v in ctx.prefixes:
-        lo, hi = _backward(ctx, v, ivs, pre)
+      if spec is not None and v is ctx.spec_var:
+        lo, hi = _backward(ctx, v, ivs, pre, rel, spec=spec)
+        res = _intersect(_spec_interval(ivs[v], spec), lo, hi, ctx.sound)
+        if ctx.spec_batched:
+          res = Interval(res.lower[None], res.upper[None], validate=False)
+        results.append(res)
+      elif v in ctx.prefixes:
+        lo, hi = _backward(ctx, v, ivs, pre, rel)
         results.append(_intersect(ivs[v], lo, hi, ctx.sound))
       else:
         results.append(ivs[v])
@@ -831,16 +1575,30 @@ def _is_array_like(x: Any) -> bool:
 
 
 def _targets(prog: _Program, intermediate: str) -> list[_Var]:
-  targets = []
+  """Variables bounded by a backward pass of their own, in program order: with
+  ``intermediate="crown"`` the inputs of every ReLU and relaxed equation and the affine inputs of
+  fallback equations; always the abstract outputs (full-precision floats only)."""
+  targets: list = []
+
+  def add(x):
+    if isinstance(x, _Var) and x in prog.abstract and _is_float(x.aval) \
+        and not _low_precision(x.aval) and x not in targets:
+      targets.append(x)
+
   if intermediate == "crown":
     for e in prog.eqns:
       if e.kind == "relu":
-        x = e.invars[e.abstract_pos[0]]
-        if x not in targets:
-          targets.append(x)
+        add(e.invars[e.abstract_pos[0]])
+      elif e.kind == "nonlinear":
+        for x in e.relax_in:
+          add(x)
+      elif e.kind == "fallback":
+        for p in e.abstract_pos:
+          j = prog.producer.get(e.invars[p])
+          if j is not None and prog.eqns[j].kind == "affine":
+            add(e.invars[p])
   for v in prog.outvars:
-    if isinstance(v, _Var) and v in prog.abstract and v not in targets:
-      targets.append(v)
+    add(v)
   return targets
 
 
@@ -856,7 +1614,7 @@ def _lambda_bytes(prog: _Program, targets: list[_Var], ancestors: dict) -> int:
 
 def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None = 0,
           sound_fp: bool = False, chunk_size: int | None = None,
-          memory_bytes: int = 1 << 30, patches: bool = True) -> Callable:
+          memory_bytes: int = 1 << 30, patches: bool = True, spec: Any = None) -> Callable:
   """CROWN: backward linear bound propagation of ``fn`` over its `Interval` arguments.
 
   Args:
@@ -874,6 +1632,14 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       that follows a convolution of the input) on receptive-field windows (see the module
       docstring); the bounds equal the dense pass up to the order of float sums. Not used with
       ``sound_fp`` (whose error bound follows the dense pass).
+    spec: a specification matrix ``C``: bound ``C @ y`` instead of ``y``, where ``y`` is ``fn``'s
+      one box-dependent output, flattened per example (``m`` entries). ``C`` of shape (k, m) is
+      used for every example; with ``batch_axis=0`` a ``C`` of shape (batch, k, m) gives row i
+      of the batch its own ``C[i]`` (e.g. label-dependent margins ``y_label - y_j``). The
+      backward pass starts from ``Λ = C`` (CROWN, Zhang et al. 2018, §3.3: bounding a linear
+      function of the outputs is tighter than combining bounds of each output). The output is
+      an `Interval` of shape (batch, k) (or (k,) with ``batch_axis=None``). Not with
+      ``sound_fp``.
 
   Returns:
     A function with ``fn``'s signature: any pytree leaf may be an `Interval` (the input box;
@@ -896,6 +1662,17 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
     raise ValueError(f"crown: patches must be a bool, got {patches!r}")
   if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
     raise ValueError(f"crown: chunk_size must be a positive int, got {chunk_size!r}")
+  if spec is not None:
+    spec = jnp.asarray(spec)
+    if not jnp.issubdtype(spec.dtype, jnp.floating) or spec.ndim not in (2, 3):
+      raise ValueError(f"crown: spec must be a float matrix (k, m) or (batch, k, m), got "
+                       f"shape {spec.shape} and dtype {spec.dtype}")
+    if spec.ndim == 3 and batch_axis != 0:
+      raise ValueError("crown: a per-example spec (batch, k, m) needs batch_axis=0")
+    if batch_axis not in (0, None):
+      raise ValueError("crown: spec needs batch_axis=0 or None")
+    if sound_fp:
+      raise ValueError("crown: spec is not supported with sound_fp=True")
 
   cache: dict = {}
 
@@ -921,15 +1698,18 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
     key = _cache_key(leaves, treedef, dyn)
     if key is not None and key in cache:
       jitted, out_tree = cache[key]
-      return jax.tree_util.tree_unflatten(out_tree, jitted([leaves[i] for i in dyn]))
+      with _precision(sound_fp):
+        return jax.tree_util.tree_unflatten(out_tree, jitted([leaves[i] for i in dyn], spec))
     if axes is not None and n_batch > 1 and key is not None:
       _check_examples_independent(fn, arguments, axes, batch_axis)
     core = prog_lib.trace(fn, arguments, box_shape=one_example, precision_highest=sound_fp)
     out_tree = core.out_tree
     prog = _from_core(core)
-    _classify(prog, [v in core.depends for v in core.invars])
+    _classify(prog, [v in core.depends for v in core.invars], sound_fp)
+    _warn_fallbacks(prog)
+    spec_var = _spec_target(prog, spec, n_batch if axes is not None else None)
 
-    def compute(values):
+    def compute(values, spec_arr):
       """The numeric part, one XLA program (inlined when already under jit)."""
       cenv = _eval_concrete(prog, [None if is_interval(v) else v for v in values])
       targets = _targets(prog, intermediate)
@@ -939,22 +1719,49 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       if patches and not sound_fp:
         plans = {t: _patch_plan(prog, cenv, t, prefixes, ancestors) for t in targets}
         plans = {t: p for t, p in plans.items() if p is not None}
-      ctx = _Ctx(prog, cenv, sound_fp, intermediate, prefixes, ancestors, plans)
+      ctx = _Ctx(prog, cenv, sound_fp, intermediate, prefixes, ancestors, plans,
+                 spec_var, spec_var is not None and axes is not None)
       box_list = [v for v in values if is_interval(v)]
       if axes is None:
-        outs = _run(ctx, box_list)
+        outs = _run(ctx, box_list, spec_arr)
       else:
         outs = _batched(ctx, box_list, [axes[i] for i in boxes_idx], n_batch, batch_axis,
-                        chunk_size or _auto_chunk(prog, targets, ancestors, memory_bytes))
+                        chunk_size or _auto_chunk(prog, targets, ancestors, memory_bytes),
+                        spec_arr)
       return [o if o is not None else _read(cenv, v) for v, o in zip(prog.outvars, outs)]
 
     jitted = jax.jit(compute)
     if key is not None and len(cache) < 16:
       cache[key] = (jitted, out_tree)
-    results = jitted([leaves[i] for i in dyn])
+    with _precision(sound_fp):  # the backward pass's own products too, not only fn's
+      results = jitted([leaves[i] for i in dyn], spec)
     return jax.tree_util.tree_unflatten(out_tree, results)
 
   return bounded
+
+
+def _precision(sound_fp: bool):
+  """``precision=HIGHEST`` for every product traced in sound mode (no TF32 on accelerators)."""
+  return jax.default_matmul_precision("highest" if sound_fp else None)
+
+
+def _spec_target(prog: _Program, spec, n_batch: int | None):
+  """The output a ``spec`` applies to (the one box-dependent float output), checked against the
+  spec's shape; None without a spec."""
+  if spec is None:
+    return None
+  outs = [v for v in prog.outvars if isinstance(v, _Var) and v in prog.abstract]
+  if len(outs) != 1 or not _is_float(outs[0].aval) or _low_precision(outs[0].aval):
+    raise ValueError(f"crown: spec needs fn to have exactly one box-dependent float32/float64 "
+                     f"output, got {len(outs)}")
+  v = outs[0]
+  if spec.shape[-1] != v.size:
+    raise ValueError(f"crown: spec has {spec.shape[-1]} columns but the output has {v.size} "
+                     "entries per example")
+  if spec.ndim == 3 and spec.shape[0] != n_batch:
+    raise ValueError(f"crown: per-example spec has {spec.shape[0]} rows of the batch, the boxes "
+                     f"have {n_batch}")
+  return v
 
 
 def _check_examples_independent(fn: Callable, arguments: prog_lib.Arguments, axes: dict,
@@ -1064,23 +1871,26 @@ def _batch_axes(leaves, boxes_idx, batch_axis):
   return axes
 
 
-def _batched(ctx: _Ctx, boxes, axes, n_batch: int, batch_axis: int, chunk: int):
-  """Runs the per-example pass over the batch (lax.map over vmapped chunks)."""
+def _batched(ctx: _Ctx, boxes, axes, n_batch: int, batch_axis: int, chunk: int, spec=None):
+  """Runs the per-example pass over the batch (lax.map over vmapped chunks). ``spec``: None,
+  one (k, m) matrix for every example, or (batch, k, m) (row i of the batch gets ``spec[i]``)."""
   los = [jnp.moveaxis(b.lower, a, 0) for b, a in zip(boxes, axes)]
   his = [jnp.moveaxis(b.upper, a, 0) for b, a in zip(boxes, axes)]
+  per_example = spec is not None and spec.ndim == 3
+  specs = spec if per_example else jnp.zeros((n_batch, 0))
 
   def one(xs):
-    lo, hi = xs
+    lo, hi, sp = xs
     ex = [Interval(jnp.expand_dims(l, a), jnp.expand_dims(h, a), validate=False)
           for l, h, a in zip(lo, hi, axes)]
-    outs = _run(ctx, ex)
+    outs = _run(ctx, ex, sp if per_example else spec)
     return [None if o is None else (o.lower, o.upper) for o in outs]
 
   if n_batch == 1:
     stacked = jax.tree_util.tree_map(lambda a: a[None], one(([l[0] for l in los],
-                                                              [h[0] for h in his])))
+                                                              [h[0] for h in his], specs[0])))
   else:
-    stacked = lax.map(one, (los, his), batch_size=min(chunk, n_batch))
+    stacked = lax.map(one, (los, his, specs), batch_size=min(chunk, n_batch))
   outs = []
   for o in stacked:
     if o is None:

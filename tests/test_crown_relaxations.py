@@ -1,0 +1,315 @@
+"""Tests of CROWN's linear relaxations of nonlinear operations and of its interval fallback
+(`boundjax.domains.linear`): every bound is checked against 10,000 sampled points of the box (half
+at random vertices) plus every vertex of the box; relaxed operations must not warn, fallbacks
+must warn once naming the primitive and the line."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import boundjax as bj
+from boundjax.domains.linear import CrownFallbackWarning, crown
+from tests.helpers import assert_inside, sample_box
+
+N_SAMPLES = 10_000
+D = 6
+
+
+def _layer(seed: int, d_in: int, d_out: int):
+  rng = np.random.default_rng(seed)
+  w = jnp.asarray(rng.normal(size=(d_in, d_out)) / np.sqrt(d_in), jnp.float32)
+  b = jnp.asarray(rng.normal(size=(d_out,)) * 0.3, jnp.float32)
+  return w, b
+
+
+def _points(box: bj.Interval, seed: int) -> jnp.ndarray:
+  """Sampled points of a small box plus all of its vertices (leading axis)."""
+  pts = sample_box(jax.random.PRNGKey(seed), box, N_SAMPLES)
+  lo, hi = np.asarray(box.lower).ravel(), np.asarray(box.upper).ravel()
+  if lo.size <= 12:
+    corners = np.array(list(itertools.product(*zip(lo, hi))), np.float32)
+    pts = jnp.concatenate([pts, jnp.asarray(corners.reshape((-1, *box.shape)))])
+  return pts
+
+
+def _bound(fn, box, *, expect_warning: str | None = None, **kw):
+  """``crown(fn)(box)``, asserting a fallback warning (or none)."""
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out = crown(fn, batch_axis=None, **kw)(box)
+  msgs = [str(w.message) for w in caught if issubclass(w.category, CrownFallbackWarning)]
+  if expect_warning is None:
+    assert not msgs, msgs
+  else:
+    assert any(expect_warning in m and "test_crown_relaxations.py" in m for m in msgs), msgs
+  return out
+
+
+def _check(fn, box, seed=0, **kw):
+  out = _bound(fn, box, **kw)
+  ys = jax.vmap(fn)(_points(box, seed))
+  assert_inside(out, ys, what=getattr(fn, "__name__", "fn"))
+  ibp = bj.ibp(fn)(box)
+  tol = 1e-5 * (1 + np.abs(np.asarray(ibp.lower)))
+  assert np.all(np.asarray(out.lower) >= np.asarray(ibp.lower) - tol)
+  return out, ibp
+
+
+def _mlp_around(act, seed: int = 0, width: int = 8):
+  """x -> W2 act(W1 x + b1) + b2: the activation between two random layers."""
+  w1, b1 = _layer(seed, D, width)
+  w2, b2 = _layer(seed + 1, width, 3)
+  return lambda x: act(x @ w1 + b1) @ w2 + b2
+
+
+UNARY = {
+    "exp": jnp.exp,
+    "expm1": jnp.expm1,
+    "tanh": jnp.tanh,
+    "logistic": jax.nn.sigmoid,
+    "erf": lax.erf,
+    "erfc": lax.erfc,
+    "atan": jnp.arctan,
+    "square": jnp.square,
+    "integer_pow2": lambda x: x ** 2,
+    "integer_pow4": lambda x: x ** 4,
+    "abs": jnp.abs,
+    "leaky_relu": jax.nn.leaky_relu,
+    "leaky_max": lambda x: jnp.maximum(x, 0.2 * x),
+    "softplus": jax.nn.softplus,
+    "gelu_exact": lambda x: jax.nn.gelu(x, approximate=False),
+    "silu": jax.nn.silu,
+    "x_times_tanh": lambda x: x * jnp.tanh(x),
+}
+POSITIVE = {  # need inputs inside their real domain: applied to 0.5 + x^2
+    "log": jnp.log,
+    "log1p": jnp.log1p,
+    "sqrt": jnp.sqrt,
+    "rsqrt": lax.rsqrt,
+    "reciprocal": lambda d: 1.0 / d,
+    "div_both": lambda d: jnp.flip(d, -1) / d,
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+@pytest.mark.parametrize("radius", [0.05, 1.0])
+def test_unary_relaxation_sound_no_warning(name, radius):
+  fn = _mlp_around(UNARY[name], seed=len(name))
+  x = jax.random.normal(jax.random.PRNGKey(len(name)), (D,))
+  _check(fn, bj.Interval.around(x, radius), seed=3)
+
+
+@pytest.mark.parametrize("name", sorted(POSITIVE))
+def test_positive_domain_relaxation_sound(name):
+  w1, b1 = _layer(7, D, 8)
+  w2, b2 = _layer(8, 8, 3)
+  fn = lambda x: POSITIVE[name](0.5 + jnp.square(x @ w1 + b1)) @ w2 + b2
+  box = bj.Interval.around(jax.random.normal(jax.random.PRNGKey(1), (D,)), 0.3)
+  _check(fn, box)
+
+
+def test_tanh_network_tighter_than_interval_fallback():
+  """The tanh lines make CROWN tighter than IBP on a 3-layer tanh network (not just sound)."""
+  ws = [_layer(s, a, b) for s, (a, b) in enumerate([(D, 16), (16, 16), (16, 4)])]
+
+  def fn(x):
+    for w, b in ws[:-1]:
+      x = jnp.tanh(x @ w + b)
+    return x @ ws[-1][0] + ws[-1][1]
+
+  out, ibp = _check(fn, bj.Interval.around(jnp.linspace(-1, 1, D), 0.1))
+  assert float(jnp.mean(out.width)) < 0.8 * float(jnp.mean(ibp.width))
+
+
+def test_product_of_two_boxes_mccormick():
+  fn = lambda x: (x[:3] * x[3:]) @ jnp.ones((3, 2)) + x[:2] * x[1:3]
+  _check(fn, bj.Interval.around(jnp.array([0.3, -1.0, 2.0, 0.5, -0.2, 1.0]), 0.5))
+  # two Interval arguments
+  box = bj.Interval.around(jnp.zeros((4,)), 1.0)
+  f2 = lambda a, b: a * b + a
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", CrownFallbackWarning)
+    out = crown(f2, batch_axis=None)(box, bj.Interval.around(jnp.ones((4,)), 0.5))
+  a = sample_box(jax.random.PRNGKey(0), box, N_SAMPLES)
+  b = sample_box(jax.random.PRNGKey(1), bj.Interval.around(jnp.ones((4,)), 0.5), N_SAMPLES)
+  assert_inside(out, f2(a, b), what="a*b+a")
+
+
+def test_max_min_of_two_boxes():
+  w1, b1 = _layer(3, D, 4)
+  w2, b2 = _layer(4, D, 4)
+  for op in (jnp.maximum, jnp.minimum):
+    _check(lambda x: op(x @ w1 + b1, x @ w2 + b2) @ jnp.ones((4, 2)),
+           bj.Interval.around(jnp.linspace(-1, 1, D), 0.4))
+
+
+def test_max_pooling_relaxed_and_reduce_max():
+  class PoolCNN(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      x = nn.relu(nn.Conv(3, (3, 3))(x))
+      x = nn.max_pool(x, (2, 2), (2, 2))
+      return nn.Dense(3)(x.reshape((x.shape[0], -1)))
+
+  model = PoolCNN()
+  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 6, 6, 1)))
+  x = jax.random.uniform(jax.random.PRNGKey(1), (2, 6, 6, 1))
+  box = bj.Interval.around(x, 0.05)
+  out = crown(model.apply)(params, box)
+  pts = jnp.stack([sample_box(jax.random.PRNGKey(b), box[b], N_SAMPLES) for b in range(2)], 1)
+  ys = model.apply(params, pts.reshape((-1, 6, 6, 1))).reshape((N_SAMPLES, 2, 3))
+  assert_inside(out, ys, what="max_pool cnn")
+  ibp = bj.ibp(model.apply)(params, box)
+  assert float(jnp.mean(out.width)) <= float(jnp.mean(ibp.width)) + 1e-6
+  for op, seed in ((jnp.max, 5), (jnp.min, 6)):
+    pool = lambda h: (op(h.reshape((2, 4)), axis=-1, keepdims=True) * jnp.ones((2, 4))).reshape(-1)
+    _check(_mlp_around(pool, seed=seed), bj.Interval.around(jnp.zeros((D,)), 0.5))
+
+
+def test_softmax_layernorm_attention_fall_back_or_relax_soundly():
+  softmax = _mlp_around(lambda h: jax.nn.softmax(h), seed=11)
+  _check(softmax, bj.Interval.around(jnp.zeros((D,)), 0.3), expect_warning="softmax")
+
+  ln = nn.LayerNorm()
+  ln_params = ln.init(jax.random.PRNGKey(0), jnp.zeros((8,)))
+  _check(_mlp_around(lambda h: ln.apply(ln_params, h), seed=12),
+         bj.Interval.around(jnp.linspace(-1, 1, D), 0.1))
+
+  att = nn.SelfAttention(num_heads=2, qkv_features=4, out_features=4)
+  a_params = att.init(jax.random.PRNGKey(1), jnp.zeros((3, 4)))
+  fn = lambda x: att.apply(a_params, x.reshape((3, 2)) @ jnp.ones((2, 4)) * 0.5).reshape(-1)
+  out = crown(fn, batch_axis=None)(bj.Interval.around(jnp.linspace(-1, 1, D), 0.05))
+  pts = _points(bj.Interval.around(jnp.linspace(-1, 1, D), 0.05), 0)
+  assert_inside(out, jax.vmap(fn)(pts), what="attention")
+
+
+def test_fallback_warns_once_per_primitive_and_is_sound():
+  fn = _mlp_around(lambda h: jnp.cumsum(jnp.sort(h)), seed=13)  # sort: interval only
+  box = bj.Interval.around(jnp.zeros((D,)), 0.5)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out = crown(fn, batch_axis=None)(box)
+  msgs = [str(w.message) for w in caught if issubclass(w.category, CrownFallbackWarning)]
+  assert len(msgs) == 1 and "'sort'" in msgs[0] and "test_crown_relaxations.py:" in msgs[0]
+  assert_inside(out, jax.vmap(fn)(_points(box, 0)), what="sort fallback")
+
+
+def test_sound_fp_nonlinear_falls_back_and_holds_in_float64():
+  ws = [_layer(s, a, b) for s, (a, b) in enumerate([(D, 8), (8, 3)])]
+  fn = lambda x: jnp.tanh(x @ ws[0][0] + ws[0][1]) @ ws[1][0] + ws[1][1]
+  box = bj.Interval.around(jnp.linspace(-1, 1, D), 0.2)
+  out = _bound(fn, box, sound_fp=True, expect_warning="tanh")
+  pts = np.asarray(_points(box, 0), np.float64)
+  with jax.enable_x64(True):
+    w64 = [(jnp.asarray(np.asarray(w), jnp.float64), jnp.asarray(np.asarray(b), jnp.float64))
+           for w, b in ws]
+    ys = np.asarray(jnp.tanh(pts @ w64[0][0] + w64[0][1]) @ w64[1][0] + w64[1][1])
+  assert_inside(out, ys, tol=0.0, what="sound_fp tanh")
+
+
+def test_bfloat16_dense_and_round_trip_are_sound():
+  model = nn.Dense(3, dtype=jnp.bfloat16)
+  params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, D)))
+  box = bj.Interval.around(jax.random.normal(jax.random.PRNGKey(1), (2, D)), 0.1)
+  with pytest.warns(CrownFallbackWarning, match="bfloat16"):
+    out = crown(model.apply)(params, box)
+  pts = jnp.stack([sample_box(jax.random.PRNGKey(b), box[b], N_SAMPLES) for b in range(2)], 1)
+  ys = model.apply(params, pts.reshape((-1, D))).reshape((N_SAMPLES, 2, 3))
+  assert_inside(out, ys.astype(jnp.float32), tol=0.0, what="bf16 dense")
+
+  w, b = _layer(2, D, 4)
+  fn = lambda x: (x.astype(jnp.bfloat16).astype(jnp.float32) - x) * 1000.0 @ w + b
+  box = bj.Interval.around(jnp.linspace(-2, 2, D), 0.01)
+  with pytest.warns(CrownFallbackWarning, match="bfloat16"):
+    out = crown(fn, batch_axis=None)(box)
+  ys = jax.vmap(fn)(_points(box, 1))
+  assert float(jnp.max(jnp.abs(ys))) > 1e-3  # the rounding error is visible
+  assert_inside(out, ys, tol=0.0, what="bf16 round trip")
+
+
+# ----------------------------------------------------------------------------------------------
+# Specifications: bounds of C @ fn(x)
+# ----------------------------------------------------------------------------------------------
+
+class _MnistMLP(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    x = x.reshape((x.shape[0], -1))
+    x = nn.relu(nn.Dense(64)(x))
+    x = nn.relu(nn.Dense(32)(x))
+    return nn.Dense(10)(x)
+
+
+class _MnistCNN(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Conv(8, (4, 4), strides=2)(x))
+    x = nn.relu(nn.Conv(16, (4, 4), strides=2)(x))
+    x = nn.relu(nn.Dense(64)(x.reshape((x.shape[0], -1))))
+    return nn.Dense(10)(x)
+
+
+def _margin_spec(labels) -> jnp.ndarray:
+  """Per-example ``C[i]`` with rows ``e_label - e_j`` (j != label): (batch, 9, 10)."""
+  eye = np.eye(10, dtype=np.float32)
+  return jnp.asarray([[eye[y] - eye[j] for j in range(10) if j != y] for y in labels])
+
+
+def _check_spec(model, shape, seed, n_samples=N_SAMPLES):
+  params = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, *shape)))
+  batch = 16
+  x = jax.random.uniform(jax.random.PRNGKey(seed + 1), (batch, *shape))
+  labels = np.asarray(jax.random.randint(jax.random.PRNGKey(seed + 2), (batch,), 0, 10))
+  box = bj.Interval.around(x, 0.01, domain=(0.0, 1.0))
+  c = _margin_spec(labels)
+  out = crown(model.apply, spec=c)(params, box)
+  assert out.shape == (batch, 9)
+  logits = crown(model.apply)(params, box)
+  cp, cn = jnp.maximum(c, 0), jnp.minimum(c, 0)
+  sub_lo = jnp.einsum("bkm,bm->bk", cp, logits.lower) + jnp.einsum("bkm,bm->bk", cn, logits.upper)
+  sub_hi = jnp.einsum("bkm,bm->bk", cp, logits.upper) + jnp.einsum("bkm,bm->bk", cn, logits.lower)
+  tol = 1e-5 * (1 + jnp.abs(sub_lo))
+  assert bool(jnp.all(out.lower >= sub_lo - tol)) and bool(jnp.all(out.upper <= sub_hi + tol))
+  # strictly tighter on average (the margin's rows share their path through the network)
+  assert float(jnp.mean(out.width)) < float(jnp.mean(sub_hi - sub_lo))
+  for b in range(batch):
+    pts = sample_box(jax.random.PRNGKey(100 + b), box[b], n_samples)
+    ys = model.apply(params, pts) @ c[b].T
+    assert_inside(bj.Interval(out.lower[b], out.upper[b]), ys, what=f"spec example {b}")
+  # one C for every example equals the per-example C repeated
+  shared = crown(model.apply, spec=c[0])(params, box[:2])
+  per = crown(model.apply, spec=jnp.stack([c[0], c[0]]))(params, box[:2])
+  np.testing.assert_allclose(shared.lower, per.lower, rtol=1e-5, atol=1e-5)
+  return out, sub_lo, sub_hi
+
+
+def test_spec_margins_mnist_mlp_sound_and_tighter():
+  _check_spec(_MnistMLP(), (28, 28, 1), 0)
+
+
+def test_spec_margins_mnist_cnn_sound_and_tighter():
+  _check_spec(_MnistCNN(), (28, 28, 1), 1)
+
+
+def test_spec_batch_axis_none_and_errors():
+  w, b = _layer(0, D, 4)
+  fn = lambda x: jax.nn.relu(x @ w + b) @ jnp.ones((4, 3))
+  box = bj.Interval.around(jnp.zeros((D,)), 0.5)
+  c = jnp.asarray([[1.0, -1.0, 0.0], [0.0, 1.0, -1.0]])
+  out = crown(fn, batch_axis=None, spec=c)(box)
+  assert out.shape == (2,)
+  assert_inside(out, jax.vmap(fn)(_points(box, 0)) @ c.T, what="spec unbatched")
+  with pytest.raises(ValueError, match="columns"):
+    crown(fn, batch_axis=None, spec=jnp.ones((2, 5)))(box)
+  with pytest.raises(ValueError, match="sound_fp"):
+    crown(fn, batch_axis=None, spec=c, sound_fp=True)
+  with pytest.raises(ValueError, match="batch_axis=0"):
+    crown(fn, batch_axis=None, spec=jnp.ones((1, 2, 3)))
