@@ -169,7 +169,7 @@ class Case:
   """``fn(*args)``; ``make(rng) -> args`` builds random boxes/arrays (Intervals are bounded)."""
   fn: Callable
   make: Callable[[np.random.Generator], tuple]
-  exact_points: bool = True  # zero-width boxes reproduce fn bitwise (non-sound mode)
+  exact_points: bool | str = True  # zero-width boxes reproduce fn bitwise; str: why not
 
 
 def _unary(f, low=-2.0, high=2.0, width=1.5, clip=None, exact_points=True):
@@ -198,6 +198,9 @@ def _pow_fn(x, y):
 def _select_fn(a, b, c, w):
   return jnp.where(a > 0, b, c), lax.select_n(w, a, b, c)
 
+
+NN_NOT_EXACT = ("boundjax.nn (not this file's rule): the log-domain softmax formula gives zero-width "
+                "boxes up to ~1 ulp away from jax.nn.softmax / log_softmax (data-dependent)")
 
 INTERVAL_CASES: dict[str, Case] = {
     "abs": _unary(jnp.abs),
@@ -296,19 +299,18 @@ INTERVAL_CASES: dict[str, Case] = {
     "pad": _unary(lambda x: lax.pad(x, 0.5, [(1, 0, 0), (0, 2, 1)])),
     "rev": _unary(lambda x: x[::-1]),
     "split": _unary(lambda x: jnp.split(x, [1], axis=1)),
-    "boundjax_softmax": _unary(lambda x: bj.nn.softmax(x, axis=-1), -3, 3, 1, exact_points=False),
+    "boundjax_softmax": _unary(lambda x: bj.nn.softmax(x, axis=-1), -3, 3, 1,
+                               exact_points=NN_NOT_EXACT),
     "boundjax_log_softmax": _unary(lambda x: bj.nn.log_softmax(x, axis=0), -3, 3, 1,
-                                   exact_points=False),
-    "boundjax_logsumexp": _unary(lambda x: bj.nn.logsumexp(x, axis=-1), -3, 3, 1,
-                                 exact_points=False),
+                                   exact_points=NN_NOT_EXACT),
+    "boundjax_logsumexp": _unary(lambda x: bj.nn.logsumexp(x, axis=-1), -3, 3, 1),
     "boundjax_softmax_cross_entropy": Case(
         lambda z, y: bj.nn.softmax_cross_entropy(z, y),
         lambda r: (fbox(r, (2, 3), -3, 3, 1), jnp.asarray(np.eye(3)[[0, 2]], jnp.float32)),
-        exact_points=False),
+        exact_points=NN_NOT_EXACT),
     "boundjax_sigmoid_binary_cross_entropy": Case(
         lambda z, y: bj.nn.sigmoid_binary_cross_entropy(z, y),
-        lambda r: (fbox(r, (2, 3), -3, 3, 1), jnp.asarray([[0.0, 0.5, 1.0]] * 2, jnp.float32)),
-        exact_points=False),
+        lambda r: (fbox(r, (2, 3), -3, 3, 1), jnp.asarray([[0.0, 0.5, 1.0]] * 2, jnp.float32))),
 }
 
 
@@ -356,11 +358,13 @@ def test_interval_rule_sound_mode_contains_float64(name):
                          bound, values, is_leaf=bj.is_interval)
 
 
-@pytest.mark.parametrize("name", sorted(INTERVAL_CASES))
+@pytest.mark.parametrize("name", [
+    pytest.param(k, marks=pytest.mark.xfail(strict=False, reason=c.exact_points))
+    if isinstance(c.exact_points, str) else k for k, c in sorted(INTERVAL_CASES.items())])
 def test_interval_rule_point_boxes_reproduce_fn_bitwise(name):
+  """Non-sound mode, eager: ``bj.ibp(fn)(Interval.point(x)) == fn(x)`` bitwise (a NaN value of
+  fn gives the full line instead)."""
   case = INTERVAL_CASES[name]
-  if not case.exact_points:
-    pytest.skip("composite rule of boundjax.nn (log-domain formulas): exact only up to rounding")
   rng = _rng(name, 2)
   args = case.make(rng)
   samples = sample_args(rng, args, 1)
