@@ -23,11 +23,7 @@ import numpy as np
 from boundjax.core import program as prog_lib
 from boundjax.domains import interval as interval_domain
 from boundjax.interval import Interval, is_interval
-try:  # provided by boundjax.validation (landing alongside)
-  from boundjax.validation import validate_arguments
-except ImportError:  # pragma: no cover
-  def validate_arguments(leaves, *, where):
-    return None
+from boundjax.validation import validate_arguments
 
 
 def ibp(fn: Callable, *, matmul: str = "midrad", sound: bool = False) -> Callable:

@@ -61,11 +61,7 @@ from jax import lax
 from boundjax.core import program as prog_lib
 from boundjax.domains import interval as interval_domain
 from boundjax.errors import UnsupportedPrimitiveError
-try:  # provided by boundjax.validation (landing alongside)
-  from boundjax.validation import validate_arguments
-except ImportError:  # pragma: no cover
-  def validate_arguments(leaves, *, where):
-    return None
+from boundjax.validation import validate_arguments
 from boundjax.interval import Interval, bilinear_midrad, bilinear_signsplit, is_interval, lower_of, \
     mul_bounds, upper_of
 
