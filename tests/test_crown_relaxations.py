@@ -313,3 +313,41 @@ def test_spec_batch_axis_none_and_errors():
     crown(fn, batch_axis=None, spec=c, sound_fp=True)
   with pytest.raises(ValueError, match="batch_axis=0"):
     crown(fn, batch_axis=None, spec=jnp.ones((1, 2, 3)))
+
+
+# ----------------------------------------------------------------------------------------------
+# α-CROWN
+# ----------------------------------------------------------------------------------------------
+
+def test_alpha_crown_sound_and_never_looser():
+  ws = [_layer(s, a, b) for s, (a, b) in enumerate([(D, 24), (24, 24), (24, 4)])]
+
+  def fn(x):
+    for w, b in ws[:-1]:
+      x = jax.nn.relu(x @ w + b)
+    return x @ ws[-1][0] + ws[-1][1]
+
+  box = bj.Interval.around(jnp.stack([jnp.linspace(-1, 1, D), jnp.linspace(1, -1, D)]), 0.3)
+  plain = crown(fn)(box)
+  opt = crown(fn, alpha=True, alpha_steps=30)(box)
+  tol = 1e-6 * (1 + jnp.abs(plain.lower))
+  assert bool(jnp.all(opt.lower >= plain.lower - tol)) and bool(jnp.all(opt.upper <= plain.upper + tol))
+  assert float(jnp.mean(opt.width)) < float(jnp.mean(plain.width))
+  pts = jnp.stack([_points(box[b], b) for b in range(2)], 1)
+  assert_inside(opt, jax.vmap(fn)(pts), what="alpha-crown")
+  # with a spec and in sound mode
+  c = jnp.asarray([[1.0, -1.0, 0.0, 0.0], [0.0, 0.0, 1.0, -1.0]])
+  out = crown(fn, alpha=True, spec=c)(box)
+  assert_inside(out, jax.vmap(fn)(pts) @ c.T, what="alpha-crown spec")
+  sound = crown(fn, alpha=True, sound_fp=True)(box)
+  sound_plain = crown(fn, sound_fp=True)(box)
+  assert bool(jnp.all(sound.lower >= sound_plain.lower)) and bool(jnp.all(sound.upper <= sound_plain.upper))
+  assert float(jnp.mean(sound.width)) < float(jnp.mean(sound_plain.width))
+  with jax.enable_x64(True):
+    w64 = [(jnp.asarray(np.asarray(w), jnp.float64), jnp.asarray(np.asarray(b), jnp.float64))
+           for w, b in ws]
+    x64 = jnp.asarray(np.asarray(pts), jnp.float64)
+    for w, b in w64[:-1]:
+      x64 = jax.nn.relu(x64 @ w + b)
+    ys = np.asarray(x64 @ w64[-1][0] + w64[-1][1])
+  assert_inside(sound, ys, tol=0.0, what="alpha-crown sound_fp vs float64")

@@ -6,13 +6,32 @@
 Method (Zhang et al., "Efficient Neural Network Robustness Certification with General
 Activation Functions", NeurIPS 2018, §3; the backward form of auto_LiRPA):
 
-* ``fn`` is traced to a jaxpr; nested calls (``jit``, ``custom_jvp_call``, ``custom_vjp_call``,
-  ``closed_call``, ``remat``) are inlined into one flat equation list, and every variable that
-  depends on a box is marked *abstract*. Each abstract equation must be affine in its abstract
-  operands (add, sub, mul/div by a concrete value, dot_general/conv with a concrete operand,
-  reshapes, slices, pads, reduce_sum, average pooling, ...) or a ReLU-type ``max(x, c)`` /
-  ``min(x, c)`` with a concrete ``c``. Anything else raises `UnsupportedPrimitiveError` naming
-  the primitive and the user's source line.
+* ``fn`` is traced to one flat program (`boundjax.core.program`: nested calls inlined) and
+  every variable that depends on a box is marked *abstract*. What CROWN does with an abstract
+  equation is decided by one record per primitive (`OPS`, an `OpRecord`: kind, index operands,
+  additive operands, exact transpose, pattern safety, relaxation): *affine* equations (add, sub,
+  mul/div by a concrete value, dot_general/conv with a concrete operand, reshapes, slices, pads,
+  reduce_sum, average pooling, ...) are transposed exactly; ``max(x, c)`` / ``min(x, c)`` with
+  concrete ``c`` are ReLUs; *nonlinear* equations get sound linear relaxations on their input
+  box (`_Lines`): exp, expm1, log, log1p, sqrt, rsqrt, even integer powers / square, abs
+  (convex/concave: chord and tangent at the midpoint, CROWN §3.2), tanh, logistic, erf, erfc,
+  atan (S-shaped: CROWN's tangent-through-an-end-point construction, `_s_shaped`), ``c / d``
+  with a box-dependent denominator of one sign (reciprocal lines), products of two
+  box-dependent values (McCormick planes; ``x / d`` of two box-dependent operands is rewritten
+  to ``x · (1 / d)``), leaky ReLU (``where(x >= 0, x, αx)`` and ``max(x, αx)``), max/min of two
+  box-dependent values, and max/min pooling (``reduce_window_max``, ``reduce_max``: below the
+  entry with the largest lower bound, above the interval bound). GELU, SiLU, softplus, LayerNorm
+  and attention are bounded through these pieces.
+* **Interval fallback.** An abstract equation with no linear relaxation (softmax and the other
+  composites of `boundjax.nn`, sort, cumulative max, a product of two box-dependent matrices,
+  bfloat16/float16 arithmetic, comparisons, every nonlinearity but ReLU under ``sound_fp``) is
+  bounded by the forward interval pass, and its output enters the backward pass as a fresh box
+  variable: ``Λ`` stops there and is concretised against that interval, like an input. One
+  `CrownFallbackWarning` per primitive names it and the user's line. Only a primitive with
+  neither a relaxation nor an interval rule raises `UnsupportedPrimitiveError`.
+* **Low precision.** A bfloat16/float16 equation (``nn.Dense(dtype=jnp.bfloat16)``, a
+  ``x.astype(bf16).astype(f32)`` round trip) is never treated as exact: it falls back to its
+  interval, computed in float32 and rounded outward to the low format (`_interval_low_precision`).
 * For a target variable ``t`` with ``m`` entries the pass starts from ``Λ_t = I`` (shape
   ``(m, *t.shape)``) and walks the equations in reverse. An affine equation ``y = L(x) + y0``
   maps ``Λ_x += Lᵀ Λ_y`` (a vmapped `jax.vjp`) and ``bias += <Λ_y, y0>``; fan-out adds.
@@ -48,6 +67,16 @@ batched matrix product) and the concretisation over ``X_g`` are computed. On the
 (conv16 k4 s2, conv32 k4) a conv2 neuron sees 256 of conv1's 2704 outputs and 100 of 784
 pixels, which removes the dense transpose of conv1 applied to 2 x 3200 rows per example. The
 bounds are those of the dense pass up to the order of float sums.
+
+Specifications (``spec=C``). The backward pass of the output starts from ``Λ = C`` instead of
+``I``, so ``C @ y`` (e.g. the margins ``y_label - y_j``) is bounded directly, which is never
+looser than bounding ``y`` and combining (CROWN §3.3). ``C`` of shape (k, m) is shared; (batch,
+k, m) gives each example its own rows: the example-independent prefix (computed once with
+``I``) is multiplied by ``C[i]`` per example, so nothing of size batch × m × n is formed.
+
+α-CROWN (``alpha=True``; Xu et al., "Fast and Complete", ICLR 2021). The lower slopes of
+unstable ReLU neurons behind each output are optimised in [0, 1] with Adam, by gradients through
+the bound; the result is the entrywise best of CROWN's and the optimised bound.
 
 Batching (``batch_axis``). With ``batch_axis=0`` (default) the batch of boxes is split into
 examples and ``fn`` is bounded on each example as a batch of one: *only `Interval` leaves are
@@ -1149,6 +1178,8 @@ class _Ctx:
   plans: dict = dataclasses.field(default_factory=dict)  # target var -> _PatchPlan
   spec_var: Any = None  # the output bounded through a specification matrix, if any
   spec_batched: bool = False  # results get a leading batch axis of size 1
+  alpha_steps: int = 0  # α-CROWN: Adam steps on the ReLU lower slopes of the outputs' bounds
+  alpha_lr: float = 0.1
 
 
 def _mag(iv: Interval):
@@ -1218,15 +1249,17 @@ def _spec_prefix(px: _Prefix, spec) -> _Prefix:
 
 
 def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = None,
-              spec=None):
+              spec=None, alphas: dict | None = None):
   """CROWN lower and upper bounds of ``target`` (flattened, shape (m,)) for one example.
 
   ``ivs``: forward intervals of abstract variables; ``pre``: ReLU input var -> (l, u);
-  ``rel``: nonlinear equation index -> its `_Lines` on this example.
+  ``rel``: nonlinear equation index -> its `_Lines` on this example; ``spec``: start from
+  ``Λ = C``; ``alphas``: ReLU input var -> (2, n) lower slopes of its unstable neurons for the
+  lower and the upper bound (α-CROWN; any value in [0, 1] is a valid lower line).
   """
   rel = {} if rel is None else rel
   plan = ctx.plans.get(target)
-  if plan is not None and spec is None:
+  if plan is not None and spec is None and alphas is None:
     return _backward_patches(plan, target, ivs, pre)
   prog, cenv, sound = ctx.prog, ctx.cenv, ctx.sound
   px: _Prefix = ctx.prefixes[target]
@@ -1282,8 +1315,15 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
           mu = -mu
         # lower bound: positive coefficients take the lower line, negative the upper line;
         # upper bound the other way round. (Flat (rows, n) arrays vectorise well on CPU.)
-        a_pos = jnp.stack([a_lo, a_up])[:, None]  # (2, 1, n)
-        a_neg = jnp.stack([a_up, a_lo])[:, None]
+        alpha = None if alphas is None else alphas.get(x)
+        if alpha is None:
+          a_pos = jnp.stack([a_lo, a_up])[:, None]  # (2, 1, n)
+          a_neg = jnp.stack([a_up, a_lo])[:, None]
+        else:  # α-CROWN: optimised lower slopes of unstable neurons (lower rows, upper rows)
+          unstable = (lt.reshape(-1) < 0) & (ut.reshape(-1) > 0)
+          al = jnp.where(unstable[None], jnp.clip(alpha, 0.0, 1.0).astype(a_lo.dtype), a_lo[None])
+          a_pos = jnp.stack([al[0], a_up])[:, None]
+          a_neg = jnp.stack([a_up, al[1]])[:, None]
         nu = mu * jnp.where(mu > 0, a_pos, a_neg)  # (2, m, n)
         mu_lo, mu_hi = mu[0], mu[-1]
         bias = bias + jnp.stack([jnp.minimum(mu_lo, 0) @ b_up, jnp.maximum(mu_hi, 0) @ b_up])
@@ -1493,6 +1533,55 @@ def _spec_interval(iv: Interval, spec):
                   _safe_rowdot(cp, u) + _safe_rowdot(cn, l), validate=False)
 
 
+def _final_bounds(ctx: _Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec):
+  """CROWN bounds of an output; with ``ctx.alpha_steps > 0`` also α-CROWN's (Xu et al.,
+  "Fast and Complete", ICLR 2021, §3.1): the lower slopes ``α ∈ [0, 1]`` of the unstable ReLU
+  neurons behind ``v`` are optimised by Adam (gradients through the bound; projected onto
+  [0, 1] after each step), one set for the lower and one for the upper bounds, starting from
+  CROWN's adaptive slopes. Every α gives valid lines, so every iterate's bound is sound; the
+  result is the entrywise best of CROWN's and the last iterate's bounds."""
+  lo, hi = _backward(ctx, v, ivs, pre, rel, spec=spec)
+  if not ctx.alpha_steps:
+    return lo, hi
+  import optax
+  relus = [ctx.prog.eqns[i] for i in ctx.ancestors[v] if ctx.prog.eqns[i].kind == "relu"]
+  init = {}
+  for e in relus:
+    x, c, sigma = _relu_parts(e, ctx.cenv)
+    if x in init:
+      continue
+    l, u = pre[x]
+    lt, ut = (l - c, u - c) if sigma > 0 else (c - u, c - l)
+    a_lo = _relu_lines(lt, ut, False)[0].reshape(-1)
+    init[x] = jnp.stack([a_lo, a_lo])
+  if not init:
+    return lo, hi
+
+  keys = list(init)  # pytrees keyed by variables do not sort: a list in a fixed order
+  as_dict = lambda vals: dict(zip(keys, vals))  # noqa: E731
+
+  fast = dataclasses.replace(ctx, sound=False)  # gradients of the float bound (sound: final)
+
+  def loss(vals):
+    l2, h2 = _backward(fast, v, ivs, pre, rel, spec=spec, alphas=as_dict(vals))
+    return jnp.sum(h2) - jnp.sum(l2)
+
+  opt = optax.adam(ctx.alpha_lr)
+
+  def step(_, st):
+    alphas, state = st
+    g = jax.grad(loss)(alphas)
+    upd, state = opt.update(g, state, alphas)
+    alphas = jax.tree_util.tree_map(lambda a: jnp.clip(a, 0.0, 1.0), optax.apply_updates(alphas, upd))
+    return alphas, state
+
+  vals0 = [init[k] for k in keys]
+  vals, _ = lax.fori_loop(0, ctx.alpha_steps, step, (vals0, opt.init(vals0)))
+  vals = jax.lax.stop_gradient(vals)
+  l2, h2 = _backward(ctx, v, ivs, pre, rel, spec=spec, alphas=as_dict(vals))
+  return jnp.maximum(lo, l2), jnp.minimum(hi, h2)
+
+
 def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None) -> list:
   """The per-example pass: forward intervals, pre-activation bounds of every ReLU and relaxed
   equation in order (with their lines), and the final CROWN bounds of every abstract output.
@@ -1551,13 +1640,13 @@ def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None) -> list:
   for v in prog.outvars:
     if isinstance(v, _Var) and v in prog.abstract:
       if spec is not None and v is ctx.spec_var:
-        lo, hi = _backward(ctx, v, ivs, pre, rel, spec=spec)
+        lo, hi = _final_bounds(ctx, v, ivs, pre, rel, spec)
         res = _intersect(_spec_interval(ivs[v], spec), lo, hi, ctx.sound)
         if ctx.spec_batched:
           res = Interval(res.lower[None], res.upper[None], validate=False)
         results.append(res)
       elif v in ctx.prefixes:
-        lo, hi = _backward(ctx, v, ivs, pre, rel)
+        lo, hi = _final_bounds(ctx, v, ivs, pre, rel, None)
         results.append(_intersect(ivs[v], lo, hi, ctx.sound))
       else:
         results.append(ivs[v])
@@ -1614,12 +1703,14 @@ def _lambda_bytes(prog: _Program, targets: list[_Var], ancestors: dict) -> int:
 
 def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None = 0,
           sound_fp: bool = False, chunk_size: int | None = None,
-          memory_bytes: int = 1 << 30, patches: bool = True, spec: Any = None) -> Callable:
+          memory_bytes: int = 1 << 30, patches: bool = True, spec: Any = None,
+          alpha: bool = False, alpha_steps: int = 20, alpha_lr: float = 0.1) -> Callable:
   """CROWN: backward linear bound propagation of ``fn`` over its `Interval` arguments.
 
   Args:
-    fn: a JAX function built from affine operations and ReLUs (dense, conv, flatten, average
-      pooling, ``jax.nn.relu``), e.g. a Flax linen ``model.apply``.
+    fn: a JAX function, e.g. a Flax linen ``model.apply``: affine operations and ReLUs are
+      handled exactly, the nonlinearities listed in the module docstring by linear relaxations,
+      anything else with an interval rule by its interval bound (with a warning).
     intermediate: where ReLU pre-activation bounds come from: "crown" (a backward pass per ReLU
       layer; tightest) or "ibp" (interval propagation; CROWN-IBP, much cheaper).
     batch_axis: axis along which the `Interval` leaves hold independent examples (see the module
@@ -1640,6 +1731,10 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       function of the outputs is tighter than combining bounds of each output). The output is
       an `Interval` of shape (batch, k) (or (k,) with ``batch_axis=None``). Not with
       ``sound_fp``.
+    alpha: α-CROWN (Xu et al., ICLR 2021): optimise the lower slopes of unstable ReLU neurons
+      in [0, 1] for the bounds of the outputs with ``alpha_steps`` Adam steps of learning rate
+      ``alpha_lr`` (gradients through the bound); never looser than CROWN. Intermediate bounds
+      stay CROWN's.
 
   Returns:
     A function with ``fn``'s signature: any pytree leaf may be an `Interval` (the input box;
@@ -1648,8 +1743,8 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
   Raises:
     ValueError: bad options, an Interval leaf that is not float or has mismatched endpoints, or
       Interval leaves whose batch sizes disagree.
-    UnsupportedPrimitiveError: an operation on box-dependent values that is neither affine nor a
-      ReLU (named, with the source line), or a product of two box-dependent values.
+    UnsupportedPrimitiveError: an operation on box-dependent values with neither a linear
+      relaxation nor an interval rule (named, with the source line).
   """
   if intermediate not in INTERMEDIATE_MODES:
     raise ValueError(f"crown: intermediate must be one of {INTERMEDIATE_MODES}, "
@@ -1662,6 +1757,10 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
     raise ValueError(f"crown: patches must be a bool, got {patches!r}")
   if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
     raise ValueError(f"crown: chunk_size must be a positive int, got {chunk_size!r}")
+  if not isinstance(alpha, bool):
+    raise ValueError(f"crown: alpha must be a bool, got {alpha!r}")
+  if alpha and (not isinstance(alpha_steps, int) or alpha_steps < 1 or not alpha_lr > 0):
+    raise ValueError("crown: alpha_steps must be a positive int and alpha_lr positive")
   if spec is not None:
     spec = jnp.asarray(spec)
     if not jnp.issubdtype(spec.dtype, jnp.floating) or spec.ndim not in (2, 3):
@@ -1720,7 +1819,8 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
         plans = {t: _patch_plan(prog, cenv, t, prefixes, ancestors) for t in targets}
         plans = {t: p for t, p in plans.items() if p is not None}
       ctx = _Ctx(prog, cenv, sound_fp, intermediate, prefixes, ancestors, plans,
-                 spec_var, spec_var is not None and axes is not None)
+                 spec_var, spec_var is not None and axes is not None,
+                 alpha_steps if alpha else 0, float(alpha_lr))
       box_list = [v for v in values if is_interval(v)]
       if axes is None:
         outs = _run(ctx, box_list, spec_arr)
