@@ -458,17 +458,11 @@ DIFFERENCE_CASES: dict[str, DiffCase] = {
     "split": _dcase(lambda p, x: jnp.split(x * p["w"], [1])),
 }
 
-DIFFERENCE_KNOWN_UNSOUND = {
-    "convert_element_type": "difference.py treats a rounding conversion (to float16) as linear: "
-                            "round(a) - round(b) != round(a - b); delta misses the rounding",
-    "reduce_precision": "difference.py treats reduce_precision (a rounding) as linear",
-}
+DIFFERENCE_KNOWN_UNSOUND: dict = {}
 """Cases that expose a defect of difference.py (not owned by this test's author): strict xfail,
 so the test turns red once the rule is fixed and the entry must go."""
 
-DIFFERENCE_UNREACHABLE = {
-    "copy_p": "not a primitive name ('copy' is): a dead entry of difference.RULES",
-}
+DIFFERENCE_UNREACHABLE: dict = {}
 """Keys of difference.RULES that no program can reach; `test_difference_rule_keys_are_primitives`
 fails (strict xfail) until they are removed from the table."""
 

@@ -241,6 +241,60 @@ def _linear(name: str, n_data: int | None = None, multiple: bool = False):
   return rule
 
 
+def _rounding_error(in_dtype, params) -> tuple[float, float] | None:
+  """``(u, tiny)`` of a float conversion that may round (relative error ≤ u, absolute ≤ tiny
+  near zero), or None when it is exact (a widening float conversion)."""
+  if "new_dtype" in params:  # convert_element_type
+    new = jnp.dtype(params["new_dtype"])
+    if not jnp.issubdtype(new, jnp.floating):
+      return None
+    fi_new, fi_in = jnp.finfo(new), jnp.finfo(in_dtype)
+    if fi_new.nmant >= fi_in.nmant and fi_new.maxexp >= fi_in.maxexp and \
+        fi_new.minexp <= fi_in.minexp:
+      return None
+    return float(fi_new.eps) / 2, float(fi_new.smallest_subnormal)
+  m, e = params["mantissa_bits"], params["exponent_bits"]  # reduce_precision
+  return 2.0 ** -(m + 1), 2.0 ** (2 - 2 ** (e - 1) - m)
+
+
+def _rounding_rule(name: str):
+  """A float conversion that rounds (to a narrower float type; ``reduce_precision``):
+  ``rnd(x#) − rnd(x) = (x# − x) + e# − e`` with ``|e| ≤ u|x| + tiny`` (round to nearest), so
+  ``d' ⊆ d ± (u·(max|r| + max|o|) + 2·tiny)``, rounded outward into the result type and
+  intersected with ``o' − r'``. Widening conversions are exact and linear."""
+  linear = _linear(name)
+  prim = getattr(lax, name + "_p")
+
+  def rule(ctx, x, **params):
+    err = _rounding_error(_dtype(lift_r(x)), params)
+    if err is None or not _is_dv(x) or x.d is None:
+      return linear(ctx, x, **params)
+    u, tiny = err
+    r = _apply(ctx, name, prim, [x.r], params)
+    o = _apply(ctx, name, prim, [x.o], params)
+    mag = lambda a: jnp.maximum(jnp.abs(lo_(a)), jnp.abs(hi_(a)))
+    e = u * (mag(x.r) + mag(x.o)) * (1 + 4 * u) + 2 * tiny
+    d_lo, d_hi = lo_(x.d) - e, hi_(x.d) + e
+    out_dtype = _dtype(r)
+    d_lo, d_hi = _narrow_outward(d_lo, d_hi, out_dtype)
+    return _tighten(_DV(r, o, _iv(d_lo, d_hi)))
+
+  return rule
+
+
+def lift_r(x):
+  return x.r if _is_dv(x) else x
+
+
+def _narrow_outward(lo, hi, dtype):
+  """``[lo, hi]`` converted to ``dtype`` with the lower end rounded down and the upper up."""
+  lo_n, hi_n = lo.astype(dtype), hi.astype(dtype)
+  wide = jnp.result_type(lo)
+  lo_n = jnp.where(lo_n.astype(wide) > lo, jnp.nextafter(lo_n, jnp.asarray(-jnp.inf, dtype)), lo_n)
+  hi_n = jnp.where(hi_n.astype(wide) < hi, jnp.nextafter(hi_n, jnp.asarray(jnp.inf, dtype)), hi_n)
+  return lo_n, hi_n
+
+
 def _add_rule(sign: float):
   name = "add" if sign > 0 else "sub"
 
@@ -463,7 +517,7 @@ def _build_rules() -> dict[str, Callable]:
       "max": _max_rule, "min": _min_rule,
       "reduce_max": _reduce_max_rule, "reduce_window_max": _reduce_window_max_rule,
       "select_n": _select_n_rule,
-      "stop_gradient": _identity, "copy": _identity, "copy_p": _identity,
+      "stop_gradient": _identity, "copy": _identity,
       "optimization_barrier": lambda ctx, *xs: list(xs),
   }
   for name in ("reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice",
@@ -471,6 +525,8 @@ def _build_rules() -> dict[str, Callable]:
                "concatenate", "pad", "reduce_precision", "real"):
     if getattr(lax, name + "_p", None) is not None:
       r[name] = _linear(name)
+  r["convert_element_type"] = _rounding_rule("convert_element_type")
+  r["reduce_precision"] = _rounding_rule("reduce_precision")
   for name in ("dynamic_slice", "gather"):
     r[name] = _linear(name, n_data=1)
   r["dynamic_update_slice"] = _linear("dynamic_update_slice", n_data=2)
