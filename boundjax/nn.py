@@ -276,28 +276,50 @@ def _bounds(x):
   return (x.lower, x.upper) if isinstance(x, Interval) else (x, x)
 
 
+def _exact_on_points(ctx, lo, hi, is_point, value):
+  """Outside sound mode, a degenerate box (every input of the output at one value) gives the
+  function's own value bit for bit, not the bound formula's rounding of it."""
+  if ctx.sound:
+    return _iv(lo, hi)
+  return _iv(jnp.where(is_point, value, lo), jnp.where(is_point, value, hi))
+
+
+def _row_point(l, u, axis, keepdims=True):
+  return jnp.all(l == u, axis=axis, keepdims=keepdims)
+
+
 def _softmax_rule(ctx, x, *, axis):
-  return _iv(*softmax_bounds(*_bounds(x), axis, ctx.sound))
+  l, u = _bounds(x)
+  return _exact_on_points(ctx, *softmax_bounds(l, u, axis, ctx.sound), _row_point(l, u, axis),
+                          _softmax_impl(l, axis=axis))
 
 
 def _log_softmax_rule(ctx, x, *, axis):
-  return _iv(*log_softmax_bounds(*_bounds(x), axis, ctx.sound))
+  l, u = _bounds(x)
+  return _exact_on_points(ctx, *log_softmax_bounds(l, u, axis, ctx.sound),
+                          _row_point(l, u, axis), _log_softmax_impl(l, axis=axis))
 
 
 def _logsumexp_rule(ctx, x, *, axis):
-  return _iv(*logsumexp_bounds(*_bounds(x), axis, ctx.sound))
+  l, u = _bounds(x)
+  return _exact_on_points(ctx, *logsumexp_bounds(l, u, axis, ctx.sound),
+                          _row_point(l, u, axis, keepdims=False), _logsumexp_impl(l, axis=axis))
 
 
 def _sce_rule(ctx, logits, labels):
   if isinstance(labels, Interval):
     return NotImplemented
-  return _iv(*softmax_cross_entropy_bounds(*_bounds(logits), labels, ctx.sound))
+  l, u = _bounds(logits)
+  return _exact_on_points(ctx, *softmax_cross_entropy_bounds(l, u, labels, ctx.sound),
+                          _row_point(l, u, -1, keepdims=False), _sce_impl(l, labels))
 
 
 def _bce_rule(ctx, logits, labels):
   if isinstance(labels, Interval):
     return NotImplemented
-  return _iv(*sigmoid_binary_cross_entropy_bounds(*_bounds(logits), labels, ctx.sound))
+  l, u = _bounds(logits)
+  return _exact_on_points(ctx, *sigmoid_binary_cross_entropy_bounds(l, u, labels, ctx.sound),
+                          l == u, _bce_impl(l, labels))
 
 
 INTERVAL_RULES = {
