@@ -1,0 +1,708 @@
+"""The backward pass of CROWN: per-equation transposes, the example-independent prefix, the
+per-example pass through ReLUs, relaxations and interval fallbacks, specifications and
+α-CROWN, and the forward pass that computes every intermediate bound (`_run`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from boundjax import rounding
+from boundjax.core.program import Lit as _Lit, Var as _Var
+from boundjax.domains import interval as interval_domain
+from boundjax.interval import Interval
+
+from boundjax.domains.linear.rules import (
+    _Eqn, _Lines, _Program, _bind1, _endpoint_check, _finite_or_constant, _is_float,
+    _leaky_lines, _low_precision, _mccormick, _op, _read, _reciprocal_lines, _relu_lines,
+    _relu_parts, _unary_fn, _unary_relaxation)
+from boundjax.domains.linear import windows as _windows
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-equation linear algebra
+# ----------------------------------------------------------------------------------------------
+
+def _operands(e: _Eqn, cenv: dict, abstract_vals: Sequence[Any]) -> list:
+  vals = [None if i in e.abstract_pos else _read(cenv, a) for i, a in enumerate(e.invars)]
+  for p, x in zip(e.abstract_pos, abstract_vals):
+    vals[p] = x
+  return vals
+
+
+def _affine_vjp(e: _Eqn, cenv: dict):
+  """``(y0, vjp)`` of ``x -> op(x, consts)`` at x = 0: the offset and the transposed map."""
+  zeros = [jnp.zeros(e.invars[p].shape, e.invars[p].aval.dtype) for p in e.abstract_pos]
+  return jax.vjp(lambda *xs: _bind1(e, _operands(e, cenv, xs)), *zeros)
+
+
+def _transpose_rows(e: _Eqn, cenv: dict, vjp, rows) -> list:
+  """``[L_pᵀ row for each abstract operand p]`` for a batch of rows (leading axis)."""
+  if (e.name == "conv_general_dilated" and e.abstract_pos == (0,)
+      and e.params["feature_group_count"] == 1 and e.params["batch_group_count"] == 1):
+    return [jax.vmap(lambda g: _conv_transpose_lhs(e, cenv, g))(rows)]
+  return list(jax.vmap(vjp)(rows))
+
+
+def _conv_transpose_lhs(e: _Eqn, cenv: dict, g):
+  """Transpose of ``x -> conv(x, W)`` applied to ``g`` (the lhs VJP, as in JAX's own rule),
+  with the flipped kernel materialised in the (spatial..., in, out) layout: XLA:CPU runs a
+  convolution whose kernel has swapped feature dimensions on a slow generic path."""
+  from jax._src.lax import convolution as conv_impl
+  p = e.params
+  lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
+  x = e.invars[0]
+  w = _read(cenv, e.invars[1])
+  nsp = len(lhs_spec) - 2
+  lhs_sd, rhs_sd, out_sd = lhs_spec[2:], rhs_spec[2:], out_spec[2:]
+  padding = conv_impl._conv_general_vjp_lhs_padding(
+      np.take(x.shape, lhs_sd), np.take(w.shape, rhs_sd), p["window_strides"],
+      np.take(g.shape, out_sd), p["padding"], p["lhs_dilation"], p["rhs_dilation"])
+  kern = jnp.transpose(lax.rev(w, tuple(rhs_sd)), (*rhs_sd, rhs_spec[0], rhs_spec[1]))
+  kern = lax.optimization_barrier(kern.astype(g.dtype))
+  dn = lax.ConvDimensionNumbers(out_spec, (nsp + 1, nsp, *range(nsp)), lhs_spec)
+  out = lax.conv_general_dilated(g, kern, window_strides=p["lhs_dilation"], padding=padding,
+                                 lhs_dilation=p["window_strides"],
+                                 rhs_dilation=p["rhs_dilation"], dimension_numbers=dn,
+                                 precision=p.get("precision"))
+  return out.astype(x.aval.dtype)
+
+
+def _abs_linear(e: _Eqn, cenv: dict, pos: int, v):
+  """``|L_pos|(v)``: the linear part of the equation in operand ``pos`` with |coefficients|,
+  applied to ``v >= 0`` (other abstract operands and additive constants set to 0)."""
+  vals = []
+  for i, a in enumerate(e.invars):
+    if i == pos:
+      vals.append(v)
+      continue
+    if i in e.abstract_pos:
+      vals.append(jnp.zeros(a.shape, a.aval.dtype))
+      continue
+    c = _read(cenv, a)
+    if not jnp.issubdtype(jnp.result_type(c), jnp.floating):
+      vals.append(c)  # indices / predicates
+    elif _op(e.name).additive:
+      vals.append(jnp.zeros_like(c))
+    else:
+      vals.append(jnp.abs(c))
+  if e.name == "neg":
+    return v
+  if e.name == "sub":
+    out = vals[0] + vals[1]
+    return jnp.broadcast_to(out, e.outvars[0].shape)
+  return _bind1(e, vals)
+
+
+def _transpose_terms(e: _Eqn, pos: int) -> int:
+  """How many terms the transpose sums into one entry of operand ``pos`` (for γ_n)."""
+  x, y = e.invars[pos], e.outvars[0]
+  name = e.name
+  if _op(name).exact_transpose or (name == "convert_element_type"
+                                  and x.aval.dtype == y.aval.dtype):
+    return 0
+  if name == "dot_general":
+    (lc, rc), (lb, rb) = e.params["dimension_numbers"]
+    other = e.invars[1 - pos]
+    skip = set(rc if pos == 0 else lc) | set(rb if pos == 0 else lb)
+    return int(np.prod([s for d, s in enumerate(other.shape) if d not in skip], dtype=np.int64))
+  if name == "reduce_window_sum":
+    return int(np.prod(e.params["window_dimensions"]))
+  if name in ("mul", "div", "add", "add_any", "sub", "convert_element_type"):
+    return max(1, y.size // max(x.size, 1)) + 1
+  if name == "cumsum":
+    return int(x.shape[e.params["axis"]])
+  return y.size  # conv, gather, broadcast: at most every output entry
+
+
+# ----------------------------------------------------------------------------------------------
+# The backward pass
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Prefix:
+  """The example-independent start of a backward pass: from ``Λ = I`` at the target through the
+  affine equations above it, stopping at ReLU outputs."""
+  m: int
+  pending: dict  # relu output var -> Λ (m, *shape)
+  at_input: dict  # abstract input var -> Λ
+  bias: Any  # (m,)
+  slack_const: Any  # (m,) example-independent rounding slack (sound mode)
+  steps: list  # (|Λ_y|, eqn, pos, gamma) for the example-dependent slack (sound mode)
+
+
+def _ancestors(prog: _Program, target: _Var) -> list[int]:
+  seen, stack, idx = set(), [target], set()
+  while stack:
+    v = stack.pop()
+    if v in seen:
+      continue
+    seen.add(v)
+    i = prog.producer.get(v)
+    if i is None or prog.eqns[i].kind in ("concrete", "const"):
+      continue
+    idx.add(i)
+    stack.extend(prog.eqns[i].back_in)
+  return sorted(idx)
+
+
+def _rowdot(lam, vec, lead: int = 1):
+  """Σ over a variable's entries of ``lam * vec``; lam has ``lead`` leading row axes.
+
+  Computed as a matrix-vector product (much faster on CPU than a fused multiply-reduce)."""
+  rows = lam.shape[:lead]
+  n = int(np.prod(lam.shape[lead:], dtype=np.int64))
+  vec = jnp.broadcast_to(vec, lam.shape[lead:]).reshape((n,))
+  return (lam.reshape((-1, n)) @ vec).reshape(rows)
+
+
+def _is_zero(a) -> bool:
+  """Statically known to be zero (a literal 0)."""
+  return isinstance(a, _Lit) and bool(np.all(np.asarray(a.val) == 0))
+
+
+def _has_offset(e: _Eqn) -> bool:
+  """Whether ``op(0, consts)`` can be non-zero (an additive concrete operand)."""
+  if not _op(e.name).additive:
+    return False
+  for i, a in enumerate(e.invars):
+    if i in e.abstract_pos or _is_zero(a):
+      continue
+    if e.name == "select_n" and i == 0:
+      continue
+    if jnp.issubdtype(a.aval.dtype if isinstance(a, _Var) else jnp.result_type(a.val),
+                      jnp.floating):
+      return True
+  return False
+
+
+def _add_to(d: dict, k, v):
+  d[k] = v if k not in d else d[k] + v
+
+
+def _prefix(prog: _Program, cenv: dict, target: _Var, anc: list[int], sound: bool) -> _Prefix:
+  m = target.size
+  dtype = target.aval.dtype
+  lam = {target: jnp.eye(m, dtype=dtype).reshape((m, *target.shape))}
+  bias = jnp.zeros((m,), dtype)
+  slack = jnp.zeros((m,), dtype)
+  n_eq = len(prog.eqns)
+  pending, steps = {}, []
+  for i in reversed(anc):
+    e = prog.eqns[i]
+    if e.kind != "affine":  # relu, nonlinear, fallback: the example-dependent part
+      for y in e.outvars:
+        if y in lam:
+          pending[y] = lam.pop(y)
+      continue
+    y = e.outvars[0]
+    if y not in lam:
+      continue
+    lam_y = lam.pop(y)
+    y0, vjp = _affine_vjp(e, cenv)
+    contribs = _transpose_rows(e, cenv, vjp, lam_y)
+    if _has_offset(e):
+      bias = bias + _rowdot(lam_y, y0)
+    if sound and _has_offset(e):
+      slack = slack + rounding.gamma(y.size + n_eq, dtype) * _rowdot(jnp.abs(lam_y), jnp.abs(y0))
+    for p, c in zip(e.abstract_pos, contribs):
+      x = e.invars[p]
+      _add_to(lam, x, c)
+      if sound:
+        g = rounding.gamma(_transpose_terms(e, p) + prog.uses.get(x, 1) + 1, dtype)
+        steps.append((jnp.abs(lam_y), e, p, g))
+  at_input = {v: l for v, l in lam.items()}
+  return _Prefix(m, pending, at_input, bias, slack, steps)
+
+
+@dataclasses.dataclass
+class _Ctx:
+  prog: _Program
+  cenv: dict
+  sound: bool
+  intermediate: str
+  prefixes: dict  # target var -> _Prefix
+  ancestors: dict  # target var -> [eqn index]
+  plans: dict = dataclasses.field(default_factory=dict)  # target var -> _PatchPlan
+  spec_var: Any = None  # the output bounded through a specification matrix, if any
+  spec_batched: bool = False  # results get a leading batch axis of size 1
+  alpha_steps: int = 0  # α-CROWN: Adam steps on the ReLU lower slopes of the outputs' bounds
+  alpha_lr: float = 0.1
+
+
+def _mag(iv: Interval):
+  return jnp.maximum(jnp.abs(iv.lower), jnp.abs(iv.upper))
+
+
+def _gather_mu(lam: dict, pending: dict, y, m: int):
+  """``Λ`` at ``y`` for both bounds, (2, m, *y.shape): the example's own rows plus the shared
+  prefix rows; None when neither reaches ``y``."""
+  own, shared = lam.pop(y, None), pending.get(y)
+  if own is None and shared is None:
+    return None
+  if own is None:
+    return jnp.broadcast_to(shared[None], (2, *shared.shape))
+  return own if shared is None else own + shared[None]
+
+
+def _apply_map(t, rows):
+  """``Lᵀ`` of one side of a relaxation applied to rows (leading axis): slopes, a map or None."""
+  if t is None:
+    return None
+  if callable(t):
+    return jax.vmap(t)(rows)
+  return rows * t
+
+
+def _safe_rowdot(rows, b):
+  """``Σ rows · b`` per row with ``0 · ±inf = 0`` (interval bounds may be infinite)."""
+  prod = jnp.where(rows == 0, 0.0, rows * b).astype(rows.dtype)
+  return jnp.sum(prod.reshape((rows.shape[0], -1)), axis=1)
+
+
+def _relaxed_step(ln: _Lines, e: _Eqn, mu, m: int, lam: dict, bias):
+  """One nonlinear equation of the backward pass: for the lower bound positive entries of
+  ``Λ_y`` take the lower line and negative ones the upper line, for the upper bound the other
+  way round (CROWN, Zhang et al. 2018, Theorem 3.2): ``Λ_x += L_loᵀ Λ⁺ + L_upᵀ Λ⁻`` and
+  ``bias += Λ⁺·b_lo + Λ⁻·b_up`` (lower; swapped for the upper bound)."""
+  lo_rows = jnp.concatenate([jnp.maximum(mu[0], 0), jnp.minimum(mu[1], 0)])  # (2m, ...)
+  up_rows = jnp.concatenate([jnp.minimum(mu[0], 0), jnp.maximum(mu[1], 0)])
+  bias = bias + (_safe_rowdot(lo_rows, ln.b_lo) + _safe_rowdot(up_rows, ln.b_up)).reshape((2, m))
+  for x, t_lo, t_up in zip(e.relax_in, ln.lo, ln.up):
+    parts = [q for q in (_apply_map(t_lo, lo_rows), _apply_map(t_up, up_rows)) if q is not None]
+    if parts:
+      _add_to(lam, x, sum(parts[1:], parts[0]).reshape((2, m, *x.shape)))
+  return bias
+
+
+def _fallback_step(iv: Interval, mu, m: int):
+  """A fallback output ``y ∈ [l, u]`` is a box variable: the lower bound gains
+  ``Σ Λ⁺ l + Λ⁻ u``, the upper bound ``Σ Λ⁺ u + Λ⁻ l``; also returns ``Σ |Λ|·max(|l|, |u|)``
+  (sound mode error terms)."""
+  lo, hi = iv.lower, iv.upper
+  low = _safe_rowdot(jnp.maximum(mu[0], 0), lo) + _safe_rowdot(jnp.minimum(mu[0], 0), hi)
+  up = _safe_rowdot(jnp.maximum(mu[1], 0), hi) + _safe_rowdot(jnp.minimum(mu[1], 0), lo)
+  mag = _safe_rowdot(jnp.abs(mu.reshape((2 * m, -1))), _mag(iv).reshape(-1)).reshape((2, m))
+  return jnp.stack([low, up]), mag
+
+
+def _spec_prefix(px: _Prefix, spec) -> _Prefix:
+  """The prefix of ``C @ target`` (start ``Λ = C`` instead of ``I``): every shared row block is
+  mapped by ``C`` (k, m), which is exact linear algebra on the example-independent part."""
+  k = spec.shape[0]
+  mapc = lambda a: jnp.tensordot(spec.astype(a.dtype), a, axes=1)  # noqa: E731
+  return _Prefix(k, {v: mapc(a) for v, a in px.pending.items()},
+                 {v: mapc(a) for v, a in px.at_input.items()}, spec.astype(px.bias.dtype) @ px.bias,
+                 jnp.zeros((k,), px.bias.dtype), [])
+
+
+def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = None,
+              spec=None, alphas: dict | None = None):
+  """CROWN lower and upper bounds of ``target`` (flattened, shape (m,)) for one example.
+
+  ``ivs``: forward intervals of abstract variables; ``pre``: ReLU input var -> (l, u);
+  ``rel``: nonlinear equation index -> its `_Lines` on this example; ``spec``: start from
+  ``Λ = C``; ``alphas``: ReLU input var -> (2, n) lower slopes of its unstable neurons for the
+  lower and the upper bound (α-CROWN; any value in [0, 1] is a valid lower line).
+  """
+  rel = {} if rel is None else rel
+  plan = ctx.plans.get(target)
+  if plan is not None and spec is None and alphas is None:
+    return _windows._backward_patches(plan, target, ivs, pre)
+  prog, cenv, sound = ctx.prog, ctx.cenv, ctx.sound
+  px: _Prefix = ctx.prefixes[target]
+  if spec is not None:
+    px = _spec_prefix(px, spec)
+  dtype = target.aval.dtype
+  m, n_eq = px.m, len(prog.eqns)
+  lam: dict = {}  # var -> (2, m, *shape): [0] for the lower bound, [1] for the upper bound
+  bias = jnp.stack([px.bias, px.bias])
+  slack = jnp.zeros((2, m), dtype) + px.slack_const
+  for (abs_lam, e, p, g) in px.steps:
+    x = e.invars[p]
+    slack = slack + g * _rowdot(abs_lam, _abs_linear(e, cenv, p, _mag(ivs[x])))
+  fb_abs, n_fb = jnp.zeros((2, m), dtype), 0
+  if px.pending:
+    for i in reversed(ctx.ancestors[target]):
+      e = prog.eqns[i]
+      y = e.outvars[0]
+      if e.kind == "nonlinear":
+        mu = _gather_mu(lam, px.pending, y, m)
+        if mu is not None:
+          bias = _relaxed_step(rel[i], e, mu, m, lam, bias)
+        continue
+      if e.kind == "fallback":
+        for y2 in e.outvars:
+          mu = _gather_mu(lam, px.pending, y2, m)
+          if mu is not None:
+            add, mag = _fallback_step(ivs[y2], mu, m)
+            bias, fb_abs, n_fb = bias + add, fb_abs + mag, n_fb + y2.size
+        continue
+      if e.kind == "relu":
+        own = lam.pop(y, None)  # (2, m, ...) from pass 2, or None
+        shared = px.pending.get(y)  # (m, ...) from the prefix, or None
+        if own is None and shared is None:
+          continue
+        x, c, sigma = _relu_parts(e, cenv)
+        c_zero = _is_zero(e.invars[1 - e.abstract_pos[0]])
+        l, u = pre[x]
+        lt, ut = (l - c, u - c) if sigma > 0 else (c - u, c - l)
+        if sound:
+          lt, ut = rounding.round_down(lt), rounding.round_up(ut)
+        a_lo, a_up, b_up = _relu_lines(lt, ut, sound)
+        n = x.size
+        flat = lambda a: a.reshape(a.shape[:a.ndim - len(x.shape)] + (n,))  # noqa: E731
+        a_lo, a_up, b_up = flat(a_lo), flat(a_up), flat(b_up)
+        if own is None:
+          mu = flat(shared)[None]  # (1, m, n): shared by both bounds
+        else:
+          if shared is not None:
+            own = own + shared[None]
+          mu = flat(own)  # (2, m, n)
+        if sigma < 0:
+          mu = -mu
+        # lower bound: positive coefficients take the lower line, negative the upper line;
+        # upper bound the other way round. (Flat (rows, n) arrays vectorise well on CPU.)
+        alpha = None if alphas is None else alphas.get(x)
+        if alpha is None:
+          a_pos = jnp.stack([a_lo, a_up])[:, None]  # (2, 1, n)
+          a_neg = jnp.stack([a_up, a_lo])[:, None]
+        else:  # α-CROWN: optimised lower slopes of unstable neurons (lower rows, upper rows)
+          unstable = (lt.reshape(-1) < 0) & (ut.reshape(-1) > 0)
+          al = jnp.where(unstable[None], jnp.clip(alpha, 0.0, 1.0).astype(a_lo.dtype), a_lo[None])
+          a_pos = jnp.stack([al[0], a_up])[:, None]
+          a_neg = jnp.stack([a_up, al[1]])[:, None]
+        nu = mu * jnp.where(mu > 0, a_pos, a_neg)  # (2, m, n)
+        mu_lo, mu_hi = mu[0], mu[-1]
+        bias = bias + jnp.stack([jnp.minimum(mu_lo, 0) @ b_up, jnp.maximum(mu_hi, 0) @ b_up])
+        if not c_zero:
+          mu2 = jnp.broadcast_to(mu, nu.shape)
+          bias = bias + sigma * _rowdot(mu2, flat(c), 2) - sigma * _rowdot(nu, flat(c), 2)
+        nu = nu.reshape((2, m, *x.shape))
+        _add_to(lam, x, nu if sigma > 0 else -nu)
+        if sound:
+          k = prog.uses.get(x, 1) + 1
+          slack = slack + rounding.gamma(1 + k, dtype) * _rowdot(jnp.abs(nu), _mag(ivs[x]), 2)
+          amu = jnp.abs(jnp.stack([mu_lo, mu_hi]))
+          absum = _rowdot(amu, b_up, 2)
+          if not c_zero:
+            absum = (absum + _rowdot(amu, jnp.abs(flat(c)), 2)
+                     + _rowdot(jnp.abs(nu), jnp.abs(c), 2))
+          slack = slack + rounding.gamma(3 * x.size + n_eq, dtype) * absum
+        continue
+      if y not in lam:
+        continue
+      lam_y = lam.pop(y)
+      y0, vjp = _affine_vjp(e, cenv)
+      contribs = _transpose_rows(e, cenv, vjp, lam_y.reshape((2 * m, *y.shape)))
+      if _has_offset(e):
+        bias = bias + _rowdot(lam_y, y0, 2)
+      if sound and _has_offset(e):
+        slack = slack + rounding.gamma(y.size + n_eq, dtype) * _rowdot(jnp.abs(lam_y),
+                                                                       jnp.abs(y0), 2)
+      for p, cb in zip(e.abstract_pos, contribs):
+        x = e.invars[p]
+        _add_to(lam, x, cb.reshape((2, m, *x.shape)))
+        if sound:
+          g = rounding.gamma(_transpose_terms(e, p) + prog.uses.get(x, 1) + 1, dtype)
+          slack = slack + g * _rowdot(jnp.abs(lam_y), _abs_linear(e, cenv, p, _mag(ivs[x])), 2)
+  # concretise at the input boxes
+  lower, upper = bias[0], bias[1]
+  absum = jnp.abs(bias[0]) + jnp.abs(bias[1]) + fb_abs[0] + fb_abs[1]
+  n_in = n_fb
+  for v in prog.invars:
+    if v not in prog.abstract:
+      continue
+    l_p = px.at_input.get(v)
+    l_2 = lam.get(v)
+    if l_p is None and l_2 is None:
+      continue
+    tot = l_p[None] if l_2 is None else (l_2 if l_p is None else l_2 + l_p[None])
+    tot = jnp.broadcast_to(tot, (2, m, *v.shape))
+    c, r = _center_radius(ivs[v], sound)
+    lower = lower + _rowdot(tot[0], c) - _rowdot(jnp.abs(tot[0]), r)
+    upper = upper + _rowdot(tot[1], c) + _rowdot(jnp.abs(tot[1]), r)
+    n_in += v.size
+    if sound:
+      ac = jnp.abs(c) + r
+      absum = absum + _rowdot(jnp.abs(tot[0]), ac) + _rowdot(jnp.abs(tot[1]), ac)
+  if sound:
+    err = rounding.gamma(2 * n_in + 3 + n_eq, dtype) * absum
+    lower = lower - 2 * (slack[0] + err)
+    upper = upper + 2 * (slack[1] + err)
+    lower, upper = rounding.outward(lower, upper, ulps=1)
+  if spec is not None:
+    return lower, upper
+  return lower.reshape(target.shape), upper.reshape(target.shape)
+
+
+def _center_radius(iv: Interval, sound: bool):
+  c = (iv.lower + iv.upper) / 2
+  if not sound:
+    return c, (iv.upper - iv.lower) / 2
+  r = jnp.maximum(rounding.round_up(c - iv.lower), rounding.round_up(iv.upper - c))
+  return c, rounding.round_up(r)
+
+
+def _intersect(a: Interval, lo, hi, sound: bool) -> Interval:
+  lo2, hi2 = jnp.maximum(a.lower, lo), jnp.minimum(a.upper, hi)
+  if not sound:  # both bounds are float approximations; never return an empty box
+    lo2, hi2 = jnp.minimum(lo2, hi2), jnp.maximum(lo2, hi2)
+  return Interval(lo2, hi2, validate=False)
+
+
+def _interval_of(e: _Eqn, vals: list, sound: bool) -> list:
+  """The forward interval rule of an equation (a composite through the interval domain, which
+  may bound its body instead); low-precision arithmetic always in the domain's sound mode, whose
+  outward rounding covers the float error of evaluating the operation in that precision."""
+  low = any(_low_precision(o.aval) for o in e.outvars) or any(
+      isinstance(v, Interval) and _low_precision(jax.typeof(v.lower)) for v in vals)
+  if low and e.name in interval_domain.RULES:
+    return _interval_low_precision(e, vals)
+  ivctx = interval_domain.IntervalContext(sound=sound)
+  if e.prim is e.orig.prim:
+    return interval_domain.abstract_eqn(ivctx, e.orig, vals)
+  out = interval_domain.RULES[e.name](ivctx, *vals, **e.params)
+  return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _is_low_dtype(d) -> bool:
+  try:
+    return jnp.issubdtype(d, jnp.floating) and jnp.finfo(d).bits < 32
+  except TypeError:
+    return False
+
+
+def _interval_low_precision(e: _Eqn, vals: list) -> list:
+  """Interval of a bfloat16/float16 equation: the rule in float32 (every low-precision operand
+  and dtype parameter raised to float32), widened by two units of the low format's roundoff
+  plus its smallest subnormal, then rounded outward to the output dtype (rounding to nearest is
+  monotone, so the stored value of any point of the box stays inside). This covers an operation
+  evaluated in float32 and rounded once to the low format (XLA's CPU and GPU evaluation of
+  bfloat16 products and sums), not one that rounds every partial sum to bfloat16."""
+  f32 = jnp.float32
+  up = lambda a: a.astype(f32) if _is_low_dtype(jnp.result_type(a)) else a  # noqa: E731
+  vals32 = [Interval(up(v.lower), up(v.upper), validate=False) if isinstance(v, Interval)
+            else (up(jnp.asarray(v)) if _is_float(jax.typeof(jnp.asarray(v))) else v)
+            for v in vals]
+  params = {k: (np.dtype(f32) if not isinstance(v, bool) and _is_low_dtype_param(v) else v)
+            for k, v in e.params.items()}
+  out = interval_domain.RULES[e.name](interval_domain.IntervalContext(), *vals32, **params)
+  outs = list(out) if isinstance(out, (list, tuple)) else [out]
+  res = []
+  for o, var in zip(outs, e.outvars):
+    dt = var.aval.dtype
+    if not _is_low_dtype(dt):
+      res.append(o)
+      continue
+    info = jnp.finfo(dt)
+    margin = 2 * float(info.eps) / 2
+    tiny = float(info.smallest_subnormal)
+    lo = o.lower - margin * jnp.abs(o.lower) - tiny
+    hi = o.upper + margin * jnp.abs(o.upper) + tiny
+    lo_d, hi_d = lo.astype(dt), hi.astype(dt)
+    lo_d = jnp.where(lo_d.astype(f32) > lo, jnp.nextafter(lo_d, jnp.asarray(-jnp.inf, dt)), lo_d)
+    hi_d = jnp.where(hi_d.astype(f32) < hi, jnp.nextafter(hi_d, jnp.asarray(jnp.inf, dt)), hi_d)
+    res.append(Interval(lo_d, hi_d, validate=False))
+  return res
+
+
+def _is_low_dtype_param(v) -> bool:
+  try:
+    return isinstance(v, (np.dtype, type)) and _is_low_dtype(v)
+  except Exception:  # pragma: no cover - exotic parameter values
+    return False
+
+
+def _leaky_slopes(e: _Eqn, cenv: dict, x: _Var):
+  """Slopes ``(p, n)`` of a leaky-ReLU equation on the positive and negative side."""
+  kind, atom = e.aux
+  alpha = jnp.broadcast_to(jnp.asarray(_read(cenv, atom), x.aval.dtype), x.shape)
+  if kind == "select":
+    return jnp.ones_like(alpha), alpha
+  return jnp.maximum(alpha, 1.0), jnp.minimum(alpha, 1.0)
+
+
+def _relax_lines(e: _Eqn, cenv: dict, bounds: list, y_iv: Interval) -> _Lines:
+  """The lines of a nonlinear equation on this example's input bounds (see `_Lines`)."""
+  y_lo, y_hi = y_iv.lower, y_iv.upper
+  zeros = jnp.zeros_like(y_lo)
+  if e.mode in ("unary", "reciprocal", "leaky"):
+    (l, u), = bounds
+    if e.mode == "unary":
+      lines = _unary_relaxation(e.name, e.params)(l, u)
+      check = _endpoint_check(_unary_fn(e.name, e.params))(l, u)
+    elif e.mode == "reciprocal":
+      c = jnp.broadcast_to(jnp.asarray(_read(cenv, e.invars[0]), l.dtype), l.shape)
+      lines = _reciprocal_lines(c, l, u)
+      check = _endpoint_check(lambda d: c / d)(l, u)
+    else:
+      p, n = _leaky_slopes(e, cenv, e.relax_in[0])
+      lines, check = _leaky_lines(p, n, l, u), None
+    a_lo, b_lo, a_up, b_up = _finite_or_constant(*lines, l, u, y_lo, y_hi, check)
+    return _Lines([a_lo], b_lo, [a_up], b_up)
+  if e.mode == "product":
+    (lx, ux), (lz, uz) = bounds
+    a_lo, b_lo, a_up, b_up = _mccormick(lx, ux, lz, uz)
+    ok = jnp.isfinite(lx) & jnp.isfinite(ux) & jnp.isfinite(lz) & jnp.isfinite(uz)
+    keep = lambda a: jnp.where(ok, a, 0.0)  # noqa: E731
+    return _Lines([keep(a) for a in a_lo], jnp.where(ok, b_lo, y_lo),
+                  [keep(a) for a in a_up], jnp.where(ok, b_up, y_hi))
+  if e.mode in ("max2", "min2"):
+    (l1, u1), (l2, u2) = bounds
+    one, zero = jnp.ones_like(l1), jnp.zeros_like(l1)
+    if e.mode == "max2":  # max >= the operand with the larger lower bound; = a dominating one
+      first = l1 >= l2
+      sel = [jnp.where(first, one, zero), jnp.where(first, zero, one)]
+      d1, d2 = l1 >= u2, l2 >= u1
+      dom = [jnp.where(d1, one, zero), jnp.where(d2 & ~d1, one, zero)]
+      return _Lines(sel, zeros, dom, jnp.where(d1 | d2, zero, y_hi))
+    first = u1 <= u2
+    sel = [jnp.where(first, one, zero), jnp.where(first, zero, one)]
+    d1, d2 = u1 <= l2, u2 <= l1
+    dom = [jnp.where(d1, one, zero), jnp.where(d2 & ~d1, one, zero)]
+    return _Lines(dom, jnp.where(d1 | d2, zero, y_lo), sel, zeros)
+  if e.mode == "pool":
+    (l, u), = bounds
+    is_max = e.name in ("reduce_max", "reduce_window_max")
+    _, vjp = jax.vjp(lambda z: _bind1(e, [z]), l if is_max else u)
+    sel = lambda g: vjp(g)[0]  # noqa: E731  a convex combination of the entries (ties split)
+    if is_max:  # max >= the entry with the largest lower bound; <= the largest upper bound
+      return _Lines([sel], zeros, [None], y_hi)
+    return _Lines([None], y_lo, [sel], zeros)
+  raise AssertionError(e.mode)
+
+
+def _spec_interval(iv: Interval, spec):
+  """Interval bound of ``C y`` from ``y ∈ [l, u]``: ``C⁺ l + C⁻ u`` and ``C⁺ u + C⁻ l``."""
+  l, u = iv.lower.reshape(-1), iv.upper.reshape(-1)
+  cp, cn = jnp.maximum(spec, 0), jnp.minimum(spec, 0)
+  return Interval(_safe_rowdot(cp, l) + _safe_rowdot(cn, u),
+                  _safe_rowdot(cp, u) + _safe_rowdot(cn, l), validate=False)
+
+
+def _final_bounds(ctx: _Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec):
+  """CROWN bounds of an output; with ``ctx.alpha_steps > 0`` also α-CROWN's (Xu et al.,
+  "Fast and Complete", ICLR 2021, §3.1): the lower slopes ``α ∈ [0, 1]`` of the unstable ReLU
+  neurons behind ``v`` are optimised by Adam (gradients through the bound; projected onto
+  [0, 1] after each step), one set for the lower and one for the upper bounds, starting from
+  CROWN's adaptive slopes. Every α gives valid lines, so every iterate's bound is sound; the
+  result is the entrywise best of CROWN's and the last iterate's bounds."""
+  lo, hi = _backward(ctx, v, ivs, pre, rel, spec=spec)
+  if not ctx.alpha_steps:
+    return lo, hi
+  import optax
+  relus = [ctx.prog.eqns[i] for i in ctx.ancestors[v] if ctx.prog.eqns[i].kind == "relu"]
+  init = {}
+  for e in relus:
+    x, c, sigma = _relu_parts(e, ctx.cenv)
+    if x in init:
+      continue
+    l, u = pre[x]
+    lt, ut = (l - c, u - c) if sigma > 0 else (c - u, c - l)
+    a_lo = _relu_lines(lt, ut, False)[0].reshape(-1)
+    init[x] = jnp.stack([a_lo, a_lo])
+  if not init:
+    return lo, hi
+
+  keys = list(init)  # pytrees keyed by variables do not sort: a list in a fixed order
+  as_dict = lambda vals: dict(zip(keys, vals))  # noqa: E731
+
+  fast = dataclasses.replace(ctx, sound=False)  # gradients of the float bound (sound: final)
+
+  def loss(vals):
+    l2, h2 = _backward(fast, v, ivs, pre, rel, spec=spec, alphas=as_dict(vals))
+    return jnp.sum(h2) - jnp.sum(l2)
+
+  opt = optax.adam(ctx.alpha_lr)
+
+  def step(_, st):
+    alphas, state = st
+    g = jax.grad(loss)(alphas)
+    upd, state = opt.update(g, state, alphas)
+    alphas = [jnp.clip(a, 0.0, 1.0) for a in optax.apply_updates(alphas, upd)]
+    return alphas, state
+
+  vals0 = [init[k] for k in keys]
+  vals, _ = lax.fori_loop(0, ctx.alpha_steps, step, (vals0, opt.init(vals0)))
+  vals = jax.lax.stop_gradient(vals)
+  l2, h2 = _backward(ctx, v, ivs, pre, rel, spec=spec, alphas=as_dict(vals))
+  return jnp.maximum(lo, l2), jnp.minimum(hi, h2)
+
+
+def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None) -> list:
+  """The per-example pass: forward intervals, pre-activation bounds of every ReLU and relaxed
+  equation in order (with their lines), and the final CROWN bounds of every abstract output.
+  Returns Intervals for abstract outputs."""
+  prog, cenv = ctx.prog, ctx.cenv
+  ivs = {}
+  it = iter(boxes)
+  for v in prog.invars:
+    if v in prog.abstract:
+      ivs[v] = next(it)
+  pre: dict = {}
+  rel: dict = {}
+
+  def tighten(x):
+    if x not in pre:
+      if ctx.intermediate == "crown" and x in ctx.prefixes:
+        lo, hi = _backward(ctx, x, ivs, pre, rel)
+        ivs[x] = _intersect(ivs[x], lo, hi, ctx.sound)
+      pre[x] = (ivs[x].lower, ivs[x].upper)
+    return pre[x]
+
+  for i, e in enumerate(prog.eqns):
+    if e.kind in ("concrete", "const"):
+      continue
+    if e.kind == "relu":
+      x, c, sigma = _relu_parts(e, cenv)
+      tighten(x)
+      op = jnp.maximum if sigma > 0 else jnp.minimum
+      ivs[e.outvars[0]] = Interval(op(ivs[x].lower, c), op(ivs[x].upper, c), validate=False)
+      continue
+    if e.kind == "nonlinear":
+      bounds = [tighten(x) for x in e.relax_in]
+    elif e.kind == "fallback":
+      for p in e.abstract_pos:
+        if e.invars[p] in ctx.prefixes:
+          tighten(e.invars[p])
+    vals = [ivs[a] if isinstance(a, _Var) and a in prog.abstract else _read(cenv, a)
+            for a in e.invars]
+    if e.kind == "nonlinear" and e.mode == "leaky":
+      (l, u), = bounds
+      p, n = _leaky_slopes(e, cenv, e.relax_in[0])
+      f = lambda t: jnp.where(t >= 0, p * t, n * t)  # noqa: E731
+      lo = jnp.minimum(jnp.minimum(f(l), f(u)), jnp.where((l < 0) & (u > 0), 0.0, jnp.inf))
+      outs = [Interval(lo, jnp.maximum(f(l), f(u)), validate=False)]
+    elif e.kind == "affine":
+      out = interval_domain.RULES[e.name](interval_domain.IntervalContext(sound=ctx.sound),
+                                          *vals, **e.params)
+      outs = out if isinstance(out, (list, tuple)) else [out]
+    else:
+      outs = _interval_of(e, vals, ctx.sound)
+    for v, o in zip(e.outvars, outs):
+      ivs[v] = o
+    if e.kind == "nonlinear":
+      rel[i] = _relax_lines(e, cenv, bounds, ivs[e.outvars[0]])
+  results = []
+  for v in prog.outvars:
+    if isinstance(v, _Var) and v in prog.abstract:
+      if spec is not None and v is ctx.spec_var:
+        lo, hi = _final_bounds(ctx, v, ivs, pre, rel, spec)
+        res = _intersect(_spec_interval(ivs[v], spec), lo, hi, ctx.sound)
+        if ctx.spec_batched:
+          res = Interval(res.lower[None], res.upper[None], validate=False)
+        results.append(res)
+      elif v in ctx.prefixes:
+        lo, hi = _final_bounds(ctx, v, ivs, pre, rel, None)
+        results.append(_intersect(ivs[v], lo, hi, ctx.sound))
+      else:
+        results.append(ivs[v])
+    else:
+      results.append(None)
+  return results

@@ -1,0 +1,712 @@
+"""CROWN's knowledge of primitives: one `OpRecord` per primitive (`OPS`), the linear
+relaxations of nonlinear operations (`_Lines`), the classification of a flat program's equations
+(`_classify`) and the ReLU lines. See the package docstring for the method."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from boundjax import rounding
+from boundjax.core import program as prog_lib
+from boundjax.core.program import Lit as _Lit, Var as _Var
+from boundjax.domains import interval as interval_domain
+from boundjax.errors import UnsupportedPrimitiveError
+
+
+
+
+INTERMEDIATE_MODES = ("crown", "ibp")
+
+
+# ----------------------------------------------------------------------------------------------
+# Linear relaxations of nonlinear operations
+# ----------------------------------------------------------------------------------------------
+#
+# A relaxation of ``y = f(x_1, ..., x_k)`` on the box ``x_p ∈ [l_p, u_p]`` is a pair of linear
+# functions ``L_lo(x) + b_lo <= y <= L_up(x) + b_up`` valid on the whole box (CROWN, Zhang et al.
+# 2018, §3.2 and appendix; auto_LiRPA, Xu et al. 2020, §3). Elementwise operations give one
+# slope per entry (``L(x) = a ⊙ x``); a pooling maximum gives a selection map. `_Lines` holds,
+# per relaxed operand, either an array of slopes (the output's shape) or a callable applying
+# ``Lᵀ`` to a row of ``Λ`` (None: a zero map).
+
+@dataclasses.dataclass
+class _Lines:
+  """``Σ_p lo[p](x_p) + b_lo <= y <= Σ_p up[p](x_p) + b_up`` on the box."""
+  lo: list
+  b_lo: Any
+  up: list
+  b_up: Any
+
+
+def _safe_div(a, b):
+  return a / jnp.where(b == 0, 1.0, b)
+
+
+def _tangent(f, df, d):
+  """Slope and intercept of the tangent of ``f`` at ``d``: ``f(d) + f'(d)(x - d)``."""
+  a = df(d)
+  return a, f(d) - a * d
+
+
+def _chord(f, l, u):
+  """Slope and intercept of the chord of ``f`` between ``l`` and ``u``."""
+  fl, fu = f(l), f(u)
+  a = _safe_div(fu - fl, u - l)
+  return a, fl - a * l
+
+
+def _convex(f, df):
+  """Convex ``f``: upper line the chord, lower line the tangent at the midpoint (CROWN §3.2)."""
+  def lines(l, u):
+    a_up, b_up = _chord(f, l, u)
+    a_lo, b_lo = _tangent(f, df, (l + u) / 2)
+    return a_lo, b_lo, a_up, b_up
+  return lines
+
+
+def _concave(f, df):
+  """Concave ``f``: lower line the chord, upper line the tangent at the midpoint."""
+  def lines(l, u):
+    a_lo, b_lo = _chord(f, l, u)
+    a_up, b_up = _tangent(f, df, (l + u) / 2)
+    return a_lo, b_lo, a_up, b_up
+  return lines
+
+
+def _bisect(pred, lo, hi, steps: int = 30):
+  """Elementwise bisection keeping ``pred(hi)`` true (``pred`` monotone: false at lo side)."""
+  def body(_, st):
+    a, b = st
+    mid = (a + b) / 2
+    ok = pred(mid)
+    return jnp.where(ok, a, mid), jnp.where(ok, mid, b)
+  return lax.fori_loop(0, steps, body, (lo, hi))[1]
+
+
+def _s_shaped(f, df, far: float = 10.0):
+  """An increasing ``f`` convex on ``x <= 0`` and concave on ``x >= 0`` (tanh, logistic, erf,
+  atan): CROWN's construction (Zhang et al. 2018, §3.2, "general activations").
+
+  * ``u <= 0``: convex part: chord above, tangent at the midpoint below.
+  * ``l >= 0``: concave part: chord below, tangent at the midpoint above.
+  * ``l < 0 < u``: upper line the tangent at ``d >= 0`` that passes above ``(l, f(l))``:
+    ``g(d) = f(d) + f'(d)(l - d) - f(l)`` is non-decreasing in ``d >= 0`` (``g' = f''(d)(l - d)
+    >= 0``), so bisection on ``[0, max(u, far)]`` keeping ``g >= 0`` finds one. It is valid: on
+    ``[0, ∞)`` a tangent of the concave part lies above ``f``; on ``[l, 0]`` the line minus
+    ``f`` is concave and non-negative at both ends. The lower line is the mirror image (tangent
+    at ``d <= 0`` passing below ``(u, f(u))``). Lines that fail their end-point check are
+    replaced by constants by the caller.
+  """
+  convex, concave = _convex(f, df), _concave(f, df)
+
+  def lines(l, u):
+    c_lines = convex(l, u)
+    k_lines = concave(l, u)
+    fl, fu = f(l), f(u)
+    hi0 = jnp.maximum(u, far)
+    d_up = _bisect(lambda d: f(d) + df(d) * (l - d) >= fl, jnp.zeros_like(l), hi0)
+    lo0 = jnp.minimum(l, -far)
+    d_lo = _bisect(lambda d: f(d) + df(d) * (u - d) <= fu, jnp.zeros_like(u), lo0)
+    a_up, b_up = _tangent(f, df, d_up)
+    a_lo, b_lo = _tangent(f, df, d_lo)
+    left, right = u <= 0, l >= 0
+    pick = lambda c, k, m: jnp.where(left, c, jnp.where(right, k, m))  # noqa: E731
+    return (pick(c_lines[0], k_lines[0], a_lo), pick(c_lines[1], k_lines[1], b_lo),
+            pick(c_lines[2], k_lines[2], a_up), pick(c_lines[3], k_lines[3], b_up))
+  return lines
+
+
+def _dtanh(x):
+  t = jnp.tanh(x)
+  return 1 - t * t
+
+
+def _dlogistic(x):
+  s = jax.nn.sigmoid(x)
+  return s * (1 - s)
+
+
+def _derf(x):
+  return (2 / math.sqrt(math.pi)) * jnp.exp(-x * x)
+
+
+def _erfc_lines(l, u):
+  """``erfc = 1 - erf``: the lines of ``erf`` reflected."""
+  a_lo, b_lo, a_up, b_up = _s_shaped(lax.erf, _derf)(l, u)
+  return -a_up, 1 - b_up, -a_lo, 1 - b_lo
+
+
+def _abs_lines(l, u):
+  """``|x|`` (convex): the chord above; below ``x`` or ``-x``, the one closer on the box."""
+  a_up, b_up = _chord(jnp.abs, l, u)
+  a_lo = jnp.where(u > -l, 1.0, -1.0).astype(l.dtype)
+  return a_lo, jnp.zeros_like(l), a_up, b_up
+
+
+def _power_lines(n: int):
+  """``x^n`` for even ``n >= 2`` (convex): chord above, tangent at the midpoint below."""
+  return _convex(lambda x: lax.integer_pow(x, n), lambda x: n * lax.integer_pow(x, n - 1))
+
+
+def _domain(lines, lo: float, strict: bool):
+  """Restricts a relaxation to boxes inside the real domain ``x > lo`` (``x >= lo``); elsewhere
+  the caller uses constant lines from the interval bound."""
+  def f(l, u):
+    bad = (l <= lo) if strict else (l < lo)
+    a_lo, b_lo, a_up, b_up = lines(jnp.where(bad, lo + 1.0, l), jnp.where(bad, lo + 2.0, u))
+    nan = jnp.full_like(l, jnp.nan)
+    return tuple(jnp.where(bad, nan, a) for a in (a_lo, b_lo, a_up, b_up))
+  return f
+
+
+_UNARY_LINES: dict[str, Callable] = {
+    "exp": _convex(jnp.exp, jnp.exp),
+    "expm1": _convex(jnp.expm1, jnp.exp),
+    "log": _domain(_concave(jnp.log, lambda x: 1 / x), 0.0, True),
+    "log1p": _domain(_concave(jnp.log1p, lambda x: 1 / (1 + x)), -1.0, True),
+    "sqrt": _domain(_concave(jnp.sqrt, lambda x: 0.5 / jnp.sqrt(x)), 0.0, False),
+    "rsqrt": _domain(_convex(lax.rsqrt, lambda x: -0.5 * lax.rsqrt(x) / x), 0.0, True),
+    "tanh": _s_shaped(jnp.tanh, _dtanh),
+    "logistic": _s_shaped(jax.nn.sigmoid, _dlogistic, far=20.0),
+    "erf": _s_shaped(lax.erf, _derf),
+    "erfc": _erfc_lines,
+    "atan": _s_shaped(jnp.arctan, lambda x: 1 / (1 + x * x), far=50.0),
+    "abs": _abs_lines,
+    "square": _power_lines(2),
+}
+
+
+def _finite_or_constant(a_lo, b_lo, a_up, b_up, l, u, y_lo, y_hi, check: Callable | None):
+  """Replaces entries whose lines are not finite, whose box is (nearly) a point, or that fail
+  the end-point check by the constant lines ``y_lo <= y <= y_hi`` (the interval bound)."""
+  tiny = (u - l) <= 1e-6 * (1 + jnp.abs(l) + jnp.abs(u))
+  ok = ~tiny & jnp.isfinite(a_lo) & jnp.isfinite(b_lo) & jnp.isfinite(a_up) & jnp.isfinite(b_up)
+  if check is not None:
+    ok = ok & check(a_lo, b_lo, a_up, b_up)
+  ok_lo = ok & (a_lo * l + b_lo <= y_hi) & (a_lo * u + b_lo <= y_hi)  # never above the box
+  ok_up = ok & (a_up * l + b_up >= y_lo) & (a_up * u + b_up >= y_lo)
+  zero = jnp.zeros_like(l)
+  return (jnp.where(ok_lo, a_lo, zero), jnp.where(ok_lo, b_lo, y_lo),
+          jnp.where(ok_up, a_up, zero), jnp.where(ok_up, b_up, y_hi))
+
+
+def _endpoint_check(f):
+  """Both lines on the right side of ``f`` at the box ends (a cheap guard against a line made
+  invalid by float error in its construction; the construction itself is the proof)."""
+  def check(l, u):
+    fl, fu = f(l), f(u)
+    def ok(a_lo, b_lo, a_up, b_up):
+      tol_l = 1e-6 * (1 + jnp.abs(fl))
+      tol_u = 1e-6 * (1 + jnp.abs(fu))
+      return ((a_lo * l + b_lo <= fl + tol_l) & (a_lo * u + b_lo <= fu + tol_u)
+              & (a_up * l + b_up >= fl - tol_l) & (a_up * u + b_up >= fu - tol_u))
+    return ok
+  return check
+
+
+_UNARY_FN = {"exp": jnp.exp, "expm1": jnp.expm1, "log": jnp.log, "log1p": jnp.log1p,
+             "sqrt": jnp.sqrt, "rsqrt": lax.rsqrt, "tanh": jnp.tanh, "logistic": jax.nn.sigmoid,
+             "erf": lax.erf, "erfc": lax.erfc, "atan": jnp.arctan, "abs": jnp.abs,
+             "square": jnp.square}
+
+
+def _unary_relaxation(name: str, params: dict):
+  """``(l, u) -> (a_lo, b_lo, a_up, b_up)`` for a unary primitive, or None."""
+  if name == "integer_pow":
+    n = params["y"]
+    if n == 1:
+      return lambda l, u: (jnp.ones_like(l), jnp.zeros_like(l), jnp.ones_like(l),
+                           jnp.zeros_like(l))
+    if n >= 2 and n % 2 == 0:
+      return _power_lines(n)
+    return None
+  return _UNARY_LINES.get(name)
+
+
+def _unary_fn(name: str, params: dict):
+  if name == "integer_pow":
+    return lambda x: lax.integer_pow(x, params["y"])
+  return _UNARY_FN[name]
+
+
+def _reciprocal_lines(c, l, u):
+  """``y = c / d`` with ``d ∈ [l, u]`` not containing 0 (``1/d`` is convex for ``d > 0`` and
+  concave for ``d < 0``; scaling by ``c < 0`` swaps the lines); straddling boxes get NaN (the
+  caller substitutes the interval bound)."""
+  pos = l > 0
+  neg = u < 0
+  inv = lambda x: 1 / x  # noqa: E731
+  dinv = lambda x: -1 / (x * x)  # noqa: E731
+  lc, uc = jnp.where(pos | neg, l, 1.0), jnp.where(pos | neg, u, 2.0)
+  cv = _convex(inv, dinv)(lc, uc)
+  cc = _concave(inv, dinv)(lc, uc)
+  a_lo, b_lo, a_up, b_up = (jnp.where(pos, x, y) for x, y in zip(cv, cc))
+  cpos = c >= 0
+  lo = (jnp.where(cpos, c * a_lo, c * a_up), jnp.where(cpos, c * b_lo, c * b_up))
+  up = (jnp.where(cpos, c * a_up, c * a_lo), jnp.where(cpos, c * b_up, c * b_lo))
+  nan = jnp.full_like(l, jnp.nan)
+  bad = ~(pos | neg)
+  return tuple(jnp.where(bad, nan, a) for a in (*lo, *up))
+
+
+def _mccormick(lx, ux, ly, uy):
+  """``y = x · z``: the average of the two McCormick planes on each side (McCormick 1976;
+  used for products in auto_LiRPA, Xu et al. 2020):
+  ``x z >= ½[(l_z + u_z) x + (l_x + u_x) z - l_x l_z - u_x u_z]`` and
+  ``x z <= ½[(l_z + u_z) x + (l_x + u_x) z - l_x u_z - u_x l_z]`` (an average of valid planes
+  is valid)."""
+  cx, cy = (lx + ux) / 2, (ly + uy) / 2
+  b_lo = -(lx * ly + ux * uy) / 2
+  b_up = -(lx * uy + ux * ly) / 2
+  return [cy, cx], b_lo, [cy, cx], b_up
+
+
+def _leaky_lines(p, n, l, u):
+  """``y = p x`` for ``x >= 0`` and ``n x`` below (leaky ReLU: ``p = 1, n = α``; also
+  ``max(x, α x)``): convex for ``n <= p`` (chord above; ``p x`` or ``n x`` below, the one closer
+  on the box, as CROWN-Ada, Zhang et al. 2018 §3.2), concave otherwise (mirror image). Exact on
+  stable boxes."""
+  act, ina = l >= 0, u <= 0
+  den = jnp.where(act | ina, 1.0, u - l)
+  k = (p * u - n * l) / den  # the chord through (l, n l) and (u, p u)
+  kb = p * u - k * u
+  near = jnp.where(u > -l, p, n)
+  convex = n <= p
+  a_lo, b_lo = jnp.where(convex, near, k), jnp.where(convex, 0.0, kb)
+  a_up, b_up = jnp.where(convex, k, near), jnp.where(convex, kb, 0.0)
+  stable = lambda v, on_act, on_ina: jnp.where(act, on_act, jnp.where(ina, on_ina, v))  # noqa: E731
+  return (stable(a_lo, p, n), stable(b_lo, 0.0, 0.0), stable(a_up, p, n),
+          stable(b_up, 0.0, 0.0))
+
+
+# ----------------------------------------------------------------------------------------------
+# One record per primitive
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class OpRecord:
+  """Everything CROWN knows about one primitive applied to box-dependent values.
+
+  Attributes:
+    kind: "affine" (linear in its abstract operands jointly, plus a concrete offset),
+      "bilinear" (linear in one operand when the others are concrete: mul, div, dot_general,
+      conv; a product of two box-dependent operands is relaxed or bounded by intervals),
+      "relu" (``max(x, c)`` / ``min(x, c)`` with concrete ``c``; two box-dependent operands are
+      relaxed) or "nonlinear" (relaxed by lines on the input box, `_Lines`).
+    index_operands: operands that must be concrete (indices, predicates); None: all but the
+      first.
+    additive: a concrete float operand is an offset added to the result, not a coefficient.
+    exact_transpose: pure data movement: the transpose is exact in floating point (sound mode
+      needs no γ_n for it).
+    pattern_safe: the transpose with every concrete float operand set to 1 gives a superset of
+      the non-zero pattern of the true transpose (the windowed pass).
+    relax: "unary" (elementwise lines ``(l, u) -> (a_lo, b_lo, a_up, b_up)``, see
+      `_unary_relaxation`) or "pool" (a maximum/minimum over entries: selection map below or
+      above, the interval bound on the other side).
+  """
+  kind: str
+  index_operands: tuple | None = ()
+  additive: bool = False
+  exact_transpose: bool = False
+  pattern_safe: bool = False
+  relax: str = ""
+
+
+def _build_ops() -> dict[str, OpRecord]:
+  aff = lambda **k: OpRecord("affine", **k)  # noqa: E731
+  ops = {
+      "add": aff(additive=True, pattern_safe=True),
+      "add_any": aff(additive=True, pattern_safe=True),
+      "sub": aff(additive=True),
+      "neg": aff(exact_transpose=True),
+      "reshape": aff(exact_transpose=True, pattern_safe=True),
+      "broadcast_in_dim": aff(pattern_safe=True),
+      "transpose": aff(exact_transpose=True, pattern_safe=True),
+      "squeeze": aff(exact_transpose=True, pattern_safe=True),
+      "expand_dims": aff(exact_transpose=True, pattern_safe=True),
+      "reduce_sum": aff(exact_transpose=True, pattern_safe=True),
+      "reduce_window_sum": aff(pattern_safe=True),
+      "concatenate": aff(additive=True, exact_transpose=True),
+      "slice": aff(exact_transpose=True, pattern_safe=True),
+      "pad": aff(additive=True, exact_transpose=True, pattern_safe=True),
+      "convert_element_type": aff(pattern_safe=True),
+      "copy": aff(exact_transpose=True, pattern_safe=True),
+      "copy_p": aff(exact_transpose=True, pattern_safe=True),
+      "stop_gradient": aff(exact_transpose=True),
+      "rev": aff(exact_transpose=True),
+      "cumsum": aff(),
+      "select_n": aff(index_operands=(0,), additive=True, exact_transpose=True),
+      "dynamic_slice": aff(index_operands=None, exact_transpose=True),
+      "gather": aff(index_operands=(1,)),
+      "mul": OpRecord("bilinear", pattern_safe=True),
+      "div": OpRecord("bilinear", pattern_safe=True),
+      "dot_general": OpRecord("bilinear", pattern_safe=True),
+      "conv_general_dilated": OpRecord("bilinear", pattern_safe=True),
+      "max": OpRecord("relu"),
+      "min": OpRecord("relu"),
+  }
+  for name in (*_UNARY_LINES, "integer_pow"):
+    ops[name] = OpRecord("nonlinear", relax="unary")
+  for name in ("reduce_max", "reduce_min", "reduce_window_max", "reduce_window_min"):
+    ops[name] = OpRecord("nonlinear", relax="pool")
+  return ops
+
+
+OPS: dict[str, OpRecord] = _build_ops()
+SUPPORTED = sorted(OPS)
+_NO_RECORD = OpRecord("none")
+
+
+def _op(name: str) -> OpRecord:
+  return OPS.get(name, _NO_RECORD)
+
+
+class CrownFallbackWarning(UserWarning):
+  """CROWN bounds an operation by its interval bound (no linear relaxation applies)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# A flat program: the jaxpr with every nested call inlined
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Eqn:
+  """CROWN's record of one equation of the flat program.
+
+  ``kind``: "concrete" (no box-dependent operand), "const" (box-dependent but statically known,
+  e.g. ``x != x`` of finite values), "affine", "relu" (``max(x, c)`` / ``min(x, c)``),
+  "nonlinear" (relaxed by lines in the variables ``relax_in``; ``mode`` names the relaxation)
+  or "fallback" (its outputs are bounded by the forward interval pass and enter the backward
+  pass as fresh box variables; ``reason`` says why).
+  """
+  prim: Any
+  params: dict
+  invars: list
+  outvars: list
+  orig: prog_lib.Eqn  # the program layer's equation (source line, context)
+  kind: str = "concrete"
+  abstract_pos: tuple = ()
+  relax_in: tuple = ()
+  mode: str = ""
+  aux: Any = None
+  reason: str = ""
+
+  @property
+  def name(self) -> str:
+    return self.prim.name
+
+  def where(self) -> str:
+    return self.orig.where()
+
+  @property
+  def back_in(self) -> list:
+    """The variables the backward pass continues to from this equation's output."""
+    if self.kind in ("affine", "relu"):
+      return [self.invars[p] for p in self.abstract_pos]
+    if self.kind == "nonlinear":
+      return list(self.relax_in)
+    return []
+
+
+@dataclasses.dataclass
+class _Program:
+  invars: list
+  outvars: list
+  eqns: list
+  consts: dict  # _Var -> value
+  abstract: set  # abstract _Vars
+  producer: dict  # _Var -> index of its equation
+  uses: dict  # _Var -> number of abstract equations reading it
+
+
+def _from_core(program: prog_lib.Program) -> _Program:
+  """CROWN's view of a flat program of the program layer. Composites with an interval rule
+  (softmax, log-softmax, ...) are kept whole: CROWN bounds them by that (tight) rule."""
+  keep = [n for n in interval_domain.RULES if n in _composite_names()]
+  program = prog_lib.inline_composites(program, keep=keep)
+  eqns = [_Eqn(e.prim, e.params, e.invars, e.outvars, e) for e in program.eqns]
+  producer = {o: i for i, e in enumerate(eqns) for o in e.outvars}
+  return _Program(program.invars, program.outvars, eqns, program.consts, set(), producer, {})
+
+
+def _composite_names() -> set[str]:
+  from boundjax.core import composite
+  return {p.name for p in composite.BODIES}
+
+
+def _is_float(aval) -> bool:
+  return jnp.issubdtype(aval.dtype, jnp.floating)
+
+
+def _low_precision(aval) -> bool:
+  """bfloat16 / float16 (their rounding is far from linear at CROWN's tolerance)."""
+  return _is_float(aval) and jnp.finfo(aval.dtype).bits < 32
+
+
+def _is_literal_zero(a) -> bool:
+  return isinstance(a, _Lit) and np.ndim(a.val) == 0 and float(a.val) == 0.0
+
+
+def _match_leaky(e: _Eqn, abstract: set, made_by: dict):
+  """``select_n(x >= 0, α x, x)`` (``jax.nn.leaky_relu``; also ``>``, and ``<`` / ``<=`` with
+  the cases swapped): returns ``(x, α operand)`` or None."""
+  if len(e.invars) != 3 or e.abstract_pos == () or not isinstance(e.invars[0], _Var):
+    return None
+  cmp = made_by.get(e.invars[0])
+  if cmp is None or cmp.name not in ("ge", "gt", "lt", "le") or not _is_literal_zero(cmp.invars[1]):
+    return None
+  x = cmp.invars[0]
+  neg_case, pos_case = (e.invars[1], e.invars[2]) if cmp.name in ("ge", "gt") else \
+      (e.invars[2], e.invars[1])
+  if pos_case is not x:
+    return None
+  return _scaled_copy(neg_case, x, abstract, made_by)
+
+
+def _scaled_copy(v, x, abstract: set, made_by: dict):
+  """If ``v = mul(x, α)`` / ``mul(α, x)`` with concrete ``α``: the operand ``α``, else None."""
+  m = made_by.get(v) if isinstance(v, _Var) else None
+  if m is None or m.name != "mul":
+    return None
+  a, b = m.invars
+  if a is x and not (isinstance(b, _Var) and b in abstract):
+    return (x, b)
+  if b is x and not (isinstance(a, _Var) and a in abstract):
+    return (x, a)
+  return None
+
+
+def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool) -> None:
+  """Sets ``kind`` (and ``mode``, ``relax_in``, ``aux``, ``reason``) of an abstract equation."""
+  name, pos = e.name, e.abstract_pos
+  rec = _op(name)
+  ins = [e.invars[p] for p in pos]
+  same = all(v.shape == e.outvars[0].shape for v in ins) if e.outvars else False
+
+  def fallback(reason):
+    e.kind, e.reason = "fallback", reason
+
+  def nonlinear(mode, relax_in, aux=None):
+    if sound:
+      return fallback("sound_fp bounds nonlinear operations other than ReLU-type ones by "
+                      "intervals")
+    e.kind, e.mode, e.relax_in, e.aux = "nonlinear", mode, tuple(relax_in), aux
+
+  if name in ("ne", "eq") and len(e.invars) == 2 and e.invars[0] is e.invars[1] \
+      and _is_float(e.invars[0].aval):
+    e.kind = "const"  # x != x is False for the finite reals of a box (NaN tests)
+    return
+  if any(_low_precision(v.aval) for v in ins) or any(_low_precision(o.aval) for o in e.outvars):
+    return fallback("bfloat16/float16 arithmetic (its rounding is not a linear map)")
+  if name == "select_n":
+    leaky = _match_leaky(e, abstract, made_by)
+    if leaky is not None:
+      return nonlinear("leaky", (leaky[0],), ("select", leaky[1]))
+  if not all(_is_float(o.aval) for o in e.outvars):
+    return fallback("a non-float result")
+  if rec.kind == "none":
+    return fallback("no linear relaxation")
+  if rec.kind == "affine":
+    idx = rec.index_operands
+    if idx is None:
+      idx = tuple(range(1, len(e.invars)))
+    if any(p in idx for p in pos):
+      return fallback("a box-dependent index or predicate")
+    if not all(_is_float(v.aval) for v in ins):
+      return fallback("a non-float box-dependent operand")
+    e.kind = "affine"
+    return
+  if not all(_is_float(v.aval) for v in ins):
+    return fallback("a non-float box-dependent operand")
+  if rec.kind == "bilinear":
+    if len(pos) == 1 and not (name == "div" and pos == (1,)):
+      e.kind = "affine"
+      return
+    if name == "div" and pos == (1,) and same:
+      return nonlinear("reciprocal", ins)
+    if name == "mul" and len(pos) == 2 and same:
+      return nonlinear("product", ins)
+    return fallback("a product of two box-dependent operands (no linear relaxation of this "
+                    "shape; use bj.ibp for interval parameters)")
+  if rec.kind == "relu":
+    if len(pos) == 1 and len(e.invars) == 2:
+      e.kind = "relu"
+      return
+    if len(pos) == 2 and same:
+      if name == "max":
+        for x, v in ((e.invars[0], e.invars[1]), (e.invars[1], e.invars[0])):
+          leaky = _scaled_copy(v, x, abstract, made_by)
+          if leaky is not None:
+            return nonlinear("leaky", (x,), ("max", leaky[1]))
+      return nonlinear(name + "2", ins)
+    return fallback("max/min of box-dependent operands of different shapes")
+  if rec.relax == "pool":
+    return nonlinear("pool", ins)
+  if _unary_relaxation(name, e.params) is None:
+    return fallback("no linear relaxation for these parameters")
+  return nonlinear("unary", ins)
+
+
+def _classify(prog: _Program, abstract_in: Sequence[bool], sound: bool = False) -> None:
+  """Decides every abstract equation's role (`_decide`), rewrites ``x / d`` of two
+  box-dependent operands into ``x · (1 / d)``, and counts the uses of every abstract variable.
+
+  Raises `UnsupportedPrimitiveError` for an operation that CROWN can neither relax nor bound
+  by intervals (no rule of the interval domain)."""
+  abstract = {v for v, a in zip(prog.invars, abstract_in) if a}
+  made_by: dict = {}
+  eqns: list = []
+  fresh = [0]
+
+  def add(e: _Eqn):
+    pos = tuple(i for i, a in enumerate(e.invars) if isinstance(a, _Var) and a in abstract)
+    e.abstract_pos = pos
+    if pos:
+      _decide(e, abstract, made_by, sound)
+      if e.kind == "fallback" and e.name not in interval_domain.RULES:
+        raise UnsupportedPrimitiveError(
+            f"CROWN (linear domain) cannot bound primitive '{e.name}' at {e.where()}: "
+            f"{e.reason}, and the interval domain has no rule for it. Supported on "
+            f"box-dependent values: {', '.join(SUPPORTED)}, and by intervals every primitive "
+            "of bj.ibp.")
+      if e.kind == "affine" and e.name not in interval_domain.RULES:
+        raise UnsupportedPrimitiveError(
+            f"CROWN (linear domain) cannot bound primitive '{e.name}' at {e.where()}: no "
+            "interval rule for the forward pass.")
+      if e.kind != "const":
+        abstract.update(e.outvars)
+    for o in e.outvars:
+      made_by[o] = e
+    eqns.append(e)
+
+  for e in prog.eqns:
+    ab = [isinstance(a, _Var) and a in abstract for a in e.invars]
+    if e.name == "div" and len(ab) == 2 and all(ab) and e.invars[1].shape == e.outvars[0].shape \
+        and e.invars[0].shape == e.outvars[0].shape and _is_float(e.outvars[0].aval) \
+        and not _low_precision(e.outvars[0].aval):
+      x, d = e.invars
+      fresh[0] -= 1
+      r = _Var(d.aval, fresh[0])
+      one = _Lit(np.ones((), d.aval.dtype))
+      add(_Eqn(lax.div_p, {}, [one, d], [r], e.orig))
+      add(_Eqn(lax.mul_p, {}, [x, r], list(e.outvars), e.orig))
+      continue
+    add(e)
+  prog.eqns = eqns
+  prog.producer = {o: i for i, e in enumerate(eqns) for o in e.outvars}
+  uses: dict = {}
+  for e in eqns:
+    for v in e.back_in:
+      uses[v] = uses.get(v, 0) + 1
+  prog.abstract = abstract
+  prog.uses = uses
+
+
+def _warn_fallbacks(prog: _Program) -> None:
+  """One `CrownFallbackWarning` per primitive bounded by intervals on the way to an output."""
+  reach = _reachable(prog)
+  seen: dict = {}
+  for i, e in enumerate(prog.eqns):
+    if e.kind == "fallback" and i in reach and e.name not in seen:
+      seen[e.name] = e
+  for name, e in seen.items():
+    hint = " Use bj.ibp, or avg_pool." if name.startswith("reduce_window_max") else \
+        " Use bj.ibp if that is enough."
+    warnings.warn(f"bj.crown: no linear relaxation for '{name}' at {e.where()} ({e.reason}); "
+                  f"its interval bound is used (looser).{hint}", CrownFallbackWarning,
+                  stacklevel=4)
+
+
+def _reachable(prog: _Program) -> set[int]:
+  """Indices of the abstract equations the backward passes of the outputs can reach (also
+  through the inputs of fallback equations, whose intervals come from earlier equations)."""
+  seen, stack, idx = set(), [v for v in prog.outvars if isinstance(v, _Var)], set()
+  while stack:
+    v = stack.pop()
+    if v in seen:
+      continue
+    seen.add(v)
+    i = prog.producer.get(v)
+    if i is None or prog.eqns[i].kind in ("concrete", "const"):
+      continue
+    idx.add(i)
+    e = prog.eqns[i]
+    stack.extend(e.back_in if e.kind != "fallback" else
+                 [e.invars[p] for p in e.abstract_pos])
+  return idx
+
+
+def _bind(e: _Eqn, vals: Sequence[Any]):
+  bind = e.prim.get_bind_params(e.params)
+  subfuns, params = bind if isinstance(bind, tuple) else ((), bind)
+  with e.orig.manager:
+    out = e.prim.bind(*subfuns, *vals, **params)
+  return out
+
+
+def _bind1(e: _Eqn, vals):
+  out = _bind(e, vals)
+  return out[0] if e.prim.multiple_results else out
+
+
+def _eval_concrete(prog: _Program, args: Sequence[Any]) -> dict:
+  """Values of every concrete variable (abstract ones are left out)."""
+  env = dict(prog.consts)
+  for v, a in zip(prog.invars, args):
+    if v not in prog.abstract:
+      env[v] = a
+  for e in prog.eqns:
+    if e.kind == "const":  # x != x / x == x of finite values
+      o = e.outvars[0]
+      env[o] = np.full(o.shape, e.name == "eq", o.aval.dtype)
+      continue
+    if e.kind != "concrete":
+      continue
+    out = _bind(e, [_read(env, a) for a in e.invars])
+    outs = out if e.prim.multiple_results else [out]
+    for v, o in zip(e.outvars, outs):
+      env[v] = o
+  return env
+
+
+def _read(env, a):
+  return a.val if isinstance(a, _Lit) else env[a]
+
+
+# ----------------------------------------------------------------------------------------------
+# ReLU relaxation
+# ----------------------------------------------------------------------------------------------
+
+def _relu_parts(e: _Eqn, cenv: dict):
+  """For ``y = max(x, c)`` / ``min(x, c)``: (x var, c broadcast, σ) with y = c + σ relu(σ(x-c))."""
+  (p,) = e.abstract_pos
+  x = e.invars[p]
+  c = jnp.broadcast_to(jnp.asarray(_read(cenv, e.invars[1 - p]), x.aval.dtype), x.shape)
+  return x, c, (1.0 if e.name == "max" else -1.0)
+
+
+def _relu_lines(l, u, sound: bool):
+  """Slopes/intercepts (a_lo, a_up, b_up) with a_lo·t <= relu(t) <= a_up·t + b_up on [l, u]."""
+  active, inactive = l >= 0, u <= 0
+  unstable = ~(active | inactive)
+  den = jnp.where(unstable, u - l, 1.0)
+  if sound:
+    den = rounding.round_down(den)
+  s = jnp.where(unstable, u, 0.0) / den
+  if sound:
+    s = rounding.round_up(s)
+  b = -s * jnp.where(unstable, l, 0.0)
+  if sound:
+    b = rounding.round_up(b)
+  a_up = jnp.where(active, 1.0, jnp.where(inactive, 0.0, s))
+  b_up = jnp.where(unstable, b, 0.0)
+  a_lo = jnp.where(active, 1.0, jnp.where(inactive, 0.0, (u > -l).astype(l.dtype)))
+  return a_lo, a_up, b_up

@@ -1,0 +1,173 @@
+"""The windowed ("patches") backward pass for a local layer behind one ReLU of an affine map of
+the box (see the package docstring)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from boundjax.core.program import Var as _Var
+
+from boundjax.domains.linear import backward as _backward
+from boundjax.domains.linear.rules import (
+    _Program, _is_float, _op, _relu_lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# Windowed ("patches") backward pass for local layers
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _PatchPlan:
+  """A backward pass ``target <- L2 <- relu(s) <- A <- x`` (x a box input) done on windows.
+
+  Rows of ``Λ`` that share their support in ``s`` (for a convolution: the target neurons at one
+  spatial position) form a group ``g`` with support ``S_g`` (k entries of s) and input window
+  ``X_g`` (q entries of x, the union of the supports of ``A``'s rows in ``S_g``).
+  """
+  s: _Var  # the ReLU input
+  x: _Var  # the box input
+  rows: Any  # (G, r) int: target rows of each group (pad: m)
+  pos: Any  # (m,) int: where row i sits in the flattened (G, r)
+  S: Any  # (G, k) int: support of the group in s (pad: n_s)
+  X: Any  # (G, q) int: input window of the group (pad: n_x)
+  mu: Any  # (G, r, k): the coefficients of s-side ReLU outputs (from the prefix)
+  M: Any  # (G, k, q): A restricted to S_g x X_g
+  bias_t: Any  # (m,) offset of the target above the ReLU
+  bias_s: Any  # (n_s + 1,) offset of s (A x + bias_s), padded with 0
+
+
+def _ones_cenv(prog: _Program, anc: list[int]):
+  """Concrete operands of ``anc`` with every float value replaced by ones, or None when a
+  concrete operand is not a float (its value would matter for the pattern)."""
+  env = {}
+  for i in anc:
+    e = prog.eqns[i]
+    if e.kind == "relu":
+      continue
+    if e.kind != "affine" or not _op(e.name).pattern_safe:
+      return None
+    for j, a in enumerate(e.invars):
+      if j in e.abstract_pos or not isinstance(a, _Var):
+        continue
+      if not _is_float(a.aval):
+        return None
+      env[a] = np.ones(a.shape, a.aval.dtype)
+  return env
+
+
+def _support(prog: _Program, target: _Var, anc: list[int], var_of) -> np.ndarray | None:
+  """Boolean ``(m, n)`` superset of the non-zero pattern of ``Λ`` rows at one variable, from
+  the transpose with all-ones coefficients (evaluated once, at trace time)."""
+  env = _ones_cenv(prog, anc)
+  if env is None:
+    return None
+  with jax.ensure_compile_time_eval():
+    px = _backward._prefix(prog, env, target, anc, False)
+    lam = var_of(px)
+    if lam is None:
+      return None
+    return np.asarray(lam).reshape((px.m, -1)) != 0
+
+
+def _patch_plan(prog: _Program, cenv: dict, target: _Var, prefixes: dict,
+                ancestors: dict) -> _PatchPlan | None:
+  """The windowed plan for ``target``, or None when the pattern does not apply or does not pay."""
+  px: _backward._Prefix = prefixes[target]
+  if len(px.pending) != 1 or px.at_input:
+    return None
+  (z, mu), = px.pending.items()
+  relu = [prog.eqns[i] for i in ancestors[target]
+          if prog.eqns[i].kind == "relu" and prog.eqns[i].outvars[0] is z]
+  if len(relu) != 1:
+    return None
+  e = relu[0]
+  if e.name != "max" or not _backward._is_zero(e.invars[1 - e.abstract_pos[0]]):
+    return None
+  s = e.invars[e.abstract_pos[0]]
+  ps: _backward._Prefix | None = prefixes.get(s)
+  if ps is None or ps.pending or len(ps.at_input) != 1:
+    return None
+  (x, a_mat), = ps.at_input.items()
+  m, n_s, n_x = target.size, s.size, x.size
+  above = [i for i in ancestors[target] if i not in set(ancestors[s])]
+  pat_mu = _support(prog, target, above, lambda p: p.pending.get(z))
+  pat_a = _support(prog, s, ancestors[s], lambda p: p.at_input.get(x))
+  if pat_mu is None or pat_a is None:
+    return None
+  k = int(pat_mu.sum(1).max())
+  if k == 0:
+    return None
+  # groups of rows with the same support in s (sorted, padded with n_s)
+  S_rows = np.full((m, k), n_s, np.int64)
+  for i in range(m):
+    nz = np.flatnonzero(pat_mu[i])
+    S_rows[i, :nz.size] = nz
+  S, group = np.unique(S_rows, axis=0, return_inverse=True)
+  group = group.reshape(-1)
+  G = S.shape[0]
+  counts = np.bincount(group, minlength=G)
+  r = int(counts.max())
+  rows = np.full((G, r), m, np.int64)
+  pos = np.zeros((m,), np.int64)
+  fill = np.zeros((G,), np.int64)
+  for i in range(m):
+    g = group[i]
+    rows[g, fill[g]] = i
+    pos[i] = g * r + fill[g]
+    fill[g] += 1
+  pat_a_pad = np.concatenate([pat_a, np.zeros((1, n_x), bool)])
+  windows = [np.flatnonzero(pat_a_pad[S[g]].any(0)) for g in range(G)]
+  q = max(1, max(w.size for w in windows))
+  X = np.full((G, q), n_x, np.int64)
+  for g, w in enumerate(windows):
+    X[g, :w.size] = w
+  # pays only when the windows are a small part of the dense map
+  if k * q * 8 > n_s * n_x or G * (k * q + r * k) > (1 << 26):
+    return None
+  dtype = target.aval.dtype
+  mu_pad = jnp.pad(mu.reshape((m, n_s)), ((0, 1), (0, 1)))
+  a_pad = jnp.pad(a_mat.reshape((n_s, n_x)), ((0, 1), (0, 1)))
+  return _PatchPlan(
+      s=s, x=x, rows=rows, pos=pos, S=S, X=X,
+      mu=mu_pad[rows[:, :, None], S[:, None, :]],
+      M=a_pad[S[:, :, None], X[:, None, :]],
+      bias_t=px.bias, bias_s=jnp.concatenate([ps.bias, jnp.zeros((1,), dtype)]))
+
+
+def _backward_patches(plan: _PatchPlan, target: _Var, ivs: dict, pre: dict):
+  """`_backward` for a target with a `_PatchPlan` (not in sound mode): the same bounds, up to
+  the order of float sums, computed on each group's window only.
+
+  With ``μ`` the coefficients of ``relu(s)`` and the ReLU lines ``(a_lo, a_up, b_up)`` on
+  ``[l, u]`` of ``s``: ``ν_lo = μ·(μ>0 ? a_lo : a_up)``, ``ν_hi = μ·(μ>0 ? a_up : a_lo)``,
+  ``Λ_x = ν M``, and ``lower = bias_t + min(μ,0)·b_up + ν_lo·bias_s + Λ_x·c - |Λ_x|·r`` on the
+  window (upper: max, ``+|Λ_x|·r``).
+  """
+  l, u = pre[plan.s]
+  a_lo, a_up, b_up = _relu_lines(l.reshape(-1), u.reshape(-1), False)
+  pad = lambda v: jnp.concatenate([v, jnp.zeros((1,), v.dtype)])  # noqa: E731
+  a_lo, a_up, b_up = pad(a_lo)[plan.S], pad(a_up)[plan.S], pad(b_up)[plan.S]  # (G, k)
+  mu = plan.mu  # (G, r, k)
+  pos = mu > 0
+  nu_lo = mu * jnp.where(pos, a_lo[:, None], a_up[:, None])
+  nu_hi = mu * jnp.where(pos, a_up[:, None], a_lo[:, None])
+  nu = jnp.concatenate([nu_lo, nu_hi], axis=1)  # (G, 2r, k)
+  bs = plan.bias_s[plan.S]  # (G, k)
+  off = jnp.einsum("grk,gk->gr", nu, bs)
+  r_ = mu.shape[1]
+  off = off + jnp.concatenate([jnp.einsum("grk,gk->gr", jnp.minimum(mu, 0), b_up),
+                               jnp.einsum("grk,gk->gr", jnp.maximum(mu, 0), b_up)], axis=1)
+  lam_x = jnp.einsum("grk,gkq->grq", nu, plan.M)  # (G, 2r, q)
+  c, rad = _backward._center_radius(ivs[plan.x], False)
+  c, rad = pad(c.reshape(-1))[plan.X], pad(rad.reshape(-1))[plan.X]  # (G, q)
+  lin = jnp.einsum("grq,gq->gr", lam_x, c)
+  spread = jnp.einsum("grq,gq->gr", jnp.abs(lam_x), rad)
+  lower = (off[:, :r_] + lin[:, :r_] - spread[:, :r_]).reshape(-1)[plan.pos]
+  upper = (off[:, r_:] + lin[:, r_:] + spread[:, r_:]).reshape(-1)[plan.pos]
+  lower, upper = lower + plan.bias_t, upper + plan.bias_t
+  return lower.reshape(target.shape), upper.reshape(target.shape)
