@@ -24,7 +24,9 @@ Activation Functions", NeurIPS 2018, §3; the backward form of auto_LiRPA):
   and attention are bounded through these pieces.
 * **Interval fallback.** An abstract equation with no linear relaxation (softmax and the other
   composites of `boundjax.nn`, sort, cumulative max, a product of two box-dependent matrices,
-  bfloat16/float16 arithmetic, comparisons, every nonlinearity but ReLU under ``sound_fp``) is
+  bfloat16/float16 arithmetic, comparisons, and under ``sound_fp`` every smooth nonlinearity:
+  only ReLUs, products (single McCormick planes, offsets rounded outward), max/min of two boxes
+  and max/min pooling, whose slopes are exact floats, keep their lines there) is
   bounded by the forward interval pass, and its output enters the backward pass as a fresh box
   variable: ``Λ`` stops there and is concretised against that interval, like an input. One
   `CrownFallbackWarning` per primitive names it and the user's line. Only a primitive with

@@ -265,19 +265,36 @@ def _safe_rowdot(rows, b):
   return jnp.sum(prod.reshape((rows.shape[0], -1)), axis=1)
 
 
-def _relaxed_step(ln: _Lines, e: _Eqn, mu, m: int, lam: dict, bias):
+def _relaxed_step(ln: _Lines, e: _Eqn, mu, m: int, lam: dict, bias, sound_terms=None):
   """One nonlinear equation of the backward pass: for the lower bound positive entries of
   ``Λ_y`` take the lower line and negative ones the upper line, for the upper bound the other
   way round (CROWN, Zhang et al. 2018, Theorem 3.2): ``Λ_x += L_loᵀ Λ⁺ + L_upᵀ Λ⁻`` and
-  ``bias += Λ⁺·b_lo + Λ⁻·b_up`` (lower; swapped for the upper bound)."""
+  ``bias += Λ⁺·b_lo + Λ⁻·b_up`` (lower; swapped for the upper bound).
+
+  Sound mode (``sound_terms = (ivs, uses, n_eq, dtype)``): also returns the rounding slack of
+  this step, (2, m): ``γ_{n_y + k + 1} Σ |Λ̃_x|·|x|_max`` per operand (the products and
+  sums forming ``Λ_x``, which receives ``k`` contributions) plus ``γ_{2 n_y + n_eq}
+  Σ (|Λ⁺|·|b_lo| + |Λ⁻|·|b_up|)`` (the bias sums), as for the ReLU step."""
   lo_rows = jnp.concatenate([jnp.maximum(mu[0], 0), jnp.minimum(mu[1], 0)])  # (2m, ...)
   up_rows = jnp.concatenate([jnp.minimum(mu[0], 0), jnp.maximum(mu[1], 0)])
   bias = bias + (_safe_rowdot(lo_rows, ln.b_lo) + _safe_rowdot(up_rows, ln.b_up)).reshape((2, m))
+  slack = None
+  if sound_terms is not None:
+    ivs, uses, n_eq, dtype = sound_terms
+    n_y = e.outvars[0].size
+    absb = (_safe_rowdot(jnp.abs(lo_rows), jnp.abs(ln.b_lo))
+            + _safe_rowdot(jnp.abs(up_rows), jnp.abs(ln.b_up))).reshape((2, m))
+    slack = rounding.gamma(2 * n_y + n_eq, dtype) * absb
   for x, t_lo, t_up in zip(e.relax_in, ln.lo, ln.up):
     parts = [q for q in (_apply_map(t_lo, lo_rows), _apply_map(t_up, up_rows)) if q is not None]
     if parts:
-      _add_to(lam, x, sum(parts[1:], parts[0]).reshape((2, m, *x.shape)))
-  return bias
+      contrib = sum(parts[1:], parts[0]).reshape((2, m, *x.shape))
+      _add_to(lam, x, contrib)
+      if slack is not None:
+        g = rounding.gamma(e.outvars[0].size + uses.get(x, 1) + 2, dtype)
+        slack = slack + g * _safe_rowdot(jnp.abs(contrib).reshape((2 * m, -1)),
+                                         _mag(ivs[x]).reshape(-1)).reshape((2, m))
+  return bias if sound_terms is None else (bias, slack)
 
 
 def _fallback_step(iv: Interval, mu, m: int):
@@ -334,7 +351,12 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
       if e.kind == "nonlinear":
         mu = _gather_mu(lam, px.pending, y, m)
         if mu is not None:
-          bias = _relaxed_step(rel[i], e, mu, m, lam, bias)
+          if sound:
+            bias, extra = _relaxed_step(rel[i], e, mu, m, lam, bias,
+                                        (ivs, prog.uses, n_eq, dtype))
+            slack = slack + extra
+          else:
+            bias = _relaxed_step(rel[i], e, mu, m, lam, bias)
         continue
       if e.kind == "fallback":
         for y2 in e.outvars:
@@ -528,7 +550,8 @@ def _leaky_slopes(e: _Eqn, cenv: dict, x: _Var):
   return jnp.maximum(alpha, 1.0), jnp.minimum(alpha, 1.0)
 
 
-def _relax_lines(e: _Eqn, cenv: dict, bounds: list, y_iv: Interval) -> _Lines:
+def _relax_lines(e: _Eqn, cenv: dict, bounds: list, y_iv: Interval,
+                 sound: bool = False) -> _Lines:
   """The lines of a nonlinear equation on this example's input bounds (see `_Lines`)."""
   y_lo, y_hi = y_iv.lower, y_iv.upper
   zeros = jnp.zeros_like(y_lo)
@@ -548,7 +571,11 @@ def _relax_lines(e: _Eqn, cenv: dict, bounds: list, y_iv: Interval) -> _Lines:
     return _Lines([a_lo], b_lo, [a_up], b_up)
   if e.mode == "product":
     (lx, ux), (lz, uz) = bounds
-    a_lo, b_lo, a_up, b_up = _mccormick(lx, ux, lz, uz)
+    if sound:  # single McCormick planes: exact slopes, offsets rounded outward
+      a_lo, b_lo = [lz, lx], -rounding.round_up(lx * lz)  # x z - (l_z x + l_x z - l_x l_z)
+      a_up, b_up = [uz, lx], -rounding.round_down(lx * uz)  # = (x - l_x)(z - l_z) >= 0, ...
+    else:
+      a_lo, b_lo, a_up, b_up = _mccormick(lx, ux, lz, uz)
     ok = jnp.isfinite(lx) & jnp.isfinite(ux) & jnp.isfinite(lz) & jnp.isfinite(uz)
     keep = lambda a: jnp.where(ok, a, 0.0)  # noqa: E731
     return _Lines([keep(a) for a in a_lo], jnp.where(ok, b_lo, y_lo),
@@ -688,7 +715,7 @@ def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None) -> list:
     for v, o in zip(e.outvars, outs):
       ivs[v] = o
     if e.kind == "nonlinear":
-      rel[i] = _relax_lines(e, cenv, bounds, ivs[e.outvars[0]])
+      rel[i] = _relax_lines(e, cenv, bounds, ivs[e.outvars[0]], ctx.sound)
   results = []
   for v in prog.outvars:
     if isinstance(v, _Var) and v in prog.abstract:

@@ -484,6 +484,11 @@ def _scaled_copy(v, x, abstract: set, made_by: dict):
   return None
 
 
+# Relaxations whose slopes are exact floats (box bounds, 0, 1) and whose offsets are box bounds
+# or one rounded product: kept in sound_fp mode (the rest falls back to intervals there).
+_SOUND_MODES = frozenset({"product", "pool", "max2", "min2"})
+
+
 def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool) -> None:
   """Sets ``kind`` (and ``mode``, ``relax_in``, ``aux``, ``reason``) of an abstract equation."""
   name, pos = e.name, e.abstract_pos
@@ -495,9 +500,9 @@ def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool) -> None:
     e.kind, e.reason = "fallback", reason
 
   def nonlinear(mode, relax_in, aux=None):
-    if sound:
-      return fallback("sound_fp bounds nonlinear operations other than ReLU-type ones by "
-                      "intervals")
+    if sound and mode not in _SOUND_MODES:
+      return fallback("sound_fp bounds smooth nonlinear operations by intervals (their lines "
+                      "are not exact in floating point)")
     e.kind, e.mode, e.relax_in, e.aux = "nonlinear", mode, tuple(relax_in), aux
 
   if name in ("ne", "eq") and len(e.invars) == 2 and e.invars[0] is e.invars[1] \
