@@ -16,11 +16,7 @@ from boundjax.core.program import Var as _Var
 from boundjax.errors import BoundError, UnsupportedPrimitiveError
 from boundjax.interval import Interval, is_interval
 
-try:  # provided by boundjax.validation (landing alongside)
-  from boundjax.validation import validate_arguments
-except ImportError:  # pragma: no cover
-  def validate_arguments(leaves, *, where):
-    return None
+from boundjax.validation import validate_arguments
 
 from boundjax.domains.linear.rules import (
     INTERMEDIATE_MODES, _Program, _classify, _eval_concrete, _from_core, _is_float,
