@@ -3,8 +3,9 @@
 Networks: (a) MLP 784-1024-1024-10, batch 256; (b) MLP 14-50-50-2, batch 1024;
 (c) CNN conv(16,k4,s2)-conv(32,k4,s1)-dense(100)-dense(10) on 28x28x1, batch 256.
 Methods, all jitted, median wall time: forward, IBP, IBP with interval parameters, IBP in sound
-floating-point mode (``sound=True``, outward rounding), CROWN-IBP, CROWN, and CROWN with
-``sound_fp=True``; with ``--compare-dense``, also CROWN without the windowed (patches) pass on
+floating-point mode (``sound=True``, outward rounding), CROWN-IBP, CROWN, CROWN with
+``sound_fp=True`` and α-CROWN (20 Adam steps on the output bounds' ReLU slopes), with the mean
+output width of each bounding method (α-CROWN's gain over CROWN); with ``--compare-dense``, also CROWN without the windowed (patches) pass on
 the CNN (``crown_dense``, the path every conv layer took before), side by side with ``crown``.
 Prints a table of times and ratios to the forward pass; writes
 benchmarks/results/propagation.json.
@@ -22,11 +23,14 @@ The JSON records the load average before and after the run.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import pathlib
 import platform
 import statistics
+import subprocess
+import sys
 import time
 
 import flax.linen as nn
@@ -108,6 +112,8 @@ def run(nets, reps: int, skip_crown: bool, crown_reps: int = 3,
       if compare_dense and key == "c":
         methods["crown_dense"] = (jax.jit(bj.crown(model.apply, patches=False)), (params, box))
       methods["crown_sound"] = (jax.jit(bj.crown(model.apply, sound_fp=True)), (params, box))
+      methods["crown_alpha"] = (jax.jit(bj.crown(model.apply, alpha=True, alpha_steps=20)),
+                                (params, box))
     n_reps = {m: (crown_reps if m.startswith("crown") else reps) for m in methods}
     times, cpu = _median_times(methods, n_reps)
     for name, t in times.items():
@@ -116,7 +122,15 @@ def run(nets, reps: int, skip_crown: bool, crown_reps: int = 3,
     out = methods["ibp"][0](params, box)
     assert bool(jnp.all((out.lower <= model.apply(params, x) + 1e-4)
                         & (model.apply(params, x) <= out.upper + 1e-4)))
+    widths = {}
+    for name in ("ibp", "crown_ibp", "crown", "crown_alpha"):
+      if name in methods:
+        o = methods[name][0](*methods[name][1])
+        widths[name] = float(jnp.mean(o.upper - o.lower))
+    if widths:
+      print(f"  {key} mean output width: " + ", ".join(f"{k} {v:.4g}" for k, v in widths.items()))
     rows.append({"net": key, "title": title, "seconds": times, "cpu_seconds": cpu,
+                 "mean_width": widths,
                  "reps": n_reps,
                  "ratio_to_forward": {k: v / times["forward"] for k, v in times.items()},
                  "cpu_ratio_to_forward": {k: v / cpu["forward"] for k, v in cpu.items()}})
@@ -139,6 +153,10 @@ def targets(rows: list[dict], cores: int) -> dict:
       t["crown_dense_over_crown_wall"] = r["seconds"]["crown_dense"] / r["seconds"]["crown"]
       t["crown_dense_over_crown_cpu"] = (r["cpu_seconds"]["crown_dense"]
                                          / r["cpu_seconds"]["crown"])
+    if "crown_alpha" in r["seconds"]:
+      t["alpha_over_crown_time_wall"] = r["seconds"]["crown_alpha"] / r["seconds"]["crown"]
+      t["alpha_within_4x_crown"] = t["alpha_over_crown_time_wall"] <= 4.0
+      t["alpha_width_gain"] = r["mean_width"]["crown"] / r["mean_width"]["crown_alpha"]
     if "crown" in r["seconds"] and r["net"] in ("a", "c"):
       t["crown_wall_s"] = r["seconds"]["crown"]
       t["crown_idle_estimate_s"] = r["cpu_seconds"]["crown"] / cores
@@ -179,7 +197,11 @@ def main():
     table.append(f"{r['title']:<38}" + "".join(_cell(r, "cpu_seconds", "cpu_ratio_to_forward", m)
                                                 for m in names))
   print("\n" + "\n".join(table))
-  out = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
+  commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=pathlib.Path(__file__).parent).stdout.strip()
+  out = {"command": " ".join(["python", *sys.argv]), "commit": commit,
+         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+         "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
          "machine": platform.processor() or platform.machine(), "os_cpu_count": os.cpu_count(),
          "jax_version": jax.__version__, "shared_machine": args.shared,
          "load_average_1_5_15": {"before": load_before, "after": load_after},
