@@ -214,14 +214,20 @@ def match_inlined_softmax(eqns: list, start: int):
     return None
   axis = int(first.params["axes"][0])
   ref = _reference_softmax_eqns(tuple(aval.shape), str(aval.dtype), axis)
-  if ref is None or start + len(ref.eqns) > len(eqns):
+  if ref is None:
     return None
   env = {ref.invars[0]: x}
-  for e, r in zip(eqns[start:start + len(ref.eqns)], ref.eqns):
+  # the program layer drops stop_gradient (the identity on values): skip it in the reference too
+  alias = {r.outvars[0]: r.invars[0] for r in ref.eqns if r.primitive.name == "stop_gradient"}
+  ref_eqns = [r for r in ref.eqns if r.primitive.name != "stop_gradient"]
+  if start + len(ref_eqns) > len(eqns):
+    return None
+  for e, r in zip(eqns[start:start + len(ref_eqns)], ref_eqns):
+    r_invars = [alias.get(a, a) if not isinstance(a, jcore.Literal) else a for a in r.invars]
     if e.prim is not r.primitive or len(e.invars) != len(r.invars) or \
         len(e.outvars) != len(r.outvars):
       return None
-    if not all(_atom_matches(a, b, env) for a, b in zip(e.invars, r.invars)):
+    if not all(_atom_matches(a, b, env) for a, b in zip(e.invars, r_invars)):
       return None
     if not _same_params(e.params, r.params):
       return None
@@ -232,4 +238,4 @@ def match_inlined_softmax(eqns: list, start: int):
   out = env.get(ref.outvars[0])
   if out is None:
     return None
-  return len(ref.eqns), x, out, negative_axis(axis, aval.ndim)
+  return len(ref_eqns), x, out, negative_axis(axis, aval.ndim)

@@ -306,6 +306,11 @@ def flatten(closed: jcore.ClosedJaxpr, *, recognise: Callable | None = None) -> 
           sj, sc = (sub.jaxpr, sub.consts) if isinstance(sub, jcore.ClosedJaxpr) else (sub, ())
           extra = len(ins) - len(sj.invars)
           outs = inline(sj, sc, ins[extra:] if extra > 0 else ins, info)
+        elif e.primitive.name == "stop_gradient":
+          # the identity on values (any differentiation inside fn is already traced); dropping
+          # it keeps domains that transpose equations (CROWN's vjp) from reading its zero
+          # derivative as a zero map
+          outs = ins[:1]
         elif e.primitive.name in CALL_PRIMITIVES:
           raise UnsupportedPrimitiveError(
               f"call primitive '{e.primitive.name}' carries no jaxpr boundjax can inline "

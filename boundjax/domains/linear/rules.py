@@ -339,7 +339,6 @@ def _build_ops() -> dict[str, OpRecord]:
       "pad": aff(additive=True, exact_transpose=True, pattern_safe=True),
       "convert_element_type": aff(pattern_safe=True),
       "copy": aff(exact_transpose=True, pattern_safe=True),
-      "copy_p": aff(exact_transpose=True, pattern_safe=True),
       "stop_gradient": aff(exact_transpose=True),
       "rev": aff(exact_transpose=True),
       "cumsum": aff(),
