@@ -199,6 +199,9 @@ def _select_fn(a, b, c, w):
   return jnp.where(a > 0, b, c), lax.select_n(w, a, b, c)
 
 
+DROPPED_BY_PROGRAM = frozenset({"stop_gradient"})
+"""Primitives `boundjax.core.program` removes before any domain sees them."""
+
 INTERVAL_CASES: dict[str, Case] = {
     "abs": _unary(jnp.abs),
     "add": _binary(jnp.add),
@@ -328,7 +331,10 @@ def test_interval_rule_sound(name):
   case = INTERVAL_CASES[name]
   rng = _rng(name)
   args = case.make(rng)
-  assert name in _trace_names(case.fn, args), f"case for '{name}' does not reach it"
+  # stop_gradient is the identity on values: the program layer drops it (its soundness is the
+  # soundness of what follows it, sampled here all the same)
+  assert name in _trace_names(case.fn, args) or name in DROPPED_BY_PROGRAM, \
+      f"case for '{name}' does not reach it"
   bound = jax.jit(bj.ibp(case.fn))(*args)  # one compilation instead of one per eager op
   samples = sample_args(rng, args)
   values = _vmapped(case.fn, args, samples)
