@@ -128,3 +128,13 @@ def test_crown_op_sound(name):
   bad = (ys < out.lower - tol) | (ys > out.upper + tol)
   assert int(jnp.sum(bad)) == 0, f"{name}: {int(jnp.sum(bad))} sampled values outside"
   assert not jnp.isnan(out.lower).any() and not jnp.isnan(out.upper).any()
+
+
+def test_memory_budget_that_cannot_fit_one_example_raises_with_the_size():
+  box = bj.Interval(-jnp.ones((2, 64)), jnp.ones((2, 64)))
+  w = jnp.ones((64, 64)) / 64
+  f = lambda x: jnp.maximum(x @ w, 0) @ w
+  with pytest.raises(MemoryError, match="MiB"):
+    bj.crown(f, memory_bytes=1024)(box)
+  out = bj.crown(f)(box)
+  assert out.shape == (2, 64)

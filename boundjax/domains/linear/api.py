@@ -307,6 +307,11 @@ def _cache_key(leaves, treedef, dyn):
 
 def _auto_chunk(prog, targets, ancestors, memory_bytes) -> int:
   per = max(_lambda_bytes(prog, targets, ancestors), 1)
+  if 3 * per > memory_bytes:
+    raise MemoryError(
+        f"crown: one example's backward state needs about {3 * per / 2**20:.0f} MiB, more than "
+        f"memory_bytes={memory_bytes / 2**20:.0f} MiB; raise memory_bytes, use "
+        "intermediate='ibp' (CROWN-IBP), or bound fewer outputs with spec=.")
   return max(1, int(memory_bytes // (3 * per)))
 
 
