@@ -18,7 +18,7 @@ from boundjax.domains import interval as interval_domain
 from boundjax.interval import Interval
 
 from boundjax.domains.linear.rules import (
-    _Eqn, _Lines, _Program, _bind1, _endpoint_check, _finite_or_constant, _is_float,
+    _Eqn, _Lines, _Program, _bind1, _endpoint_check, upstream, _finite_or_constant, _is_float,
     _leaky_lines, _low_precision, _mccormick, _op, _read, _reciprocal_lines, _relu_lines,
     _relu_parts, _unary_fn, _unary_relaxation)
 from boundjax.domains.linear import windows as _windows
@@ -137,18 +137,8 @@ class _Prefix:
 
 
 def _ancestors(prog: _Program, target: _Var) -> list[int]:
-  seen, stack, idx = set(), [target], set()
-  while stack:
-    v = stack.pop()
-    if v in seen:
-      continue
-    seen.add(v)
-    i = prog.producer.get(v)
-    if i is None or prog.eqns[i].kind in ("concrete", "const"):
-      continue
-    idx.add(i)
-    stack.extend(prog.eqns[i].back_in)
-  return sorted(idx)
+  """The abstract equations the backward pass from ``target`` walks through, in order."""
+  return sorted(upstream(prog, [target], through_fallback=False))
 
 
 def _rowdot(lam, vec, lead: int = 1):

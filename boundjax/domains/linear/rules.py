@@ -629,10 +629,11 @@ def _warn_fallbacks(prog: _Program) -> None:
                   stacklevel=4)
 
 
-def _reachable(prog: _Program) -> set[int]:
-  """Indices of the abstract equations the backward passes of the outputs can reach (also
-  through the inputs of fallback equations, whose intervals come from earlier equations)."""
-  seen, stack, idx = set(), [v for v in prog.outvars if isinstance(v, _Var)], set()
+def upstream(prog: _Program, starts: Sequence[_Var], *, through_fallback: bool) -> set[int]:
+  """Indices of the abstract equations a backward pass from ``starts`` walks through. With
+  ``through_fallback`` it also continues through the inputs of fallback equations (whose
+  intervals come from earlier equations); otherwise it stops at their outputs."""
+  seen, stack, idx = set(), list(starts), set()
   while stack:
     v = stack.pop()
     if v in seen:
@@ -643,12 +644,18 @@ def _reachable(prog: _Program) -> set[int]:
       continue
     idx.add(i)
     e = prog.eqns[i]
-    stack.extend(e.back_in if e.kind != "fallback" else
-                 [e.invars[p] for p in e.abstract_pos])
+    stack.extend([e.invars[p] for p in e.abstract_pos]
+                 if through_fallback and e.kind == "fallback" else e.back_in)
   return idx
 
 
+def _reachable(prog: _Program) -> set[int]:
+  """Indices of the abstract equations the backward passes of the outputs can reach."""
+  return upstream(prog, [v for v in prog.outvars if isinstance(v, _Var)], through_fallback=True)
+
+
 def _bind(e: _Eqn, vals: Sequence[Any]):
+  # e.prim/e.params, not e.orig's: CROWN rewrites some equations (x / d -> x * (1 / d))
   bind = e.prim.get_bind_params(e.params)
   subfuns, params = bind if isinstance(bind, tuple) else ((), bind)
   with e.orig.manager:
