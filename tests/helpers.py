@@ -60,3 +60,15 @@ def assert_inside(bound, values, tol: float = 1e-5, what: str = "") -> int:
         f"{what}: {int(bad.sum())} of {bad.size} sampled values outside the bound; first at {i}: "
         f"value {values[i]!r} not in [{lo[i[1:]]!r}, {hi[i[1:]]!r}]")
   return values.shape[0]
+
+
+def matmul_precisions(jaxpr) -> list:
+  """The ``precision`` of every dot_general / conv_general_dilated in ``jaxpr`` and its
+  sub-jaxprs (to check that sound modes emit ``Precision.HIGHEST``)."""
+  found = []
+  for e in jaxpr.eqns:
+    if e.primitive.name in ("dot_general", "conv_general_dilated"):
+      found.append(e.params["precision"])
+    for sub in jax.extend.core.jaxprs_in_params(e.params):
+      found += matmul_precisions(sub)
+  return found

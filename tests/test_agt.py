@@ -13,6 +13,7 @@ from boundjax import agt
 from boundjax.agt import descent, losses, mlp, retrain
 from boundjax.agt import bounds as bnd
 from boundjax.interval import Interval
+from tests.helpers import matmul_precisions
 
 
 @pytest.fixture(autouse=True)
@@ -425,19 +426,10 @@ def test_fp_margin_step_runs_products_at_highest_precision(backend):
   params = _net(jax.random.PRNGKey(3), [3, 6, 1])
   highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
 
-  def precisions(jaxpr):
-    found = []
-    for e in jaxpr.eqns:
-      if e.primitive.name in ("dot_general", "conv_general_dilated"):
-        found.append(e.params["precision"])
-      for sub in jax.extend.core.jaxprs_in_params(e.params):
-        found += precisions(sub)
-    return found
-
   for fp_margin in (True, False):
     cfg = agt.Config(n_epochs=1, learning_rate=0.5, batch_size=16, k_private=2, clip_gamma=0.2,
                      fp_margin=fp_margin)
     step = agt.make_step(mlp.apply, cfg, backend)
-    found = precisions(jax.make_jaxpr(step)(agt.init(params, cfg), X, y).jaxpr)
+    found = matmul_precisions(jax.make_jaxpr(step)(agt.init(params, cfg), X, y).jaxpr)
     assert found
     assert all(p == highest for p in found) == fp_margin, found

@@ -11,6 +11,7 @@ import pytest
 
 import boundjax as bj
 from boundjax.core import composite, program
+from tests.helpers import matmul_precisions
 
 KEY = jax.random.PRNGKey(0)
 
@@ -221,16 +222,6 @@ def test_composites_sound_mode_against_float64(centre, eps):
 # sound mode: matrix products at HIGHEST precision
 # ----------------------------------------------------------------------------------------------
 
-def _precisions(jaxpr) -> list:
-  found = []
-  for e in jaxpr.eqns:
-    if e.primitive.name in ("dot_general", "conv_general_dilated"):
-      found.append(e.params["precision"])
-    for sub in jax.extend.core.jaxprs_in_params(e.params):
-      found += _precisions(sub)
-  return found
-
-
 def test_sound_modes_emit_highest_precision_products():
   """Defect: sound mode ignored matmul precision (TF32 on GPUs breaks u = 2^-24)."""
   w = jax.random.normal(KEY, (5, 3))
@@ -240,14 +231,14 @@ def test_sound_modes_emit_highest_precision_products():
   box = bj.Interval.around(jnp.zeros(5), 0.1)
   highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
   for bounded in (bj.ibp(f, sound=True),):
-    precisions = _precisions(jax.make_jaxpr(bounded)(box).jaxpr)
+    precisions = matmul_precisions(jax.make_jaxpr(bounded)(box).jaxpr)
     assert precisions and all(p == highest for p in precisions), precisions
   g = lambda x: jnp.maximum(x @ w, 0) @ jnp.ones((3, 2))
-  precisions = _precisions(jax.make_jaxpr(bj.crown(g, sound_fp=True))(
+  precisions = matmul_precisions(jax.make_jaxpr(bj.crown(g, sound_fp=True))(
       bj.Interval.around(jnp.zeros((2, 5)), 0.1)).jaxpr)
   assert precisions and all(p == highest for p in precisions), precisions
   # without sound mode, the user's precision stays
-  assert not all(p == highest for p in _precisions(jax.make_jaxpr(bj.ibp(f))(box).jaxpr))
+  assert not all(p == highest for p in matmul_precisions(jax.make_jaxpr(bj.ibp(f))(box).jaxpr))
 
 
 # ----------------------------------------------------------------------------------------------
