@@ -245,6 +245,25 @@ def upper_of(x: Any) -> Any:
   return x.upper if isinstance(x, Interval) else x
 
 
+def split_tree(tree: Any) -> tuple[Any, Any]:
+  """``(lower_tree, upper_tree)`` of a tree whose leaves are `Interval`s or arrays.
+
+  The one interval-tree splitter of the package: an `Interval` leaf gives its endpoints, an array
+  leaf appears unchanged in both trees, and a whole tree that is one `Interval` (over parameter
+  trees) gives its two endpoint trees.
+  """
+  if isinstance(tree, Interval):
+    return tree.lower, tree.upper
+  lo = jax.tree_util.tree_map(lower_of, tree, is_leaf=is_interval)
+  hi = jax.tree_util.tree_map(upper_of, tree, is_leaf=is_interval)
+  return lo, hi
+
+
+def join_tree(lower: Any, upper: Any, validate: bool = False) -> Any:
+  """The tree of `Interval(l, h)` leaves from two trees of the same structure (`split_tree`'s inverse)."""
+  return jax.tree_util.tree_map(lambda l, h: Interval(l, h, validate=validate), lower, upper)
+
+
 def center_of(x: Any) -> Any:
   return x.center if isinstance(x, Interval) else x
 

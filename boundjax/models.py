@@ -11,7 +11,8 @@ works out to the same bound).
 
 from __future__ import annotations
 
-from typing import Sequence
+import re
+from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
 import jax
@@ -63,6 +64,55 @@ class Conv1dNet(nn.Module):
     h = nn.relu(nn.Dense(self.out, kernel_init=init, bias_init=init)(h))
     init = _torch_uniform(h.shape[-1])
     return nn.Dense(self.out, kernel_init=init, bias_init=init)(h)
+
+
+def _layer_order(names: list[str]) -> list[str]:
+  """Creation order: names ``Prefix_i`` sorted by ``i`` when every name has a trailing index
+  (Flax's auto-naming), the container's own order otherwise."""
+  indices = [re.search(r"_?(\d+)$", n) for n in names]
+  if all(indices):
+    return [n for _, n in sorted(zip([int(m.group(1)) for m in indices], names))]
+  return list(names)
+
+
+def dense_layers(params: Any) -> list[dict]:
+  """The Dense layers ``{"kernel": (in, out), "bias": (out,)}`` of a Dense+ReLU stack, in order.
+
+  The one parser of Dense stacks in the package. Accepted containers: a list or tuple of layer
+  dicts, a dict ``{"Dense_0": ..., "Dense_1": ...}`` (Flax ``nn.Dense`` naming, any prefix,
+  ordered by the trailing number), or either under a single ``"params"`` key (a Flax variable
+  dict). Leaves may be arrays or `Interval`s. Raises ``ValueError`` naming the layer otherwise.
+  """
+  if isinstance(params, (list, tuple)):
+    out = list(params)
+  elif isinstance(params, Mapping) and "params" in params and len(params) == 1:
+    return dense_layers(params["params"])
+  elif isinstance(params, Mapping) and params:
+    out = [params[n] for n in _layer_order(list(params))]
+  else:
+    raise ValueError("dense_layers: expected a list of Dense layers or a dict "
+                     f"{{'Dense_0': {{...}}, ...}}, got {type(params).__name__}.")
+  names = list(params) if isinstance(params, Mapping) else list(range(len(out)))
+  names = _layer_order(names) if isinstance(params, Mapping) else names
+  for name, layer in zip(names, out):
+    if not (isinstance(layer, Mapping) and set(layer) == {"kernel", "bias"}):
+      got = sorted(layer) if isinstance(layer, Mapping) else type(layer).__name__
+      raise ValueError(f"dense_layers: layer {name!r} must be a dict with keys 'kernel' and "
+                       f"'bias' (a Dense layer), got {got}.")
+    if len(getattr(layer["kernel"], "shape", ())) != 2:
+      raise ValueError(f"dense_layers: layer {name!r} has a kernel of shape "
+                       f"{getattr(layer['kernel'], 'shape', None)}; only Dense (2-D kernels) "
+                       "is supported.")
+  return out
+
+
+def rebuild_dense(params: Any, new_layers: list) -> Any:
+  """``params`` with its Dense layers replaced by ``new_layers`` (same container as `dense_layers` read)."""
+  if isinstance(params, (list, tuple)):
+    return type(params)(new_layers)
+  if isinstance(params, Mapping) and "params" in params and len(params) == 1:
+    return {"params": rebuild_dense(params["params"], new_layers)}
+  return {n: l for n, l in zip(_layer_order(list(params)), new_layers)}
 
 
 def mlp_layer_values(params, x: jax.Array) -> tuple[jax.Array, ...]:
