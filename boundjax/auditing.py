@@ -604,40 +604,11 @@ def audit_representation(key: Array, T: Any, S: Any, C_eta: float, K: Any, delta
   return cert, res
 
 
-# ----------------------------------------------------------------------------------------------
-# CLI hook
-# ----------------------------------------------------------------------------------------------
-
-def demo_section(seed: int = 0, n: int = 20000, k: int = 64, trials: int = 8, epochs: int = 5,
-                 mus: Sequence[float] = (0.02, 0.1), delta: float = 0.01) -> str:
-  """A short text report for ``boundjax demo``: the Gaussian example at a small, CPU-sized scale.
-
-  For each ``mu``: ``C_eta = |mu|`` (closed form, checked by FFT), the true minimal loss (eq. 50),
-  the best adversary's loss, the Theorem 1 gap and the lower bound with its ratio.
-  """
-  from boundjax import barron
-  lines = [f"Barron auditing (spec 004): n={n}, k={k}, {trials} restarts x {epochs} epochs, "
-           f"delta={delta}",
-           f"{'mu':>6} {'C_eta':>8} {'C_fft':>8} {'L_true':>8} {'L_emp':>8} {'gap':>8} "
-           f"{'bound':>8} {'ratio':>6}"]
-  key = jax.random.key(seed)
-  cfg = AdversaryConfig(k=k, trials=trials, epochs=epochs, batch=512)
-  for mu in mus:
-    key, k1, k2 = jax.random.split(key, 3)
-    T, S = sample_gaussian_example(k1, n, mu)
-    c_fft = float(barron.fft_1d(dh=lambda t: mu / jnp.cosh(mu * t) ** 2, L=40 / mu + 40,
-                                N=2 ** 20))
-    cert, _ = audit_representation(k2, T, S, abs(mu), (-3.0, 3.0), delta, cfg)
-    lines.append(f"{mu:6.3f} {abs(mu):8.4f} {c_fft:8.4f} {true_min_loss(mu):8.5f} "
-                 f"{cert.L_emp:8.5f} {cert.gap:8.5f} {cert.lower_bound:8.5f} {cert.ratio:6.3f}")
-  return "\n".join(lines)
-
-
 __all__ = [
     "diameter", "enclosing_radius", "radius_term", "binary_entropy", "thm1_constants", "thm1_gap",
     "eq49_gap", "thm2_gap", "thm3_min_n", "thm3_gap", "AuditCertificate", "certify",
     "truncated_densities", "eta_from_densities", "equal_cov_eta", "sample_gaussian_example",
     "true_min_loss", "true_min_loss_sech2", "classification_erm", "conditional_losses",
     "AdversaryConfig", "AdversaryResult", "adversary_apply", "init_adversary",
-    "fit_finite_adversary", "audit_representation", "demo_section",
+    "fit_finite_adversary", "audit_representation",
 ]

@@ -70,7 +70,6 @@ __all__ = [
     "masked_mean",
     "train_single",
     "train_ensemble",
-    "demo_section",
 ]
 
 
@@ -552,66 +551,3 @@ def _load_chunk(ckpt: Path, c: int, rows: np.ndarray) -> Optional[list[np.ndarra
     if not np.array_equal(z["removed"], rows):
       raise ValueError(f"{f}: removed indices differ from this run's chunk {c}.")
     return [z[f"leaf_{i}"] for i in range(len(z.files) - 1)]
-
-
-# ---------------------------------------------------------------------------------------------
-# Demo (called by the `boundjax demo` command)
-# ---------------------------------------------------------------------------------------------
-
-def demo_section(members: int = 64, epochs: int = 10, seed: int = 0) -> str:
-  """Trains N and ``members - 1`` leave-one-out networks on scikit-learn's breast-cancer data
-  (min–max scaled; MLP 30-16-16-2, SGD lr 0.1, weight decay 1e-5, batch 32) in one vmapped run,
-  builds the exact min/max hyper-network, and bounds its logits with `bj.ibp` over the whole data
-  set: where the bounds fix the label, N and every network in the family agree.
-  """
-  from sklearn.datasets import load_breast_cancer
-
-  from boundjax import hypernet
-  from boundjax.models import MLP
-
-  data = load_breast_cancer()
-  x = data.data.astype(np.float32)
-  x = (x - x.min(0)) / np.maximum(x.max(0) - x.min(0), 1e-12)
-  y = data.target.astype(np.int32)
-  model = MLP(hidden=(16, 16), out=2)
-  init = model.init(jax.random.PRNGKey(seed), x[:1])
-  rng = np.random.default_rng(seed)
-  removed = leave_k_out(rng.choice(x.shape[0], members - 1, replace=False))
-  t = time.perf_counter()
-  ens = train_ensemble(model, init, sgd(0.1, weight_decay=1e-5), x, y, removed, epochs=epochs,
-                       batch_size=32, seed=seed, chunk_size=members, progress=False)
-  secs = time.perf_counter() - t
-  hyper = hypernet.from_ensemble(ens.params)
-  lo, hi = hypernet.flat_bounds(hyper)
-  widths = hi - lo
-  acc = float(np.mean(np.argmax(model.apply(ens.full, x), -1) == y))
-  lines = [
-      f"leave-one-out ensemble: {members} networks (N + {members - 1}) of MLP 30-16-16-2 on "
-      f"breast_cancer ({x.shape[0]} points), {epochs} epochs, batch 32, one vmapped run: "
-      f"{secs:.1f} s",
-      f"  N's training accuracy {acc:.3f}; min/max hyper-network: median width "
-      f"{np.median(widths):.2e}, max {widths.max():.2e} over {widths.size} parameters; contains "
-      f"every member: {bool(hypernet.contains_members(hyper, ens.params).all())}",
-  ]
-  try:
-    out = hypernet.hyper_output_bounds(model.apply, hyper, jnp.asarray(x))
-  except ImportError:
-    return "\n".join(lines + ["  (bj.ibp not available: output bounds skipped)"])
-  l, u = np.asarray(out.lower), np.asarray(out.upper)
-  margin_lo, margin_hi = l[:, 1] - u[:, 0], u[:, 1] - l[:, 0]   # bounds on logit1 - logit0
-  fixed = (margin_lo > 0) | (margin_hi < 0)
-  lines.append(f"  bj.ibp over the hyper-network: the label is the same for every network in the "
-               f"box at {int(fixed.sum())} of {x.shape[0]} points")
-  # Difference intervals (LUCID spec §2.5): N#(x) - N(x) on the same x, over the whole [0,1]^30.
-  from boundjax.domains.difference import difference
-  from boundjax.interval import Interval
-  box = Interval(jnp.zeros((1, x.shape[1]), x.dtype), jnp.ones((1, x.shape[1]), x.dtype))
-  diff = difference(model.apply)(ens.full, hyper, box)
-  d_w = float(np.mean(np.asarray(diff.delta.upper - diff.delta.lower)))
-  n_w = float(np.mean(np.asarray(diff.other.upper - diff.ref.lower)
-                      - np.asarray(diff.other.lower - diff.ref.upper)))
-  lines.append(f"  over the whole input box [0,1]^{x.shape[1]}: hyper-network logit width "
-               f"{float(np.mean(np.asarray(diff.other.upper - diff.other.lower))):.3g}; bj.difference "
-               f"interval of N#(x) - N(x): width {d_w:.3g} ({n_w / d_w:.0f}x narrower than "
-               f"IBP(N#) - IBP(N))")
-  return "\n".join(lines)

@@ -293,8 +293,3 @@ def test_adversary_input_errors_and_certificate():
   cert = A.certify(0.99, 0.1, erm_exact=False)
   assert not cert.certified and cert.lower_bound == pytest.approx(0.89)
   assert any("not a certificate" in a for a in cert.assumptions)
-
-
-def test_demo_section_runs():
-  out = A.demo_section(n=1000, k=8, trials=1, epochs=1, mus=(0.1,))
-  assert "ratio" in out and "0.100" in out

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import boundjax as bj
-from boundjax.domains.linear import CrownFallbackWarning, crown, demo_section
+from boundjax.domains.linear import CrownFallbackWarning, crown
 from boundjax.errors import UnsupportedPrimitiveError
 from tests.helpers import assert_inside, sample_box
 
@@ -338,12 +338,6 @@ def test_no_box_is_plain_call():
   params = _init(model, (3,), 0)
   x = jnp.ones((2, 3))
   np.testing.assert_array_equal(crown(model.apply)(params, x), model.apply(params, x))
-
-
-@pytest.mark.slow
-def test_demo_section_reports_ratio():
-  text = demo_section()
-  assert "CROWN" in text and "IBP" in text and "(violations): 0" in text
 
 
 @pytest.mark.parametrize("layout,strides,padding,rhs_dil", [

@@ -434,11 +434,6 @@ def test_load_registry():
   assert set(data.available()) <= set(data.NAMES)
 
 
-def test_demo_section():
-  out = data.demo_section(["adult", "blobs", "amazon_reviews"])
-  assert "adult" in out and "32561" in out and "sex cols [15]" in out and "text" in out
-
-
 def test_signed_labels_and_validation():
   np.testing.assert_array_equal(data.signed_labels(np.array([0, 1, 1])), [-1, 1, 1])
   with pytest.raises(ValueError):

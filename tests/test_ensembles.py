@@ -302,11 +302,6 @@ def test_sharded_member_axis_matches_unsharded(tmp_path, data, setup):
   assert _max_diff(out.params, ref.params) <= 1e-6
 
 
-def test_demo_section_reports_a_sound_family():
-  text = E.demo_section(members=16, epochs=3)
-  assert "16 networks" in text and "contains every member: True" in text
-
-
 @pytest.mark.slow
 def test_adult_member_equals_network_trained_alone_float64(tmp_path):
   """Real data, the Sphynx setting (Adult, 2×50, 10 epochs, batch 1024, SGD 0.1, L1 1e-5), in

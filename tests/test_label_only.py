@@ -398,11 +398,3 @@ def test_dpsgd_baseline_reaches_its_epsilon():
   _, info = L.train_dpsgd_baseline(model.apply, init, x, y, 1.0, epochs=1, batch_size=64)
   assert info["epsilon"] <= 1.0 + 1e-6 and info["noise_multiplier"] > 0
   assert info["delta"] == pytest.approx(1 / 256)
-
-
-@pytest.mark.slow
-def test_demo_section_runs(capsys):
-  from boundjax import cli
-  assert cli.main(["demo", "--only", "idp"]) == 0
-  out = capsys.readouterr().out
-  assert "beta_0 =" in out and "LUCID" in out and "Naive-iDP" in out

@@ -6,10 +6,9 @@ from boundjax.agt.config import Config
 from boundjax.agt.descent import clip, descent_bounds, descent_bounds_dense, semax, semin
 from boundjax.agt.train import State, batches, fit, init, make_step, update
 from boundjax.agt import retrain  # noqa: E402
-from boundjax.agt.demo import demo_section  # noqa: E402
 
 __all__ = [
     "Config", "State", "init", "make_step", "update", "fit", "batches",
     "certify", "max_certified_k", "fit_k_grid", "check_shared_nominal", "predict",
-    "clip", "descent_bounds", "descent_bounds_dense", "semin", "semax", "retrain", "demo_section",
+    "clip", "descent_bounds", "descent_bounds_dense", "semin", "semax", "retrain",
 ]

@@ -106,9 +106,9 @@ backward and forward passes), `windows` (the windowed pass), `api` (`crown`).
 """
 
 from boundjax.domains.linear import api, backward, rules, windows  # noqa: F401
-from boundjax.domains.linear.api import crown, demo_section
+from boundjax.domains.linear.api import crown
 from boundjax.domains.linear.rules import (INTERMEDIATE_MODES, OPS, SUPPORTED,
                                            CrownFallbackWarning, OpRecord)
 
-__all__ = ["crown", "demo_section", "CrownFallbackWarning", "OpRecord", "OPS", "SUPPORTED",
+__all__ = ["crown", "CrownFallbackWarning", "OpRecord", "OPS", "SUPPORTED",
            "INTERMEDIATE_MODES"]

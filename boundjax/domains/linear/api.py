@@ -1,4 +1,4 @@
-"""`crown`: the transformation (options, tracing, caching, batching) and the demo section."""
+"""`crown`: the transformation (options, tracing, caching, batching)."""
 
 from __future__ import annotations
 
@@ -385,64 +385,3 @@ def _batched(ctx: _Ctx, boxes, axes, n_batch: int, batch_axis: int, chunk: int, 
     hi = jnp.squeeze(jnp.moveaxis(hi, 0, ax), ax + 1)
     outs.append(Interval(lo, hi, validate=False))
   return outs
-
-
-# ----------------------------------------------------------------------------------------------
-# Demo (called by the `boundjax demo` command)
-# ----------------------------------------------------------------------------------------------
-
-def demo_section(eps: float = 0.02, n_examples: int = 64, n_samples: int = 2000,
-                 seed: int = 0) -> str:
-  """IBP vs CROWN-IBP vs CROWN on a small ReLU MLP trained on scikit-learn's digits.
-
-  Trains a 64-64-64-10 MLP for a few hundred Adam steps, bounds the logits over the L∞ ball of
-  radius ``eps`` (pixels in [0, 1]) around ``n_examples`` test images, and reports the mean bound
-  width, the number of examples certified robust (lower bound of the true logit above the upper
-  bound of every other), and the number of sampled points found outside the bounds (must be 0).
-  """
-  import flax.linen as nn
-  import optax
-  from sklearn.datasets import load_digits
-  from boundjax.models import fit_full_batch
-
-  class _MLP(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      x = nn.relu(nn.Dense(64)(x))
-      x = nn.relu(nn.Dense(64)(x))
-      return nn.Dense(10)(x)
-
-  data = load_digits()
-  x_all = jnp.asarray(data.data / 16.0, jnp.float32)
-  y_all = jnp.asarray(data.target)
-  perm = np.random.default_rng(seed).permutation(len(y_all))
-  tr, te = perm[:1400], perm[1400:1400 + n_examples]
-  model = _MLP()
-  params = fit_full_batch(model.apply, model.init(jax.random.PRNGKey(seed), x_all[:1]), x_all[tr],
-                          y_all[tr], optax.adam(1e-2), 300)
-  x, y = x_all[te], y_all[te]
-  acc = float(jnp.mean(jnp.argmax(model.apply(params, x), -1) == y))
-  box = Interval.around(x, eps, domain=(0.0, 1.0))
-  from boundjax.transforms import ibp as _ibp
-  results = {"IBP": _ibp(model.apply)(params, box),
-             "CROWN-IBP": crown(model.apply, intermediate="ibp")(params, box),
-             "CROWN": crown(model.apply)(params, box)}
-  key = jax.random.PRNGKey(seed + 1)
-  pts = box.lower + box.width * jax.random.uniform(key, (n_samples, *box.shape))
-  ys = jax.vmap(lambda p: model.apply(params, p))(pts)
-  onehot = jax.nn.one_hot(y, 10, dtype=bool)
-  lines = [f"CROWN demo: MLP 64-64-64-10 on digits (test accuracy {acc:.3f}), eps={eps}, "
-           f"{n_examples} test images, {n_samples} sampled points per image",
-           f"{'method':<10} {'mean width':>11} {'ratio to IBP':>13} {'certified':>10}"]
-  base = float(jnp.mean(results["IBP"].width))
-  violations = 0
-  for name, out in results.items():
-    true_lo = jnp.sum(jnp.where(onehot, out.lower, 0.0), -1)
-    other_hi = jnp.max(jnp.where(onehot, -jnp.inf, out.upper), -1)
-    cert = int(jnp.sum(true_lo > other_hi))
-    w = float(jnp.mean(out.width))
-    tol = 1e-5 * (1 + jnp.abs(ys))  # float rounding of the default (not sound_fp) mode
-    violations += int(jnp.sum((ys < out.lower - tol) | (ys > out.upper + tol)))
-    lines.append(f"{name:<10} {w:>11.4f} {w / base:>13.3f} {cert:>7d}/{n_examples}")
-  lines.append(f"sampled points outside any bound (violations): {violations}")
-  return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""The certified-private-prediction section of ``boundjax demo`` (a small AGT run end to end)."""
+"""The ``agt`` section of ``boundjax demo``: certified private prediction, a small AGT run end to end."""
 
 from __future__ import annotations
 
@@ -8,10 +8,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import boundjax.data as bd
+from boundjax import agt, privacy
+from boundjax.agt import mlp, retrain
+from boundjax.demos.common import Section
 
-def demo_section(n_train: int = 1000, ks: tuple[int, ...] = (0, 1, 5, 20, 50, 100, 200),
+
+def run(n_train: int = 1000, ks: tuple[int, ...] = (0, 1, 5, 20, 50, 100, 200),
                  eps: tuple[float, ...] = (0.05, 0.2, 1.0), n_retrain: int = 8,
-                 seed: int = 0) -> str:
+        seed: int = 0) -> Section:
   """Runs AGT on AGT's separable blobs and returns a text report.
 
   Trains a logistic regression with AGT for every k in ``ks`` (one shared nominal model),
@@ -19,9 +24,6 @@ def demo_section(n_train: int = 1000, ks: tuple[int, ...] = (0, 1, 5, 20, 50, 10
   and smooth-sensitivity (Cauchy) private predictions at each per-query epsilon, and retrains
   ``n_retrain`` models on neighbouring datasets (k = max(ks)) to check the bounds for real.
   """
-  import boundjax.data as bd
-  from boundjax import agt, privacy
-  from boundjax.agt import mlp, retrain
   d = bd.make_blobs("separable", n_train=n_train, seed=seed, scale=False)
   X, y = jnp.asarray(d.x_train), jnp.asarray(d.y_train)
   Xt, yt = jnp.asarray(d.x_test), np.asarray(d.y_test)
@@ -31,17 +33,19 @@ def demo_section(n_train: int = 1000, ks: tuple[int, ...] = (0, 1, 5, 20, 50, 10
   nominal, grid = agt.fit_k_grid(mlp.apply, params0, X, y, cfg, list(ks), progress=False)
   pred = np.asarray(agt.predict(mlp.apply, nominal, Xt))
   kmax = agt.max_certified_k(mlp.apply, nominal, grid, Xt)
+  certified = {k: float(np.mean(agt.certify(mlp.apply, nominal, grid[k], Xt))) for k in ks}
   lines = ["Certified private prediction (AGT, blobs, logistic regression, "
            f"{n_train} train / {len(yt)} test points)",
            f"  nominal test accuracy: {np.mean(pred == yt):.3f}",
            "  k      : " + " ".join(f"{k:6d}" for k in ks),
-           "  cert.  : " + " ".join(
-               f"{np.mean(agt.certify(mlp.apply, nominal, grid[k], Xt)):6.2f}" for k in ks),
+           "  cert.  : " + " ".join(f"{certified[k]:6.2f}" for k in ks),
            "  per-query eps | accuracy GS (Laplace) | accuracy SS (Cauchy, AGT k')"]
+  accuracy = {}
   for e in eps:
     p_gs = privacy.response_probability(pred, 1.0 / e, "laplace")
     p_ss = privacy.response_probability(pred, np.asarray(privacy.cauchy_scale(kmax, e)), "cauchy")
     acc = lambda p: float(np.mean(np.where(yt == 1, p, 1 - p)))  # noqa: E731
+    accuracy[str(e)] = {"global": acc(p_gs), "smooth": acc(p_ss)}
     lines.append(f"  {e:13.3f} | {acc(p_gs):21.3f} | {acc(p_ss):.3f}")
   kk = max(ks)
   with jax.enable_x64(True):
@@ -56,4 +60,8 @@ def demo_section(n_train: int = 1000, ks: tuple[int, ...] = (0, 1, 5, 20, 50, 10
                f"violations, {rep.prediction_changes} changed certified predictions")
   lines.append("  (smooth sensitivity assumes k' is smooth between neighbouring datasets; "
                "global sensitivity is the default mechanism)")
-  return "\n".join(lines)
+  numbers = {"nominal_accuracy": float(np.mean(pred == yt)),
+             "certified": {str(k): v for k, v in certified.items()}, "private_accuracy": accuracy,
+             "retrained_models": rep.retrained_models, "param_violations": rep.param_violations,
+             "prediction_changes": rep.prediction_changes}
+  return Section("\n".join(lines), numbers)
