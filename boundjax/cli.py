@@ -9,11 +9,21 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 
 from boundjax.demos import SECTIONS, section
+
+
+def _jsonable(value):
+  """JSON for the values demo sections report: dataclasses, numpy scalars and arrays."""
+  if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    return dataclasses.asdict(value)
+  if hasattr(value, "tolist"):
+    return value.tolist()
+  return str(value)
 
 
 def demo(only: list[str] | None = None, json_path: str | None = None) -> int:
@@ -33,7 +43,7 @@ def demo(only: list[str] | None = None, json_path: str | None = None) -> int:
     record[name] = {"numbers": result.numbers, "text": result.text, "seconds": seconds}
   if json_path:
     with open(json_path, "w") as f:
-      json.dump(record, f, indent=2, default=float)
+      json.dump(record, f, indent=2, default=_jsonable)
   return 0
 
 

@@ -1,0 +1,110 @@
+"""`boundjax demo`: every section run through the command line, its numbers checked.
+
+The command runs once in a subprocess (as a user would type it) and writes every section's numbers
+as JSON; each test checks a property that a wrong bound, a wrong certificate or a broken pipeline
+would violate — never a copied output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from boundjax import cli
+from boundjax.demos import SECTIONS
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> dict:
+  out = tmp_path_factory.mktemp("demo") / "demo.json"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-m", "boundjax.cli", "demo", "--json", str(out)],
+                        capture_output=True, text=True, env=env, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for name in SECTIONS:
+    assert f"=== {name} ===" in proc.stdout
+  return json.loads(out.read_text())
+
+
+def test_unknown_section_is_rejected():
+  with pytest.raises(SystemExit, match="unknown demo section"):
+    cli.main(["demo", "--only", "nope"])
+
+
+def test_every_section_ran_and_wrote_numbers(demo):
+  assert set(demo) == set(SECTIONS)
+  for name, rec in demo.items():
+    assert rec["numbers"], name
+    assert rec["seconds"] > 0
+
+
+def test_data_section_sizes(demo):
+  sets = demo["data"]["numbers"]["datasets"]
+  assert sets["breast_cancer"]["train"] + sets["breast_cancer"]["test"] == 569
+  assert sets["digits"]["train"] + sets["digits"]["test"] == 1797
+  assert sets["breast_cancer"]["classes"] == 2 and sets["digits"]["classes"] == 10
+
+
+def test_bounds_section_is_sound_and_crown_never_looser(demo):
+  n = demo["bounds"]["numbers"]
+  assert n["violations"] == 0 and n["checked"] == 200 * len(n["eps"]) * 2 * 114 * 2
+  ibp, crown = np.asarray(n["robust_accuracy"]["IBP"]), np.asarray(n["robust_accuracy"]["CROWN"])
+  assert np.all(ibp <= crown) and np.all(crown <= n["clean_accuracy"])
+  assert np.all(np.diff(ibp) <= 0) and np.all(np.diff(crown) <= 0)   # shrinks as eps grows
+  assert n["clean_accuracy"] > 0.9
+
+
+def test_crown_section_orders_the_methods(demo):
+  n = demo["crown"]["numbers"]
+  w, c = n["mean_width"], n["certified"]
+  assert n["violations"] == 0
+  assert w["CROWN"] <= w["CROWN-IBP"] <= w["IBP"]
+  assert c["IBP"] <= c["CROWN-IBP"] <= c["CROWN"] <= n["examples"]
+
+
+def test_ensembles_section_family_inside_hypernetwork(demo):
+  n = demo["ensembles"]["numbers"]
+  assert n["contains_members"] is True
+  assert 0 <= n["label_fixed"] <= n["points"]
+  assert n["difference_width"] < n["subtraction_width"]   # bj.difference beats IBP(N#) - IBP(N)
+
+
+def test_agt_section_retraining_inside_and_monotone(demo):
+  n = demo["agt"]["numbers"]
+  assert n["param_violations"] == 0 and n["prediction_changes"] == 0 and n["retrained_models"] > 0
+  cert = [n["certified"][k] for k in sorted(n["certified"], key=int)]
+  assert cert[0] == 1.0                       # k = 0: the box is the nominal model itself
+  assert all(a >= b for a, b in zip(cert, cert[1:]))
+  acc = n["private_accuracy"]
+  eps = sorted(acc, key=float)
+  assert all(acc[a]["global"] <= acc[b]["global"] + 0.05 for a, b in zip(eps, eps[1:]))
+
+
+def test_ldcp_section_never_claims_ldcp_wrongly(demo):
+  n = demo["ldcp"]["numbers"]
+  for kind, q in n["queries"].items():
+    assert q["wrong"] == 0, kind
+    assert q["proven"] <= q["true"] <= q["inputs"]
+
+
+def test_barron_section_lower_bound_below_true_minimum(demo):
+  for row in demo["barron"]["numbers"]["rows"]:
+    assert row["C_fft"] == pytest.approx(row["C_eta"], rel=1e-3)   # C_eta = |mu| in closed form
+    assert row["lower_bound"] == pytest.approx(row["L_emp"] - row["gap"], abs=1e-9)
+    assert row["lower_bound"] <= row["L_true"]                      # holds w.p. 1 - delta
+
+
+def test_idp_section_guard_noises_every_query_a_member_disagrees_on(demo):
+  n = demo["idp"]["numbers"]
+  assert n["exact"] is True and all(b >= 0 for b in n["betas"].values())
+  rows = {(r["mechanism"], r["epsilon"]): r for r in n["table"]["rows"]}
+  for eps in (0.0, 1.0):
+    # an exact β noises at least every query on which some leave-one-out member disagrees
+    assert rows["LUCID", eps]["noised_fraction"] >= rows["Naive-iDP", eps]["noised_fraction"]
+    assert rows["Naive-Noise", eps]["noised_fraction"] == 1.0
+  assert rows["Naive-Noise", 0.0]["expected_accuracy"] == pytest.approx(0.5)
