@@ -15,7 +15,7 @@ network ``T(D \\ {(x', y')})`` classify all of ``I(x)`` as ``y`` (Def. 2).
   checked on its own (spec §2.7 NaiveLDCP). Fast paths, all sound: members are evaluated on
   sampled points of ``I(x)`` (a misclassified point ends the check: not LDCP, confirmed), and
   member-wise IBP bounds (vectorised over the family) verify members without a MILP; the rest
-  get one MILP each, optionally in parallel (`milp.parallel.solve_many`).
+  get one MILP each, optionally in parallel (`boundjax.executor.Executor`).
 * `sphynx(...)` — end to end: PredHyperNet from a growing sample of leave-one-out networks
   (`boundjax.hypernet.pred_hyper_net` over `boundjax.ensembles.train_ensemble`), then `verify`.
 
@@ -32,9 +32,11 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from boundjax.executor import Executor
 from milp import network as net_lib
 from milp.network import Network
 from milp.neighbourhoods import Neighbourhood
+from milp.parallel import VerifyJob, run_job
 from milp.solve import SolveConfig
 from milp.verify import Status, VerifyResult, project
 from milp.verify import verify as verify_net
@@ -281,8 +283,8 @@ class NaiveResult:
 def verify_naive(model: Any, family: Family | PyTree, neighbourhood: Neighbourhood,
                  label: int, *, cfg: SolveConfig = SolveConfig(), bounds: str = "ibp",
                  output: str | None = None, samples: int = 64, stop_at_first: bool = True,
-                 executor: str = "serial", max_workers: int | None = None,
-                 ray_address: str | None = None, chunk: int = 8) -> NaiveResult:
+                 executor: str = "serial", workers: int | None = None,
+                 address: str | None = None, chunk: int = 8) -> NaiveResult:
   """Ground-truth LDCP: every member of a trained family verified separately (spec §2.7).
 
   Args:
@@ -291,14 +293,12 @@ def verify_naive(model: Any, family: Family | PyTree, neighbourhood: Neighbourho
     family: stacked parameters (``Ensemble.params``, N included) or a `Family`.
     neighbourhood, label: the query.
     stop_at_first: stop at the first member that is not robust (NaiveLDCP's early exit).
-    executor, max_workers, ray_address: how per-member MILPs run (`milp.parallel.solve_many`;
-      default ``"serial"``: on small networks a member's check takes milliseconds, less than a
-      worker process needs to start).
+    executor, workers, address: how per-member MILPs run (`boundjax.executor.Executor`, one
+      pool for every round; default ``"serial"``: on small networks a member's check takes
+      milliseconds, less than a worker process needs to start).
     chunk: MILP jobs per parallel round (between early-exit checks), times the worker count.
   """
   del model
-  from milp.parallel import VerifyJob, solve_many
-
   t0 = time.perf_counter()
   fam = family if isinstance(family, Family) else family_from_stacked(family, output)
   K = fam.size
@@ -338,27 +338,28 @@ def verify_naive(model: Any, family: Family | PyTree, neighbourhood: Neighbourho
 
   # 3. one MILP per remaining member
   todo = [k for k in range(K) if statuses[k] == ""]
-  workers = 1 if executor == "serial" else (max_workers or 2)
-  step = max(1, chunk * workers)
+  runner = Executor(executor, workers=workers, address=address)
+  n_workers = 1 if runner.kind == "serial" else (workers or 2)
+  step = max(1, chunk * n_workers)
   unknown = False
-  for s in range(0, len(todo), step):
-    block = todo[s:s + step]
-    jobs = [VerifyJob(fam.member(k), neighbourhood, label, cfg, bounds, samples=0, tag=k)
-            for k in block]
-    res = solve_many(jobs, executor=executor, max_workers=max_workers, ray_address=ray_address)
-    for k, r in zip(block, res):
-      if r.method == "bounds":  # settled by the job's own (e.g. CROWN) bounds
-        n_bnd += 1
-      else:
-        n_milp += 1
-        milp_s += r.seconds
-      statuses[k] = r.status.value
-      if r.status == Status.FALSIFIED and first_cex is None:
-        first_cex = r.counterexample
-      unknown |= r.status == Status.UNKNOWN
-    failed = [k for k in block if statuses[k] == "FALSIFIED"]
-    if failed and stop_at_first:
-      return done(False, failed[0], first_cex)
+  with runner:
+    for s in range(0, len(todo), step):
+      block = todo[s:s + step]
+      jobs = [VerifyJob(fam.member(k), neighbourhood, label, cfg, bounds, samples=0, tag=k)
+              for k in block]
+      for k, r in zip(block, runner.map(run_job, jobs)):
+        if r.method == "bounds":  # settled by the job's own (e.g. CROWN) bounds
+          n_bnd += 1
+        else:
+          n_milp += 1
+          milp_s += r.seconds
+        statuses[k] = r.status.value
+        if r.status == Status.FALSIFIED and first_cex is None:
+          first_cex = r.counterexample
+        unknown |= r.status == Status.UNKNOWN
+      failed = [k for k in block if statuses[k] == "FALSIFIED"]
+      if failed and stop_at_first:
+        return done(False, failed[0], first_cex)
   if any(s == "FALSIFIED" for s in statuses):
     return done(False, statuses.index("FALSIFIED"), first_cex)
   return done(None if unknown else True)

@@ -6,7 +6,6 @@ The family is real: N and all n leave-one-out networks of a small MLP trained wi
 """
 
 import functools
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +18,6 @@ from boundjax.models import MLP
 from milp import ldcp
 from milp import network as N
 from milp import neighbourhoods as NB
-from milp.parallel import VerifyJob, solve_many
 from milp.solve import SolveConfig
 from milp.verify import Status, verify
 
@@ -117,36 +115,6 @@ def test_from_flax_route_matches_params_route():
   a = ldcp.verify(model, ens.full, hyper, nb, input_shape=(4,))
   b = ldcp.verify(None, ens.full, hyper, nb)
   assert a.verdict == b.verdict and a.label == b.label
-
-
-def test_solve_many_process_pool_matches_serial():
-  rng = np.random.default_rng(3)
-  jobs = []
-  for t in range(4):
-    lo = [(rng.normal(size=(8, 2)), rng.normal(size=8) * .1), (rng.normal(size=(2, 8)) / 3,
-                                                                  np.zeros(2))]
-    net = N.interval_network(lo, lo)
-    xc = rng.random(2)
-    jobs.append(VerifyJob(net, NB.linf_ball(xc, 0.3), ldcp.predicted_label(net, xc), samples=0))
-  serial = solve_many(jobs, executor="serial")
-  pooled = solve_many(jobs, executor="process", max_workers=2)
-  assert [r.status for r in serial] == [r.status for r in pooled]
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
-def test_solve_many_on_local_ray_matches_serial():
-  rng = np.random.default_rng(4)
-  jobs = []
-  for t in range(3):
-    lo = [(rng.normal(size=(8, 2)), rng.normal(size=8) * .1), (rng.normal(size=(2, 8)) / 3,
-                                                                  np.zeros(2))]
-    net = N.interval_network(lo, lo)
-    xc = rng.random(2)
-    jobs.append(VerifyJob(net, NB.linf_ball(xc, 0.3), ldcp.predicted_label(net, xc), samples=0))
-  serial = solve_many(jobs, executor="serial")
-  remote = solve_many(jobs, executor="ray", max_workers=2)
-  assert [r.status for r in serial] == [r.status for r in remote]
 
 
 def test_time_limit_gives_unknown_not_ldcp_proof():
