@@ -17,9 +17,14 @@ to ``.npz`` and skipped on resume), and the member axis sharded over devices wit
 
 Decisions where the papers are silent (recorded here and in the tests):
 
-* Shuffling: epoch ``e`` uses ``jax.random.permutation(fold_in(PRNGKey(seed), e), n)``; batches
-  are consecutive slices of it, the last one smaller (PyTorch ``drop_last=False``). With
-  ``shuffle=False`` the order is ``0..n-1`` every epoch.
+* Shuffling: the data order is a `boundjax.training.Schedule` (default ``shuffle="epoch"``,
+  ``last_batch="keep"``): epoch ``e`` uses ``jax.random.permutation(fold_in(PRNGKey(seed), e),
+  n)``; batches are consecutive slices of it, the last one smaller (PyTorch ``drop_last=False``).
+  With ``shuffle=False`` the order is ``0..n-1`` every epoch. The ensemble records its schedule
+  (`Ensemble.schedule`): pass it to `boundjax.agt.fit` for a box that encloses the family.
+* The SGD loop is `boundjax.training.train` with `boundjax.training.mean_gradient`; the
+  optimizers (`sgd`, `l1_regularization`), losses and `masked_mean` live in `boundjax.training`
+  and are re-exported here.
 * A batch whose every point is removed (only possible when k >= its size) contributes a zero data
   gradient, but the optimizer step is still taken (weight decay / L1 still apply): the step count
   is the same for every member.
@@ -53,12 +58,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from boundjax import training
+from boundjax.training import (Schedule, as_schedule, batch_weights, binary_logistic_loss,
+                               l1_regularization, masked_mean, sgd, softmax_cross_entropy)
+
 PyTree = Any
 ApplyFn = Callable[[PyTree, jax.Array], jax.Array]
 LossFn = Callable[[jax.Array, jax.Array], jax.Array]
 
 __all__ = [
     "Ensemble",
+    "Schedule",
     "leave_k_out",
     "l1_regularization",
     "sgd",
@@ -74,7 +84,7 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------------
-# Removal sets, losses, optimizers
+# Removal sets
 # ---------------------------------------------------------------------------------------------
 
 def leave_k_out(indices: Any, k: int = 1, include_full: bool = True) -> np.ndarray:
@@ -100,113 +110,27 @@ def leave_k_out(indices: Any, k: int = 1, include_full: bool = True) -> np.ndarr
   return idx.astype(np.int32)
 
 
-def l1_regularization(coef: float) -> optax.GradientTransformation:
-  """Adds the L1 subgradient ``coef * sign(θ)`` to the updates (Sphynx spec §2.9: 1e-5).
-
-  ``sign(0) = 0``: a parameter exactly at zero gets no push. Chain it before the optimizer:
-  ``optax.chain(l1_regularization(1e-5), optax.sgd(0.1))``.
-  """
-  if coef < 0:
-    raise ValueError(f"l1_regularization: coef must be >= 0, got {coef}.")
-
-  def init_fn(params):
-    del params
-    return optax.EmptyState()
-
-  def update_fn(updates, state, params=None):
-    if params is None:
-      raise ValueError("l1_regularization needs params: call optimizer.update(g, state, params).")
-    updates = jax.tree_util.tree_map(lambda g, p: g + coef * jnp.sign(p), updates, params)
-    return updates, state
-
-  return optax.GradientTransformation(init_fn, update_fn)
-
-
-def sgd(lr: float = 0.1, weight_decay: float = 0.0, l1: float = 0.0) -> optax.GradientTransformation:
-  """Plain SGD with optional weight decay (LUCID: 1e-5) and L1 (Sphynx: 1e-5)."""
-  parts = []
-  if l1:
-    parts.append(l1_regularization(l1))
-  if weight_decay:
-    parts.append(optax.add_decayed_weights(weight_decay))
-  parts.append(optax.sgd(lr))
-  return optax.chain(*parts)
-
-
-def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """Per-example cross-entropy for integer labels (PyTorch ``CrossEntropyLoss``, LUCID)."""
-  return optax.softmax_cross_entropy_with_integer_labels(logits, labels.astype(jnp.int32))
-
-
-def binary_logistic_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """Per-example logistic loss for a scalar output and labels in {-1, +1} or {0, 1} (Sphynx)."""
-  z = logits.reshape(logits.shape[0], -1)[:, 0]
-  s = jnp.where(labels > 0, 1.0, -1.0).astype(z.dtype)
-  return jax.nn.softplus(-s * z)
-
-
 # ---------------------------------------------------------------------------------------------
-# Data order and masks
+# Data order (kept for callers of the old functions; the order is `boundjax.training.Schedule`)
 # ---------------------------------------------------------------------------------------------
 
 def epoch_orders(seed: int, n: int, epochs: int, shuffle: bool = True) -> np.ndarray:
-  """Visiting order of the n points in every epoch, shape ``(epochs, n)``.
-
-  Epoch ``e`` is ``jax.random.permutation(fold_in(PRNGKey(seed), e), n)`` (identity if not
-  ``shuffle``); the same for every member, whatever it removes.
-  """
+  """Visiting order of the n points in every epoch, shape ``(epochs, n)``: a copy of
+  ``Schedule(n, 1, epochs, seed, "epoch" if shuffle else "none").orders_np()``."""
   if n <= 0 or epochs <= 0:
     raise ValueError(f"epoch_orders: need n > 0 and epochs > 0, got n={n}, epochs={epochs}.")
-  if not shuffle:
-    return np.tile(np.arange(n, dtype=np.int32), (epochs, 1))
-  return _shuffled_orders(int(seed), int(n), int(epochs), _prng_config()).copy()
-
-
-def _prng_config() -> tuple:
-  """The JAX settings that change `jax.random.permutation`'s output (part of the cache key)."""
-  return tuple(str(getattr(jax.config, f, None)) for f in
-               ("jax_default_prng_impl", "jax_threefry_partitionable", "jax_enable_x64"))
-
-
-# The permutations are eager JAX calls (0.15-0.4 s for 10 epochs of Adult on a 2-core CPU), paid
-# on every `train_single` / `train_ensemble` call; the orders depend only on (seed, n, epochs)
-# and the PRNG settings.
-@functools.lru_cache(maxsize=8)
-def _shuffled_orders(seed: int, n: int, epochs: int, prng_config: tuple) -> np.ndarray:
-  del prng_config  # cache key only
-  key = jax.random.PRNGKey(seed)
-  orders = np.stack([np.asarray(jax.random.permutation(jax.random.fold_in(key, e), n))
-                     for e in range(epochs)]).astype(np.int32)
-  orders.flags.writeable = False
-  return orders
+  return Schedule(n=n, batch_size=1, epochs=epochs, seed=seed,
+                  shuffle="epoch" if shuffle else "none").orders_np().copy()
 
 
 def batch_schedule(seed: int, n: int, epochs: int, batch_size: int,
                    shuffle: bool = True) -> np.ndarray:
-  """Index batches of every SGD step, shape ``(epochs * ceil(n / B), B)``, padded with ``-1``.
-
-  Each epoch's order (`epoch_orders`) is cut into consecutive batches of ``B``; the last batch of
-  an epoch holds ``n mod B`` points (or B) and its padding slots carry index ``-1`` (weight 0).
-  """
+  """Index batches of every SGD step, shape ``(epochs * ceil(n / B), B)``, padded with ``-1``:
+  ``Schedule(n, batch_size, epochs, seed, "epoch" if shuffle else "none").batches_np()``."""
   if batch_size <= 0:
     raise ValueError(f"batch_schedule: batch_size must be > 0, got {batch_size}.")
-  orders = epoch_orders(seed, n, epochs, shuffle)
-  per_epoch = -(-n // batch_size)
-  padded = np.full((epochs, per_epoch * batch_size), -1, np.int32)
-  padded[:, :n] = orders
-  return padded.reshape(epochs * per_epoch, batch_size)
-
-
-def batch_weights(batch: jax.Array, removed_row: jax.Array) -> jax.Array:
-  """0/1 weight of each slot of ``batch``: 0 for padding (``-1``) and for removed indices."""
-  hit = jnp.any(batch[:, None] == removed_row[None, :], axis=1)
-  return ((batch >= 0) & ~hit).astype(jnp.float32)
-
-
-def masked_mean(losses: jax.Array, weights: jax.Array) -> jax.Array:
-  """``Σ w_i ℓ_i / max(Σ w_i, 1)``: the mean loss over the points left in the batch."""
-  weights = weights.astype(losses.dtype)
-  return jnp.sum(weights * losses) / jnp.maximum(jnp.sum(weights), 1.0)
+  return Schedule(n=n, batch_size=batch_size, epochs=epochs, seed=seed,
+                  shuffle="epoch" if shuffle else "none").batches_np()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,28 +143,6 @@ def _apply_fn(model: Any) -> ApplyFn:
   if callable(model):
     return model
   raise ValueError(f"model must be a Flax module or an apply function, got {type(model)!r}.")
-
-
-def _train_one(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, loss_fn: LossFn,
-               init_params: PyTree, removed_row: jax.Array, x: jax.Array, y: jax.Array,
-               schedule: jax.Array) -> PyTree:
-  """Trains one member: scan over the steps of ``schedule`` with the masked batch loss."""
-
-  def step(carry, batch):
-    params, opt_state = carry
-    w = batch_weights(batch, removed_row)
-    safe = jnp.maximum(batch, 0)
-    xb, yb = x[safe], y[safe]
-
-    def loss(p):
-      return masked_mean(loss_fn(apply_fn(p, xb), yb), w)
-
-    grads = jax.grad(loss)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state), None
-
-  (params, _), _ = jax.lax.scan(step, (init_params, optimizer.init(init_params)), schedule)
-  return params
 
 
 def _check_data(x: Any, y: Any, removed: Optional[np.ndarray] = None) -> tuple[int, np.ndarray]:
@@ -263,33 +165,42 @@ def _check_data(x: Any, y: Any, removed: Optional[np.ndarray] = None) -> tuple[i
 
 
 def train_single(model: Any, init_params: PyTree, optimizer: optax.GradientTransformation,
-                 x: Any, y: Any, removed_row: Optional[Sequence[int]] = None, *, epochs: int,
-                 batch_size: int, seed: int = 0, shuffle: bool = True,
-                 loss_fn: LossFn = softmax_cross_entropy) -> PyTree:
+                 x: Any, y: Any, removed_row: Optional[Sequence[int]] = None, *,
+                 epochs: Optional[int] = None, batch_size: Optional[int] = None, seed: int = 0,
+                 shuffle: bool = True, loss_fn: LossFn = softmax_cross_entropy,
+                 schedule: Optional[Schedule] = None) -> PyTree:
   """One network trained alone (jitted scan) with the points of ``removed_row`` masked out.
 
   Same schedule and arithmetic as one row of `train_ensemble`; it is the baseline the benchmark
-  loops over. ``removed_row=None`` trains N on all of D.
+  loops over. ``removed_row=None`` trains N on all of D. Give ``schedule`` or ``epochs``,
+  ``batch_size`` (and ``seed``, ``shuffle``).
   """
   n, _ = _check_data(x, y)
+  sched = as_schedule(schedule, n, epochs=epochs, batch_size=batch_size, seed=seed,
+                      shuffle=shuffle, who="train_single")
   row = np.asarray([] if removed_row is None else removed_row, np.int32).reshape(-1)
   if row.size and (row.max() >= n or row.min() < -1):
     raise ValueError(f"removed_row has an index outside [-1, {n - 1}]: {row}.")
-  schedule = batch_schedule(seed, n, epochs, batch_size, shuffle)
   fn = _jitted_single(_apply_fn(model), optimizer, loss_fn)
-  return fn(init_params, jnp.asarray(row), jnp.asarray(x), jnp.asarray(y), jnp.asarray(schedule))
+  return fn(init_params, jnp.asarray(row), jnp.asarray(x), jnp.asarray(y), sched.batches())
+
+
+def _member(apply_fn, optimizer, loss_fn, params, removed_row, x, y, batches):
+  """One member: `boundjax.training.train` on the masked mean loss."""
+  return training.train(training.mean_gradient(apply_fn, loss_fn), optimizer, params, x, y,
+                        batches, removed_row=removed_row)
 
 
 # Compiled trainers, keyed by (apply_fn, optimizer, loss_fn). Bounded: every `sgd(...)` call makes
 # a new optimizer object, and each entry keeps its compiled programs alive.
 @functools.lru_cache(maxsize=16)
 def _jitted_single(apply_fn, optimizer, loss_fn):
-  return jax.jit(lambda p, r, x, y, s: _train_one(apply_fn, optimizer, loss_fn, p, r, x, y, s))
+  return jax.jit(functools.partial(_member, apply_fn, optimizer, loss_fn))
 
 
 @functools.lru_cache(maxsize=16)
 def _jitted_vmapped(apply_fn, optimizer, loss_fn):
-  one = lambda p, r, x, y, s: _train_one(apply_fn, optimizer, loss_fn, p, r, x, y, s)
+  one = functools.partial(_member, apply_fn, optimizer, loss_fn)
   return jax.jit(jax.vmap(one, in_axes=(None, 0, None, None, None)))
 
 
@@ -345,10 +256,13 @@ class Ensemble:
     params: the model's parameter pytree with a leading member axis of size ``M``.
     removed: ``(M, k)`` int array of the indices each member left out (``-1`` = none); row 0 is
       N (no removal) when the ensemble came from ``leave_k_out(..., include_full=True)``.
+    schedule: the `boundjax.training.Schedule` every member followed (None when loaded from a
+      file: `save` does not store it).
   """
 
   params: PyTree
   removed: np.ndarray
+  schedule: Optional[Schedule] = None
 
   @property
   def n_members(self) -> int:
@@ -374,7 +288,7 @@ class Ensemble:
   def select(self, rows: Any) -> "Ensemble":
     rows = np.asarray(rows)
     return Ensemble(jax.tree_util.tree_map(lambda a: np.asarray(a)[rows], self.params),
-                    self.removed[rows])
+                    self.removed[rows], self.schedule)
 
   def save(self, path: str | os.PathLike) -> None:
     """Writes ``removed`` and every parameter leaf (named by its pytree path) to ``path``."""
@@ -414,15 +328,16 @@ def _member_sharding(n_dev: int):
 
 
 def train_ensemble(model: Any, init_params: PyTree, optimizer: optax.GradientTransformation,
-                   x: Any, y: Any, removed: Any, *, epochs: int, batch_size: int,
-                   seed: int = 0, shuffle: bool = True,
+                   x: Any, y: Any, removed: Any, *, epochs: Optional[int] = None,
+                   batch_size: Optional[int] = None, seed: int = 0, shuffle: bool = True,
                    loss_fn: LossFn = softmax_cross_entropy, chunk_size: int = 512,
                    checkpoint_dir: Optional[str | os.PathLike] = None,
                    progress: bool = True, shard: Optional[bool] = None,
-                   chunk_ids: Optional[Sequence[int]] = None) -> Ensemble:
+                   chunk_ids: Optional[Sequence[int]] = None,
+                   schedule: Optional[Schedule] = None) -> Ensemble:
   """Trains every member of a leave-k-out family in one jitted, vmapped program per chunk.
 
-  Member ``m`` runs SGD from ``init_params`` over the shared `batch_schedule` with the masked
+  Member ``m`` runs SGD from ``init_params`` over the shared `Schedule` with the masked
   batch loss ``Σ w_i ℓ_i / max(Σ w_i, 1)`` where ``w_i = 0`` for ``i ∈ removed[m]`` (LUCID spec
   §2.1 [impl]; Sphynx spec §2.2 option B).
 
@@ -433,7 +348,9 @@ def train_ensemble(model: Any, init_params: PyTree, optimizer: optax.GradientTra
       l1=1e-5)``.
     x, y: the whole training set D (rows are points).
     removed: ``(M, k)`` int indices per member, ``-1`` for none (see `leave_k_out`).
-    epochs, batch_size, seed, shuffle: the data order (`batch_schedule`), identical for all.
+    schedule: the data order (`boundjax.training.Schedule`), identical for all members; or
+      give epochs, batch_size, seed, shuffle (``Schedule(n, batch_size, epochs, seed,
+      "epoch" if shuffle else "none")``).
     loss_fn: per-example loss ``(logits, labels) -> (B,)``.
     chunk_size: members per compiled program; the last chunk is padded (with N) to this size,
       and rounded up to a multiple of the device count when sharding.
@@ -449,13 +366,13 @@ def train_ensemble(model: Any, init_params: PyTree, optimizer: optax.GradientTra
 
   Returns:
     `Ensemble` with ``params`` stacked along a leading member axis (row order = ``removed``;
-    with ``chunk_ids``, the rows of those chunks in that order).
+    with ``chunk_ids``, the rows of those chunks in that order) and the schedule.
   """
   n, removed = _check_data(x, y, removed)
   if chunk_size <= 0:
     raise ValueError(f"chunk_size must be > 0, got {chunk_size}.")
-  if epochs <= 0 or batch_size <= 0:
-    raise ValueError(f"epochs and batch_size must be > 0, got {epochs} and {batch_size}.")
+  sched = as_schedule(schedule, n, epochs=epochs, batch_size=batch_size, seed=seed,
+                      shuffle=shuffle, who="train_ensemble")
   n_members = removed.shape[0]
   if n_members == 0:
     raise ValueError("removed has no rows: nothing to train.")
@@ -475,8 +392,9 @@ def train_ensemble(model: Any, init_params: PyTree, optimizer: optax.GradientTra
       raise ValueError(f"chunk_ids must be a non-empty list of ids in [0, {n_chunks}), got "
                        f"{list(chunk_ids)[:5]}.")
   ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
-  meta = dict(n=n, k=int(removed.shape[1]), epochs=epochs, batch_size=batch_size, seed=seed,
-              shuffle=bool(shuffle), chunk_size=chunk_size, n_members=n_members,
+  meta = dict(n=n, k=int(removed.shape[1]), epochs=sched.epochs, batch_size=sched.batch_size,
+              seed=sched.seed, shuffle=_meta_shuffle(sched), chunk_size=chunk_size,
+              n_members=n_members,
               removed=hashlib.sha256(removed.tobytes()).hexdigest()[:16],
               init_params=_fingerprint(init_params),
               data=hashlib.sha256(np.asarray(x).tobytes() + np.asarray(y).tobytes()).hexdigest()[:16])
@@ -485,12 +403,12 @@ def train_ensemble(model: Any, init_params: PyTree, optimizer: optax.GradientTra
 
   apply_fn = _apply_fn(model)
   fn = _jitted_vmapped(apply_fn, optimizer, loss_fn)
-  schedule = jnp.asarray(batch_schedule(seed, n, epochs, batch_size, shuffle))
+  batches = sched.batches()
   xs, ys = jnp.asarray(x), jnp.asarray(y)
   member_sh = None
   if shard:
     member_sh, repl = _member_sharding(n_dev)
-    xs, ys, schedule = (jax.device_put(a, repl) for a in (xs, ys, schedule))
+    xs, ys, batches = (jax.device_put(a, repl) for a in (xs, ys, batches))
     init_params = jax.device_put(init_params, repl)
 
   bar = None
@@ -509,7 +427,7 @@ def train_ensemble(model: Any, init_params: PyTree, optimizer: optax.GradientTra
       block = jnp.asarray(np.concatenate([rows, pad]))
       if member_sh is not None:
         block = jax.device_put(block, member_sh)
-      out = fn(init_params, block, xs, ys, schedule)
+      out = fn(init_params, block, xs, ys, batches)
       leaves = [np.asarray(l)[:rows.shape[0]] for l in jax.tree_util.tree_leaves(out)]
       if ckpt is not None:
         _save_chunk(ckpt, c, rows, leaves)
@@ -521,7 +439,14 @@ def train_ensemble(model: Any, init_params: PyTree, optimizer: optax.GradientTra
     bar.close()
   stacked = [np.concatenate(parts, axis=0) for parts in zip(*chunks)]
   rows = np.concatenate([removed[c * chunk_size:(c + 1) * chunk_size] for c in ids])
-  return Ensemble(jax.tree_util.tree_unflatten(treedef, stacked), rows)
+  return Ensemble(jax.tree_util.tree_unflatten(treedef, stacked), rows, sched)
+
+
+def _meta_shuffle(sched: Schedule) -> Any:
+  """The checkpoint's record of the data order (a bool for the orders older runs could use)."""
+  if sched.last_batch == "keep" and sched.shuffle in ("epoch", "none"):
+    return sched.shuffle == "epoch"
+  return f"{sched.shuffle}/{sched.last_batch}"
 
 
 def _check_meta(ckpt: Path, meta: dict) -> None:
