@@ -18,15 +18,16 @@ exact four-corner form), shared by the interval domain and by Abstract Gradient 
 
 from __future__ import annotations
 
-from typing import Any, NoReturn, Sequence
+from typing import Any, NoReturn
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from boundjax.errors import BoundError
-from boundjax.validation import (at_user_frame, called_from_user_tree_op, dtype_problem,
-                                 is_concrete_array, value_problem)
+from boundjax.validation import (array_problem, at_user_frame, box_problem,
+                                 called_from_user_tree_op, dtype_problem, is_concrete_array,
+                                 value_problem)
 
 Array = jax.Array
 
@@ -353,3 +354,46 @@ def _signsplit(op, a: Any, b: Any) -> tuple[Array, Array]:
   lo = op(apl, bpl) + op(apu, bnl) + op(anl, bpu) + op(anu, bnu)
   hi = op(apu, bpu) + op(apl, bnu) + op(anu, bpl) + op(anl, bnl)
   return lo, hi
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry point of the transformations
+# ----------------------------------------------------------------------------------------------
+
+def _describe(leaf: Any) -> str:
+  if isinstance(leaf, Interval):
+    return f"Interval of shape {np.shape(leaf.lower)}"
+  return type(leaf).__name__
+
+
+def _leaf_problem(leaf: Any) -> str | None:
+  if isinstance(leaf, Interval):
+    if isinstance(leaf.lower, jax.core.Tracer) or isinstance(leaf.upper, jax.core.Tracer):
+      return None
+    return box_problem(leaf.lower, leaf.upper)
+  if isinstance(leaf, jax.core.Tracer):
+    return None
+  if is_concrete_array(leaf) or isinstance(leaf, (float, complex)):
+    return array_problem(leaf)
+  return None                                   # ints, bools, static objects
+
+
+def validate_arguments(leaves: list, *, where: str) -> None:
+  """Raises `BoundError` if a flattened argument leaf cannot be bounded soundly.
+
+  Args:
+    leaves: the arguments flattened with ``is_leaf=bj.is_interval``: Intervals, arrays,
+      Python scalars and static objects. Tracers (and Intervals of tracers) are skipped.
+    where: the caller's name for the message, e.g. ``"bj.ibp(model.apply)"``.
+
+  Raises:
+    BoundError: for an Interval with lower > upper, NaN or ±inf endpoints, a complex dtype,
+      bool mixed with numbers, different lower/upper dtypes or shapes; or a NaN in a concrete
+      floating array. The message reads
+      ``"<where>: argument leaf <i> (<kind>): <problem> at file.py:LINE (function)"``.
+  """
+  for i, leaf in enumerate(leaves):
+    problem = _leaf_problem(leaf)
+    if problem is not None:
+      raise BoundError(f"{where}: argument leaf {i} ({_describe(leaf)}): {problem}"
+                       f"{at_user_frame()}.")

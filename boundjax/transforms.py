@@ -13,17 +13,14 @@ leaves (strings, ``None``, flags) are static.
 from __future__ import annotations
 
 import functools
-import time
-from typing import Any, Callable
+from typing import Callable
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from boundjax.core import program as prog_lib
 from boundjax.domains import interval as interval_domain
-from boundjax.interval import Interval, is_interval
-from boundjax.validation import validate_arguments
+from boundjax.domains.linear import crown  # noqa: F401  (re-exported: bj.crown)
+from boundjax.interval import validate_arguments
 
 
 def ibp(fn: Callable, *, matmul: str = "midrad", sound: bool = False) -> Callable:
@@ -67,9 +64,3 @@ def ibp(fn: Callable, *, matmul: str = "midrad", sound: bool = False) -> Callabl
     return jax.tree_util.tree_unflatten(program.out_tree, outs)
 
   return bounded
-
-
-def crown(fn: Callable, **options) -> Callable:
-  """Linear (CROWN) bound propagation; see `boundjax.domains.linear.crown`."""
-  from boundjax.domains import linear
-  return linear.crown(fn, **options)

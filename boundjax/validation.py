@@ -27,7 +27,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.errors import BoundError
 
 # Packages whose frames are not "user code" (also Python's own library, see `_is_library_file`).
 LIBRARY_PACKAGES = ("boundjax", "jax", "jaxlib", "flax", "optax", "numpy")
@@ -185,51 +184,6 @@ def array_problem(x: Any) -> str | None:
     i = _first_index(bad)
     return f"array of shape {a.shape} has NaN at index {i} ({int(bad.sum())} NaN entries)"
   return None
-
-
-# ----------------------------------------------------------------------------------------------
-# Entry point of the transformations
-# ----------------------------------------------------------------------------------------------
-
-def _describe(leaf: Any) -> str:
-  from boundjax.interval import Interval  # pylint: disable=import-outside-toplevel (cycle)
-  if isinstance(leaf, Interval):
-    return f"Interval of shape {np.shape(leaf.lower)}"
-  return type(leaf).__name__
-
-
-def _leaf_problem(leaf: Any) -> str | None:
-  from boundjax.interval import Interval  # pylint: disable=import-outside-toplevel (cycle)
-  if isinstance(leaf, Interval):
-    if isinstance(leaf.lower, jax.core.Tracer) or isinstance(leaf.upper, jax.core.Tracer):
-      return None
-    return box_problem(leaf.lower, leaf.upper)
-  if isinstance(leaf, jax.core.Tracer):
-    return None
-  if is_concrete_array(leaf) or isinstance(leaf, (float, complex)):
-    return array_problem(leaf)
-  return None                                   # ints, bools, static objects
-
-
-def validate_arguments(leaves: list, *, where: str) -> None:
-  """Raises `BoundError` if a flattened argument leaf cannot be bounded soundly.
-
-  Args:
-    leaves: the arguments flattened with ``is_leaf=bj.is_interval``: Intervals, arrays,
-      Python scalars and static objects. Tracers (and Intervals of tracers) are skipped.
-    where: the caller's name for the message, e.g. ``"bj.ibp(model.apply)"``.
-
-  Raises:
-    BoundError: for an Interval with lower > upper, NaN or ±inf endpoints, a complex dtype,
-      bool mixed with numbers, different lower/upper dtypes or shapes; or a NaN in a concrete
-      floating array. The message reads
-      ``"<where>: argument leaf <i> (<kind>): <problem> at file.py:LINE (function)"``.
-  """
-  for i, leaf in enumerate(leaves):
-    problem = _leaf_problem(leaf)
-    if problem is not None:
-      raise BoundError(f"{where}: argument leaf {i} ({_describe(leaf)}): {problem}"
-                       f"{at_user_frame()}.")
 
 
 # ----------------------------------------------------------------------------------------------

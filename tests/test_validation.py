@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import boundjax as bj
-from boundjax.validation import (_is_library_file, at_user_frame, first_user_frame,
-                                 validate_arguments)
+from boundjax.interval import validate_arguments
+from boundjax.validation import _is_library_file, at_user_frame, first_user_frame
 
 
 def _bad(lower, upper):

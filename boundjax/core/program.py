@@ -41,9 +41,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax._src import source_info_util
 from jax.extend import core as jcore
 
+from boundjax import nn
+from boundjax.core import composite
+from boundjax.core.ir import Eqn, Lit, Program, Var, _user_frame, source_line  # noqa: F401  (the IR, re-exported)
 from boundjax.errors import UnsupportedPrimitiveError
 from boundjax.interval import Interval, is_interval
 
@@ -133,124 +135,6 @@ def split_arguments(args: tuple, kwargs: dict) -> Arguments:
   return Arguments(leaves, treedef, kinds)
 
 
-# ----------------------------------------------------------------------------------------------
-# The flat program
-# ----------------------------------------------------------------------------------------------
-
-class Var:
-  """A variable of a flat program (fresh for every inlined call)."""
-  __slots__ = ("aval", "idx")
-
-  def __init__(self, aval, idx: int):
-    self.aval, self.idx = aval, idx
-
-  @property
-  def shape(self) -> tuple[int, ...]:
-    return tuple(self.aval.shape)
-
-  @property
-  def dtype(self):
-    return self.aval.dtype
-
-  @property
-  def size(self) -> int:
-    return int(np.prod(self.aval.shape, dtype=np.int64))
-
-  def __repr__(self):
-    return f"v{self.idx}{list(self.shape)}"
-
-
-class Lit:
-  """A literal operand."""
-  __slots__ = ("val",)
-
-  def __init__(self, val):
-    self.val = val
-
-  @property
-  def aval(self):
-    return jax.core.get_aval(self.val)
-
-  def __repr__(self):
-    return f"Lit({self.val!r})"
-
-
-@dataclasses.dataclass
-class Eqn:
-  """One equation of a flat program: ``outvars = prim.bind(*invars, **params)``."""
-  prim: Any
-  params: dict
-  invars: list
-  outvars: list
-  source_info: Any
-  manager: Any  # the context manager of the original equation (e.g. named axes)
-  abstract: bool = False  # True when some input depends on a box
-  abstract_pos: tuple = ()
-
-  @property
-  def name(self) -> str:
-    return self.prim.name
-
-  def where(self) -> str:
-    """The user's source line of the equation, e.g. ``model.py:12 (__call__)``."""
-    return source_line(self.source_info)
-
-  def bind(self, values: Sequence[Any]) -> list:
-    """Evaluates the equation on concrete values; always returns a list."""
-    bind = self.prim.get_bind_params(self.params)
-    subfuns, params = bind if isinstance(bind, tuple) else ((), bind)
-    with self.manager:
-      out = self.prim.bind(*subfuns, *values, **params)
-    return list(out) if self.prim.multiple_results else [out]
-
-
-@dataclasses.dataclass
-class Program:
-  """A flat program: inputs, outputs, equations, constants and the box-dependent variables."""
-  invars: list
-  outvars: list
-  eqns: list
-  consts: dict
-  depends: set
-  out_tree: Any = None
-
-  @functools.cached_property
-  def producer(self) -> dict:
-    return {o: i for i, e in enumerate(self.eqns) for o in e.outvars}
-
-  def primitives(self) -> set[str]:
-    """Names of the primitives of the abstract equations."""
-    return {e.name for e in self.eqns if e.abstract}
-
-
-_LIBRARY_DIRS = ("/boundjax/", "/jax/", "/jaxlib/", "/flax/", "/optax/", "/chex/", "/numpy/",
-                 "/contextlib.py", "/functools.py")
-
-
-def _user_frame(source_info):
-  try:
-    tb = source_info.traceback
-    for frame in (tb.frames if tb is not None else []):
-      if not any(d in frame.file_name for d in _LIBRARY_DIRS):
-        return frame
-  except Exception:  # pragma: no cover - best effort only
-    return None
-  return None
-
-
-def source_line(source_info) -> str:
-  """The user's line of an equation: the innermost frame of its traceback outside boundjax,
-  jax, flax, optax and the standard library, e.g. ``model.py:12 (__call__)``."""
-  frame = _user_frame(source_info)
-  if frame is not None:
-    line = getattr(frame, "line_num", None) or getattr(frame, "start_line", "?")
-    return f"{frame.file_name}:{line} ({frame.function_name})"
-  try:
-    return source_info_util.summarize(source_info) or "<unknown location>"
-  except Exception:  # pragma: no cover - best effort only
-    return "<unknown location>"
-
-
 def _called_jaxpr(eqn) -> Any:
   keys = CALL_PRIMITIVES.get(eqn.primitive.name)
   if keys is None:
@@ -338,8 +222,6 @@ def recognise_inlined_softmax(program: Program) -> Program:
   """Gives the output of every inlined ``jax.nn.softmax`` (its equations, equal to JAX's own
   program, see `composite.match_inlined_softmax`) to the softmax composite instead. Its
   intermediate equations stay (other equations may read them) and go if dead."""
-  from boundjax import nn
-  from boundjax.core import composite
   eqns = list(program.eqns)
   i = 0
   while i < len(eqns):
@@ -405,7 +287,6 @@ def trace(fn: Callable, arguments: Arguments, *, box_shape: Callable | None = No
       example of a batch).
     precision_highest: force ``precision=HIGHEST`` on products (every sound mode).
   """
-  from boundjax.core import composite
 
   def stand_in(i):
     leaf, kind = arguments.leaves[i], arguments.kinds[i]
@@ -484,7 +365,6 @@ def unsupported(domain: str, eqn: Eqn, supported: Iterable[str], hint: str = "")
 def expand(eqn: Eqn, box_inputs: Sequence[bool], *, precision_highest: bool = False) -> Program:
   """The body of a composite equation as its own flat `Program` (for a domain without a rule for
   the composite, or whose rule declined)."""
-  from boundjax.core import composite
   body = composite.BODIES[eqn.prim]
   avals = [a.aval for a in eqn.invars]
   shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
@@ -529,7 +409,6 @@ WIDE = 1e6
 def inline_composites(program: Program, keep: Iterable[str] = ()) -> Program:
   """Replaces every composite equation whose primitive name is not in ``keep`` by the equations
   of its body (for domains without a rule for it); dependence is marked again."""
-  from boundjax.core import composite
   keep = set(keep)
   if not any(e.prim in composite.BODIES and e.name not in keep for e in program.eqns):
     return program

@@ -105,7 +105,7 @@ Modules: `rules` (one record per primitive, relaxations, classification), `backw
 backward and forward passes), `windows` (the windowed pass), `api` (`crown`).
 """
 
-from boundjax.domains.linear import api, backward, rules, windows  # noqa: F401
+from boundjax.domains.linear import api, backward, prefix, rules, windows  # noqa: F401
 from boundjax.domains.linear.api import crown
 from boundjax.domains.linear.rules import (INTERMEDIATE_MODES, OPS, SUPPORTED,
                                            CrownFallbackWarning, OpRecord)

@@ -10,19 +10,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from boundjax import rounding
 from boundjax.core import program as prog_lib
 from boundjax.core.program import Var as _Var
-from boundjax.errors import BoundError, UnsupportedPrimitiveError
-from boundjax.interval import Interval, is_interval
+from boundjax.errors import BoundError
+from boundjax.interval import Interval, is_interval, validate_arguments
 
-from boundjax.validation import validate_arguments
 
 from boundjax.domains.linear.rules import (
     INTERMEDIATE_MODES, _Program, _classify, _eval_concrete, _from_core, _is_float,
     _low_precision, _read, _warn_fallbacks)
-from boundjax.domains.linear.backward import (
-    _Ctx, _ancestors, _prefix, _run)
+from boundjax.domains.linear.backward import _Ctx, _run
+from boundjax.domains.linear.prefix import _ancestors, _prefix
 from boundjax.domains.linear.windows import (
     _patch_plan)
 

@@ -13,201 +13,18 @@ import numpy as np
 from jax import lax
 
 from boundjax import rounding
-from boundjax.core.program import Lit as _Lit, Var as _Var
+from boundjax.core.program import Var as _Var
 from boundjax.domains import interval as interval_domain
 from boundjax.interval import Interval
 
 from boundjax.domains.linear.rules import (
-    _Eqn, _Lines, _Program, _bind1, _endpoint_check, upstream, _finite_or_constant, _is_float,
-    _leaky_lines, _low_precision, _mccormick, _op, _read, _reciprocal_lines, _relu_lines,
+    _Eqn, _Lines, _Program, _bind1, _endpoint_check, _finite_or_constant, _is_float,
+    _leaky_lines, _low_precision, _mccormick, _read, _reciprocal_lines, _relu_lines,
     _relu_parts, _unary_fn, _unary_relaxation)
 from boundjax.domains.linear import windows as _windows
-
-
-# ----------------------------------------------------------------------------------------------
-# Per-equation linear algebra
-# ----------------------------------------------------------------------------------------------
-
-def _operands(e: _Eqn, cenv: dict, abstract_vals: Sequence[Any]) -> list:
-  vals = [None if i in e.abstract_pos else _read(cenv, a) for i, a in enumerate(e.invars)]
-  for p, x in zip(e.abstract_pos, abstract_vals):
-    vals[p] = x
-  return vals
-
-
-def _affine_vjp(e: _Eqn, cenv: dict):
-  """``(y0, vjp)`` of ``x -> op(x, consts)`` at x = 0: the offset and the transposed map."""
-  zeros = [jnp.zeros(e.invars[p].shape, e.invars[p].aval.dtype) for p in e.abstract_pos]
-  return jax.vjp(lambda *xs: _bind1(e, _operands(e, cenv, xs)), *zeros)
-
-
-def _transpose_rows(e: _Eqn, cenv: dict, vjp, rows) -> list:
-  """``[L_pᵀ row for each abstract operand p]`` for a batch of rows (leading axis)."""
-  if (e.name == "conv_general_dilated" and e.abstract_pos == (0,)
-      and e.params["feature_group_count"] == 1 and e.params["batch_group_count"] == 1):
-    return [jax.vmap(lambda g: _conv_transpose_lhs(e, cenv, g))(rows)]
-  return list(jax.vmap(vjp)(rows))
-
-
-def _conv_transpose_lhs(e: _Eqn, cenv: dict, g):
-  """Transpose of ``x -> conv(x, W)`` applied to ``g`` (the lhs VJP, as in JAX's own rule),
-  with the flipped kernel materialised in the (spatial..., in, out) layout: XLA:CPU runs a
-  convolution whose kernel has swapped feature dimensions on a slow generic path."""
-  from jax._src.lax import convolution as conv_impl
-  p = e.params
-  lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
-  x = e.invars[0]
-  w = _read(cenv, e.invars[1])
-  nsp = len(lhs_spec) - 2
-  lhs_sd, rhs_sd, out_sd = lhs_spec[2:], rhs_spec[2:], out_spec[2:]
-  padding = conv_impl._conv_general_vjp_lhs_padding(
-      np.take(x.shape, lhs_sd), np.take(w.shape, rhs_sd), p["window_strides"],
-      np.take(g.shape, out_sd), p["padding"], p["lhs_dilation"], p["rhs_dilation"])
-  kern = jnp.transpose(lax.rev(w, tuple(rhs_sd)), (*rhs_sd, rhs_spec[0], rhs_spec[1]))
-  kern = lax.optimization_barrier(kern.astype(g.dtype))
-  dn = lax.ConvDimensionNumbers(out_spec, (nsp + 1, nsp, *range(nsp)), lhs_spec)
-  out = lax.conv_general_dilated(g, kern, window_strides=p["lhs_dilation"], padding=padding,
-                                 lhs_dilation=p["window_strides"],
-                                 rhs_dilation=p["rhs_dilation"], dimension_numbers=dn,
-                                 precision=p.get("precision"))
-  return out.astype(x.aval.dtype)
-
-
-def _abs_linear(e: _Eqn, cenv: dict, pos: int, v):
-  """``|L_pos|(v)``: the linear part of the equation in operand ``pos`` with |coefficients|,
-  applied to ``v >= 0`` (other abstract operands and additive constants set to 0)."""
-  vals = []
-  for i, a in enumerate(e.invars):
-    if i == pos:
-      vals.append(v)
-      continue
-    if i in e.abstract_pos:
-      vals.append(jnp.zeros(a.shape, a.aval.dtype))
-      continue
-    c = _read(cenv, a)
-    if not jnp.issubdtype(jnp.result_type(c), jnp.floating):
-      vals.append(c)  # indices / predicates
-    elif _op(e.name).additive:
-      vals.append(jnp.zeros_like(c))
-    else:
-      vals.append(jnp.abs(c))
-  if e.name == "neg":
-    return v
-  if e.name == "sub":
-    out = vals[0] + vals[1]
-    return jnp.broadcast_to(out, e.outvars[0].shape)
-  return _bind1(e, vals)
-
-
-def _transpose_terms(e: _Eqn, pos: int) -> int:
-  """How many terms the transpose sums into one entry of operand ``pos`` (for γ_n)."""
-  x, y = e.invars[pos], e.outvars[0]
-  name = e.name
-  if _op(name).exact_transpose or (name == "convert_element_type"
-                                  and x.aval.dtype == y.aval.dtype):
-    return 0
-  if name == "dot_general":
-    (lc, rc), (lb, rb) = e.params["dimension_numbers"]
-    other = e.invars[1 - pos]
-    skip = set(rc if pos == 0 else lc) | set(rb if pos == 0 else lb)
-    return int(np.prod([s for d, s in enumerate(other.shape) if d not in skip], dtype=np.int64))
-  if name == "reduce_window_sum":
-    return int(np.prod(e.params["window_dimensions"]))
-  if name in ("mul", "div", "add", "add_any", "sub", "convert_element_type"):
-    return max(1, y.size // max(x.size, 1)) + 1
-  if name == "cumsum":
-    return int(x.shape[e.params["axis"]])
-  return y.size  # conv, gather, broadcast: at most every output entry
-
-
-# ----------------------------------------------------------------------------------------------
-# The backward pass
-# ----------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class _Prefix:
-  """The example-independent start of a backward pass: from ``Λ = I`` at the target through the
-  affine equations above it, stopping at ReLU outputs."""
-  m: int
-  pending: dict  # relu output var -> Λ (m, *shape)
-  at_input: dict  # abstract input var -> Λ
-  bias: Any  # (m,)
-  slack_const: Any  # (m,) example-independent rounding slack (sound mode)
-  steps: list  # (|Λ_y|, eqn, pos, gamma) for the example-dependent slack (sound mode)
-
-
-def _ancestors(prog: _Program, target: _Var) -> list[int]:
-  """The abstract equations the backward pass from ``target`` walks through, in order."""
-  return sorted(upstream(prog, [target], through_fallback=False))
-
-
-def _rowdot(lam, vec, lead: int = 1):
-  """Σ over a variable's entries of ``lam * vec``; lam has ``lead`` leading row axes.
-
-  Computed as a matrix-vector product (much faster on CPU than a fused multiply-reduce)."""
-  rows = lam.shape[:lead]
-  n = int(np.prod(lam.shape[lead:], dtype=np.int64))
-  vec = jnp.broadcast_to(vec, lam.shape[lead:]).reshape((n,))
-  return (lam.reshape((-1, n)) @ vec).reshape(rows)
-
-
-def _is_zero(a) -> bool:
-  """Statically known to be zero (a literal 0)."""
-  return isinstance(a, _Lit) and bool(np.all(np.asarray(a.val) == 0))
-
-
-def _has_offset(e: _Eqn) -> bool:
-  """Whether ``op(0, consts)`` can be non-zero (an additive concrete operand)."""
-  if not _op(e.name).additive:
-    return False
-  for i, a in enumerate(e.invars):
-    if i in e.abstract_pos or _is_zero(a):
-      continue
-    if e.name == "select_n" and i == 0:
-      continue
-    if jnp.issubdtype(a.aval.dtype if isinstance(a, _Var) else jnp.result_type(a.val),
-                      jnp.floating):
-      return True
-  return False
-
-
-def _add_to(d: dict, k, v):
-  d[k] = v if k not in d else d[k] + v
-
-
-def _prefix(prog: _Program, cenv: dict, target: _Var, anc: list[int], sound: bool) -> _Prefix:
-  m = target.size
-  dtype = target.aval.dtype
-  lam = {target: jnp.eye(m, dtype=dtype).reshape((m, *target.shape))}
-  bias = jnp.zeros((m,), dtype)
-  slack = jnp.zeros((m,), dtype)
-  n_eq = len(prog.eqns)
-  pending, steps = {}, []
-  for i in reversed(anc):
-    e = prog.eqns[i]
-    if e.kind != "affine":  # relu, nonlinear, fallback: the example-dependent part
-      for y in e.outvars:
-        if y in lam:
-          pending[y] = lam.pop(y)
-      continue
-    y = e.outvars[0]
-    if y not in lam:
-      continue
-    lam_y = lam.pop(y)
-    y0, vjp = _affine_vjp(e, cenv)
-    contribs = _transpose_rows(e, cenv, vjp, lam_y)
-    if _has_offset(e):
-      bias = bias + _rowdot(lam_y, y0)
-    if sound and _has_offset(e):
-      slack = slack + rounding.gamma(y.size + n_eq, dtype) * _rowdot(jnp.abs(lam_y), jnp.abs(y0))
-    for p, c in zip(e.abstract_pos, contribs):
-      x = e.invars[p]
-      _add_to(lam, x, c)
-      if sound:
-        g = rounding.gamma(_transpose_terms(e, p) + prog.uses.get(x, 1) + 1, dtype)
-        steps.append((jnp.abs(lam_y), e, p, g))
-  at_input = {v: l for v, l in lam.items()}
-  return _Prefix(m, pending, at_input, bias, slack, steps)
+from boundjax.domains.linear.prefix import (  # noqa: F401  (names used by the windowed pass too)
+    _Prefix, _abs_linear, _add_to, _affine_vjp, _center_radius, _has_offset, _is_zero, _rowdot,
+    _transpose_rows, _transpose_terms)
 
 
 @dataclasses.dataclass
@@ -451,14 +268,6 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
   if spec is not None:
     return lower, upper
   return lower.reshape(target.shape), upper.reshape(target.shape)
-
-
-def _center_radius(iv: Interval, sound: bool):
-  c = (iv.lower + iv.upper) / 2
-  if not sound:
-    return c, (iv.upper - iv.lower) / 2
-  r = jnp.maximum(rounding.round_up(c - iv.lower), rounding.round_up(iv.upper - c))
-  return c, rounding.round_up(r)
 
 
 def _intersect(a: Interval, lo, hi, sound: bool) -> Interval:

@@ -12,7 +12,7 @@ import numpy as np
 
 from boundjax.core.program import Var as _Var
 
-from boundjax.domains.linear import backward as _backward
+from boundjax.domains.linear import prefix as _backward
 from boundjax.domains.linear.rules import (
     _Program, _is_float, _op, _relu_lines)
 

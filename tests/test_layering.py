@@ -1,0 +1,143 @@
+"""The package's dependencies run one way, and no module imports itself back through others.
+
+Layers (lowest first): core (`boundjax` itself, interval, validation, errors, rounding, core/,
+domains/, nn, transforms) <- applications (data, models, training, executor, ensembles, hypernet,
+agt, dpsgd, privacy, lipschitz, barron, auditing, io) <- `milp` <- demos and the CLI. Every
+import counts, at module level or inside a function: a cycle hidden in a function is still a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("boundjax", "milp")
+
+CORE = ("boundjax", "boundjax.interval", "boundjax.validation", "boundjax.errors",
+        "boundjax.rounding", "boundjax.core", "boundjax.domains", "boundjax.nn",
+        "boundjax.transforms")
+TOP = ("boundjax.demos", "boundjax.cli")
+
+
+def layer(module: str) -> int:
+  """0 core, 1 applications, 2 milp, 3 demos and CLI."""
+  if module.startswith(TOP) and any(module == t or module.startswith(t + ".") for t in TOP):
+    return 3
+  if module == "milp" or module.startswith("milp."):
+    return 2
+  if any(module == c or module.startswith(c + ".") for c in CORE[1:]) or module == "boundjax":
+    return 0
+  return 1
+
+
+def module_files() -> dict[str, Path]:
+  out = {}
+  for pkg in PACKAGES:
+    for path in sorted((ROOT / pkg).rglob("*.py")):
+      parts = list(path.relative_to(ROOT).with_suffix("").parts)
+      if parts[-1] == "__init__":
+        parts = parts[:-1]
+      out[".".join(parts)] = path
+  return out
+
+
+def imports_of(module: str, path: Path, modules: set[str]) -> set[str]:
+  """Every module of ours that ``module`` imports, anywhere in its file."""
+  is_pkg = path.name == "__init__.py"
+  base = module.split(".") if is_pkg else module.split(".")[:-1]
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.Import):
+      names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      if node.level:
+        src = ".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module else []))
+      else:
+        src = node.module or ""
+      names = [f"{src}.{a.name}" if f"{src}.{a.name}" in modules else src for a in node.names]
+    else:
+      continue
+    for name in names:
+      while name and name not in modules:       # `import a.b.c` of a module a.b.c, or a name in a.b
+        name = name.rpartition(".")[0]
+      if name and name != module:
+        found.add(name)
+  return found
+
+
+def graph() -> dict[str, set[str]]:
+  files = module_files()
+  return {m: imports_of(m, p, set(files)) for m, p in files.items()}
+
+
+def test_every_import_goes_down_the_layers():
+  wrong = [f"{m} (layer {layer(m)}) imports {d} (layer {layer(d)})"
+           for m, deps in graph().items() for d in sorted(deps) if layer(d) > layer(m)]
+  assert not wrong, "\n".join(wrong)
+
+
+def _cycles(g: dict[str, set[str]]) -> list[list[str]]:
+  """Strongly connected components with more than one module (Tarjan)."""
+  index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+  def visit(v):
+    index[v] = low[v] = counter[0]
+    counter[0] += 1
+    stack.append(v)
+    on.add(v)
+    for w in g.get(v, ()):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1:
+        out.append(sorted(comp))
+
+  sys.setrecursionlimit(10000)
+  for v in g:
+    if v not in index:
+      visit(v)
+  return out
+
+
+def test_no_import_cycle():
+  # A package may import its own submodules (re-exports); a submodule importing its package back
+  # is a cycle like any other.
+  cycles = _cycles(graph())
+  assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_cycle_finder_finds_a_cycle():
+  assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+  assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_layer_assignment():
+  assert layer("boundjax") == 0 and layer("boundjax.domains.linear.api") == 0
+  assert layer("boundjax.agt.train") == 1 and layer("boundjax.privacy") == 1
+  assert layer("milp.idpdb") == 2 and layer("boundjax.demos.ldcp") == 3 and layer("boundjax.cli") == 3
+
+
+@pytest.mark.parametrize("entry", ["boundjax", "boundjax.agt", "boundjax.privacy",
+                                   "boundjax.ensembles", "boundjax.hypernet", "boundjax.data"])
+def test_importing_the_library_never_loads_milp(entry):
+  code = (f"import sys, importlib; importlib.import_module({entry!r}); "
+          "bad = sorted(m for m in sys.modules if m == 'milp' or m.startswith('milp.')); "
+          "print(bad); sys.exit(1 if bad else 0)")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}, timeout=300)
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
