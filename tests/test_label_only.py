@@ -1,4 +1,5 @@
-"""LUCID's guarded label-only predictor and its baselines (boundjax.privacy.label_only).
+"""LUCID's guarded label-only predictor and its baselines (boundjax.privacy), with β from
+milp.idpdb.
 
 Soundness: on a real leave-one-out family (every network of D minus one point, breast_cancer with
 three features), with β from a sound MILP method, every label the guard returns without noise is
@@ -7,6 +8,7 @@ the label of every member; and no input where a member disagrees with N has conf
 
 from __future__ import annotations
 
+import json
 import math
 
 import jax
@@ -18,6 +20,8 @@ from scipy import stats
 from boundjax import ensembles as E
 from boundjax.models import MLP
 from boundjax.privacy import label_only as L
+from milp import idpdb
+from milp.idpdb import compute_betas, per_member_betas
 
 jax.config.update("jax_platforms", "cpu")
 
@@ -81,7 +85,8 @@ ID_PARAMS = {"b": jnp.zeros(3)}
 
 
 def test_strict_threshold_and_no_randomness_above_it():
-  g = L.LabelOnlyGuard(identity_apply, ID_PARAMS, [0.25, 0.25, 0.25], 0.0, seed=0,
+  g = L.LabelOnlyGuard(identity_apply, ID_PARAMS, [0.25, 0.25, 0.25], 0.0,
+                       key=jax.random.PRNGKey(0),
                        input_shape=(3,))
   above = g.query_batch(np.array([[0.75, 0.49, 0.0], [0.0, 1.0, 0.5]], np.float32))
   assert above.labels.tolist() == [0, 1] and not above.noised.any()
@@ -93,7 +98,8 @@ def test_strict_threshold_and_no_randomness_above_it():
 
 def test_noised_answers_follow_the_mechanism_over_fresh_inputs():
   eps = 1.0
-  g = L.LabelOnlyGuard(identity_apply, ID_PARAMS, [10.0, 10.0, 10.0], eps, seed=3,
+  g = L.LabelOnlyGuard(identity_apply, ID_PARAMS, [10.0, 10.0, 10.0], eps,
+                       key=jax.random.PRNGKey(3),
                        input_shape=(3,))
   rng = np.random.default_rng(0)
   x = rng.uniform(0, 0.2, (6000, 3)).astype(np.float32)
@@ -107,7 +113,8 @@ def test_noised_answers_follow_the_mechanism_over_fresh_inputs():
 
 
 def test_memo_repeats_answers_and_evicts_the_oldest():
-  g = L.LabelOnlyGuard(identity_apply, ID_PARAMS, [np.inf] * 3, 0.0, seed=1, memo_size=3,
+  g = L.LabelOnlyGuard(identity_apply, ID_PARAMS, [np.inf] * 3, 0.0, key=jax.random.PRNGKey(1),
+                       memo_size=3,
                        input_shape=(3,))
   x = np.array([0.1, 0.2, 0.3], np.float32)
   first = g.query(x)
@@ -141,10 +148,10 @@ def test_batch_equals_single_queries_with_duplicates():
   params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))
   x = np.random.default_rng(1).uniform(size=(60, 4)).astype(np.float32)
   x = np.concatenate([x, x[:10]])                          # repeated rows share the memo
-  conf = np.asarray(L.predict_with_confidence(model.apply(params, x))[1])
+  conf = np.asarray(L.predict_with_confidence(model.apply(params, x)).confidence)
   betas = [float(np.median(conf))] * 3
-  a = L.LabelOnlyGuard(model.apply, params, betas, 0.5, seed=7).query_batch(x)
-  single = L.LabelOnlyGuard(model.apply, params, betas, 0.5, seed=7)
+  a = L.LabelOnlyGuard(model.apply, params, betas, 0.5, key=jax.random.PRNGKey(7)).query_batch(x)
+  single = L.LabelOnlyGuard(model.apply, params, betas, 0.5, key=jax.random.PRNGKey(7))
   got = [single.query(row) for row in x]
   assert a.labels.tolist() == got
   assert a.labels[60:].tolist() == a.labels[:10].tolist()
@@ -161,7 +168,7 @@ def test_noised_mask_is_exactly_confidence_at_most_beta():
   conf = srt[:, -1] - srt[:, -2]
   betas = np.array([np.quantile(conf, q) for q in (0.2, 0.5, 0.8)], np.float32)
   betas[1] = conf[pred == 1][0]                            # one input exactly at its β
-  ans = L.LabelOnlyGuard(model.apply, params, betas, 1.0, seed=0).query_batch(x)
+  ans = L.LabelOnlyGuard(model.apply, params, betas, 1.0, key=jax.random.PRNGKey(0)).query_batch(x)
   assert np.array_equal(ans.noised, conf <= betas[pred])
   assert np.allclose(ans.confidence, conf, atol=1e-6)
   keep = ~ans.noised
@@ -170,14 +177,17 @@ def test_noised_mask_is_exactly_confidence_at_most_beta():
 
 def test_sign_network_convention():
   apply = lambda p, x: x[:, :1] - p                         # z = x_0 - p
-  g = L.LabelOnlyGuard(apply, 0.5, {"0": 0.1, "1": 0.2}, 0.0, seed=0, input_shape=(2,))
+  g = L.LabelOnlyGuard(apply, 0.5, {"0": 0.1, "1": 0.2}, 0.0, key=jax.random.PRNGKey(0),
+                       input_shape=(2,))
   assert g.output == "sign" and g.n_classes == 2
   ans = g.query_batch(np.array([[0.9, 0], [0.0, 0], [0.65, 0], [0.5, 0]], np.float32))
   assert ans.labels[:2].tolist() == [1, 0] and not ans.noised[:2].any()
   assert np.allclose(ans.confidence, [0.4, 0.5, 0.15, 0.0], atol=1e-6)
   assert ans.noised[2:].all()                               # 0.15 <= β1; a tie z = 0 is class 1
-  lab, conf = L.predict_with_confidence(jnp.array([[0.0], [-0.3]]), "sign")
-  assert lab.tolist() == [1, 0] and np.allclose(conf, [0.0, 0.3])
+  pred = L.predict_with_confidence(jnp.array([[0.0], [-0.3]]), "sign")
+  assert pred.label.tolist() == [1, 0] and np.allclose(pred.confidence, [0.0, 0.3])
+  jitted = jax.jit(L.predict_with_confidence, static_argnums=1)(jnp.array([[0.2], [-0.3]]), "sign")
+  assert jitted.label.tolist() == [1, 0] and np.allclose(jitted.confidence, [0.2, 0.3])
 
 
 def test_bad_inputs_raise():
@@ -202,6 +212,8 @@ def test_bad_inputs_raise():
     mk(eps=-0.1)
   with pytest.raises(ValueError, match="memo_size"):
     mk(memo_size=0)
+  with pytest.raises(ValueError, match="PRNG key"):
+    mk(key=3)
   with pytest.raises(ValueError, match="input shape"):
     L.LabelOnlyGuard(identity_apply, ID_PARAMS, [0.1] * 3, 0.5)
 
@@ -237,9 +249,10 @@ def _make_family(per_class: int, seed: int):
                          E.leave_k_out(np.arange(len(idx))), epochs=60, batch_size=8, seed=0,
                          progress=False)
   members = ens.select(np.arange(1, len(idx) + 1)).params
-  betas, info = L.compute_betas(ens.full, members, method="idpdb", node_time_limit=20.0)
+  info = compute_betas(ens.full, members, method="idpdb", node_time_limit=20.0)
+  betas = info.betas
   sub = jax.tree_util.tree_map(lambda a: a[:N_CHECKED], members)
-  res = L.per_member_betas(ens.full, sub, time_limit=20.0)
+  res = per_member_betas(ens.full, sub, cfg=idpdb.IdpDbConfig(node_time_limit=20.0))
   probe = _probe_inputs(model, ens.full, ds.x_test[:, cols])
   member_labels = np.asarray(jax.vmap(model.apply, in_axes=(0, None))(members, probe)).argmax(-1)
   return dict(model=model, params=ens.full, members=members, betas=betas, info=info, res=res,
@@ -278,8 +291,8 @@ def test_unnoised_labels_are_every_members_label_larger_families(per_class, seed
 def _check_guard_soundness(family):
   model, params, members, betas = (family[k] for k in ("model", "params", "members", "betas"))
   x, member_labels = family["probe"], family["member_labels"]
-  assert all(family["info"]["exact"].values())
-  ans = L.LabelOnlyGuard(model.apply, params, betas, 0.0, seed=0).query_batch(x)
+  assert family["info"].all_exact
+  ans = L.LabelOnlyGuard(model.apply, params, betas, 0.0, key=jax.random.PRNGKey(0)).query_batch(x)
   disagree = np.any(member_labels != ans.labels[None], axis=0) & ~ans.noised
   assert not disagree.any(), f"{int(disagree.sum())} un-noised answers some member disagrees with"
   # spec §3 property 12: no disagreeing input has confidence above β of N's class
@@ -293,10 +306,11 @@ def _check_guard_soundness(family):
   # the check has teeth: β at half the worst sampled leaking confidence lets leaks through
   worst = np.array([conf[leak & (pred == c)].max(initial=0.0) for c in (0, 1)])
   weak = L.LabelOnlyGuard(model.apply, params, np.maximum(worst / 2, 1e-6), 0.0,
-                          seed=0).query_batch(x)
+                          key=jax.random.PRNGKey(0)).query_batch(x)
   assert np.any(np.any(member_labels != weak.labels[None], axis=0) & ~weak.noised)
   # Naive-iDP noises exactly the leaking inputs; the guard noises a superset (property 12)
-  labels, noised = L.naive_idp(jax.random.PRNGKey(0), model.apply, params, members, x, 0.0)
+  naive = L.naive_idp(jax.random.PRNGKey(0), model.apply, params, members, x, 0.0)
+  labels, noised = naive.labels, naive.noised
   assert np.array_equal(noised, leak) and np.all(ans.noised[noised])
   assert np.array_equal(labels[~noised], pred[~noised])
 
@@ -304,7 +318,8 @@ def _check_guard_soundness(family):
 def test_per_member_bounds_hold_per_member_and_agree_with_idpdb(family):
   """Each member's MILP value bounds N's confidence wherever that member disagrees (sampled), is
   within a factor 2 of a sampled leaking confidence, and the per-member β of the first members
-  equals LUCID's branch-and-bound over the same members (two independent encodings)."""
+  equals LUCID's branch-and-bound over the same members (one MILP per member, without matching
+  dependencies or relaxation, against the search over hyper-networks with both)."""
   model, params, res = family["model"], family["params"], family["res"]
   table = res.per_member
   assert res.proven and table.shape == (N_CHECKED, 2)
@@ -319,14 +334,17 @@ def test_per_member_bounds_hold_per_member_and_agree_with_idpdb(family):
         assert conf_c[hit, c].max() <= table[i, c] + 1e-4, (i, c)
         seen.append(conf_c[hit, c].max())
     assert max(seen) >= 0.5 * table[:, c].max() > 0
-  betas, info = L.compute_betas(params, family["sub"], method="idpdb", node_time_limit=20.0)
+  info = compute_betas(params, family["sub"], method="idpdb", node_time_limit=20.0)
   for c in (0, 1):
-    assert info["raw"][c] == pytest.approx(table[:, c].max(), rel=1e-3, abs=1e-4)
+    assert info.raw[c] == pytest.approx(table[:, c].max(), rel=1e-3, abs=1e-4)
     assert res.betas[c] == pytest.approx(L.guard_beta(table[:, c].max()))
-  screened, sinfo = L.compute_betas(params, family["sub"], method="idpdb", node_time_limit=20.0,
-                                    screen=True)
+  screened = compute_betas(params, family["sub"], method="idpdb", node_time_limit=20.0,
+                           screen=True)
   for c in (0, 1):
-    assert sinfo["raw"][c] >= table[:, c].max() - 1e-4 and screened[c] >= betas[c] - 1e-3
+    assert screened.raw[c] >= table[:, c].max() - 1e-4
+    assert screened.betas[c] >= info.betas[c] - 1e-3
+  per = compute_betas(params, family["sub"], method="per_member", node_time_limit=20.0)
+  assert per.method == "per_member" and per.all_exact and per.betas == res.betas
   assert L.guard_beta(-np.inf) == 0.0 and L.guard_beta(np.nan) == np.inf
 
 
@@ -368,26 +386,29 @@ def test_train_alibi_and_accuracy_table_end_to_end():
   model = MLP(hidden=(8,), out=2)
   init = model.init(jax.random.PRNGKey(0), x[:1])
   params = E.train_single(model, init, E.sgd(0.5), x, y, epochs=20, batch_size=32)
-  alibi, info = L.train_alibi(model.apply, init, x, y, 8.0, epochs=20, batch_size=32, lr=0.5,
-                              iterations=2)
-  assert info["guarantee"] == "eps-label-DP" and info["posterior_label_agreement"] > 0.6
+  alibi = L.train_alibi(model.apply, init, x, y, 8.0, epochs=20, batch_size=32, lr=0.5,
+                        iterations=2)
+  assert alibi.guarantee == "eps-label-DP" and alibi.posterior_label_agreement > 0.6
   xt, yt = ds.x_test[:, :4], ds.y_test
-  conf = np.asarray(L.predict_with_confidence(model.apply(params, xt))[1])
+  conf = np.asarray(L.predict_with_confidence(model.apply(params, xt)).confidence)
   betas = [float(np.quantile(conf, 0.1))] * 2
   out = L.accuracy_table(model.apply, params, betas, xt, yt, idp_epsilons=(0.0, 1.0),
-                         dp_epsilons=(8.0,), trained={"ALIBI": {8.0: (model.apply, alibi)}},
+                         dp_epsilons=(8.0,), trained={"ALIBI": {8.0: (model.apply, alibi.params)}},
                          repeats=3, latency_queries=20)
-  rows = {(r["mechanism"], r["epsilon"]): r for r in out["rows"]}
+  rows = {(r.mechanism, r.epsilon): r for r in out.rows}
   assert set(rows) == {("LUCID", 0.0), ("LUCID", 1.0), ("Naive-Noise", 0.0),
                        ("Naive-Noise", 1.0), ("ALIBI", 8.0)}
   for e in (0.0, 1.0):
     r = rows[("LUCID", e)]
-    assert 0.05 < r["noised_fraction"] < 0.2
-    assert abs(r["accuracy"] - r["expected_accuracy"]) < 0.05
-    assert rows[("Naive-Noise", e)]["expected_accuracy"] < r["expected_accuracy"]
-  assert rows[("ALIBI", 8.0)]["accuracy"] > 0.6
-  assert out["latency"]["mean_ms"] > 0
-  assert "LUCID" in L.format_table(out)
+    assert 0.05 < r.noised_fraction < 0.2
+    assert abs(r.accuracy - r.expected_accuracy) < 0.05
+    assert rows[("Naive-Noise", e)].expected_accuracy < r.expected_accuracy
+  assert rows[("ALIBI", 8.0)].accuracy > 0.6 and out.row("ALIBI", 8.0) is rows[("ALIBI", 8.0)]
+  assert out.latency.mean_ms > 0
+  text = L.format_table(out)
+  assert "LUCID" in text
+  again = L.AccuracyTable.from_dict(json.loads(json.dumps(out.as_dict())))
+  assert again == out and L.format_table(again) == text == L.format_table(out.as_dict())
 
 
 def test_dpsgd_baseline_reaches_its_epsilon():
@@ -395,6 +416,6 @@ def test_dpsgd_baseline_reaches_its_epsilon():
   y = (x[:, 0] > 0.5).astype(np.int32)
   model = MLP(hidden=(4,), out=2)
   init = model.init(jax.random.PRNGKey(0), x[:1])
-  _, info = L.train_dpsgd_baseline(model.apply, init, x, y, 1.0, epochs=1, batch_size=64)
-  assert info["epsilon"] <= 1.0 + 1e-6 and info["noise_multiplier"] > 0
-  assert info["delta"] == pytest.approx(1 / 256)
+  res = L.train_dpsgd_baseline(model.apply, init, x, y, 1.0, epochs=1, batch_size=64)
+  assert res.epsilon <= 1.0 + 1e-6 and res.noise_multiplier > 0
+  assert res.delta == pytest.approx(1 / 256) and "params" not in res.info()

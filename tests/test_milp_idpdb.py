@@ -17,7 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from milp import bounds as bounds_lib
 from milp import idpdb
+from milp.difference import difference_bounds
 from milp import network as net_lib
 from milp.ldcp import Family, family_from_stacked
 from milp.network import AffineLayer, Network
@@ -218,7 +220,8 @@ def test_adversarial_search_never_beats_beta(real, label):
   """Issue item 6c: no disagreeing input found by PGD (or uniform sampling) exceeds beta."""
   net, fam = real["net"], real["fam"]
   beta = real["naive"][label].beta
-  best, x, member = idpdb.attack(net, fam, label, starts=512, steps=300, seed=label)
+  found = idpdb.attack(net, fam, label, starts=512, steps=300, key=label)
+  best, x, member = found.confidence, found.x, found.member
   assert x is not None                  # the search finds leaking inputs ...
   assert best <= beta + TOL, (best, beta)  # ... none above the exact bound
   assert best >= 0.5 * beta             # and it is a real attack, not a vacuous one
@@ -233,8 +236,9 @@ def test_attack_on_a_member_subset_replays_against_the_whole_family(real):
   net, fam = real["net"], real["fam"]
   for label in (0, 1):
     beta = real["naive"][label].beta
-    best, x, member = idpdb.attack(net, fam, label, starts=256, steps=200, seed=label,
-                                   search_members=2)
+    found = idpdb.attack(net, fam, label, starts=256, steps=200, key=jax.random.PRNGKey(label),
+                         search_members=2)
+    best, x, member = found.confidence, found.x, found.member
     assert x is not None and 0 <= member < fam.size
     assert best <= beta + TOL
     outs = fam.select([member]).outputs(x[None])[:, 0, :]
@@ -310,10 +314,10 @@ def _box_samples(d, n, seed):
 def _check_tightening(net, fam, cfg, n=4000, seed=0):
   d = net.input_size
   lo, hi = np.zeros(d), np.ones(d)
-  ref0 = idpdb.bounds_lib.compute(net, lo, hi, cfg.bounds)
+  ref0 = bounds_lib.compute(net, lo, hi, cfg.bounds)
   ref = idpdb.tighten_net(net, lo, hi, cfg)
   hyper = idpdb.hyper_of(fam, np.arange(fam.size))
-  diff0 = idpdb.difference_bounds(net, hyper, lo, hi, cfg.bounds)
+  diff0 = difference_bounds(net, hyper, lo, hi, cfg.bounds)
   diff = idpdb.tighten_hyper(net, hyper, lo, hi, ref, cfg)
   for new, old in ((ref, ref0), (diff.hyper, diff0.hyper), (diff.pre, diff0.pre),
                    (diff.post, diff0.post)):
@@ -374,7 +378,7 @@ def test_tightening_lp_net_encloses_samples():
                          dataclasses.replace(FAST, tighten="lp"))
   for (L, U), (Ll, Ul) in zip(ref, lp):
     np.testing.assert_array_equal(L, Ll), np.testing.assert_array_equal(U, Ul)
-  plain = idpdb.difference_bounds(net, idpdb.hyper_of(fam, np.arange(fam.size)),
+  plain = difference_bounds(net, idpdb.hyper_of(fam, np.arange(fam.size)),
                                   np.zeros(net.input_size), np.ones(net.input_size), ref_bounds=ref)
   for (a, b), (c, d) in zip(diff.pre, plain.pre):
     np.testing.assert_array_equal(a, c), np.testing.assert_array_equal(b, d)
@@ -606,5 +610,5 @@ def test_larger_family_solvers_and_pool(solver, executor):
     plain = idpdb.lucid_compute(net, fam, label, dataclasses.replace(cfg, relax=False),
                                 progress=False)
     assert plain.exact and abs(plain.beta - exact.beta) < 1e-4
-    best, x, _ = idpdb.attack(net, fam, label, starts=2048, steps=500, seed=100 + label)
-    assert x is not None and best <= exact.beta + TOL
+    found = idpdb.attack(net, fam, label, starts=2048, steps=500, key=100 + label)
+    assert found.found and found.confidence <= exact.beta + TOL
