@@ -9,9 +9,9 @@ case ``W_lo == W_hi``. Inputs are flattened in row-major order (NHWC for images)
 Two extractors:
 
 * `from_params(params)`: a Flax linen MLP's parameter dict ``{'params': {'Dense_0': {'kernel':
-  (in, out), 'bias': (out,)}, ...}}``, layers taken in creation order. Leaves may be
-  `boundjax.Interval` (a hyper-network), or the whole tree may be one `Interval` whose
-  ``lower``/``upper`` are parameter trees.
+  (in, out), 'bias': (out,)}, ...}}``, layers taken in creation order
+  (`boundjax.models.dense_layers`). Leaves may be `boundjax.Interval` (a hyper-network), or the
+  whole tree may be one `Interval` whose ``lower``/``upper`` are parameter trees.
 * `from_flax(model, params, input_shape)`: any linen model that is a chain of ``nn.Dense`` and
   ``nn.Conv`` modules with ReLU between them. Each layer's matrix is the Jacobian of the module
   with respect to its (flattened) input, so a convolution becomes a sparse affine map; every
@@ -26,7 +26,6 @@ replayed exactly the way the MILP sees the network.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, Sequence
 
 import jax
@@ -34,7 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
 
-from boundjax.interval import Interval
+from boundjax.interval import split_tree
+from boundjax.models import dense_layers
 
 Matrix = Any  # np.ndarray or a scipy.sparse array, shape (out, in)
 
@@ -199,56 +199,24 @@ def margins(net: Network, outputs: np.ndarray, label: int) -> np.ndarray:
 # Extraction from Flax
 # ------------------------------------------------------------------------------------------------
 
-def _split_interval_tree(params: Any) -> tuple[Any, Any]:
-  """``(lower_tree, upper_tree)`` from a tree with Interval leaves, or from one Interval."""
-  if isinstance(params, Interval):
-    return params.lower, params.upper
-  is_iv = lambda v: isinstance(v, Interval)
-  lo = jax.tree_util.tree_map(lambda v: v.lower if is_iv(v) else v, params, is_leaf=is_iv)
-  hi = jax.tree_util.tree_map(lambda v: v.upper if is_iv(v) else v, params, is_leaf=is_iv)
-  return lo, hi
-
-
-def _layer_order(names: Sequence[str]) -> list[str]:
-  """Creation order; names ``Prefix_i`` are sorted by ``i`` (Flax's auto-naming)."""
-  def key(n):
-    m = re.match(r"^(.*?)_(\d+)$", n)
-    return (int(m.group(2)) if m else -1)
-  if all(re.match(r"^Dense_\d+$", n) for n in names):
-    return sorted(names, key=key)
-  return list(names)
-
-
 def from_params(params: Any, output: str | None = None) -> Network:
   """A `Network` from a Flax linen MLP's parameters (Dense layers only, ReLU between).
 
   Args:
-    params: ``{'params': {'Dense_0': {'kernel', 'bias'}, ...}}`` (or the inner dict). Leaves may be
-      arrays or `Interval`; the whole tree may also be one `Interval` over parameter trees.
+    params: ``{'params': {'Dense_0': {'kernel', 'bias'}, ...}}``, the inner dict, or a list of
+      layer dicts (parsed by `boundjax.models.dense_layers`, the package's one Dense-stack
+      parser). Leaves may be arrays or `Interval`; the whole tree may also be one `Interval`
+      over parameter trees (split by `boundjax.interval.split_tree`).
     output: ``"logits"``, ``"sign"`` or ``None`` (by the number of outputs; see `Network`).
   """
-  lo, hi = _split_interval_tree(params)
-  if isinstance(lo, dict) and "params" in lo:
-    lo, hi = lo["params"], hi["params"]
-  if not isinstance(lo, dict) or not lo:
-    raise ValueError("from_params: expected a dict of Dense layers {'Dense_0': {...}, ...}.")
-  layers = []
-  for name in _layer_order(list(lo.keys())):
-    sub_lo, sub_hi = lo[name], hi[name]
-    if not isinstance(sub_lo, dict) or "kernel" not in sub_lo:
-      raise ValueError(f"from_params: layer {name!r} is not a Dense layer (no 'kernel').")
-    k_lo, k_hi = _as_f64(sub_lo["kernel"]), _as_f64(sub_hi["kernel"])
-    if k_lo.ndim != 2:
-      raise ValueError(
-          f"from_params: layer {name!r} has a kernel of shape {k_lo.shape}; only Dense "
-          "(2-D kernels) is supported here, use from_flax(model, ...) for convolutions.")
-    extra = set(sub_lo) - {"kernel", "bias"}
-    if extra:
-      raise ValueError(f"from_params: layer {name!r} has unsupported parameters {sorted(extra)}.")
-    zeros = np.zeros(k_lo.shape[1])
-    b_lo = _as_f64(sub_lo.get("bias", zeros))
-    b_hi = _as_f64(sub_hi.get("bias", zeros))
-    layers.append(AffineLayer(k_lo.T.copy(), k_hi.T.copy(), b_lo, b_hi))
+  lo, hi = split_tree(params)
+  try:
+    layers_lo, layers_hi = dense_layers(lo), dense_layers(hi)
+  except ValueError as e:
+    raise ValueError(f"from_params: {e} Use from_flax(model, ...) for other layers.") from None
+  layers = [AffineLayer(_as_f64(l["kernel"]).T.copy(), _as_f64(h["kernel"]).T.copy(),
+                        _as_f64(l["bias"]), _as_f64(h["bias"]))
+            for l, h in zip(layers_lo, layers_hi)]
   return Network(tuple(layers), (layers[0].shape[1],), output)
 
 
@@ -291,7 +259,7 @@ def from_flax(model, params: Any, input_shape: Sequence[int], output: str | None
   import flax.linen as nn
 
   input_shape = tuple(int(s) for s in input_shape)
-  lo_tree, hi_tree = _split_interval_tree(params)
+  lo_tree, hi_tree = split_tree(params)
 
   rng = np.random.default_rng(0)
   probe = rng.uniform(-1.0, 1.0, size=(4,) + input_shape).astype(np.float32)
