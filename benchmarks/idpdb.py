@@ -137,7 +137,7 @@ def parse(argv=None):
                       "off as singleton MILPs (IdpDbConfig.screen) instead of LUCID's k-means")
   p.add_argument("--retry-singletons", action="store_true",
                  help="solve a timed-out singleton on top of the queue again with twice the time")
-  p.add_argument("--tightening", default="none", choices=idpdb._TIGHTEN,
+  p.add_argument("--tightening", default="none", choices=idpdb.TIGHTEN_MODES,
                  help="IdpDbConfig.tighten for the main run (lp-net: LP on N once)")
   p.add_argument("--tighten", action="store_true",
                  help="only compare IdpDbConfig.tighten 'none' vs 'lp' (--tighten-modes) on the first "
@@ -224,10 +224,10 @@ def class_record(res: idpdb.IdpDbResult, conf_test: np.ndarray, pred: np.ndarray
   c = res.label
   mine = pred == c
   noised = float(np.mean(conf_test[mine] <= res.beta)) if mine.any() else 0.0
-  return dict(beta=idpdb._json_float(res.beta), exact=res.exact, timed_out=res.timed_out,
-              lower=idpdb._json_float(res.lower), lower_member=res.lower_member,
+  return dict(beta=idpdb.json_float(res.beta), exact=res.exact, timed_out=res.timed_out,
+              lower=idpdb.json_float(res.lower), lower_member=res.lower_member,
               n_milps=res.n_milps, seconds=res.seconds, time_to_final_s=time_to_final(res),
-              anytime=[(t, idpdb._json_float(b)) for t, b in res.anytime],
+              anytime=[(t, idpdb.json_float(b)) for t, b in res.anytime],
               noised_fraction_of_predicted=noised, screen=res.screen_summary(),
               tree=[r.as_dict() for r in res.tree])
 
@@ -253,18 +253,18 @@ def ablation(net, fam, a) -> dict:
     for name, cfg in variants.items():
       if name in ("H", "HM", "HMRiS"):  # one hyper-network MILP over the whole family
         r = idpdb.node_bound(net, idpdb.hyper_of(fam, all_rows), c, cfg)
-        rows[name] = dict(beta=idpdb._json_float(r.upper), seconds=r.seconds, n_milps=1,
+        rows[name] = dict(beta=idpdb.json_float(r.upper), seconds=r.seconds, n_milps=1,
                           exact=False, status=r.status, n_binaries=r.n_binaries,
                           n_relaxed=r.n_relaxed)
       else:
         r = idpdb.lucid_compute(net, fam, c, cfg, progress=False)
-        rows[name] = dict(beta=idpdb._json_float(r.beta), seconds=r.seconds, n_milps=r.n_milps,
+        rows[name] = dict(beta=idpdb.json_float(r.beta), seconds=r.seconds, n_milps=r.n_milps,
                           exact=r.exact, timed_out=r.timed_out)
       print(f"  ablation class {c} {name:6s} beta={rows[name]['beta']} "
             f"({rows[name]['seconds']:.1f} s)", flush=True)
     nv = idpdb.naive_compute(net, fam, c, dataclasses.replace(
         base, total_time_limit=a.ablation_time_limit))
-    rows["Naive"] = dict(beta=idpdb._json_float(nv.beta) if nv.complete else None,
+    rows["Naive"] = dict(beta=idpdb.json_float(nv.beta) if nv.complete else None,
                          seconds=nv.seconds, n_milps=nv.n_milps, exact=nv.exact,
                          complete=nv.complete, members_done=int(np.sum(~np.isnan(nv.per_member))))
     print(f"  ablation class {c} Naive  beta={rows['Naive']['beta']} "
@@ -315,15 +315,15 @@ def tighten_comparison(a) -> None:
       res = idpdb.lucid_compute(net, fam, c, cfg, progress=True)
       solved = [r for r in res.tree if r.solved]
       rec["classes"][str(c)] = dict(
-          beta=idpdb._json_float(res.beta), exact=res.exact, timed_out=res.timed_out,
-          lower=idpdb._json_float(res.lower), n_milps=res.n_milps, seconds=res.seconds,
+          beta=idpdb.json_float(res.beta), exact=res.exact, timed_out=res.timed_out,
+          lower=idpdb.json_float(res.lower), n_milps=res.n_milps, seconds=res.seconds,
           optimal_milps=sum(r.optimal for r in solved),
           milp_seconds=float(sum(r.seconds for r in solved)),
           tighten_seconds=float(sum(r.tighten_seconds for r in solved)) + res.tighten_seconds_net,
-          root_bound=idpdb._json_float(res.tree[0].milp_bound),
+          root_bound=idpdb.json_float(res.tree[0].milp_bound),
           root_status=res.tree[0].status, root_binaries=res.tree[0].n_binaries,
           root_unstable=res.tree[0].n_unstable,
-          anytime=[(t, idpdb._json_float(b)) for t, b in res.anytime])
+          anytime=[(t, idpdb.json_float(b)) for t, b in res.anytime])
       print(f"  tighten={mode} class {c}: beta={res.beta:.4f} milps={res.n_milps} "
             f"({res.seconds:.1f} s)", flush=True)
     rows[mode] = rec
@@ -384,7 +384,7 @@ def agt_enclosure(a) -> None:
              args={k_: v for k_, v in vars(a).items() if k_ not in ("hidden_t", "family_npz_path")},
              config=dataclasses.asdict(cfg), steps_total=int(len(sched)), steps_run=len(widths),
              first_non_finite_step=None if len(finite) == len(widths) else len(finite),
-             mean_width_per_step=[idpdb._json_float(w) for w in widths],
+             mean_width_per_step=[idpdb.json_float(w) for w in widths],
              growth_per_step=growth, seconds=time.perf_counter() - t0)
   path = _write_json(a.out, out)
   print(f"\n{len(widths)} of {len(sched)} steps; width grows x{growth:.2f} per step; "
@@ -436,15 +436,16 @@ def main(argv=None):
     t0 = time.perf_counter()
     att, att_member = -float("inf"), None
     if a.attack_starts > 0:
-      att, _, att_member = idpdb.attack(net, fam, c, starts=a.attack_starts,
-                                        steps=a.attack_steps, seed=a.seed,
-                                        search_members=a.attack_members or None)
+      found = idpdb.attack(net, fam, c, starts=a.attack_starts, steps=a.attack_steps,
+                           key=jax.random.PRNGKey(a.seed),
+                           search_members=a.attack_members or None)
+      att, att_member = found.confidence, found.member
     att_s = time.perf_counter() - t0
     print(f"class {c}: attack lower bound {att:.4f} (member {att_member}, {att_s:.1f} s)",
           flush=True)
     res = idpdb.lucid_compute(net, fam, c, cfg, progress=True)
     classes[str(c)] = class_record(res, conf_test, pred)
-    classes[str(c)].update(attack_lower=idpdb._json_float(att), attack_member=att_member,
+    classes[str(c)].update(attack_lower=idpdb.json_float(att), attack_member=att_member,
                            attack_seconds=att_s)
     print(f"class {c}: beta={res.beta:.4f} exact={res.exact} timed_out={res.timed_out} "
           f"lower={res.lower:.4f} milps={res.n_milps} ({res.seconds:.1f} s)", flush=True)

@@ -53,6 +53,7 @@ from boundjax import ensembles as E  # noqa: E402
 from boundjax.data import load_adult  # noqa: E402
 from boundjax.models import MLP  # noqa: E402
 from boundjax.privacy import label_only as L  # noqa: E402
+from milp.idpdb import compute_betas  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -110,11 +111,11 @@ def load_or_train(ds, a):
     print(f"no {src}: beta by milp.idpdb over N and the {k} leave-one-out networks of "
           f"{fam_npz.name}, {a.time_limit:.0f} s per class (anytime bound: sound, maybe loose).",
           flush=True)
-    _, info = L.compute_betas(ens.full, members, method="idpdb", time_limit=a.time_limit,
-                              node_time_limit=min(60.0, a.time_limit), progress=True)
-    return model, init, ens.full, members, info["raw"], dict(
+    info = compute_betas(ens.full, members, method="idpdb", time_limit=a.time_limit,
+                         node_time_limit=min(60.0, a.time_limit), progress=True)
+    return model, init, ens.full, members, info.raw, dict(
         source=f"milp.idpdb in this script ({a.time_limit:.0f} s per class) on {fam_npz.name}",
-        exact=info["exact"], n_milps=info["n_milps"], seconds=info["seconds"],
+        exact=info.exact, n_milps=info.n_milps, seconds=info.seconds,
         family=f"beta is sound for N and the {k} leave-one-out networks of {fam_npz.name} (a "
                f"random subset of the |D| = {n} points), NOT for all of D")
   t0 = time.perf_counter()
@@ -130,10 +131,10 @@ def load_or_train(ds, a):
     return model, init, ens.full, members, None, dict(source="--beta", train_s=train_s)
   print(f"no {src}: beta by milp.idpdb over N and {k} leave-one-out networks, "
         f"{a.time_limit:.0f} s per class (fallback).", flush=True)
-  _, info = L.compute_betas(ens.full, members, method="idpdb", time_limit=a.time_limit,
-                            node_time_limit=min(60.0, a.time_limit), progress=True)
-  return model, init, ens.full, members, info["raw"], dict(
-      source="milp.idpdb (fallback in this script)", exact=info["exact"], train_s=train_s,
+  info = compute_betas(ens.full, members, method="idpdb", time_limit=a.time_limit,
+                       node_time_limit=min(60.0, a.time_limit), progress=True)
+  return model, init, ens.full, members, info.raw, dict(
+      source="milp.idpdb (fallback in this script)", exact=info.exact, train_s=train_s,
       family=f"beta is sound for N and {k} leave-one-out networks (random subset of the "
              f"|D| = {n} points, seed {a.seed}), NOT for all of D")
 
@@ -157,19 +158,20 @@ def main(argv=None):
   if not a.no_baselines:
     from tqdm.auto import tqdm
     for eps in tqdm(L.DP_EPSILONS, desc="DP-SGD / ALIBI"):
-      p, info = L.train_dpsgd_baseline(model.apply, init, x, y, eps, epochs=a.dp_epochs,
-                                       batch_size=1024, lr=a.dp_lr, l2_norm_clip=a.dp_clip,
-                                       seed=a.seed)
-      trained.setdefault("DP-SGD", {})[eps] = (model.apply, p)
-      train_info.setdefault("DP-SGD", {})[str(eps)] = info
-      p, info = L.train_alibi(model.apply, init, x, y, eps, epochs=a.epochs, batch_size=1024,
-                              lr=0.1, weight_decay=1e-5, iterations=a.alibi_iterations,
-                              seed=a.seed)
-      trained.setdefault("ALIBI", {})[eps] = (model.apply, p)
-      train_info.setdefault("ALIBI", {})[str(eps)] = info
+      dp = L.train_dpsgd_baseline(model.apply, init, x, y, eps, epochs=a.dp_epochs,
+                                  batch_size=1024, lr=a.dp_lr, l2_norm_clip=a.dp_clip,
+                                  key=jax.random.PRNGKey(a.seed))
+      trained.setdefault("DP-SGD", {})[eps] = (model.apply, dp.params)
+      train_info.setdefault("DP-SGD", {})[str(eps)] = dp.info()
+      alibi = L.train_alibi(model.apply, init, x, y, eps, epochs=a.epochs, batch_size=1024,
+                            lr=0.1, weight_decay=1e-5, iterations=a.alibi_iterations,
+                            key=jax.random.PRNGKey(a.seed))
+      trained.setdefault("ALIBI", {})[eps] = (model.apply, alibi.params)
+      train_info.setdefault("ALIBI", {})[str(eps)] = alibi.info()
 
   table = L.accuracy_table(model.apply, params, betas, xt, yt, members=members,
-                           trained=trained, repeats=a.repeats, seed=0)
+                           trained=trained, repeats=a.repeats,
+                           key=jax.random.PRNGKey(0))
   paper = L.PAPER_ADULT_2X50
   out = dict(
       benchmark="idpdb_accuracy (LUCID Tables 1-3, Adult 2x50)",
@@ -184,7 +186,7 @@ def main(argv=None):
                 f"{a.alibi_iterations} round(s), SGD lr 0.1 wd 1e-5, batch 1024, {a.epochs} "
                 "epochs",
           Naive_iDP="over the members available (the beta family), not all of D"),
-      train_info=train_info, table=table, paper_adult_2x50=paper,
+      train_info=train_info, table=table.as_dict(), paper_adult_2x50=paper,
       paper_headline=L.PAPER_HEADLINE, total_seconds=time.perf_counter() - t_all,
       device=str(jax.devices()[0]))
   path = pathlib.Path(a.out)
@@ -195,12 +197,12 @@ def main(argv=None):
   print(L.format_table(table))
   print("\nbeside the paper (Adult 2x50, accuracy %):")
   print(f"{'mechanism':<12} {'eps':>5} {'ours':>7} {'paper':>7}")
-  for r in table["rows"]:
-    e = f"{r['epsilon']:g}"
-    pv = paper.get(r["mechanism"] if r["mechanism"] != "LUCID" else "LUCID", {}).get(e)
-    print(f"{r['mechanism']:<12} {e:>5} {100 * r['accuracy']:>7.2f} "
+  for r in table.rows:
+    e = f"{r.epsilon:g}"
+    pv = paper.get(r.mechanism, {}).get(e)
+    print(f"{r.mechanism:<12} {e:>5} {100 * r.accuracy:>7.2f} "
           f"{'-' if pv is None else f'{pv:.1f}':>7}")
-  print(f"N: ours {100 * table['acc_no_protection']:.2f}, paper {paper['acc_no_protection']}; "
+  print(f"N: ours {100 * table.acc_no_protection:.2f}, paper {paper['acc_no_protection']}; "
         f"paper's LUCID decrease at eps=0 averages 1.4 pp (Adult 2x50: 0.7), DP baselines 12.7 "
         f"pp; guard latency paper 0.16 ms")
   if origin.get("family"):

@@ -10,7 +10,13 @@ Modules (OR-Tools MathOpt; SCIP, HiGHS, CP-SAT):
 * `milp.verify`         — VERIFIED / FALSIFIED / NOT_VERIFIED / UNKNOWN with replayed
                           counterexamples.
 * `milp.ldcp`           — Sphynx's LDCP query, the naive ground truth, Sphynx end to end.
-* `milp.parallel`       — independent jobs over a process pool or Ray.
-* `milp.idpdb`          — LUCID's iDP deterministic bound: node MILP over N and a
-                          hyper-network, branch-and-bound over hyper-networks.
+* `milp.parallel`       — independent verification jobs on `boundjax.executor` (process pool
+                          or Ray).
+* `milp.idpdb`          — LUCID's iDP deterministic bound (a package): node MILP over N and a
+                          hyper-network, branch-and-bound over hyper-networks, per-member
+                          MILPs, and `compute_betas`, β per class for
+                          `boundjax.privacy.LabelOnlyGuard`.
+
+Layering: `milp` imports `boundjax`; nothing in `boundjax` (except its demos and CLI) imports
+`milp`.
 """
