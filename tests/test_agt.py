@@ -212,8 +212,8 @@ def _inside(box_leaves, vals, tol=1e-10):
     ("cross_entropy", [3, 6, 4]),
     ("mse", [3, 5, 2]),
 ])
-@pytest.mark.parametrize("method", ["rump", pytest.param("exact", marks=pytest.mark.slow)])
-def test_grad_bounds_contain_sampled_gradients(loss, sizes, method):
+@pytest.mark.parametrize("matmul", ["midrad", pytest.param("signsplit", marks=pytest.mark.slow)])
+def test_grad_bounds_contain_sampled_gradients(loss, sizes, matmul):
   key = jax.random.PRNGKey(sizes[-1] + len(loss))
   k1, k2, k3 = jax.random.split(key, 3)
   params = _net(k1, sizes)
@@ -225,8 +225,8 @@ def test_grad_bounds_contain_sampled_gradients(loss, sizes, method):
     ys = jax.random.normal(k3, (6, sizes[-1]), jnp.float64)
   else:
     ys = (jnp.arange(6) % 2).astype(jnp.float64)
-  gb = jax.jit(lambda pb: mlp.grad_bounds(pb, xs, ys, loss, method))(box)
-  fb = jax.jit(lambda pb: mlp.forward_bounds(pb, xs, method))(box)
+  gb = jax.jit(lambda pb: mlp.grad_bounds(pb, xs, ys, loss, matmul))(box)
+  fb = jax.jit(lambda pb: mlp.forward_bounds(pb, xs, matmul))(box)
   gfn = agt.train.nominal_grad_fn(mlp.apply, loss)
   thetas = _samples(box, k3, 64)
   g, z = jax.jit(jax.vmap(lambda t: (gfn(t, xs, ys), mlp.apply(t, xs))))(thetas)
@@ -356,7 +356,7 @@ def test_boxes_nest_in_k():
   X, y = _data(60)
   params = _net(jax.random.PRNGKey(5), [3, 6, 1])
   base = agt.Config(n_epochs=2, learning_rate=0.5, batch_size=30, clip_gamma=0.3,
-                    interval_matmul="exact")
+                    matmul="signsplit")
   prev = None
   for k in (0, 3):
     _, box = agt.fit(mlp.apply, params, X, y, dataclasses.replace(base, k_private=k),
@@ -412,24 +412,70 @@ def test_engine_backend_matches_when_available():
   assert np.isfinite(w_ibp) and w_mlp > 0
 
 
-def test_crown_bound_method_is_rejected_clearly():
-  cfg = agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4, bound_method="crown")
-  with pytest.raises(ValueError, match="crown"):
-    agt.make_step(mlp.apply, cfg)
+def test_crown_bound_method_is_rejected_at_construction():
+  with pytest.raises(ValueError, match="CROWN parameter bounds are not implemented yet"):
+    agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4, bound_method="crown")
+
+
+@pytest.mark.parametrize("field", ["learning_rate", "lr_decay", "lr_min", "momentum",
+                                   "dampening", "l1_reg", "l2_reg", "clip_gamma"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_config_rejects_nan_and_inf_in_every_numeric_field(field, value):
+  if field == "clip_gamma" and value == float("inf"):
+    assert agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4,
+                      clip_gamma=value).clip_gamma is None     # "no clipping", as before
+    return
+  with pytest.raises(ValueError, match=field):
+    agt.Config(**{**dict(n_epochs=1, learning_rate=0.1, batch_size=4), field: value})
+
+
+def test_config_old_option_names_warn_and_map_to_the_ibp_vocabulary():
+  with pytest.warns(DeprecationWarning, match="sound"):
+    assert agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4, fp_margin=True).sound
+  with pytest.warns(DeprecationWarning, match="matmul"):
+    c = agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4, interval_matmul="exact")
+  assert c.matmul == "signsplit"
+  with pytest.warns(DeprecationWarning):
+    assert agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4,
+                      interval_matmul="rump").matmul == "midrad"
+  with pytest.raises(ValueError, match="matmul must be one of"):
+    agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4, matmul="rump")
+  base = agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4)
+  with pytest.warns(DeprecationWarning):
+    assert dataclasses.replace(base, fp_margin=True).sound       # the demos' spelling
+
+
+def test_mlp_backend_rejects_products_it_cannot_do_and_ibp_honours_matmul():
+  X, y = _data(16)
+  params = _net(jax.random.PRNGKey(3), [3, 6, 2])
+  cfg = agt.Config(n_epochs=1, learning_rate=0.5, batch_size=16, loss="cross_entropy",
+                   matmul="exact")
+  with pytest.raises(ValueError, match="backend='ibp'"):
+    agt.make_step(mlp.apply, cfg, "mlp")
+  assert bnd.resolve("auto", mlp.apply, params, X[:2], "exact") == "ibp"
+  # the ibp back-end passes matmul to bj.ibp: midrad and signsplit give different boxes here
+  box = _widen(params, jax.random.PRNGKey(4))
+  outs = {m: bnd.forward_bounds_fn(mlp.apply, "ibp", m)(box, X) for m in
+          ("midrad", "signsplit")}
+  ref = {m: mlp.forward_bounds(box, X, m) for m in ("midrad", "signsplit")}
+  for m in outs:
+    np.testing.assert_allclose(outs[m].lower, ref[m].lower, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(outs[m].upper, ref[m].upper, rtol=1e-6, atol=1e-9)
+  assert not np.allclose(outs["midrad"].lower, outs["signsplit"].lower)
 
 
 @pytest.mark.parametrize("backend", ["mlp", "ibp"])
-def test_fp_margin_step_runs_products_at_highest_precision(backend):
+def test_sound_step_runs_products_at_highest_precision(backend):
   """The sound floating-point mode assumes float32 products: every dot_general of the step is
   traced with precision=HIGHEST (no TF32 passes on an accelerator); without it, the default."""
   X, y = _data(16)
   params = _net(jax.random.PRNGKey(3), [3, 6, 1])
   highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
 
-  for fp_margin in (True, False):
+  for sound in (True, False):
     cfg = agt.Config(n_epochs=1, learning_rate=0.5, batch_size=16, k_private=2, clip_gamma=0.2,
-                     fp_margin=fp_margin)
+                     sound=sound)
     step = agt.make_step(mlp.apply, cfg, backend)
     found = matmul_precisions(jax.make_jaxpr(step)(agt.init(params, cfg), X, y).jaxpr)
     assert found
-    assert all(p == highest for p in found) == fp_margin, found
+    assert all(p == highest for p in found) == sound, found

@@ -64,7 +64,7 @@ def test_retrained_models_stay_in_box_and_certificates_hold(name):
     y = y.astype(jnp.float64)
   params = mlp.init(jax.random.PRNGKey(1), case["sizes"], jnp.float64)
   cfg = agt.Config(n_epochs=3, batch_size=120, k_private=case["k"], loss=case["loss"],
-                   fragsize=50, fp_margin=True, **case["cfg"])
+                   fragsize=50, sound=True, **case["cfg"])
   report = retrain.empirical_retrain_test(mlp.apply, params, X, y, cfg, X, n_sets=16, seed=3)
   _check(report)
 
@@ -108,7 +108,7 @@ def test_retraining_large(k, opt):
   y = y.astype(jnp.float64)
   params = mlp.init(jax.random.PRNGKey(k), [6, 32, 16, 1], jnp.float64)
   cfg = agt.Config(n_epochs=4, batch_size=400, k_private=k, clip_gamma=0.05, learning_rate=0.5,
-                   lr_decay=0.3, fragsize=128, fp_margin=True, **opt)
+                   lr_decay=0.3, fragsize=128, sound=True, **opt)
   report = retrain.empirical_retrain_test(mlp.apply, params, X, y, cfg, X[:400], n_sets=64,
                                           seed=k)
   _check(report, min_certified=0)

@@ -19,6 +19,7 @@ from boundjax import agt, ensembles
 from boundjax.agt import descent
 from boundjax.interval import Interval
 from boundjax.models import MLP
+from boundjax.training import Schedule
 
 _is_iv = lambda x: isinstance(x, Interval)  # noqa: E731
 
@@ -87,14 +88,15 @@ def test_box_contains_every_trained_leave_k_out_member(dtype, k):
       rng = np.random.default_rng(0)
       pairs = np.stack([rng.choice(n, 2, replace=False) for _ in range(300)])
       removed = np.concatenate([np.full((1, 2), -1), pairs]).astype(np.int32)
+    sched = Schedule(n=n, batch_size=bs, epochs=epochs, seed=5)   # shared by both
     ens = ensembles.train_ensemble(
-        model, init, ensembles.sgd(0.1, weight_decay=1e-3), x, y, removed, epochs=epochs,
-        batch_size=bs, seed=5, loss_fn=ensembles.softmax_cross_entropy, progress=False)
+        model, init, ensembles.sgd(0.1, weight_decay=1e-3), x, y, removed, schedule=sched,
+        loss_fn=ensembles.softmax_cross_entropy, progress=False)
+    assert ens.schedule is sched
     cfg = agt.Config(n_epochs=epochs, learning_rate=0.1, batch_size=bs, loss="cross_entropy",
                      k_private=k, neighbourhood="remove", l2_reg=1e-3, fragsize=7,
-                     fp_margin=True)   # without it float64 members leave the box by ~1e-17
-    sched = ensembles.batch_schedule(5, n, epochs, bs)
-    params, box = agt.fit(model.apply, init, x, y, cfg, schedule=sched, progress=False)
+                     sound=True)   # without it float64 members leave the box by ~1e-17
+    params, box = agt.fit(model.apply, init, x, y, cfg, schedule=ens.schedule, progress=False)
     count, worst = _members_outside(box, ens.params)
     assert count == 0, f"{count} member parameters outside the AGT box (worst by {worst:.3g})"
     # the nominal run is N (row 0) up to rounding, and the box is not trivially wide
@@ -120,13 +122,28 @@ def test_box_without_the_margin_or_with_a_wrong_schedule_is_not_a_guarantee():
       epochs=epochs, batch_size=bs, seed=5, loss_fn=ensembles.softmax_cross_entropy,
       progress=False)
   cfg = agt.Config(n_epochs=epochs, learning_rate=0.2, batch_size=bs, loss="cross_entropy",
-                   k_private=1, neighbourhood="remove", l2_reg=1e-3, fp_margin=True)
+                   k_private=1, neighbourhood="remove", l2_reg=1e-3, sound=True)
   _, box = agt.fit(model.apply, init, x, y, cfg, progress=False)   # default fixed batches
   count, _ = _members_outside(box, ens.params)
   assert count > 0
 
 
-def test_schedule_is_validated():
+def test_schedule_must_match_the_config_and_the_data():
+  x, y = _data(40, 3, seed=0, dtype=jnp.float32)
+  model = MLP(hidden=(4,), out=2)
+  init = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
+  cfg = agt.Config(n_epochs=2, learning_rate=0.1, batch_size=8, loss="cross_entropy",
+                   k_private=1, neighbourhood="remove")
+  with pytest.raises(ValueError, match="must agree"):
+    agt.fit(model.apply, init, x, y, cfg, schedule=Schedule(40, 8, 3), progress=False)
+  with pytest.raises(ValueError, match="n=41"):
+    agt.fit(model.apply, init, x, y, cfg, schedule=Schedule(41, 8, 2), progress=False)
+  res = agt.fit(model.apply, init, x, y, cfg, schedule=Schedule(40, 8, 2), progress=False)
+  assert res.schedule == Schedule(40, 8, 2)
+  assert agt.fit(model.apply, init, x, y, cfg, progress=False).schedule == cfg.schedule(40)
+
+
+def test_schedule_array_is_validated():
   x, y = _data(40, 3, seed=0, dtype=jnp.float32)
   model = MLP(hidden=(4,), out=2)
   init = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))

@@ -2,13 +2,15 @@
 
 Two back-ends give the same guarantees:
 
-* ``"ibp"``: ``boundjax.ibp`` applied to ``vmap(grad(per-sample loss))`` with interval parameter
-  leaves; works for any ``model_apply`` the engine supports (Flax, conv, ...).
-* ``"mlp"``: the layer-wise passes of spec §2.2–2.4 in `boundjax.agt.mlp` (Dense+ReLU only), with
-  the spec's tight loss-gradient rules and a margin bound folded into the last layer.
+* ``"ibp"``: `boundjax.ibp` applied to ``vmap(grad(per-sample loss))`` with interval parameter
+  leaves; works for any ``apply_fn`` the engine supports (Flax, conv, ...), and every interval
+  product of `boundjax.ibp` (``matmul`` = "midrad", "signsplit", "exact", "best").
+* ``"mlp"``: the layer-wise passes of spec §2.2–2.4 in `boundjax.agt.mlp` (Dense+ReLU only, matmul
+  "midrad" or "signsplit"), with the spec's tight loss-gradient rules and a margin bound folded
+  into the last layer.
 
 ``"auto"`` picks ``"mlp"`` when the parameters are a Dense stack that `boundjax.agt.mlp.apply`
-reproduces, and ``"ibp"`` otherwise.
+reproduces and the ``matmul`` is one it implements, and ``"ibp"`` otherwise.
 """
 
 from __future__ import annotations
@@ -19,76 +21,76 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from boundjax import nn as bnn
 from boundjax.agt import losses, mlp
+from boundjax.agt.config import MATMULS
 from boundjax.interval import Interval
+from boundjax.transforms import ibp
 
 BACKENDS = ("auto", "mlp", "ibp")
 
 
-def _engine():
-  try:
-    from boundjax.transforms import ibp
-  except ImportError as e:  # pragma: no cover - depends on the engine being installed
-    raise ValueError("AGT backend 'ibp' needs boundjax.ibp (boundjax.transforms), which is not "
-                     "available; use backend='mlp' for Dense+ReLU networks.") from e
-  return ibp
-
-
-def _engine_loss(name: str):
-  """Per-sample loss written with boundjax.nn composites (tight gradient rules) when present."""
-  try:
-    from boundjax import nn as bnn
-  except ImportError:
-    return losses.per_sample_loss(name)
-  if name == "cross_entropy" and hasattr(bnn, "softmax_cross_entropy"):
+def _engine_loss(name: str) -> Callable:
+  """Per-sample loss written with `boundjax.nn` composites (their tight interval rules)."""
+  if name == "cross_entropy":
     return lambda z, y: bnn.softmax_cross_entropy(
         z, jax.nn.one_hot(y.astype(jnp.int32), z.shape[-1], dtype=z.dtype))
-  if name == "binary_cross_entropy" and hasattr(bnn, "sigmoid_binary_cross_entropy"):
+  if name == "binary_cross_entropy":
     return lambda z, y: jnp.sum(bnn.sigmoid_binary_cross_entropy(
         z.reshape(-1), jnp.broadcast_to(y, z.reshape(-1).shape).astype(z.dtype)))
-  if name == "mse" and hasattr(bnn, "mse"):
-    return lambda z, y: bnn.mse(z, jnp.broadcast_to(y, z.shape).astype(z.dtype))
   return losses.per_sample_loss(name)
 
 
-def is_mlp(model_apply: Callable, params: Any, x_example: Any) -> bool:
-  """True when ``params`` is a Dense stack and ``mlp.apply`` reproduces ``model_apply`` on x."""
+def check_matmul(backend: str, matmul: str) -> None:
+  """Raises ``ValueError`` when ``backend`` cannot compute the interval product ``matmul``."""
+  if matmul not in MATMULS:
+    raise ValueError(f"AGT: matmul must be one of {MATMULS}, got {matmul!r}.")
+  if backend == "mlp" and matmul not in mlp.MATMULS:
+    raise ValueError(f"AGT backend 'mlp' implements matmul in {mlp.MATMULS}, not {matmul!r}; "
+                     "use backend='ibp' (or 'auto').")
+
+
+def is_mlp(apply_fn: Callable, params: Any, x_example: Any) -> bool:
+  """True when ``params`` is a Dense stack and ``mlp.apply`` reproduces ``apply_fn`` on x."""
   try:
-    ls = mlp.layers(params)
-    ls = [l for l in ls]
-    ref = np.asarray(model_apply(params, x_example))
+    mlp.layers(params)
+    ref = np.asarray(apply_fn(params, x_example))
     ours = np.asarray(mlp.apply(params, x_example))
   except (ValueError, TypeError, KeyError):
     return False
   return ref.shape == ours.shape and np.allclose(ref, ours, rtol=1e-5, atol=1e-6)
 
 
-def resolve(backend: str, model_apply: Callable, params: Any, x_example: Any) -> str:
+def resolve(backend: str, apply_fn: Callable, params: Any, x_example: Any,
+            matmul: str = "midrad") -> str:
+  """The back-end to use: ``backend``, or for "auto" "mlp" when it applies, else "ibp"."""
   if backend not in BACKENDS:
     raise ValueError(f"AGT backend must be one of {BACKENDS}, got {backend!r}.")
-  if backend == "mlp" and not is_mlp(model_apply, params, x_example):
-    raise ValueError("AGT backend 'mlp' needs a Dense+ReLU stack that boundjax.agt.mlp.apply "
-                     "reproduces; model_apply gives different outputs. Use backend='ibp'.")
   if backend == "auto":
-    return "mlp" if is_mlp(model_apply, params, x_example) else "ibp"
+    use_mlp = matmul in mlp.MATMULS and is_mlp(apply_fn, params, x_example)
+    backend = "mlp" if use_mlp else "ibp"
+  check_matmul(backend, matmul)
+  if backend == "mlp" and not is_mlp(apply_fn, params, x_example):
+    raise ValueError("AGT backend 'mlp' needs a Dense+ReLU stack that boundjax.agt.mlp.apply "
+                     "reproduces; apply_fn gives different outputs. Use backend='ibp'.")
   return backend
 
 
-def grad_bounds_fn(model_apply: Callable, loss: str, backend: str, method: str = "rump"
+def grad_bounds_fn(apply_fn: Callable, loss: str, backend: str, matmul: str = "midrad"
                    ) -> Callable[[Any, Any, Any], Any]:
   """``fn(param_bounds, xs, ys)``: per-sample parameter-gradient bounds (leading axis = sample).
 
-  Every leaf of the result is an Interval containing ``d loss(model_apply(theta, x_i), y_i) /
-  d theta`` for every ``theta`` in ``param_bounds``.
+  Every leaf of the result is an Interval containing ``d loss(apply_fn(theta, x_i), y_i) /
+  d theta`` for every ``theta`` in ``param_bounds``; ``matmul`` is the interval product.
   """
+  check_matmul(backend, matmul)
   if backend == "mlp":
-    return lambda pb, xs, ys: mlp.grad_bounds(pb, xs, ys, loss, method)
-  ibp = _engine()
+    return lambda pb, xs, ys: mlp.grad_bounds(pb, xs, ys, loss, matmul)
   lf = _engine_loss(loss)
 
   def one(p, x, y):
-    return lf(model_apply(p, x[None])[0], y)
-  bounded = ibp(jax.vmap(jax.grad(one), in_axes=(None, 0, 0)))
+    return lf(apply_fn(p, x[None])[0], y)
+  bounded = ibp(jax.vmap(jax.grad(one), in_axes=(None, 0, 0)), matmul=matmul)
 
   def fn(pb, xs, ys):
     out = bounded(pb, xs, ys)
@@ -98,15 +100,15 @@ def grad_bounds_fn(model_apply: Callable, loss: str, backend: str, method: str =
   return fn
 
 
-def forward_bounds_fn(model_apply: Callable, backend: str, method: str = "rump"
+def forward_bounds_fn(apply_fn: Callable, backend: str, matmul: str = "midrad"
                       ) -> Callable[[Any, Any], Interval]:
-  """``fn(param_bounds, X)``: Interval over the outputs of every model in the box (batched X)."""
+  """``fn(param_bounds, x)``: Interval over the outputs of every model in the box (batched x)."""
+  check_matmul(backend, matmul)
   if backend == "mlp":
-    return lambda pb, X: mlp.forward_bounds(pb, X, method)
-  ibp = _engine()
-  bounded = ibp(model_apply)
+    return lambda pb, x: mlp.forward_bounds(pb, x, matmul)
+  bounded = ibp(apply_fn, matmul=matmul)
 
-  def fn(pb, X):
-    out = bounded(pb, X)
+  def fn(pb, x):
+    out = bounded(pb, x)
     return out if isinstance(out, Interval) else Interval(out, out, validate=False)
   return fn

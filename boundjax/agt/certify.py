@@ -13,7 +13,8 @@ one-sided: failing to certify says nothing.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+import warnings
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -26,60 +27,67 @@ from boundjax.interval import Interval
 Array = jax.Array
 
 
-def predict(model_apply: Callable, params: Any, X: Any, loss: str = "auto") -> Array:
+def predict(apply_fn: Callable, params: Any, x: Any, loss: str = "auto") -> Array:
   """Predicted labels: ``1[z > 0]`` for one output, ``argmax`` otherwise."""
-  z = model_apply(params, jnp.asarray(X))
+  z = apply_fn(params, jnp.asarray(x))
   if z.ndim == 1 or z.shape[-1] == 1:
     return (z.reshape(z.shape[0]) > 0).astype(jnp.int32)
   return jnp.argmax(z, -1).astype(jnp.int32)
 
 
-def certify(model_apply: Callable, params: Any, param_bounds: Any, X: Any, *,
-            backend: str = "auto", method: str = "rump") -> np.ndarray:
+def certify(apply_fn: Callable, params: Any, param_bounds: Any, x: Any, *,
+            backend: str = "auto", matmul: str = "midrad", method: Optional[str] = None
+            ) -> np.ndarray:
   """Per test point: True when every model in ``param_bounds`` predicts like ``params``.
 
   Args:
-    model_apply: ``model_apply(params, X) -> logits`` (batched).
+    apply_fn: ``apply_fn(params, x) -> logits`` (batched).
     params: nominal parameters (must lie in ``param_bounds``).
     param_bounds: pytree like params with Interval leaves (from `boundjax.agt.fit`).
-    X: query points, batched.
+    x: query points, batched.
     backend: "auto", "mlp" or "ibp" (`boundjax.agt.bounds`).
-    method: interval matmul, "rump" or "exact".
+    matmul: the interval product, `boundjax.ibp`'s names ("midrad", "signsplit"; "exact" and
+      "best" with the "ibp" back-end).
+    method: deprecated name of ``matmul`` ("rump" = "midrad", "exact" = "signsplit").
 
   Returns:
     bool array of shape (n,).
   """
-  X = jnp.asarray(X)
-  backend = bnd.resolve(backend, model_apply, params, X[:2])
-  pred = predict(model_apply, params, X)
-  z = model_apply(params, X)
+  if method is not None:
+    warnings.warn("agt.certify(method=...) is deprecated; use matmul= ('rump' -> 'midrad', "
+                  "'exact' -> 'signsplit').", DeprecationWarning, stacklevel=2)
+    matmul = {"rump": "midrad", "exact": "signsplit"}.get(method, method)
+  x = jnp.asarray(x)
+  backend = bnd.resolve(backend, apply_fn, params, x[:2], matmul)
+  pred = predict(apply_fn, params, x)
+  z = apply_fn(params, x)
   if z.ndim == 2 and z.shape[-1] > 1:
     if backend == "mlp":
-      lo = mlp.margin_bounds(param_bounds, X, pred, method)
+      lo = mlp.margin_bounds(param_bounds, x, pred, matmul)
     else:
-      out = bnd.forward_bounds_fn(model_apply, backend, method)(param_bounds, X)
+      out = bnd.forward_bounds_fn(apply_fn, backend, matmul)(param_bounds, x)
       lc = jnp.take_along_axis(out.lower, pred[:, None], -1)
       lo = lc - out.upper
     lo = jnp.where(jax.nn.one_hot(pred, z.shape[-1], dtype=bool), jnp.inf, lo)
     return np.asarray(jnp.all(lo > 0, -1))
-  out = bnd.forward_bounds_fn(model_apply, backend, method)(param_bounds, X)
+  out = bnd.forward_bounds_fn(apply_fn, backend, matmul)(param_bounds, x)
   zl, zu = out.lower.reshape(-1), out.upper.reshape(-1)
   return np.asarray((zl > 0) == (zu > 0))
 
 
-def max_certified_k(model_apply: Callable, params: Any, bounds_by_k: Mapping[int, Any], X: Any,
-                    **kw) -> np.ndarray:
+def max_certified_k(apply_fn: Callable, params: Any, bounds_by_k: Mapping[int, Any], x: Any,
+                    **kw: Any) -> np.ndarray:
   """``k'(x) = max{k in K : x certified with T^k}`` (0 if none), by a linear scan (spec §2.9).
 
   The linear scan is sound without assuming certification is monotone in k: every certificate
   is valid on its own. All boxes must come from runs sharing the nominal ``params``.
   """
-  X = jnp.asarray(X)
-  kmax = np.zeros(X.shape[0], dtype=np.int64)
+  x = jnp.asarray(x)
+  kmax = np.zeros(x.shape[0], dtype=np.int64)
   for k in sorted(bounds_by_k):
     if k == 0:
       continue
-    ok = certify(model_apply, params, bounds_by_k[k], X, **kw)
+    ok = certify(apply_fn, params, bounds_by_k[k], x, **kw)
     kmax = np.where(ok, np.maximum(kmax, k), kmax)
   return kmax
 
@@ -95,19 +103,3 @@ def check_shared_nominal(params_by_k: Mapping[int, Any], atol: float = 0.0) -> N
       if a.shape != b.shape or not np.allclose(np.asarray(a), np.asarray(b), rtol=0, atol=atol):
         raise ValueError(f"k-sweep: the nominal parameters of k={k} differ from those of "
                          f"k={k0}; certificates must share one nominal model (spec §2.8).")
-
-
-def fit_k_grid(model_apply: Callable, params: Any, X: Any, y: Any, config, ks, **fit_kw
-               ) -> tuple[Any, dict]:
-  """Runs `boundjax.agt.fit` once per k in ``ks`` (same init, batches, schedule).
-
-  Returns ``(nominal_params, {k: param_bounds})``; raises if the nominal runs differ.
-  """
-  import dataclasses
-  from boundjax.agt.train import fit
-  params_by_k, bounds_by_k = {}, {}
-  for k in ks:
-    cfg = dataclasses.replace(config, k_private=int(k))
-    params_by_k[k], bounds_by_k[k] = fit(model_apply, params, X, y, cfg, **fit_kw)
-  check_shared_nominal(params_by_k, atol=1e-6)
-  return params_by_k[list(ks)[0]], bounds_by_k

@@ -3,20 +3,36 @@
 Field names follow the public AGT code where it has them (``k_private``, ``clip_gamma``,
 ``learning_rate``, ``lr_decay``, ``lr_min``, ``n_epochs``, ``loss``, ``optimizer``, ``l1_reg``,
 ``l2_reg``, ``fragsize``); ``batch_size`` comes from its figure scripts. The momentum options
-are flat fields instead of the code's ``optimizer_kwargs`` dictionary.
+are flat fields instead of the code's ``optimizer_kwargs`` dictionary. Option names shared with
+the rest of boundjax follow `boundjax.ibp`: ``sound`` (outward rounding; was ``fp_margin``) and
+``matmul`` (the interval product; was ``interval_matmul``, whose "rump" is "midrad" and whose
+"exact" is "signsplit"). The old names still work with a ``DeprecationWarning``.
+
+Every option is checked when the `Config` is built (`ValueError` naming the field): unknown names,
+NaN or infinite numbers, and combinations the bounds do not cover.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
+import numbers
+import warnings
+from typing import Literal, Optional
+
+from boundjax.training import Schedule
 
 LOSSES = ("cross_entropy", "binary_cross_entropy", "mse")
 OPTIMIZERS = ("sgd", "sgdm")
 NEIGHBOURHOODS = ("add_remove", "remove")
-BOUND_METHODS = ("interval", "crown")
-MATMULS = ("rump", "exact")
+BOUND_METHODS = ("interval",)
+#: Interval products, in `boundjax.ibp`'s vocabulary. The "mlp" back-end does "midrad" and
+#: "signsplit"; "exact" and "best" need the "ibp" back-end (`boundjax.agt.bounds`).
+MATMULS = ("midrad", "signsplit", "exact", "best")
+_OLD_MATMULS = {"rump": "midrad", "exact": "signsplit"}
+_NUMBERS = ("learning_rate", "clip_gamma", "lr_decay", "lr_min", "momentum", "dampening",
+            "l1_reg", "l2_reg")
+_INTS = ("n_epochs", "batch_size", "k_private", "fragsize", "seed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +54,9 @@ class Config:
       encloses every leave-k-out network that `boundjax.ensembles.train_ensemble` trains (the
       masked mean divides by the points left); the mean after dropping the k largest lower bounds
       is below the mean after dropping fewer, so r < k removals are covered too.
-    clip_gamma: gamma, element-wise clipping level of per-sample gradients (spec §2.5). Must be
-      finite when k_private > 0 (each added point contributes up to +-gamma).
+    clip_gamma: gamma, element-wise clipping level of per-sample gradients (spec §2.5), or None
+      (no clipping; ``math.inf`` is read as None). Must be given when k_private > 0 with
+      "add_remove" (each added point contributes up to +-gamma).
     lr_decay: eta in alpha_n = max(alpha / (1 + eta * n), lr_min) (spec §2.7).
     lr_min: floor of the step size.
     optimizer: "sgd" or "sgdm" (heavy-ball momentum, torch convention
@@ -49,16 +66,18 @@ class Config:
     l2_reg: lambda of an L2 penalty (lambda / 2) |theta|^2, i.e. gradient lambda * theta; needs
       learning_rate * l2_reg <= 1 for the interval update to stay monotone (spec §2.7).
     bound_method: forward bound over the parameter box: "interval" (IBP, the paper's choice).
-      "crown" is reserved for CROWN with interval parameters (the public code's
-      CROWNBoundedModel); it is not implemented yet and `make_step` rejects it.
-    interval_matmul: "rump" (midpoint-radius, 4 products; the public code's default) or "exact"
-      (sign-split products; exact when one factor is sign-definite, e.g. post-ReLU activations).
+      CROWN with interval parameters (the public code's CROWNBoundedModel) is not implemented
+      yet; "crown" is rejected here.
+    matmul: the interval matrix product (`boundjax.ibp`'s vocabulary): "midrad" (midpoint-radius,
+      4 products; the public code's default "rump") or "signsplit" (sign-split products; exact
+      when one factor is sign-definite, e.g. post-ReLU activations); "exact" and "best" only
+      with the "ibp" back-end.
     fragsize: number of samples bounded at once; memory is O(fragsize * #params + k * #params).
       It does not change the bounds (up to the rounding order of the sums). On a 2-core CPU
       250-1000 is fastest for the benchmark MLPs (benchmarks/agt.py): larger fragments leave
       the cache, smaller ones pay per-fragment overhead.
-    seed: seed for the fixed data order used by `fit` (shuffled once, then fixed).
-    fp_margin: the sound floating-point mode: widen every step outward by a worst-case bound
+    seed: seed of the default data order (`schedule`: shuffled once, then fixed).
+    sound: the sound floating-point mode: widen every step outward by a worst-case bound
       on the rounding error of the batch sums and of the update
       (`boundjax.agt.descent.rounding_margin`), so that retrained runs computed in the same
       floating point stay inside the box (without it, float64 retraining found violations of
@@ -66,6 +85,7 @@ class Config:
       and in float32 with large batches it widens the box enough to cost certificates; use it
       with float64 when certificates must hold bit-for-bit. The per-sample gradient bounds
       themselves use ordinary rounding in both modes.
+    fp_margin, interval_matmul: deprecated names of ``sound`` and ``matmul`` (init-only).
   """
 
   n_epochs: int
@@ -74,7 +94,7 @@ class Config:
   loss: Literal["cross_entropy", "binary_cross_entropy", "mse"] = "binary_cross_entropy"
   k_private: int = 0
   neighbourhood: Literal["add_remove", "remove"] = "add_remove"
-  clip_gamma: float = math.inf
+  clip_gamma: Optional[float] = None
   lr_decay: float = 0.0
   lr_min: float = 0.0
   optimizer: Literal["sgd", "sgdm"] = "sgd"
@@ -83,15 +103,47 @@ class Config:
   nesterov: bool = False
   l1_reg: float = 0.0
   l2_reg: float = 0.0
-  bound_method: Literal["interval", "crown"] = "interval"
-  interval_matmul: Literal["rump", "exact"] = "rump"
+  bound_method: Literal["interval"] = "interval"
+  matmul: Literal["midrad", "signsplit", "exact", "best"] = "midrad"
   fragsize: int = 10_000
   seed: int = 0
-  fp_margin: bool = False
+  sound: bool = False
+  fp_margin: dataclasses.InitVar[Optional[bool]] = None
+  interval_matmul: dataclasses.InitVar[Optional[str]] = None
 
-  def __post_init__(self):
+  def __post_init__(self, fp_margin: Optional[bool], interval_matmul: Optional[str]):
     def bad(msg):
       raise ValueError(f"agt.Config: {msg}")
+    if fp_margin is not None:
+      warnings.warn("agt.Config(fp_margin=...) is deprecated; use sound=...", DeprecationWarning,
+                    stacklevel=3)
+      object.__setattr__(self, "sound", bool(fp_margin))
+    if interval_matmul is not None:
+      warnings.warn("agt.Config(interval_matmul=...) is deprecated; use matmul= with "
+                    "boundjax.ibp's names ('rump' -> 'midrad', 'exact' -> 'signsplit').",
+                    DeprecationWarning, stacklevel=3)
+      if interval_matmul not in _OLD_MATMULS:
+        bad(f"interval_matmul must be one of {tuple(_OLD_MATMULS)}, got {interval_matmul!r}.")
+      object.__setattr__(self, "matmul", _OLD_MATMULS[interval_matmul])
+    if self.clip_gamma == math.inf:      # the old spelling of "no clipping"
+      object.__setattr__(self, "clip_gamma", None)
+    for name in _INTS:
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        bad(f"{name} must be an int, got {v!r}.")
+      object.__setattr__(self, name, int(v))
+    for name in _NUMBERS:
+      v = getattr(self, name)
+      if v is None and name == "clip_gamma":
+        continue
+      if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+        bad(f"{name} must be a finite number, got {v!r}.")
+    if not isinstance(self.sound, bool) or not isinstance(self.nesterov, bool):
+      bad(f"sound and nesterov must be bools, got {self.sound!r}, {self.nesterov!r}.")
+    if self.bound_method == "crown":
+      bad("bound_method='crown': CROWN parameter bounds are not implemented yet (CROWN with "
+          "interval parameters; boundjax.crown bounds input boxes); use "
+          "bound_method='interval' (the paper's choice).")
     if not isinstance(self.n_epochs, int) or self.n_epochs < 1:
       bad(f"n_epochs must be a positive int, got {self.n_epochs!r}.")
     if not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -104,18 +156,17 @@ class Config:
       bad(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}.")
     if self.bound_method not in BOUND_METHODS:
       bad(f"bound_method must be one of {BOUND_METHODS}, got {self.bound_method!r}.")
-    if self.interval_matmul not in MATMULS:
-      bad(f"interval_matmul must be one of {MATMULS}, got {self.interval_matmul!r}.")
+    if self.matmul not in MATMULS:
+      bad(f"matmul must be one of {MATMULS}, got {self.matmul!r}.")
     if not isinstance(self.k_private, int) or self.k_private < 0:
       bad(f"k_private must be a non-negative int, got {self.k_private!r}.")
     if self.k_private >= self.batch_size:
       bad(f"k_private ({self.k_private}) must be < batch_size ({self.batch_size}) (Thm 4.6).")
-    if not self.clip_gamma > 0:
-      bad(f"clip_gamma must be > 0, got {self.clip_gamma!r}.")
+    if self.clip_gamma is not None and not self.clip_gamma > 0:
+      bad(f"clip_gamma must be > 0 (or None: no clipping), got {self.clip_gamma!r}.")
     if self.neighbourhood not in NEIGHBOURHOODS:
       bad(f"neighbourhood must be one of {NEIGHBOURHOODS}, got {self.neighbourhood!r}.")
-    if (self.k_private > 0 and self.neighbourhood == "add_remove"
-        and not math.isfinite(self.clip_gamma)):
+    if self.k_private > 0 and self.neighbourhood == "add_remove" and self.clip_gamma is None:
       bad("clip_gamma must be finite when k_private > 0: each added point moves the descent "
           "direction by up to clip_gamma per coordinate (Thm 4.6).")
     if self.lr_decay < 0 or self.lr_min < 0:
@@ -136,6 +187,17 @@ class Config:
           f"{self.learning_rate * self.l2_reg!r}.")
     if not isinstance(self.fragsize, int) or self.fragsize < 1:
       bad(f"fragsize must be a positive int, got {self.fragsize!r}.")
+
+  @property
+  def gamma(self) -> float:
+    """The clipping level as a number: ``clip_gamma``, or ``inf`` when there is no clipping."""
+    return math.inf if self.clip_gamma is None else float(self.clip_gamma)
+
+  def schedule(self, n: int):
+    """AGT's default data order for ``n`` points: one permutation (seeded by ``seed``) visited
+    in every epoch, the last incomplete batch dropped (spec §1.1 / §2.7)."""
+    return Schedule(n=n, batch_size=self.batch_size, epochs=self.n_epochs, seed=self.seed,
+                    shuffle="once", last_batch="drop")
 
   def lr(self, n):
     """Step size of step ``n`` (0-based): ``max(alpha / (1 + eta * n), lr_min)`` (spec §2.7)."""

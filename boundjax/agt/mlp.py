@@ -3,18 +3,20 @@
 This is the layer-wise reference implementation of the bounds AGT needs for fully connected
 ReLU networks: forward IBP with interval parameters and a point input (§2.2), the tight
 loss-gradient rules (§2.3) and the backward interval pass to per-sample parameter-gradient
-bounds (§2.4). The generic path through ``boundjax.ibp`` bounds any ``model_apply``; this module
+bounds (§2.4). The generic path through ``boundjax.ibp`` bounds any ``apply_fn``; this module
 is kept beside it as an independent cross-check and for its tighter final-layer margin bound.
 
 Parameters are a sequence of Dense layers ``{"kernel": (in, out), "bias": (out,)}`` applied as
 ``z = relu(z @ kernel + bias)`` with no ReLU after the last layer. Accepted containers: a list or
 tuple of such dicts, a dict ``{"Dense_0": ..., "Dense_1": ...}`` (Flax ``nn.Dense`` naming, any
-prefix, ordered by the trailing number) or that dict under a ``"params"`` key.
+prefix, ordered by the trailing number) or that dict under a ``"params"`` key: whatever
+`boundjax.models.dense_layers` reads (``layers`` and ``rebuild`` here are that parser).
+
+``matmul`` names the interval product as `boundjax.ibp` does: "midrad" or "signsplit".
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any, Callable
 
 import jax
@@ -22,47 +24,20 @@ import jax.numpy as jnp
 
 from boundjax.agt import losses
 from boundjax.interval import Interval, bilinear_midrad, bilinear_signsplit, mul_bounds
+from boundjax.models import dense_layers, rebuild_dense
 
 Array = jax.Array
 
 
 # ----------------------------------------------------------------------------------------------
-# Parameter containers
+# Parameter containers: the package's one Dense-stack parser (`boundjax.models.dense_layers`)
 # ----------------------------------------------------------------------------------------------
 
-def _order(d: dict) -> list[str]:
-  def key(name):
-    m = re.search(r"(\d+)$", name)
-    if m is None:
-      raise ValueError(f"mlp: layer name {name!r} has no trailing index (expected e.g. Dense_0).")
-    return int(m.group(1))
-  return sorted(d, key=key)
+layers = dense_layers
+rebuild = rebuild_dense
 
-
-def layers(params: Any) -> list[dict]:
-  """The Dense layers of ``params`` in application order."""
-  if isinstance(params, (list, tuple)):
-    out = list(params)
-  elif isinstance(params, dict) and "params" in params and len(params) == 1:
-    return layers(params["params"])
-  elif isinstance(params, dict):
-    out = [params[n] for n in _order(params)]
-  else:
-    raise ValueError(f"mlp: unsupported parameter container {type(params).__name__}.")
-  for i, l in enumerate(out):
-    if not (isinstance(l, dict) and set(l) == {"kernel", "bias"}):
-      raise ValueError(f"mlp: layer {i} must be a dict with keys 'kernel' and 'bias', got "
-                       f"{list(l) if isinstance(l, dict) else type(l).__name__}.")
-  return out
-
-
-def rebuild(params: Any, new_layers: list) -> Any:
-  """``params`` with its Dense layers replaced by ``new_layers`` (same container)."""
-  if isinstance(params, (list, tuple)):
-    return type(params)(new_layers)
-  if isinstance(params, dict) and "params" in params and len(params) == 1:
-    return {"params": rebuild(params["params"], new_layers)}
-  return {n: l for n, l in zip(_order(params), new_layers)}
+#: Interval products the explicit passes implement (`boundjax.ibp`'s names).
+MATMULS = ("midrad", "signsplit")
 
 
 def init(key: Array, sizes: list[int], dtype=jnp.float32) -> list[dict]:
@@ -95,15 +70,21 @@ def _as_iv(x: Any) -> Interval:
   return x if isinstance(x, Interval) else Interval(x, x, validate=False)
 
 
-def _bilinear(method: str) -> Callable:
-  return bilinear_midrad if method == "rump" else bilinear_signsplit
+def _bilinear(matmul: str) -> Callable:
+  """The interval product of two boxes: midpoint-radius or sign-split (`boundjax.interval`)."""
+  if matmul == "midrad":
+    return bilinear_midrad
+  if matmul == "signsplit":
+    return bilinear_signsplit
+  raise ValueError(f"agt.mlp: matmul must be one of {MATMULS} (the explicit Dense passes), got "
+                   f"{matmul!r}; use the 'ibp' back-end for {matmul!r}.")
 
 
-def _matmul(a: Any, b: Any, method: str) -> Interval:
+def _matmul(a: Any, b: Any, matmul: str) -> Interval:
   if not isinstance(a, Interval) and not isinstance(b, Interval):
     v = a @ b
     return Interval(v, v, validate=False)
-  lo, hi = _bilinear(method)(jnp.matmul, a, b)
+  lo, hi = _bilinear(matmul)(jnp.matmul, a, b)
   return Interval(lo, hi, validate=False)
 
 
@@ -116,7 +97,7 @@ def _relu(a: Interval) -> Interval:
   return Interval(jax.nn.relu(a.lower), jax.nn.relu(a.upper), validate=False)
 
 
-def forward_bounds(param_bounds: Any, x: Any, method: str = "rump",
+def forward_bounds(param_bounds: Any, x: Any, matmul: str = "midrad",
                    keep: bool = False) -> Interval | tuple[Interval, list]:
   """Forward IBP with interval parameters (spec §2.2): ``z^k = relu(W^k (x) z^{k-1} (+) b^k)``.
 
@@ -127,7 +108,7 @@ def forward_bounds(param_bounds: Any, x: Any, method: str = "rump",
   z: Any = x
   cache = []
   for i, l in enumerate(ls):
-    zh = _add(_matmul(z, l["kernel"], method), l["bias"])
+    zh = _add(_matmul(z, l["kernel"], matmul), l["bias"])
     cache.append((z, zh))
     z = _relu(zh) if i < len(ls) - 1 else zh
   return (z, cache) if keep else z
@@ -163,14 +144,14 @@ def _heaviside_times(zh: Interval, d: Interval) -> Interval:
 
 
 def sample_grad_bounds(param_bounds: Any, x: Array, y: Array, loss: str,
-                       method: str = "rump") -> Any:
+                       matmul: str = "midrad") -> Any:
   """Per-sample parameter-gradient bounds (spec §2.2–2.4) for ONE sample ``(x, y)``.
 
   Returns a pytree like ``param_bounds`` whose Interval leaves contain ``d loss / d theta`` at
   ``(x, y)`` for every ``theta`` in ``param_bounds`` (vmap it over a batch).
   """
   ls = layers(param_bounds)
-  logits, cache = forward_bounds(param_bounds, x, method, keep=True)
+  logits, cache = forward_bounds(param_bounds, x, matmul, keep=True)
   d = losses.logit_grad_bounds(loss, logits, y)        # d loss / d zhat^K
   grads = [None] * len(ls)
   for i in range(len(ls) - 1, -1, -1):
@@ -178,7 +159,7 @@ def sample_grad_bounds(param_bounds: Any, x: Array, y: Array, loss: str,
     grads[i] = {"kernel": _outer(z_prev, d, nonneg=i > 0), "bias": d}
     if i > 0:
       w = ls[i]["kernel"]                              # (in, out)
-      dz = _matmul(w, d, method)                       # d loss / d z^{i-1} = W (x) d
+      dz = _matmul(w, d, matmul)                       # d loss / d z^{i-1} = W (x) d
       d = _heaviside_times(cache[i - 1][1], dz)        # d loss / d zhat^{i-1}
   return rebuild(param_bounds, grads)
 
@@ -210,13 +191,13 @@ def per_sample_grads(params: Any, xs: Array, ys: Array, loss: str) -> Any:
   return rebuild(params, grads)
 
 
-def grad_bounds(param_bounds: Any, xs: Array, ys: Array, loss: str, method: str = "rump") -> Any:
+def grad_bounds(param_bounds: Any, xs: Array, ys: Array, loss: str, matmul: str = "midrad") -> Any:
   """`sample_grad_bounds` over a batch (leading axis of every output leaf = sample)."""
   return jax.vmap(sample_grad_bounds, in_axes=(None, 0, 0, None, None))(
-      param_bounds, xs, ys, loss, method)
+      param_bounds, xs, ys, loss, matmul)
 
 
-def margin_bounds(param_bounds: Any, x: Array, cls: Array, method: str = "rump") -> Array:
+def margin_bounds(param_bounds: Any, x: Array, cls: Array, matmul: str = "midrad") -> Array:
   """Lower bounds of ``z_c - z_j`` for every class j (batched ``x``; ``cls`` the class c).
 
   The difference is folded into the last layer, ``(W_c - W_j) h + (b_c - b_j)``, so the shared
@@ -225,7 +206,7 @@ def margin_bounds(param_bounds: Any, x: Array, cls: Array, method: str = "rump")
   ls = layers(param_bounds)
   h: Any = x
   for l in ls[:-1]:
-    h = _relu(_add(_matmul(h, l["kernel"], method), l["bias"]))
+    h = _relu(_add(_matmul(h, l["kernel"], matmul), l["bias"]))
   w, b = _as_iv(ls[-1]["kernel"]), _as_iv(ls[-1]["bias"])
   wc_l = jnp.take(w.lower, cls, axis=1).T[:, :, None]       # (batch, in, 1)
   wc_u = jnp.take(w.upper, cls, axis=1).T[:, :, None]
@@ -236,5 +217,5 @@ def margin_bounds(param_bounds: Any, x: Array, cls: Array, method: str = "rump")
     h = Interval(jnp.broadcast_to(h.lower, (cls.shape[0],) + h.lower.shape),
                  jnp.broadcast_to(h.upper, (cls.shape[0],) + h.upper.shape), validate=False)
   hb = Interval(h.lower[:, None, :], h.upper[:, None, :], validate=False)   # (batch, 1, in)
-  lo, _ = _bilinear(method)(jnp.matmul, hb, dw)
+  lo, _ = _bilinear(matmul)(jnp.matmul, hb, dw)
   return lo[:, 0, :] + db_l

@@ -3,43 +3,49 @@
 The bounds of `boundjax.agt.fit` claim (Def 4.3) that training on any dataset D' whose batches
 each differ from the nominal ones by at most k removals and k additions stays inside the box at
 every step. These helpers build such D' (random and adversarial removals, random, large-norm and
-label-flipped additions, substitutions), retrain on them with the *same* initialisation, batch
-schedule, step sizes, clipping and optimiser, many datasets at once (``vmap`` over datasets,
-``lax.scan`` over steps), and count every parameter that leaves the box and every certified
-prediction that changes.
+label-flipped additions, substitutions), retrain on them with the *same* initialisation,
+`boundjax.training.Schedule`, step sizes, clipping and optimiser, many datasets at once
+(`boundjax.training.scan_steps`, ``vmap`` over datasets), and count every parameter that leaves
+the box and every certified prediction that changes.
 
 A modified batch of the nominal batch B (size b) is represented with fixed shapes: the b nominal
 points with 0/1 weights (0 = removed) followed by k extra slots (weight 1 = added point). The
 descent direction is ``sum_i w_i Clip(g_i) / sum_i w_i`` (true SGD on the modified batch), or
-``/ b`` with ``normalise="nominal"`` (the fixed-1/b convention); Thm 4.6 covers both.
+``/ b`` with ``normalise="nominal"`` (the fixed-1/b convention); Thm 4.6 covers both
+(`boundjax.training.clipped_mean_gradient`). The modifications are drawn once per distinct batch
+of the schedule (`Schedule.distinct_batches`): with AGT's fixed order the same D' is seen in every
+epoch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.agt import descent, losses
+from boundjax import training
+from boundjax.agt import losses
 from boundjax.agt.certify import certify, predict
 from boundjax.agt.config import Config
-from boundjax.agt.train import State, batches, init, make_step, nominal_grad_fn, update
-from boundjax.interval import Interval
+from boundjax.agt.train import init, make_step, nominal_grad_fn, point_optimizer
+from boundjax.interval import split_tree
+from boundjax.training import Schedule
 
 Array = jax.Array
-_is_iv = lambda x: isinstance(x, Interval)  # noqa: E731
 
 
-class Neighbours(NamedTuple):
-  """A stack of M modified datasets, per batch (nb batches of size b, k extra slots).
+@dataclasses.dataclass(frozen=True)
+class Neighbours:
+  """A stack of M modified datasets, per distinct batch of the schedule (S batches of size b,
+  k extra slots; step t uses batch ``t % S``).
 
   Attributes:
-    keep: (M, nb, b) weights of the nominal points (0 = removed).
-    x_add: (M, nb, k, *x_shape) added inputs; y_add: (M, nb, k, *y_shape) their labels.
-    w_add: (M, nb, k) 1 where a slot holds an added point.
+    keep: (M, S, b) weights of the nominal points (0 = removed).
+    x_add: (M, S, k, *x_shape) added inputs; y_add: (M, S, k, *y_shape) their labels.
+    w_add: (M, S, k) 1 where a slot holds an added point.
   """
   keep: Array
   x_add: Array
@@ -55,65 +61,86 @@ class Neighbours(NamedTuple):
     return int(np.sum(np.asarray(self.w_add)))
 
 
-def agt_trajectory(model_apply: Callable, params: Any, X: Array, y: Array, config: Config,
-                   backend: str = "mlp") -> tuple[Any, Any]:
-  """AGT on the fixed schedule, returning the nominal parameters and boxes after EVERY step.
+def _full_schedule(n: int, config: Config, schedule: Optional[Schedule]) -> Schedule:
+  """``schedule`` (default ``config.schedule(n)``), checked to have no empty slots: a
+  retraining scan needs batches of one size."""
+  sched = config.schedule(n) if schedule is None else schedule
+  sched.check_points(n, "agt.retrain")
+  if (sched.batches_np() < 0).any():
+    raise ValueError("agt.retrain: the schedule has a partial last batch (empty slots); use "
+                     "last_batch='drop' or a batch size dividing n for retraining checks.")
+  return sched
+
+
+def agt_trajectory(apply_fn: Callable, params: Any, x: Array, y: Array, config: Config,
+                   backend: str = "mlp", schedule: Optional[Schedule] = None
+                   ) -> tuple[Any, Any]:
+  """AGT over the schedule's steps, returning the nominal parameters and boxes after EVERY step.
 
   Returns ``(params_traj, bounds_traj)``: pytrees whose leaves have a leading axis of length
-  ``n_epochs * n_batches``.
+  ``schedule.steps``.
   """
-  sched = jnp.asarray(batches(X.shape[0], config))
-  step = make_step(model_apply, config, backend)
-  idx = jnp.tile(sched, (config.n_epochs, 1))
+  sched = _full_schedule(x.shape[0], config, schedule)
+  step = make_step(apply_fn, config, backend)
 
   def body(state, i):
-    state = step(state, X[i], y[i])
+    state = step(state, x[i], y[i])
     return state, (state.params, state.bounds)
-  _, (pt, bt) = jax.jit(lambda s: jax.lax.scan(body, s, idx))(init(params, config))
+  _, (pt, bt) = jax.jit(lambda s: jax.lax.scan(body, s, sched.batches()))(init(params, config))
   return pt, bt
 
 
-def retrain(model_apply: Callable, params: Any, X: Array, y: Array, config: Config,
-            nb: Neighbours, normalise: str = "actual") -> Any:
+def _extended_steps(n: int, sched: Schedule, nb: Neighbours) -> tuple[Array, Array]:
+  """Index rows and weights of every step over the data extended by the added points.
+
+  Member data is ``concat(x, x_add.reshape(S * k, ...))``; step t reads the nominal batch and the
+  k slots ``n + (t % S) * k + [0, k)``, weighted by ``keep[t % S]`` and ``w_add[t % S]``.
+  """
+  rows = sched.batches()
+  n_slots, k = nb.w_add.shape[1], nb.w_add.shape[2]
+  slot = jnp.arange(sched.steps) % n_slots
+  extra = n + slot[:, None] * k + jnp.arange(k)[None, :]
+  idx = jnp.concatenate([rows, extra.astype(rows.dtype)], axis=1)
+  w = jnp.concatenate([nb.keep[:, slot], nb.w_add[:, slot]], axis=2)       # (M, steps, b + k)
+  return idx, w
+
+
+def retrain(apply_fn: Callable, params: Any, x: Array, y: Array, config: Config,
+            nb: Neighbours, normalise: str = "actual", schedule: Optional[Schedule] = None
+            ) -> Any:
   """Plain (clipped) training on every dataset in ``nb``; parameters after every step.
 
-  Uses the same step sizes, optimiser, regularisation and clipping as AGT's nominal run.
-  Returns a pytree whose leaves have shape (M, steps, *param_shape).
+  Uses the same schedule, step sizes, optimiser, regularisation and clipping as AGT's nominal run
+  (`boundjax.agt.train.point_optimizer`). Returns a pytree whose leaves have shape
+  (M, steps, *param_shape).
   """
   if normalise not in ("actual", "nominal"):
     raise ValueError(f"retrain: normalise must be 'actual' or 'nominal', got {normalise!r}.")
-  sched = jnp.asarray(batches(X.shape[0], config))
-  n_b = sched.shape[0]
-  steps = config.n_epochs * n_b
-  gfn = nominal_grad_fn(model_apply, config.loss)
-  gamma = config.clip_gamma
-  b = config.batch_size
-  k = nb.w_add.shape[-1]
+  sched = _full_schedule(x.shape[0], config, schedule)
+  n = x.shape[0]
+  idx, w = _extended_steps(n, sched, nb)
+  m, n_slots, k = nb.w_add.shape
+  x_ext = jnp.concatenate([jnp.broadcast_to(x, (m,) + x.shape),
+                           nb.x_add.reshape((m, n_slots * k) + x.shape[1:])], axis=1)
+  y_ext = jnp.concatenate([jnp.broadcast_to(y, (m,) + y.shape),
+                           nb.y_add.reshape((m, n_slots * k) + y.shape[1:]).astype(y.dtype)],
+                          axis=1)
+  grad_fn = training.clipped_mean_gradient(
+      nominal_grad_fn(apply_fn, config.loss), config.gamma,
+      "kept" if normalise == "actual" else "batch", config.batch_size)
+  opt = point_optimizer(config)
 
-  def one(keep, x_add, y_add, w_add):
-    def body(state, t):
-      j = t % n_b
-      xi = X[sched[j]]
-      yi = y[sched[j]]
-      w = keep[j]
-      if k:
-        xi = jnp.concatenate([xi, x_add[j]], 0)
-        yi = jnp.concatenate([yi, y_add[j].astype(yi.dtype)], 0)
-        w = jnp.concatenate([w, w_add[j]], 0)
-      g = descent.clip(gfn(state.params, xi, yi), gamma)
-      denom = jnp.sum(w) if normalise == "actual" else b
-      d = jax.tree_util.tree_map(
-          lambda a: jnp.tensordot(w.astype(a.dtype), a, axes=(0, 0)) / denom, g)
-      state = update(config, state, d, d, d)
-      return state, state.params
-    _, traj = jax.lax.scan(body, init(params, config), jnp.arange(steps))
+  def one(xm, ym, wm):
+    _, traj = training.scan_steps(grad_fn, opt, (params, opt.init(params)), xm, ym, idx,
+                                  weights=wm, trajectory=True)
     return traj
-  return jax.jit(jax.vmap(one))(nb.keep, nb.x_add, nb.y_add, nb.w_add)
+  return jax.jit(jax.vmap(one))(x_ext, y_ext, w)
 
 
-def make_neighbours(seed: int, model_apply: Callable, params: Any, X: Array, y: Array,
+def make_neighbours(seed: int, apply_fn: Callable, params: Any, x: Array, y: Array,
                     config: Config, n_sets: int, k: int | None = None,
-                    n_classes: int | None = None) -> Neighbours:
+                    n_classes: int | None = None, schedule: Optional[Schedule] = None
+                    ) -> Neighbours:
   """M = ``n_sets`` datasets, each batch changed by up to k removals and up to k additions.
 
   The kinds cycle over: random removals; adversarial removals (the k points of each batch with
@@ -121,14 +148,15 @@ def make_neighbours(seed: int, model_apply: Callable, params: Any, X: Array, y: 
   points, of large-norm points (x 5 the data scale) and of label-flipped copies of batch points;
   substitutions (k removals + k additions); and mixtures with random counts in [0, k].
   """
+  X = x
   k = config.k_private if k is None else k
-  sched = np.asarray(batches(X.shape[0], config))
+  sched = _full_schedule(X.shape[0], config, schedule).distinct_batches()
   n_b, b = sched.shape
   Xn, yn = np.asarray(X), np.asarray(y)
   rng = np.random.default_rng(seed)
   lf = losses.per_sample_loss(config.loss)
-  loss_i = np.asarray(jax.vmap(lambda x_, y_: lf(model_apply(params, x_[None])[0], y_))(X, y))
-  g = nominal_grad_fn(model_apply, config.loss)(params, X, y)
+  loss_i = np.asarray(jax.vmap(lambda x_, y_: lf(apply_fn(params, x_[None])[0], y_))(X, y))
+  g = nominal_grad_fn(apply_fn, config.loss)(params, X, y)
   gnorm = np.sqrt(sum(np.sum(np.asarray(a).reshape(a.shape[0], -1) ** 2, 1)
                       for a in jax.tree_util.tree_leaves(g)))
   scale = float(np.abs(Xn).max())
@@ -182,7 +210,7 @@ def make_neighbours(seed: int, model_apply: Callable, params: Any, X: Array, y: 
   return Neighbours(jnp.asarray(keep), jnp.asarray(x_add), jnp.asarray(y_add), jnp.asarray(w_add))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RetrainReport:
   """Counts from `empirical_retrain_test` (all violation counts must be zero)."""
   k: int
@@ -197,31 +225,33 @@ class RetrainReport:
   prediction_changes: int       # certified predictions that changed under retraining
 
 
-def empirical_retrain_test(model_apply: Callable, params: Any, X: Array, y: Array,
-                           config: Config, X_test: Array, *, n_sets: int = 32, seed: int = 0,
+def empirical_retrain_test(apply_fn: Callable, params: Any, x: Array, y: Array,
+                           config: Config, x_test: Array, *, n_sets: int = 32, seed: int = 0,
                            backend: str = "mlp", normalise: str = "actual",
-                           tol: float = 0.0) -> RetrainReport:
+                           tol: float = 0.0, schedule: Optional[Schedule] = None
+                           ) -> RetrainReport:
   """Retrains on ``n_sets`` neighbouring datasets and checks the AGT box at every step.
 
   Returns a `RetrainReport`; the caller asserts ``param_violations == 0`` and
   ``prediction_changes == 0``.
   """
-  pt, bt = agt_trajectory(model_apply, params, X, y, config, backend)
+  X, X_test = x, x_test
+  pt, bt = agt_trajectory(apply_fn, params, X, y, config, backend, schedule)
   final_params = jax.tree_util.tree_map(lambda a: a[-1], pt)
   final_box = jax.tree_util.tree_map(lambda a: a[-1], bt)
-  nb = make_neighbours(seed, model_apply, final_params, X, y, config, n_sets)
-  rt = retrain(model_apply, params, X, y, config, nb, normalise)
-  lo = jax.tree_util.tree_map(lambda b: b.lower, bt, is_leaf=_is_iv)
-  hi = jax.tree_util.tree_map(lambda b: b.upper, bt, is_leaf=_is_iv)
+  nb = make_neighbours(seed, apply_fn, final_params, X, y, config, n_sets, schedule=schedule)
+  rt = retrain(apply_fn, params, X, y, config, nb, normalise, schedule)
+  lo, hi = split_tree(bt)
   excess = [jnp.maximum(l[None] - r, r - h[None]).reshape(r.shape[0], r.shape[1], -1).max(-1)
             for l, h, r in zip(jax.tree_util.tree_leaves(lo), jax.tree_util.tree_leaves(hi),
                                jax.tree_util.tree_leaves(rt))]
   exc = np.max(np.stack([np.asarray(e) for e in excess]), 0)        # (M, steps)
   viol = int(np.sum(exc > tol))
-  cert = certify(model_apply, final_params, final_box, X_test, backend=backend)
-  nominal = np.asarray(predict(model_apply, final_params, X_test))
+  cert = certify(apply_fn, final_params, final_box, X_test, backend=backend,
+                 matmul=config.matmul)
+  nominal = np.asarray(predict(apply_fn, final_params, X_test))
   rt_final = jax.tree_util.tree_map(lambda a: a[:, -1], rt)
-  preds = np.asarray(jax.vmap(lambda p: predict(model_apply, p, X_test))(rt_final))
+  preds = np.asarray(jax.vmap(lambda p: predict(apply_fn, p, X_test))(rt_final))
   changes = int(np.sum((preds != nominal[None]) & cert[None]))
   return RetrainReport(
       k=config.k_private, retrained_models=n_sets, steps_checked=int(exc.size),

@@ -14,25 +14,32 @@ By induction (Thm 4.5) ``[theta_L, theta_U]`` contains the parameters that the s
 nominal ones by at most k removals and k additions each. With ``Config(neighbourhood="remove")``
 (unlearning) only removals are allowed and each batch's mean is over the points left, so
 ``[D_L, D_U]`` is ``[SEMin_{b-k}(dL), SEMax_{b-k}(dU)] / (b - k)`` and no clipping is needed;
-``fit(..., schedule=...)`` follows any batch schedule (e.g. reshuffled epochs). Options (spec §2.7): L2 (monotone
+``fit(..., schedule=...)`` follows any `boundjax.training.Schedule` (e.g. reshuffled epochs, a
+smaller last batch): the box encloses the networks `boundjax.ensembles.train_ensemble` trains on
+the *same* schedule object. Options (spec §2.7): L2 (monotone
 scaling ``(1 - alpha lambda) theta``), L1 (case split at zero) and momentum (bounds carried for
 the L, nominal and U sequences, valid since momentum and 1 - dampening are >= 0).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from typing import Any, Callable, NamedTuple, Optional
+import warnings
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from boundjax import training
 from boundjax.agt import bounds as bnd
 from boundjax.agt import descent, losses, mlp
+from boundjax.agt.certify import certify, check_shared_nominal, predict
 from boundjax.agt.config import Config
-from boundjax.interval import Interval
+from boundjax.interval import Interval, join_tree, split_tree
+from boundjax.training import Schedule
 
 Array = jax.Array
 _is_iv = lambda x: isinstance(x, Interval)  # noqa: E731
@@ -64,26 +71,16 @@ def init(params: Any, config: Config) -> State:
   return State(params, box, jnp.zeros((), jnp.int32), mom)
 
 
-def _split(box: Any) -> tuple[Any, Any]:
-  lo = jax.tree_util.tree_map(lambda b: b.lower, box, is_leaf=_is_iv)
-  hi = jax.tree_util.tree_map(lambda b: b.upper, box, is_leaf=_is_iv)
-  return lo, hi
-
-
-def _join(lo: Any, hi: Any) -> Any:
-  return jax.tree_util.tree_map(lambda l, h: Interval(l, h, validate=False), lo, hi)
-
-
-def nominal_grad_fn(model_apply: Callable, loss: str) -> Callable:
+def nominal_grad_fn(apply_fn: Callable, loss: str) -> Callable:
   """``fn(params, xs, ys)``: per-sample gradients (leading axis = sample), unclipped."""
   lf = losses.per_sample_loss(loss)
 
   def one(p, x, y):
-    return lf(model_apply(p, x[None])[0], y)
+    return lf(apply_fn(p, x[None])[0], y)
   return jax.vmap(jax.grad(one), in_axes=(None, 0, 0))
 
 
-def descent_directions(model_apply: Callable, config: Config, backend: str,
+def descent_directions(apply_fn: Callable, config: Config, backend: str,
                        params: Any, box: Any, xs: Array, ys: Array) -> tuple[Any, Any, Any]:
   """Nominal mean clipped gradient and its Thm 4.6 bounds ``(D_n, D_L, D_U)`` for one batch.
 
@@ -93,7 +90,7 @@ def descent_directions(model_apply: Callable, config: Config, backend: str,
   gradients come from the batched passes of `boundjax.agt.mlp.per_sample_grads`.
   """
   b = xs.shape[0]
-  k, gamma = config.k_private, config.clip_gamma
+  k, gamma = config.k_private, config.gamma
   if k >= b:
     raise ValueError(f"AGT step: k_private ({k}) must be < batch size ({b}).")
   f = min(config.fragsize, b)
@@ -101,8 +98,8 @@ def descent_directions(model_apply: Callable, config: Config, backend: str,
   if backend == "mlp":
     gfn = lambda p, x, y: mlp.per_sample_grads(p, x, y, config.loss)  # noqa: E731
   else:
-    gfn = nominal_grad_fn(model_apply, config.loss)
-  bfn = bnd.grad_bounds_fn(model_apply, config.loss, backend, config.interval_matmul)
+    gfn = nominal_grad_fn(apply_fn, config.loss)
+  bfn = bnd.grad_bounds_fn(apply_fn, config.loss, backend, config.matmul)
   acc0 = jax.tree_util.tree_map(lambda p: descent.init_accumulator(p, k), params)
   tdef = jax.tree_util.tree_structure(params)
 
@@ -111,7 +108,7 @@ def descent_directions(model_apply: Callable, config: Config, backend: str,
     gb = descent.clip(bfn(box, x, y), gamma)
     leaves = zip(tdef.flatten_up_to(acc), jax.tree_util.tree_leaves(g),
                  jax.tree_util.tree_leaves(gb, is_leaf=_is_iv))
-    new = [descent.accumulate(a, gn, iv.lower, iv.upper, None, track_abs=config.fp_margin)
+    new = [descent.accumulate(a, gn, iv.lower, iv.upper, None, track_abs=config.sound)
            for a, gn, iv in leaves]
     return tdef.unflatten(new)
 
@@ -125,7 +122,7 @@ def descent_directions(model_apply: Callable, config: Config, backend: str,
   if rem:
     acc = merge(acc, xs[nf * f:], ys[nf * f:])
   gam = gamma if math.isfinite(gamma) else 0.0
-  fin = [descent.finalize(a, b, gam, config.fp_margin, config.neighbourhood == "remove")
+  fin = [descent.finalize(a, b, gam, config.sound, config.neighbourhood == "remove")
          for a in tdef.flatten_up_to(acc)]
   return tuple(tdef.unflatten([t[i] for t in fin]) for i in range(3))
 
@@ -141,7 +138,7 @@ def _l1_step(t_l, t_u, t_n, lam):
 
 def _outward(config: Config, lo: Any, hi: Any, *terms) -> tuple[Any, Any]:
   """Widens ``[lo, hi]`` by 4 eps (|lo| + sum |terms|) (rounding of the update), if enabled."""
-  if not config.fp_margin:
+  if not config.sound:
     return lo, hi
   tm = jax.tree_util.tree_map
 
@@ -157,7 +154,7 @@ def _outward(config: Config, lo: Any, hi: Any, *terms) -> tuple[Any, Any]:
 def update(config: Config, state: State, d_n: Any, d_l: Any, d_u: Any) -> State:
   """The interval optimiser step (Alg. 1 line 10 with the options of spec §2.7)."""
   a = config.lr(state.step).astype(jax.tree_util.tree_leaves(state.params)[0].dtype)
-  t_l, t_u = _split(state.bounds)
+  t_l, t_u = split_tree(state.bounds)
   t_n = state.params
   tm = jax.tree_util.tree_map
   l2, l1 = config.l2_reg, config.l1_reg
@@ -174,7 +171,7 @@ def update(config: Config, state: State, d_n: Any, d_l: Any, d_u: Any) -> State:
     new_u = tm(lambda p, g: p - a * g, s_u, d_l)
     new_l, new_u = _outward(config, new_l, new_u, t_l, t_u, tm(lambda g: a * g, d_u),
                             tm(lambda g: a * g, d_l))
-    return State(new_n, _join(new_l, new_u), state.step + 1, state.mom)
+    return State(new_n, join_tree(new_l, new_u), state.step + 1, state.mom)
   # momentum (torch convention, v_0 = 0): v <- m v + (1 - d) g; nesterov g <- g + m v.
   m, damp = config.momentum, config.dampening
   g_n = tm(lambda g, p: g + l2 * p, d_n, t_n)
@@ -193,118 +190,185 @@ def update(config: Config, state: State, d_n: Any, d_l: Any, d_u: Any) -> State:
   new_u = tm(lambda p, u: p - a * u, t_u, u_l)
   new_l, new_u = _outward(config, new_l, new_u, t_l, t_u, tm(lambda u: a * u, u_u),
                           tm(lambda u: a * u, u_l))
-  return State(new_n, _join(new_l, new_u), state.step + 1, (v_n, v_l, v_u))
+  return State(new_n, join_tree(new_l, new_u), state.step + 1, (v_n, v_l, v_u))
 
 
-def make_step(model_apply: Callable, config: Config, backend: str = "mlp"
+def point_optimizer(config: Config) -> training.Optimizer:
+  """AGT's nominal update as a `boundjax.training.Optimizer` (for retraining on other data).
+
+  ``step(g, state, params)`` is `update` with ``d_n = d_L = d_U = g`` on a point box: the same
+  step sizes, momentum, L1/L2 and arithmetic as the nominal parameters of `fit` (AGT Alg. 1).
+  The optimizer state is the whole `State`; ``params`` is its ``params``.
+  """
+  def step(grads: Any, state: State, params: Any) -> tuple[Any, State]:
+    del params   # carried in the state
+    new = update(config, state, grads, grads, grads)
+    return new.params, new
+  return training.Optimizer(lambda p: init(p, config), step)
+
+
+def make_step(apply_fn: Callable, config: Config, backend: str = "mlp"
               ) -> Callable[[State, Array, Array], State]:
   """A pure, jittable ``step(state, x_batch, y_batch) -> state`` (one batch of Alg. 1).
 
   Args:
-    model_apply: ``model_apply(params, X) -> outputs`` on a batch ``X``.
+    apply_fn: ``apply_fn(params, x) -> outputs`` on a batch ``x``.
     config: the run's `Config` (static).
     backend: "mlp" (explicit Dense+ReLU passes) or "ibp" (``boundjax.ibp`` on any model); see
       `boundjax.agt.bounds`. ``fit`` resolves "auto" before calling this.
   """
   if backend not in ("mlp", "ibp"):
     raise ValueError(f"make_step: backend must be 'mlp' or 'ibp', got {backend!r}.")
-  if config.bound_method != "interval":
-    raise ValueError("make_step: bound_method='crown' needs CROWN with interval parameters, "
-                     "which boundjax does not provide yet (boundjax.crown bounds input boxes); "
-                     "use bound_method='interval' (the paper's choice).")
+  bnd.check_matmul(backend, config.matmul)
 
   def step(state: State, x_batch: Array, y_batch: Array) -> State:
     # the sound floating-point mode assumes float32 products (u = 2^-24): no TF32 passes
-    with jax.default_matmul_precision("highest" if config.fp_margin else None):
-      d_n, d_l, d_u = descent_directions(model_apply, config, backend, state.params,
+    with jax.default_matmul_precision("highest" if config.sound else None):
+      d_n, d_l, d_u = descent_directions(apply_fn, config, backend, state.params,
                                          state.bounds, x_batch, y_batch)
       return update(config, state, d_n, d_l, d_u)
   return step
 
 
 @functools.lru_cache(maxsize=64)
-def _jitted_step(model_apply: Callable, config: Config, backend: str):
+def _jitted_step(apply_fn: Callable, config: Config, backend: str):
   """One compiled step per (model, config, back-end), so k-sweeps and ensembles reuse it."""
-  return jax.jit(make_step(model_apply, config, backend))
+  return jax.jit(make_step(apply_fn, config, backend))
 
 
 def batches(n: int, config: Config) -> np.ndarray:
-  """The fixed batch schedule: indices of shape (n // b, b) (seeded order, last batch dropped).
+  """AGT's default batches, shape ``(n // b, b)``: the first epoch of ``config.schedule(n)``
+  (one seeded order, last incomplete batch dropped), used in every epoch (spec §1.1 / §2.7)."""
+  if n < config.batch_size:
+    raise ValueError(f"fit: dataset has {n} points, fewer than batch_size={config.batch_size}.")
+  return config.schedule(n).distinct_batches()
 
-  The same batches are used in every epoch (fixed data order, spec §1.1 / §2.7).
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+  """Result of `fit`: the nominal parameters and the parameter box.
+
+  Attributes:
+    params: the nominal parameters (plain SGD with clipping on the schedule's batches).
+    bounds: a pytree like ``params`` with `Interval` leaves: every model the same training
+      reaches after up to ``k_private`` removals (and, for ``neighbourhood="add_remove"``,
+      additions) per batch lies in it (Thm 4.5).
+    schedule: the `boundjax.training.Schedule` the run followed.
+    history: one record per epoch when validation data was given (else empty).
+
+  Unpacks as ``params, bounds = fit(...)``.
   """
-  b = config.batch_size
-  if n < b:
-    raise ValueError(f"fit: dataset has {n} points, fewer than batch_size={b}.")
-  order = np.random.default_rng(config.seed).permutation(n)
-  nb = n // b
-  return order[: nb * b].reshape(nb, b)
+  params: Any
+  bounds: Any
+  schedule: Schedule
+  history: tuple = ()
+
+  def __iter__(self) -> Iterator[Any]:
+    return iter((self.params, self.bounds))
 
 
-def fit(model_apply: Callable, params: Any, X: Any, y: Any, config: Config, *,
-        X_val: Any = None, y_val: Any = None, backend: str = "auto", progress: bool = True,
-        history: Optional[list] = None, jit: bool = True, schedule: Any = None
-        ) -> tuple[Any, Any]:
-  """Runs AGT over ``config.n_epochs`` epochs of fixed batches; returns ``(params, bounds)``.
+def fit(apply_fn: Callable, params: Any, x: Any, y: Any, config: Config, *,
+        schedule: Union[Schedule, np.ndarray, None] = None, x_val: Any = None, y_val: Any = None,
+        backend: str = "auto", progress: bool = True, history: Optional[list] = None,
+        jit: bool = True, **deprecated: Any) -> FitResult:
+  """Runs AGT over the steps of ``schedule``; returns a `FitResult` (``params, bounds``).
 
   Args:
-    model_apply: ``model_apply(params, X) -> logits`` (batched).
+    apply_fn: ``apply_fn(params, x) -> logits`` (batched).
     params: initial parameters theta'.
-    X, y: training data (y: int labels for cross-entropy, {0,1} for BCE, targets for mse).
+    x, y: training data (y: int labels for cross-entropy, {0,1} for BCE, targets for mse).
     config: the `Config`.
-    X_val, y_val: optional validation data; each epoch appends nominal accuracy (or mse) and the
+    schedule: the data order, a `boundjax.training.Schedule` for ``len(x)`` points with
+      ``epochs == config.n_epochs`` and ``batch_size == config.batch_size``; default
+      ``config.schedule(len(x))`` (one fixed order, last incomplete batch dropped). Give the
+      schedule of a leave-k-out family (``Ensemble.schedule``) for a box that encloses it. A
+      ``(steps, B)`` index array (``-1`` = empty slot) is still accepted (deprecated).
+    x_val, y_val: optional validation data; each epoch appends nominal accuracy (or mse) and the
       fraction of validation points certified stable at ``config.k_private`` to ``history``.
     backend: "auto", "mlp" or "ibp" (`boundjax.agt.bounds`).
     progress: show a tqdm bar over steps.
-    history: optional list receiving one dict per epoch.
+    history: optional list receiving one dict per epoch (also in ``FitResult.history``).
     jit: compile the step (turn off only to debug).
-    schedule: optional index batches of *every* step, shape ``(steps, B)``, ``-1`` marking empty
-      slots, e.g. `boundjax.ensembles.batch_schedule` (reshuffled epochs, a smaller last batch),
-      so that the box encloses the networks `boundjax.ensembles.train_ensemble` trains. Its
-      rows must split evenly into ``config.n_epochs`` epochs. Default: `batches` (one fixed
-      order, last incomplete batch dropped) repeated every epoch.
-
-  Returns:
-    The nominal parameters (plain SGD with clipping on the fixed batches) and a pytree like them
-    with Interval leaves: every model the same training reaches after up to ``k_private``
-    removals (and, for ``neighbourhood="add_remove"``, additions) per batch lies in it.
+    deprecated: ``X``, ``X_val`` (old names of ``x``, ``x_val``).
   """
   from tqdm.auto import tqdm
-  X, y = jnp.asarray(X), jnp.asarray(y)
-  if X.shape[0] != y.shape[0]:
-    raise ValueError(f"fit: X has {X.shape[0]} rows but y has {y.shape[0]}.")
-  backend = bnd.resolve(backend, model_apply, params, X[:2])
-  epochs = _epoch_batches(X.shape[0], config, schedule)
-  step = _jitted_step(model_apply, config, backend) if jit else make_step(model_apply, config,
-                                                                          backend)
+  x_val = _renamed(deprecated, "X_val", x_val)
+  if deprecated:
+    raise TypeError(f"fit: unexpected keyword arguments {sorted(deprecated)}.")
+  x, y = jnp.asarray(x), jnp.asarray(y)
+  if x.shape[0] != y.shape[0]:
+    raise ValueError(f"fit: x has {x.shape[0]} rows but y has {y.shape[0]}.")
+  sched, epochs = _epoch_batches(x.shape[0], config, schedule)
+  backend = bnd.resolve(backend, apply_fn, params, x[:2], config.matmul)
+  step = _jitted_step(apply_fn, config, backend) if jit else make_step(apply_fn, config, backend)
   state = init(params, config)
+  records = [] if history is None else history
   total = sum(len(e) for e in epochs)
   bar = tqdm(total=total, desc=f"AGT k={config.k_private}", disable=not progress, leave=False)
-  for epoch, sched in enumerate(epochs):
-    for idx in sched:
-      state = step(state, X[idx], y[idx])
+  for epoch, rows in enumerate(epochs):
+    for idx in rows:
+      state = step(state, x[idx], y[idx])
       bar.update(1)
-    if history is not None and X_val is not None:
-      from boundjax.agt.certify import certify, predict
-      pred = predict(model_apply, state.params, X_val, config.loss)
-      rec = {"epoch": epoch + 1, "step": int(state.step)}
-      if config.loss == "mse":
-        rec["val_mse"] = float(jnp.mean((model_apply(state.params, X_val) - y_val) ** 2))
-      else:
-        rec["val_accuracy"] = float(jnp.mean(pred == jnp.asarray(y_val).astype(pred.dtype)))
-        rec["val_certified"] = float(jnp.mean(certify(
-            model_apply, state.params, state.bounds, X_val, backend=backend)))
-      history.append(rec)
+    if x_val is not None:
+      records.append(_epoch_record(apply_fn, config, backend, state, epoch, x_val, y_val))
   bar.close()
-  return state.params, state.bounds
+  return FitResult(state.params, state.bounds, sched, tuple(records))
 
 
-def _epoch_batches(n: int, config: Config, schedule: Any) -> list[list[np.ndarray]]:
-  """Per epoch, the index arrays of its steps (padding ``-1`` dropped; none may be empty)."""
+def _renamed(kw: dict, old: str, value: Any) -> Any:
+  """Pops the deprecated keyword ``old`` from ``kw`` (with a warning) when ``value`` is None."""
+  if old not in kw:
+    return value
+  warnings.warn(f"agt: the keyword {old!r} is deprecated; use {old.lower()!r}.",
+                DeprecationWarning, stacklevel=3)
+  v = kw.pop(old)
+  return v if value is None else value
+
+
+def _epoch_record(apply_fn: Callable, config: Config, backend: str, state: State, epoch: int,
+                  x_val: Any, y_val: Any) -> dict:
+  """Validation accuracy (or mse) and certified fraction after one epoch."""
+  rec = {"epoch": epoch + 1, "step": int(state.step)}
+  if config.loss == "mse":
+    rec["val_mse"] = float(jnp.mean((apply_fn(state.params, x_val) - y_val) ** 2))
+    return rec
+  pred = predict(apply_fn, state.params, x_val, config.loss)
+  rec["val_accuracy"] = float(jnp.mean(pred == jnp.asarray(y_val).astype(pred.dtype)))
+  rec["val_certified"] = float(jnp.mean(certify(
+      apply_fn, state.params, state.bounds, x_val, backend=backend, matmul=config.matmul)))
+  return rec
+
+
+def _epoch_batches(n: int, config: Config, schedule: Any
+                   ) -> tuple[Optional[Schedule], list[list[np.ndarray]]]:
+  """The schedule and, per epoch, the index arrays of its steps (empty slots dropped)."""
   if schedule is None:
-    fixed = list(batches(n, config))
-    return [fixed] * config.n_epochs
-  sched = np.asarray(schedule)
+    if n < config.batch_size:
+      raise ValueError(f"fit: dataset has {n} points, fewer than batch_size={config.batch_size}.")
+    schedule = config.schedule(n)
+  if isinstance(schedule, Schedule):
+    schedule.check_points(n, "agt.fit")
+    if schedule.epochs != config.n_epochs or schedule.batch_size != config.batch_size:
+      raise ValueError(f"fit: the schedule has epochs={schedule.epochs}, batch_size="
+                       f"{schedule.batch_size}; the config has n_epochs={config.n_epochs}, "
+                       f"batch_size={config.batch_size}. They must agree.")
+    epochs = schedule.epoch_batches()
+  else:
+    warnings.warn("agt.fit(schedule=<index array>) is deprecated; pass a "
+                  "boundjax.training.Schedule (e.g. Ensemble.schedule).", DeprecationWarning,
+                  stacklevel=3)
+    epochs = _array_epochs(n, config, schedule)
+    schedule = None
+  for rows in epochs:
+    for r in rows:
+      if r.size <= config.k_private:
+        raise ValueError(f"fit: a scheduled batch has {r.size} points, not more than "
+                         f"k_private={config.k_private}.")
+  return schedule, epochs
+
+
+def _array_epochs(n: int, config: Config, sched: Any) -> list[list[np.ndarray]]:
+  sched = np.asarray(sched)
   if sched.ndim != 2 or not np.issubdtype(sched.dtype, np.integer):
     raise ValueError(f"fit: schedule must be a 2-D integer array, got {sched.dtype} {sched.shape}.")
   if sched.shape[0] % config.n_epochs:
@@ -313,9 +377,36 @@ def _epoch_batches(n: int, config: Config, schedule: Any) -> list[list[np.ndarra
   if sched.max() >= n or sched.min() < -1:
     raise ValueError(f"fit: schedule holds an index outside [-1, {n - 1}].")
   rows = [r[r >= 0] for r in sched]
-  for r in rows:
-    if r.size <= config.k_private:
-      raise ValueError(f"fit: a scheduled batch has {r.size} points, not more than "
-                       f"k_private={config.k_private}.")
   per = sched.shape[0] // config.n_epochs
   return [rows[e * per:(e + 1) * per] for e in range(config.n_epochs)]
+
+
+@dataclasses.dataclass(frozen=True)
+class KGrid:
+  """Result of `fit_k_grid`: one nominal model and its box for every k.
+
+  Attributes:
+    params: the nominal parameters shared by every run.
+    bounds_by_k: ``{k: parameter box}``.
+
+  Unpacks as ``params, bounds_by_k = fit_k_grid(...)``.
+  """
+  params: Any
+  bounds_by_k: dict
+
+  def __iter__(self) -> Iterator[Any]:
+    return iter((self.params, self.bounds_by_k))
+
+
+def fit_k_grid(apply_fn: Callable, params: Any, x: Any, y: Any, config: Config,
+               ks: Sequence[int], **fit_kw: Any) -> KGrid:
+  """Runs `fit` once per k in ``ks`` (same init, schedule and step sizes; spec §2.9).
+
+  Raises ``ValueError`` if the nominal runs differ (`check_shared_nominal`).
+  """
+  params_by_k, bounds_by_k = {}, {}
+  for k in ks:
+    cfg = dataclasses.replace(config, k_private=int(k))
+    params_by_k[k], bounds_by_k[k] = fit(apply_fn, params, x, y, cfg, **fit_kw)
+  check_shared_nominal(params_by_k, atol=1e-6)
+  return KGrid(params_by_k[list(ks)[0]], bounds_by_k)
