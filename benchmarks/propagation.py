@@ -4,7 +4,7 @@ Networks: (a) MLP 784-1024-1024-10, batch 256; (b) MLP 14-50-50-2, batch 1024;
 (c) CNN conv(16,k4,s2)-conv(32,k4,s1)-dense(100)-dense(10) on 28x28x1, batch 256.
 Methods, all jitted, median wall time: forward, IBP, IBP with interval parameters, IBP in sound
 floating-point mode (``sound=True``, outward rounding), CROWN-IBP, CROWN, CROWN with
-``sound_fp=True`` and α-CROWN (20 Adam steps on the output bounds' ReLU slopes), with the mean
+``sound=True`` and α-CROWN (20 Adam steps on the output bounds' ReLU slopes), with the mean
 output width of each bounding method (α-CROWN's gain over CROWN); with ``--compare-dense``, also CROWN without the windowed (patches) pass on
 the CNN (``crown_dense``, the path every conv layer took before), side by side with ``crown``.
 Prints a table of times and ratios to the forward pass; writes
@@ -111,7 +111,7 @@ def run(nets, reps: int, skip_crown: bool, crown_reps: int = 3,
       methods["crown"] = (jax.jit(bj.crown(model.apply)), (params, box))
       if compare_dense and key == "c":
         methods["crown_dense"] = (jax.jit(bj.crown(model.apply, patches=False)), (params, box))
-      methods["crown_sound"] = (jax.jit(bj.crown(model.apply, sound_fp=True)), (params, box))
+      methods["crown_sound"] = (jax.jit(bj.crown(model.apply, sound=True)), (params, box))
       methods["crown_alpha"] = (jax.jit(bj.crown(model.apply, alpha=True, alpha_steps=20)),
                                 (params, box))
     n_reps = {m: (crown_reps if m.startswith("crown") else reps) for m in methods}

@@ -269,7 +269,18 @@ def test_nested_calls_fanout_clip_and_pytrees():
   assert_inside(out["mean"], ys["mean"], what="mean")
 
 
-def test_sound_fp_holds_in_exact_arithmetic():
+def test_sound_fp_is_a_deprecated_alias_of_sound():
+  model = MLP((8,), 2)
+  params = _init(model, (4,), 3)
+  box = bj.Interval.around(jax.random.uniform(jax.random.PRNGKey(3), (2, 4)), 0.1)
+  with pytest.warns(DeprecationWarning, match="sound="):
+    old = crown(model.apply, sound_fp=True)(params, box)
+  new = crown(model.apply, sound=True)(params, box)
+  np.testing.assert_array_equal(old.lower, new.lower)
+  np.testing.assert_array_equal(old.upper, new.upper)
+
+
+def test_sound_mode_holds_in_exact_arithmetic():
   """Sound mode encloses the float64 evaluation (a proxy for exact arithmetic) with zero
   tolerance, and contains the default-mode bounds."""
   model = MLP((16, 16, 16), 4)
@@ -277,7 +288,7 @@ def test_sound_fp_holds_in_exact_arithmetic():
   x = jax.random.uniform(jax.random.PRNGKey(9), (2, 8))
   box = bj.Interval.around(x, 0.05)
   fast = crown(model.apply)(params, box)
-  sound = crown(model.apply, sound_fp=True)(params, box)
+  sound = crown(model.apply, sound=True)(params, box)
   assert bool(jnp.all(sound.lower <= fast.lower)) and bool(jnp.all(sound.upper >= fast.upper))
   # the price is small next to the magnitudes involved (a γ_n-relative slack)
   scale = 1 + jnp.abs(fast.lower) + jnp.abs(fast.upper)
@@ -287,9 +298,9 @@ def test_sound_fp_holds_in_exact_arithmetic():
     p64 = jax.tree_util.tree_map(lambda a: jnp.asarray(np.asarray(a), jnp.float64), params)
     ys = np.asarray(_outputs(model, p64, jnp.asarray(np.asarray(pts), jnp.float64)))
   assert ys.dtype == np.float64
-  assert_inside(sound, ys, tol=0.0, what="sound_fp")
-  sibp = crown(model.apply, intermediate="ibp", sound_fp=True)(params, box)
-  assert_inside(sibp, ys, tol=0.0, what="sound_fp crown-ibp")
+  assert_inside(sound, ys, tol=0.0, what="sound")
+  sibp = crown(model.apply, intermediate="ibp", sound=True)(params, box)
+  assert_inside(sibp, ys, tol=0.0, what="sound crown-ibp")
   ibp_sound = bj.ibp(model.apply, sound=True)(params, box)
   assert bool(jnp.all(sibp.lower >= ibp_sound.lower)) and bool(jnp.all(sibp.upper <= ibp_sound.upper))
 
@@ -317,8 +328,8 @@ def test_bad_inputs_raise_value_error():
     crown(model.apply, intermediate="deeppoly")
   with pytest.raises(ValueError, match="batch_axis"):
     crown(model.apply, batch_axis="0")
-  with pytest.raises(ValueError, match="sound_fp"):
-    crown(model.apply, sound_fp=1)
+  with pytest.raises(ValueError, match="sound"):
+    crown(model.apply, sound=1)
   with pytest.raises(ValueError, match="chunk_size"):
     crown(model.apply, chunk_size=0)
   with pytest.raises(ValueError, match="out of range"):
@@ -423,7 +434,7 @@ def test_patches_equal_dense_pass_on_random_cnns(cfg, monkeypatch):
     assert_inside(fast[1], logits.reshape((2000, 2, 3)), what="logits")
 
 
-def test_patches_flag_is_checked_and_sound_fp_keeps_dense_pass(monkeypatch):
+def test_patches_flag_is_checked_and_sound_mode_keeps_dense_pass(monkeypatch):
   from boundjax.domains import linear
   with pytest.raises(ValueError, match="patches"):
     crown(lambda x: x, patches=1)
@@ -433,7 +444,7 @@ def test_patches_flag_is_checked_and_sound_fp_keeps_dense_pass(monkeypatch):
   model = _TwoConv(3, 4, 3, 3, 1, 1, "SAME", "SAME")
   params = _init(model, (8, 8, 1), 0)
   box = _random_box(0, 1, (8, 8, 1))
-  jax.eval_shape(crown(model.apply, sound_fp=True), params, box)  # traced, not compiled
+  jax.eval_shape(crown(model.apply, sound=True), params, box)  # traced, not compiled
   assert not calls
   jax.eval_shape(crown(model.apply), params, box)
   assert calls

@@ -202,17 +202,17 @@ def test_fallback_warns_once_per_primitive_and_is_sound():
   assert_inside(out, jax.vmap(fn)(_points(box, 0)), what="sort fallback")
 
 
-def test_sound_fp_nonlinear_falls_back_and_holds_in_float64():
+def test_sound_mode_nonlinear_falls_back_and_holds_in_float64():
   ws = [_layer(s, a, b) for s, (a, b) in enumerate([(D, 8), (8, 3)])]
   fn = lambda x: jnp.tanh(x @ ws[0][0] + ws[0][1]) @ ws[1][0] + ws[1][1]
   box = bj.Interval.around(jnp.linspace(-1, 1, D), 0.2)
-  out = _bound(fn, box, sound_fp=True, expect_warning="tanh")
+  out = _bound(fn, box, sound=True, expect_warning="tanh")
   pts = np.asarray(_points(box, 0), np.float64)
   with jax.enable_x64(True):
     w64 = [(jnp.asarray(np.asarray(w), jnp.float64), jnp.asarray(np.asarray(b), jnp.float64))
            for w, b in ws]
     ys = np.asarray(jnp.tanh(pts @ w64[0][0] + w64[0][1]) @ w64[1][0] + w64[1][1])
-  assert_inside(out, ys, tol=0.0, what="sound_fp tanh")
+  assert_inside(out, ys, tol=0.0, what="sound tanh")
 
 
 def test_bfloat16_dense_and_round_trip_are_sound():
@@ -309,8 +309,8 @@ def test_spec_batch_axis_none_and_errors():
   assert_inside(out, jax.vmap(fn)(_points(box, 0)) @ c.T, what="spec unbatched")
   with pytest.raises(ValueError, match="columns"):
     crown(fn, batch_axis=None, spec=jnp.ones((2, 5)))(box)
-  with pytest.raises(ValueError, match="sound_fp"):
-    crown(fn, batch_axis=None, spec=c, sound_fp=True)
+  with pytest.raises(ValueError, match="sound"):
+    crown(fn, batch_axis=None, spec=c, sound=True)
   with pytest.raises(ValueError, match="batch_axis=0"):
     crown(fn, batch_axis=None, spec=jnp.ones((1, 2, 3)))
 
@@ -339,8 +339,8 @@ def test_alpha_crown_sound_and_never_looser():
   c = jnp.asarray([[1.0, -1.0, 0.0, 0.0], [0.0, 0.0, 1.0, -1.0]])
   out = crown(fn, alpha=True, spec=c)(box)
   assert_inside(out, jax.vmap(fn)(pts) @ c.T, what="alpha-crown spec")
-  sound = crown(fn, alpha=True, sound_fp=True)(box)
-  sound_plain = crown(fn, sound_fp=True)(box)
+  sound = crown(fn, alpha=True, sound=True)(box)
+  sound_plain = crown(fn, sound=True)(box)
   assert bool(jnp.all(sound.lower >= sound_plain.lower)) and bool(jnp.all(sound.upper <= sound_plain.upper))
   assert float(jnp.mean(sound.width)) < float(jnp.mean(sound_plain.width))
   with jax.enable_x64(True):
@@ -350,11 +350,11 @@ def test_alpha_crown_sound_and_never_looser():
     for w, b in w64[:-1]:
       x64 = jax.nn.relu(x64 @ w + b)
     ys = np.asarray(x64 @ w64[-1][0] + w64[-1][1])
-  assert_inside(sound, ys, tol=0.0, what="alpha-crown sound_fp vs float64")
+  assert_inside(sound, ys, tol=0.0, what="alpha-crown sound mode vs float64")
 
 
-def test_sound_fp_exact_slope_relaxations_hold_in_float64():
-  """Products (McCormick), max pooling and max/min of two boxes keep their lines in sound_fp
+def test_sound_mode_exact_slope_relaxations_hold_in_float64():
+  """Products (McCormick), max pooling and max/min of two boxes keep their lines in sound mode
   mode (exact slopes, offsets rounded outward, rounding slack of the step): no fallback warning,
   checked against the float64 evaluation with zero tolerance, tighter than sound IBP."""
   w1, b1 = _layer(21, D, 8)
@@ -368,7 +368,7 @@ def test_sound_fp_exact_slope_relaxations_hold_in_float64():
     return q @ w3 + b3
 
   box = bj.Interval.around(jnp.linspace(-1, 1, D), 0.2)
-  out = _bound(fn, box, sound_fp=True)
+  out = _bound(fn, box, sound=True)
   fast = _bound(fn, box)
   # single McCormick planes in sound mode (averaged ones by default): comparable widths
   assert float(jnp.mean(out.width)) < 1.5 * float(jnp.mean(fast.width))
@@ -382,4 +382,4 @@ def test_sound_fp_exact_slope_relaxations_hold_in_float64():
     p = (h * g).reshape((-1, 2, 4))
     q = jnp.max(p, axis=1) + jnp.minimum(h[:, :4], g[:, 4:]) + jnp.maximum(h[:, 4:], g[:, :4])
     ys = np.asarray(q @ c(w3) + c(b3))
-  assert_inside(out, ys, tol=0.0, what="sound_fp product/pool/max2")
+  assert_inside(out, ys, tol=0.0, what="sound product/pool/max2")

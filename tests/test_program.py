@@ -234,7 +234,7 @@ def test_sound_modes_emit_highest_precision_products():
     precisions = matmul_precisions(jax.make_jaxpr(bounded)(box).jaxpr)
     assert precisions and all(p == highest for p in precisions), precisions
   g = lambda x: jnp.maximum(x @ w, 0) @ jnp.ones((3, 2))
-  precisions = matmul_precisions(jax.make_jaxpr(bj.crown(g, sound_fp=True))(
+  precisions = matmul_precisions(jax.make_jaxpr(bj.crown(g, sound=True))(
       bj.Interval.around(jnp.zeros((2, 5)), 0.1)).jaxpr)
   assert precisions and all(p == highest for p in precisions), precisions
   # without sound mode, the user's precision stays

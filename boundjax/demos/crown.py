@@ -52,7 +52,7 @@ def run(eps: float = 0.02, n_examples: int = 64, n_samples: int = 2000,
     other_hi = jnp.max(jnp.where(onehot, -jnp.inf, out.upper), -1)
     cert = int(jnp.sum(true_lo > other_hi))
     w = float(jnp.mean(out.width))
-    tol = 1e-5 * (1 + jnp.abs(ys))  # float rounding of the default (not sound_fp) mode
+    tol = 1e-5 * (1 + jnp.abs(ys))  # float rounding of the default (not sound) mode
     violations += int(jnp.sum((ys < out.lower - tol) | (ys > out.upper + tol)))
     width[name], certified[name] = w, cert
     lines.append(f"{name:<10} {w:>11.4f} {w / base:>13.3f} {cert:>7d}/{n_examples}")

@@ -24,7 +24,7 @@ Activation Functions", NeurIPS 2018, §3; the backward form of auto_LiRPA):
   and attention are bounded through these pieces.
 * **Interval fallback.** An abstract equation with no linear relaxation (softmax and the other
   composites of `boundjax.nn`, sort, cumulative max, a product of two box-dependent matrices,
-  bfloat16/float16 arithmetic, comparisons, and under ``sound_fp`` every smooth nonlinearity:
+  bfloat16/float16 arithmetic, comparisons, and under ``sound`` every smooth nonlinearity:
   only ReLUs, products (single McCormick planes, offsets rounded outward), max/min of two boxes
   and max/min pooling, whose slopes are exact floats, keep their lines there) is
   bounded by the forward interval pass, and its output enters the backward pass as a fresh box
@@ -58,7 +58,7 @@ above it) does not depend on the example; it is computed once per call and share
 batch, and the rest runs example by example (`jax.lax.map` over chunks of ``chunk_size``
 examples, each chunk vmapped).
 
-Windows (``patches=True``, default outside ``sound_fp``). For a target behind one ReLU layer
+Windows (``patches=True``, default outside ``sound``). For a target behind one ReLU layer
 whose input ``s = A x + b`` is an affine map of the box (e.g. the second convolution of a CNN),
 the rows of ``Λ`` are non-zero only on receptive fields: at trace time the non-zero patterns of
 ``Λ`` at ``relu(s)`` and of ``A`` are found by the same transposes with every concrete
@@ -88,7 +88,7 @@ results are concatenated along it; outputs that do not depend on a box are retur
 once. This assumes ``fn`` treats examples independently (true for feed-forward networks, false
 for layers with batch statistics). ``batch_axis=None`` bounds the whole call as one problem.
 
-Sound floating point (``sound_fp=True``). Every bound holds for the exact real-number
+Sound floating point (``sound=True``). Every bound holds for the exact real-number
 evaluation of ``fn`` with its float parameters (concrete intermediate values, e.g. a reshaped
 bias, are taken as computed). The rounding error of every computed ``Λ`` and bias is bounded a
 priori with Higham's ``γ_n`` (see `boundjax.rounding`): for a step whose transpose sums at most

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -72,9 +73,10 @@ def _lambda_bytes(prog: _Program, targets: list[_Var], ancestors: dict) -> int:
 
 
 def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None = 0,
-          sound_fp: bool = False, chunk_size: int | None = None,
+          sound: bool = False, chunk_size: int | None = None,
           memory_bytes: int = 1 << 30, patches: bool = True, spec: Any = None,
-          alpha: bool = False, alpha_steps: int = 20, alpha_lr: float = 0.1) -> Callable:
+          alpha: bool = False, alpha_steps: int = 20, alpha_lr: float = 0.1,
+          sound_fp: bool | None = None) -> Callable:
   """CROWN: backward linear bound propagation of ``fn`` over its `Interval` arguments.
 
   Args:
@@ -85,14 +87,15 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       layer; tightest) or "ibp" (interval propagation; CROWN-IBP, much cheaper).
     batch_axis: axis along which the `Interval` leaves hold independent examples (see the module
       docstring for the rule), or None to bound the whole call as one problem.
-    sound_fp: round every bound outward by an a-priori bound on the float error so it holds in
-      exact arithmetic (see the module docstring).
+    sound: round every bound outward by an a-priori bound on the float error so it holds in
+      exact arithmetic, and run every product at ``precision=HIGHEST`` (see the module
+      docstring); the same option as ``bj.ibp(fn, sound=True)``.
     chunk_size: examples per vmapped chunk; default: as many as fit in ``memory_bytes``.
     memory_bytes: memory budget for the backward state of one chunk.
     patches: compute the backward pass of a local layer (a convolution behind one ReLU layer
       that follows a convolution of the input) on receptive-field windows (see the module
       docstring); the bounds equal the dense pass up to the order of float sums. Not used with
-      ``sound_fp`` (whose error bound follows the dense pass).
+      ``sound`` (whose error bound follows the dense pass).
     spec: a specification matrix ``C``: bound ``C @ y`` instead of ``y``, where ``y`` is ``fn``'s
       one box-dependent output, flattened per example (``m`` entries). ``C`` of shape (k, m) is
       used for every example; with ``batch_axis=0`` a ``C`` of shape (batch, k, m) gives row i
@@ -100,11 +103,12 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       backward pass starts from ``Λ = C`` (CROWN, Zhang et al. 2018, §3.3: bounding a linear
       function of the outputs is tighter than combining bounds of each output). The output is
       an `Interval` of shape (batch, k) (or (k,) with ``batch_axis=None``). Not with
-      ``sound_fp``.
+      ``sound``.
     alpha: α-CROWN (Xu et al., ICLR 2021): optimise the lower slopes of unstable ReLU neurons
       in [0, 1] for the bounds of the outputs with ``alpha_steps`` Adam steps of learning rate
       ``alpha_lr`` (gradients through the bound); never looser than CROWN. Intermediate bounds
       stay CROWN's.
+    sound_fp: deprecated name of ``sound``.
 
   Returns:
     A function with ``fn``'s signature: any pytree leaf may be an `Interval` (the input box;
@@ -116,13 +120,17 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
     UnsupportedPrimitiveError: an operation on box-dependent values with neither a linear
       relaxation nor an interval rule (named, with the source line).
   """
+  if sound_fp is not None:
+    warnings.warn("crown(sound_fp=...) is deprecated; use sound=...", DeprecationWarning,
+                  stacklevel=2)
+    sound = sound_fp
   if intermediate not in INTERMEDIATE_MODES:
     raise ValueError(f"crown: intermediate must be one of {INTERMEDIATE_MODES}, "
                      f"got {intermediate!r}")
   if batch_axis is not None and (isinstance(batch_axis, bool) or not isinstance(batch_axis, int)):
     raise ValueError(f"crown: batch_axis must be an int or None, got {batch_axis!r}")
-  if not isinstance(sound_fp, bool):
-    raise ValueError(f"crown: sound_fp must be a bool, got {sound_fp!r}")
+  if not isinstance(sound, bool):
+    raise ValueError(f"crown: sound must be a bool, got {sound!r}")
   if not isinstance(patches, bool):
     raise ValueError(f"crown: patches must be a bool, got {patches!r}")
   if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
@@ -140,8 +148,8 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       raise ValueError("crown: a per-example spec (batch, k, m) needs batch_axis=0")
     if batch_axis not in (0, None):
       raise ValueError("crown: spec needs batch_axis=0 or None")
-    if sound_fp:
-      raise ValueError("crown: spec is not supported with sound_fp=True")
+    if sound:
+      raise ValueError("crown: spec is not supported with sound=True")
 
   cache: dict = {}
 
@@ -167,14 +175,14 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
     key = _cache_key(leaves, treedef, dyn)
     if key is not None and key in cache:
       jitted, out_tree = cache[key]
-      with _precision(sound_fp):
+      with _precision(sound):
         return jax.tree_util.tree_unflatten(out_tree, jitted([leaves[i] for i in dyn], spec))
     if axes is not None and n_batch > 1 and key is not None:
       _check_examples_independent(fn, arguments, axes, batch_axis)
-    core = prog_lib.trace(fn, arguments, box_shape=one_example, precision_highest=sound_fp)
+    core = prog_lib.trace(fn, arguments, box_shape=one_example, precision_highest=sound)
     out_tree = core.out_tree
     prog = _from_core(core)
-    _classify(prog, [v in core.depends for v in core.invars], sound_fp)
+    _classify(prog, [v in core.depends for v in core.invars], sound)
     _warn_fallbacks(prog)
     spec_var = _spec_target(prog, spec, n_batch if axes is not None else None)
 
@@ -183,12 +191,12 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       cenv = _eval_concrete(prog, [None if is_interval(v) else v for v in values])
       targets = _targets(prog, intermediate)
       ancestors = {t: _ancestors(prog, t) for t in targets}
-      prefixes = {t: _prefix(prog, cenv, t, ancestors[t], sound_fp) for t in targets}
+      prefixes = {t: _prefix(prog, cenv, t, ancestors[t], sound) for t in targets}
       plans = {}
-      if patches and not sound_fp:
+      if patches and not sound:
         plans = {t: _patch_plan(prog, cenv, t, prefixes, ancestors) for t in targets}
         plans = {t: p for t, p in plans.items() if p is not None}
-      ctx = _Ctx(prog, cenv, sound_fp, intermediate, prefixes, ancestors, plans,
+      ctx = _Ctx(prog, cenv, sound, intermediate, prefixes, ancestors, plans,
                  spec_var, spec_var is not None and axes is not None,
                  alpha_steps if alpha else 0, float(alpha_lr))
       box_list = [v for v in values if is_interval(v)]
@@ -203,16 +211,16 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
     jitted = jax.jit(compute)
     if key is not None and len(cache) < 16:
       cache[key] = (jitted, out_tree)
-    with _precision(sound_fp):  # the backward pass's own products too, not only fn's
+    with _precision(sound):  # the backward pass's own products too, not only fn's
       results = jitted([leaves[i] for i in dyn], spec)
     return jax.tree_util.tree_unflatten(out_tree, results)
 
   return bounded
 
 
-def _precision(sound_fp: bool):
+def _precision(sound: bool):
   """``precision=HIGHEST`` for every product traced in sound mode (no TF32 on accelerators)."""
-  return jax.default_matmul_precision("highest" if sound_fp else None)
+  return jax.default_matmul_precision("highest" if sound else None)
 
 
 def _spec_target(prog: _Program, spec, n_batch: int | None):

@@ -484,7 +484,7 @@ def _scaled_copy(v, x, abstract: set, made_by: dict):
 
 
 # Relaxations whose slopes are exact floats (box bounds, 0, 1) and whose offsets are box bounds
-# or one rounded product: kept in sound_fp mode (the rest falls back to intervals there).
+# or one rounded product: kept in sound mode (the rest falls back to intervals there).
 _SOUND_MODES = frozenset({"product", "pool", "max2", "min2"})
 
 
@@ -500,7 +500,7 @@ def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool) -> None:
 
   def nonlinear(mode, relax_in, aux=None):
     if sound and mode not in _SOUND_MODES:
-      return fallback("sound_fp bounds smooth nonlinear operations by intervals (their lines "
+      return fallback("sound mode bounds smooth nonlinear operations by intervals (their lines "
                       "are not exact in floating point)")
     e.kind, e.mode, e.relax_in, e.aux = "nonlinear", mode, tuple(relax_in), aux
 
