@@ -5,19 +5,25 @@ deviation ``noise_multiplier * l2_norm_clip`` is added to their sum (``optax.con
 Privacy is accounted with the RDP accountant of ``dp-accounting`` for ``steps`` compositions of
 the Poisson-subsampled Gaussian mechanism with sampling rate q = batch_size / n. As is common
 practice (and in the AGT paper's Opacus baseline), the training loop itself draws shuffled
-fixed-size batches; the Poisson accounting is the usual approximation of that sampling.
+fixed-size batches (a `boundjax.training.Schedule` with ``last_batch="drop"``); the Poisson
+accounting is the usual approximation of that sampling. (A Poisson-sampled `Schedule` — rows of a
+fixed capacity, ``-1`` in the empty slots — would make the accounting exact; not implemented yet.)
+The loop is `boundjax.training.train`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+import warnings
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
+from boundjax import training
 from boundjax.agt.losses import per_sample_loss
+from boundjax.training import Schedule, as_schedule
 
 
 # RDP orders; the default list's orders below 2 do not converge for large sampling rates
@@ -54,15 +60,73 @@ def dpsgd_epsilon(noise_multiplier: float, batch_size: int, n: int, epochs: int,
   return float(acc.get_epsilon(delta))
 
 
-def calibrate_noise(target_eps: float, delta: float, batch_size: int, n: int, epochs: int) -> float:
-  """Smallest noise multiplier whose `dpsgd_epsilon` is <= ``target_eps`` (dp-accounting)."""
+def calibrate_noise(epsilon: float, delta: float, batch_size: int, n: int, epochs: int) -> float:
+  """Smallest noise multiplier whose `dpsgd_epsilon` is <= ``epsilon`` (dp-accounting)."""
   import dp_accounting
-  if not target_eps > 0:
-    raise ValueError(f"dpsgd: target_eps must be > 0, got {target_eps!r}.")
+  if not epsilon > 0:
+    raise ValueError(f"dpsgd: epsilon must be > 0, got {epsilon!r}.")
+  target_eps = epsilon
   steps = _steps(n, batch_size, epochs)
   return float(dp_accounting.calibrate_dp_mechanism(
       _accountant, lambda s: _event(s, batch_size / n, steps),
       target_eps, delta, dp_accounting.LowerEndpointAndGuess(1e-3, 1.0)))
+
+
+@dataclasses.dataclass(frozen=True)
+class DPSGDResult:
+  """Result of `train`: the parameters and their (epsilon, delta) guarantee.
+
+  Attributes:
+    params: the trained parameters.
+    epsilon: epsilon at ``delta`` (RDP accountant, `dpsgd_epsilon`).
+    delta: the delta of the guarantee.
+    noise_multiplier: sigma (noise standard deviation / ``l2_norm_clip``).
+    schedule: the `boundjax.training.Schedule` of the run.
+  """
+  params: Any
+  epsilon: float
+  delta: float
+  noise_multiplier: float
+  schedule: Schedule
+
+
+def train(apply_fn: Callable, params: Any, x: Any, y: Any, *, loss: str, learning_rate: float,
+          l2_norm_clip: float, schedule: Optional[Schedule] = None, epochs: Optional[int] = None,
+          batch_size: Optional[int] = None, noise_multiplier: Optional[float] = None,
+          epsilon: Optional[float] = None, delta: float = 1e-5,
+          momentum: Optional[float] = None, nesterov: bool = False, seed: int = 0
+          ) -> DPSGDResult:
+  """Trains with DP-SGD (Abadi et al. 2016, Alg. 1) through `boundjax.training.train`.
+
+  Per-example gradients (`boundjax.training.per_example_gradients`) go to
+  ``optax.contrib.dpsgd``, which clips each to L2 norm ``l2_norm_clip``, sums, adds
+  ``N(0, (noise_multiplier * l2_norm_clip)^2)`` noise (key from ``seed``) and divides by the
+  batch size. Give either ``noise_multiplier`` or ``epsilon`` (then the noise is calibrated).
+
+  Args:
+    schedule: the data order; default ``Schedule(n, batch_size, epochs, seed,
+      shuffle="epoch", last_batch="drop")`` (shuffled fixed-size batches). Its steps and
+      ``batch_size / n`` enter the accounting.
+    loss: "cross_entropy", "binary_cross_entropy" or "mse" (`boundjax.agt.losses`).
+  """
+  x, y = jnp.asarray(x), jnp.asarray(y)
+  n = x.shape[0]
+  if schedule is None and batch_size is not None and not 1 <= batch_size <= n:
+    raise ValueError(f"dpsgd: batch_size must be in [1, n={n}], got {batch_size}.")
+  sched = as_schedule(schedule, n, epochs=epochs, batch_size=batch_size, seed=seed,
+                      shuffle="epoch", last_batch="drop", who="dpsgd.train")
+  if (noise_multiplier is None) == (epsilon is None):
+    raise ValueError("dpsgd.train: give exactly one of noise_multiplier and epsilon.")
+  if noise_multiplier is None:
+    noise_multiplier = calibrate_noise(epsilon, delta, sched.batch_size, n, sched.epochs)
+  eps = dpsgd_epsilon(noise_multiplier, sched.batch_size, n, sched.epochs, delta)
+  tx = optax.contrib.dpsgd(learning_rate, l2_norm_clip, noise_multiplier, sched.seed, momentum,
+                           nesterov)
+  lf = per_sample_loss(loss)
+  grad_fn = training.per_example_gradients(apply_fn, jax.vmap(lf))
+  run = jax.jit(lambda p, b: training.train(grad_fn, tx, p, x, y, b))
+  return DPSGDResult(run(params, sched.batches()), float(eps), float(delta),
+                     float(noise_multiplier), sched)
 
 
 def train_dpsgd(model_apply: Callable, params: Any, X: Any, y: Any, *, loss: str,
@@ -70,33 +134,15 @@ def train_dpsgd(model_apply: Callable, params: Any, X: Any, y: Any, *, loss: str
                 noise_multiplier: float | None = None, target_eps: float | None = None,
                 delta: float = 1e-5, momentum: float | None = None, nesterov: bool = False,
                 seed: int = 0, progress: bool = False) -> tuple[Any, float, float]:
-  """Trains with DP-SGD; returns ``(params, eps, noise_multiplier)`` (eps at ``delta``).
-
-  Give either ``noise_multiplier`` or ``target_eps`` (then the noise is calibrated).
+  """Deprecated: `train` with ``epsilon=target_eps``; returns ``(params, eps, noise_multiplier)``.
   """
-  from tqdm.auto import tqdm
-  X, y = jnp.asarray(X), jnp.asarray(y)
-  n = X.shape[0]
+  del progress
+  warnings.warn("dpsgd.train_dpsgd is deprecated; use dpsgd.train(apply_fn, params, x, y, ..., "
+                "epsilon=...) which returns a DPSGDResult.", DeprecationWarning, stacklevel=2)
   if (noise_multiplier is None) == (target_eps is None):
     raise ValueError("train_dpsgd: give exactly one of noise_multiplier and target_eps.")
-  if noise_multiplier is None:
-    noise_multiplier = calibrate_noise(target_eps, delta, batch_size, n, epochs)
-  eps = dpsgd_epsilon(noise_multiplier, batch_size, n, epochs, delta)
-  tx = optax.contrib.dpsgd(learning_rate, l2_norm_clip, noise_multiplier, seed, momentum, nesterov)
-  lf = per_sample_loss(loss)
-  grads = jax.vmap(jax.grad(lambda p, a, b: lf(model_apply(p, a[None])[0], b)),
-                   in_axes=(None, 0, 0))
-
-  @jax.jit
-  def step(p, s, xb, yb):
-    u, s = tx.update(grads(p, xb, yb), s, p)
-    return optax.apply_updates(p, u), s
-
-  state = tx.init(params)
-  rng = np.random.default_rng(seed)
-  nb = n // batch_size
-  for _ in tqdm(range(epochs), desc="DP-SGD", disable=not progress, leave=False):
-    order = rng.permutation(n)[: nb * batch_size].reshape(nb, batch_size)
-    for idx in order:
-      params, state = step(params, state, X[idx], y[idx])
-  return params, eps, noise_multiplier
+  r = train(model_apply, params, X, y, loss=loss, learning_rate=learning_rate,
+            l2_norm_clip=l2_norm_clip, epochs=epochs, batch_size=batch_size,
+            noise_multiplier=noise_multiplier, epsilon=target_eps, delta=delta,
+            momentum=momentum, nesterov=nesterov, seed=seed)
+  return r.params, r.epsilon, r.noise_multiplier

@@ -5,8 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from boundjax import dpsgd
+from boundjax import agt, dpsgd
 from boundjax.agt import mlp
+from boundjax.training import Schedule
 
 
 def test_epsilon_decreases_with_noise_and_calibration_hits_target():
@@ -34,25 +35,51 @@ def _data(n=400):
   return jnp.asarray(X, jnp.float32), jnp.asarray(y)
 
 
-def test_train_dpsgd_learns_with_little_noise_and_reports_eps():
+def test_train_learns_with_little_noise_and_reports_epsilon():
   X, y = _data()
   p0 = mlp.init(jax.random.PRNGKey(0), [3, 8, 1])
-  p, eps, sigma = dpsgd.train_dpsgd(mlp.apply, p0, X, y, loss="binary_cross_entropy",
-                                    learning_rate=0.5, epochs=5, batch_size=50,
-                                    l2_norm_clip=1.0, noise_multiplier=0.3)
-  acc = float(jnp.mean((mlp.apply(p, X)[:, 0] > 0) == (y > 0)))
-  assert acc > 0.85 and sigma == 0.3 and eps > 0
-  p, eps, sigma = dpsgd.train_dpsgd(mlp.apply, p0, X, y, loss="binary_cross_entropy",
-                                    learning_rate=0.5, epochs=2, batch_size=100,
-                                    l2_norm_clip=1.0, target_eps=1.0)
-  assert eps <= 1.0 + 1e-6 and sigma > 0.3
+  r = dpsgd.train(mlp.apply, p0, X, y, loss="binary_cross_entropy", learning_rate=0.5, epochs=5,
+                  batch_size=50, l2_norm_clip=1.0, noise_multiplier=0.3)
+  acc = float(jnp.mean((mlp.apply(r.params, X)[:, 0] > 0) == (y > 0)))
+  assert acc > 0.85 and r.noise_multiplier == 0.3 and r.epsilon > 0
+  assert r.schedule == Schedule(400, 50, 5, shuffle="epoch", last_batch="drop")
+  r = dpsgd.train(mlp.apply, p0, X, y, loss="binary_cross_entropy", learning_rate=0.5,
+                  schedule=Schedule(400, 100, 2, last_batch="drop"), l2_norm_clip=1.0,
+                  epsilon=1.0)
+  assert r.epsilon <= 1.0 + 1e-6 and r.noise_multiplier > 0.3
+
+
+def test_train_with_zero_noise_and_huge_clip_is_sgd_on_the_schedule():
+  """sigma -> 0 and a clip no gradient reaches: DP-SGD is plain SGD on the mean loss."""
+  X, y = _data(40)
+  p0 = mlp.init(jax.random.PRNGKey(0), [3, 4, 1])
+  sched = Schedule(40, 10, 2, seed=3, last_batch="drop")
+  r = dpsgd.train(mlp.apply, p0, X, y, loss="binary_cross_entropy", learning_rate=0.3,
+                  schedule=sched, l2_norm_clip=1e6, noise_multiplier=1e-12)
+  lf = jax.vmap(agt.losses.per_sample_loss("binary_cross_entropy"))
+  p = p0
+  for idx in sched.batches_np():
+    g = jax.grad(lambda q: jnp.mean(lf(mlp.apply(q, X[idx]), y[idx])))(p)
+    p = jax.tree_util.tree_map(lambda a, b: a - 0.3 * b, p, g)
+  for a, b in zip(jax.tree_util.tree_leaves(r.params), jax.tree_util.tree_leaves(p)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_old_train_dpsgd_warns_and_returns_the_tuple():
+  X, y = _data(40)
+  p0 = mlp.init(jax.random.PRNGKey(0), [3, 2, 1])
+  with pytest.warns(DeprecationWarning, match="dpsgd.train"):
+    p, eps, sigma = dpsgd.train_dpsgd(mlp.apply, p0, X, y, loss="binary_cross_entropy",
+                                      learning_rate=0.1, epochs=1, batch_size=10,
+                                      l2_norm_clip=1.0, noise_multiplier=1.0)
+  assert eps > 0 and sigma == 1.0
 
 
 def test_train_dpsgd_input_errors():
   X, y = _data(40)
   p0 = mlp.init(jax.random.PRNGKey(0), [3, 2, 1])
   with pytest.raises(ValueError, match="exactly one"):
-    dpsgd.train_dpsgd(mlp.apply, p0, X, y, loss="mse", learning_rate=0.1, epochs=1,
-                      batch_size=10, l2_norm_clip=1.0)
+    dpsgd.train(mlp.apply, p0, X, y, loss="mse", learning_rate=0.1, epochs=1,
+                batch_size=10, l2_norm_clip=1.0)
   with pytest.raises(ValueError, match="batch_size"):
     dpsgd.dpsgd_epsilon(1.0, 100, 40, 1, 1e-5)
