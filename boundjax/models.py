@@ -18,6 +18,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from boundjax import training
+
 
 def _torch_uniform(fan_in: int):
   """Initializer for ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` (PyTorch's Linear/Conv default)."""
@@ -137,18 +139,12 @@ def fit_full_batch(apply_fn, params, x: jax.Array, y: jax.Array, optimizer, step
   """``steps`` full-batch optimizer steps on the mean softmax cross-entropy (integer labels).
 
   The small classifiers of the demo sections train this way: ``optimizer`` is an optax
-  transformation (e.g. ``optax.adam(3e-3)``), ``apply_fn(params, x)`` returns logits. One jitted
-  ``lax.scan`` over the steps; returns the trained parameters.
+  transformation (e.g. ``optax.adam(3e-3)``), ``apply_fn(params, x)`` returns logits. It is
+  `boundjax.training.train` on ``Schedule(n, batch_size=n, epochs=steps, shuffle="none")``
+  (one jitted ``lax.scan``); returns the trained parameters.
   """
-  import optax
-
-  def loss(p):
-    return optax.softmax_cross_entropy_with_integer_labels(apply_fn(p, x), y).mean()
-
-  def step(carry, _):
-    p, state = carry
-    upd, state = optimizer.update(jax.grad(loss)(p), state, p)
-    return (optax.apply_updates(p, upd), state), None
-
-  run = jax.jit(lambda p: jax.lax.scan(step, (p, optimizer.init(p)), None, length=steps)[0][0])
-  return run(params)
+  sched = training.Schedule(n=int(x.shape[0]), batch_size=int(x.shape[0]), epochs=steps,
+                            shuffle="none")
+  grad_fn = training.mean_gradient(apply_fn, training.softmax_cross_entropy)
+  run = jax.jit(lambda p, b: training.train(grad_fn, optimizer, p, x, y, b))
+  return run(params, sched.batches())
