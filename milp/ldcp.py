@@ -379,8 +379,8 @@ def verify_naive(model: Any, family: Family | PyTree, neighbourhood: Neighbourho
 # Sphynx end to end
 # ------------------------------------------------------------------------------------------------
 
-def sphynx(model: Any, init_params: PyTree, x_train: Any, y_train: Any, full_params: PyTree, *,
-           optimizer: Any = None, epochs: int = 10, batch_size: int = 1024, seed: int = 0,
+def sphynx(model: Any, init_params: PyTree, x: Any, y: Any, full_params: PyTree, *,
+           optimizer: Any = None, epochs: int = 10, batch_size: int = 1024, key: Any = 0,
            alpha: float = 0.1, k: int = 400, R: float = 0.1, M: float = 0.9,
            max_networks: int | None = None, progress: bool = True, **train_kwargs):
   """PredHyperNet from a growing sample of leave-one-out networks (Sphynx Alg. 1).
@@ -389,11 +389,15 @@ def sphynx(model: Any, init_params: PyTree, x_train: Any, y_train: Any, full_par
   ``optimizer``/``epochs``/``batch_size`` say otherwise. Returns
   `boundjax.hypernet.PredHyperNetResult`; pass ``result.hyper`` to `verify` for each
   neighbourhood, and ``family_from_flat(result.networks, full_params)`` as ``members``.
+  ``x``, ``y``: the training set D. ``key``: a JAX PRNG key or an int seed (batch order and the
+  sampled leave-one-out points; the trainers below take an int).
   """
   from boundjax import ensembles, hypernet
+  seed = int(key) if isinstance(key, (int, np.integer)) else int(
+      jax.random.randint(key, (), 0, 2**31 - 1))
   opt = optimizer if optimizer is not None else ensembles.sgd(0.1, l1=1e-5)
-  train_fn = hypernet.ensemble_trainer(model, init_params, opt, x_train, y_train, epochs=epochs,
+  train_fn = hypernet.ensemble_trainer(model, init_params, opt, x, y, epochs=epochs,
                                        batch_size=batch_size, seed=seed, progress=False,
                                        **train_kwargs)
-  return hypernet.pred_hyper_net(train_fn, full_params, len(x_train), alpha=alpha, k=k, R=R,
+  return hypernet.pred_hyper_net(train_fn, full_params, len(x), alpha=alpha, k=k, R=R,
                                  M=M, seed=seed, max_networks=max_networks, progress=progress)

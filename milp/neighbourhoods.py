@@ -110,12 +110,13 @@ def membership(x: Any) -> Neighbourhood:
   return Neighbourhood(x, x.copy(), x.copy(), kind="membership")
 
 
-def linf_ball(x: Any, eps: float, domain: tuple[float, float] | None = (0.0, 1.0)) -> Neighbourhood:
-  """``{x' : |x' - x|_inf <= eps}``, clipped to ``domain`` (DP-robustness, spec §1.2)."""
+def linf_ball(x: Any, radius: float, domain: tuple[float, float] | None = (0.0, 1.0)
+              ) -> Neighbourhood:
+  """``{x' : |x' - x|_inf <= radius}``, clipped to ``domain`` (DP-robustness, Sphynx §1.2)."""
   x = _check_x(x)
-  if not np.isfinite(eps) or eps < 0:
-    raise ValueError(f"linf_ball: eps must be finite and >= 0, got {eps}.")
-  lo, hi = x - eps, x + eps
+  if not np.isfinite(radius) or radius < 0:
+    raise ValueError(f"linf_ball: radius must be finite and >= 0, got {radius}.")
+  lo, hi = x - radius, x + radius
   if domain is not None:
     lo, hi = np.clip(lo, *domain), np.clip(hi, *domain)
     if np.any(x < domain[0]) or np.any(x > domain[1]):

@@ -424,7 +424,7 @@ def test_bad_inputs_raise_clear_errors():
     V.verify(net, NB.membership(np.zeros(3)), 0)
   with pytest.raises(ValueError, match="label 5"):
     V.verify(net, NB.membership(np.zeros(2)), 5)
-  with pytest.raises(ValueError, match="eps"):
+  with pytest.raises(ValueError, match="radius"):
     NB.linf_ball(np.zeros(2), -0.1)
   with pytest.raises(ValueError, match="solver"):
     SolveConfig(solver="gurobi")

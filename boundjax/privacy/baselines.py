@@ -301,8 +301,8 @@ def train_dpsgd_baseline(apply_fn: ApplyFn, init_params: PyTree, x: Any, y: Any,
   loss = "binary_cross_entropy" if kind == "sign" else "cross_entropy"
   seed = 0 if key is None else _int_seed(key)
   t0 = time.perf_counter()
-  params, got_eps, sigma = dpsgd.train_dpsgd(apply_fn, init_params, xs, ys, loss=loss,
-                                             learning_rate=lr, epochs=epochs,
-                                             batch_size=batch_size, l2_norm_clip=l2_norm_clip,
-                                             target_eps=eps, delta=delta, seed=seed)
-  return DpSgdResult(params, float(got_eps), delta, float(sigma), time.perf_counter() - t0)
+  res = dpsgd.train(apply_fn, init_params, xs, ys, loss=loss, learning_rate=lr, epochs=epochs,
+                    batch_size=batch_size, l2_norm_clip=l2_norm_clip, epsilon=eps, delta=delta,
+                    seed=seed)
+  return DpSgdResult(res.params, float(res.epsilon), delta, float(res.noise_multiplier),
+                     time.perf_counter() - t0)
