@@ -12,7 +12,8 @@ from boundjax import ensembles as E
 from boundjax.data import load_sklearn
 from boundjax.demos.common import Section
 from boundjax.models import MLP
-from boundjax.privacy.label_only import accuracy_table, compute_betas, format_table
+from boundjax.privacy.evaluation import accuracy_table, format_table
+from milp.idpdb import compute_betas
 
 
 def run(per_class: int = 30, features: Sequence[int] = (7, 20, 21), epochs: int = 60,
@@ -38,16 +39,18 @@ def run(per_class: int = 30, features: Sequence[int] = (7, 20, 21), epochs: int 
                          seed=seed, progress=False)
   train_s = time.perf_counter() - t0
   members = ens.select(np.arange(1, len(idx) + 1)).params
-  betas, info = compute_betas(ens.full, members, node_time_limit=20.0)
+  beta = compute_betas(ens.full, members, node_time_limit=20.0)
+  betas = beta.betas
   table = accuracy_table(model.apply, ens.full, betas, xt, yt, idp_epsilons=(0.0, 1.0),
-                         members=members, repeats=repeats, seed=seed, latency_queries=100)
+                         members=members, repeats=repeats, key=jax.random.PRNGKey(seed),
+                         latency_queries=100)
   lines = [
       f"LUCID on breast_cancer ({len(idx)} training points, features {cols}): N + {len(idx)} "
-      f"leave-one-out MLPs 3-6-6-2 in {train_s:.1f} s; beta by {info['method']} in "
-      f"{info['seconds']:.1f} s ({info['n_milps']} MILPs, exact {all(info['exact'].values())}): "
+      f"leave-one-out MLPs 3-6-6-2 in {train_s:.1f} s; beta by {beta.method} in "
+      f"{beta.seconds:.1f} s ({beta.n_milps} MILPs, exact {beta.all_exact}): "
       + ", ".join(f"beta_{c} = {b:.3f}" for c, b in betas.items()),
       format_table(table),
   ]
-  numbers = {"betas": {str(c): float(b) for c, b in betas.items()}, "method": info["method"],
-             "exact": bool(all(info["exact"].values())), "table": table}
+  numbers = {"betas": {str(c): float(b) for c, b in betas.items()}, "method": beta.method,
+             "exact": bool(beta.all_exact), "table": table.as_dict()}
   return Section("\n".join(lines), numbers)
