@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from boundjax import auditing as A
+from boundjax.auditing import adversary
 from boundjax import barron
 
 RESULTS = Path(__file__).parent / "results"
@@ -53,17 +54,17 @@ def throughput(n: int, k: int, restarts: int, epochs: int, seed: int = 0) -> dic
                           trial_chunk=restarts)
   keys = jax.random.split(jax.random.key(seed + 1), restarts)
   t = time.perf_counter()
-  _block(A._train_many(keys, T, S, cfg, "adam"))
+  _block(adversary._train_many(keys, T, S, cfg, "adam"))
   compile_v = time.perf_counter() - t
   t = time.perf_counter()
-  _block(A._train_single(keys[0], T, S, cfg, "adam"))
+  _block(adversary._train_single(keys[0], T, S, cfg, "adam"))
   compile_l = time.perf_counter() - t
   t = time.perf_counter()
-  _block(A._train_many(keys, T, S, cfg, "adam"))
+  _block(adversary._train_many(keys, T, S, cfg, "adam"))
   tv = time.perf_counter() - t
   t = time.perf_counter()
   for kk in keys:
-    _block(A._train_single(kk, T, S, cfg, "adam"))
+    _block(adversary._train_single(kk, T, S, cfg, "adam"))
   tl = time.perf_counter() - t
   return {"n": n, "k": k, "restarts": restarts, "epochs": epochs,
           "vmapped_s": tv, "loop_s": tl, "vmapped_restarts_per_s": restarts / tv,

@@ -11,6 +11,7 @@ import scipy.integrate
 import scipy.stats
 
 from boundjax import auditing as A
+from boundjax.auditing import adversary
 from boundjax import barron
 
 MUS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1)
@@ -264,7 +265,7 @@ def _thm1_coverage(reps, restarts, epochs):
   T, S = jax.vmap(lambda kk: A.sample_gaussian_example(kk, n, mu))(keys)
   cfg = A.AdversaryConfig(k=k, trials=restarts, epochs=epochs, batch=250, lr_adam=1e-2)
   tk = jax.random.split(jax.random.key(12), (reps, restarts))
-  best, _, _ = jax.jit(jax.vmap(lambda kk, t, s: A._train_many(kk, t, s, cfg, "adam")))(tk, T, S)
+  best, _, _ = jax.jit(jax.vmap(lambda kk, t, s: adversary._train_many(kk, t, s, cfg, "adam")))(tk, T, S)
   L_emp = np.asarray(best).min(axis=1)
   gap = A.thm1_gap(n, k, delta, 6.0, mu)
   L = A.true_min_loss(mu)

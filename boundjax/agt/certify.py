@@ -22,7 +22,6 @@ import numpy as np
 
 from boundjax.agt import bounds as bnd
 from boundjax.agt import mlp
-from boundjax.interval import Interval
 
 Array = jax.Array
 
