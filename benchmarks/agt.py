@@ -21,7 +21,7 @@ step), sums 14 / 54, sums + the two exact top-k selections 39 / 250; whole step 
 Changes of this round: the top-k merge is a two-level exact search
 (`boundjax.agt.descent.topk_leading`, 4x cheaper than ``lax.top_k`` over the transposed
 fragment for the Fashion kernel), batched nominal gradients, fused fragment sums, no padding.
-A/B on the same machine (CPU seconds per epoch, k = 10, fp_margin, Gaussian inputs of the
+A/B on the same machine (CPU seconds per epoch, k = 10, sound, Gaussian inputs of the
 settings' shapes): Fashion-shaped 786 -> 447 ms (199x -> 124x SGD); Amazon-shaped 3.28 ->
 3.47 s (471x -> 522x, unchanged within noise: there ``lax.top_k``'s per-row cost over 38,601
 coordinates dominates the merge).
@@ -72,7 +72,7 @@ def _settings(quick: bool):
     y = (X[:, :8].sum(1) > 0).astype(np.float32)
     cfg = agt.Config(n_epochs=5, learning_rate=1.0, batch_size=1000, k_private=10,
                      loss="binary_cross_entropy", clip_gamma=0.1, lr_decay=0.05, lr_min=1e-3,
-                     optimizer="sgdm", momentum=0.9, fragsize=500, fp_margin=True)
+                     optimizer="sgdm", momentum=0.9, fragsize=500, sound=True)
     extra = [("amazon-shaped (Gaussian inputs) 384-100-1 b=1000", X, y, [384, 100, 1],
               cfg.loss, cfg)]
   else:
@@ -145,7 +145,7 @@ def cost(quick: bool, reps: int) -> dict:
     sgd_epoch()
     t_sgd, c_sgd = _time(sgd_epoch, reps)
     row = {"setting": name, "n_train": int(X.shape[0]), "batch_size": cfg.batch_size,
-           "k": cfg.k_private, "fp_margin": cfg.fp_margin, "fragsize": cfg.fragsize,
+           "k": cfg.k_private, "sound": cfg.sound, "fragsize": cfg.fragsize,
            "batches_per_epoch": len(xb), "sgd_epoch_s": t_sgd, "sgd_epoch_cpu_s": c_sgd}
 
     def agt_time(c):
@@ -208,14 +208,14 @@ def profile(reps: int) -> dict:
       jax.block_until_ready(fn(*a))     # compile outside the timing
       return _time(lambda: fn(*a), reps)[1] * 1e3
     gfn = jax.jit(lambda p, x, y: mlp.per_sample_grads(p, x, y, loss))
-    bfn = jax.jit(bnd.grad_bounds_fn(mlp.apply, loss, "mlp", cfg.interval_matmul))
+    bfn = jax.jit(bnd.grad_bounds_fn(mlp.apply, loss, "mlp", cfg.matmul))
     g, gb = gfn(p, xf, yf), bfn(box, xf, yf)
     leaves = jax.tree_util.tree_leaves(p)
 
     def merge(g, gb, k):
       ivs = jax.tree_util.tree_leaves(gb, is_leaf=lambda v: isinstance(v, Interval))
       return [descent.accumulate(descent.init_accumulator(pl, k), gn, iv.lower, iv.upper, None,
-                                 cfg.fp_margin)
+                                 cfg.sound)
               for pl, gn, iv in zip(leaves, jax.tree_util.tree_leaves(g), ivs)]
     state = agt.init(p, cfg)._replace(bounds=box)
     step = jax.jit(agt.make_step(mlp.apply, cfg, "mlp"))
@@ -264,7 +264,7 @@ def soundness(n_sets: int) -> dict:
       if y is None:
         y = jnp.asarray(data.y_train).astype(jnp.float64)
       for k in (1, 5, 20):
-        cfg = agt.Config(n_epochs=3, batch_size=400, k_private=k, fragsize=128, fp_margin=True,
+        cfg = agt.Config(n_epochs=3, batch_size=400, k_private=k, fragsize=128, sound=True,
                          **kw)
         params = mlp.init(jax.random.PRNGKey(k), sizes, jnp.float64)
         t = time.perf_counter()

@@ -15,7 +15,7 @@ Settings (spec §4.2; stand-ins where the paper's data is not available offline)
              majority class on 4,000 reviews, so: b = 1000, alpha 1.0, eta 0.05, gamma 0.1,
              5 epochs; ensemble members use full batches of their partition.
 
-Every setting runs AGT in the sound floating-point mode (``fp_margin=True``): the box is widened
+Every setting runs AGT in the sound floating-point mode (``sound=True``): the box is widened
 by a worst-case bound on the rounding error of the batch sums and the update, so certificates
 cover retraining in the same floating point.
 
@@ -87,7 +87,7 @@ def setting(name: str):
     Xtr, ytr = jnp.asarray(d.x_train), jnp.asarray(d.y_train)
     Xte, yte = jnp.asarray(d.x_test), jnp.asarray(d.y_test)
     cfg = agt.Config(n_epochs=4, learning_rate=2.0, batch_size=5000, loss="cross_entropy",
-                     clip_gamma=0.06, lr_decay=0.6, lr_min=1e-3, fp_margin=True)
+                     clip_gamma=0.06, lr_decay=0.6, lr_min=1e-3, sound=True)
     return dict(X=Xtr, y=ytr, Xt=Xte, yt=yte, sizes=[6, 2], cfg=cfg,
                 ks=[0, 1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 75, 100, 150, 199], T=25,
                 dpsgd=dict(batch_size=5000, epochs=10, l2_norm_clip=0.06, lr=2.0))
@@ -101,7 +101,7 @@ def setting(name: str):
     cfg = agt.Config(n_epochs=4, learning_rate=0.06, batch_size=int(Xtr.shape[0]),
                      loss="binary_cross_entropy", clip_gamma=0.9, lr_decay=0.5, lr_min=1e-3,
                      optimizer="sgdm", momentum=0.95, nesterov=True, fragsize=2000,
-                     fp_margin=True)
+                     sound=True)
     return dict(X=Xtr, y=ytr, Xt=Xte, yt=yte, sizes=[128, 32, 1], cfg=cfg,
                 ks=[0, 1, 2, 3, 5, 8, 10, 15, 20, 30, 45, 60, 100], T=25,
                 dpsgd=dict(batch_size=1000, epochs=10, l2_norm_clip=0.9, lr=0.06, momentum=0.95))
@@ -115,7 +115,7 @@ def setting(name: str):
     ytr, yte = jnp.asarray(d.y_train).astype(jnp.float32), jnp.asarray(d.y_test)
     cfg = agt.Config(n_epochs=5, learning_rate=1.0, batch_size=1000,
                      loss="binary_cross_entropy", clip_gamma=0.1, lr_decay=0.05, lr_min=1e-3,
-                     optimizer="sgdm", momentum=0.9, fragsize=500, fp_margin=True)
+                     optimizer="sgdm", momentum=0.9, fragsize=500, sound=True)
     return dict(X=Xtr, y=ytr, Xt=Xte, yt=yte, sizes=[384, 100, 1], cfg=cfg,
                 ks=[0, 1, 2, 5, 10, 20, 50, 100], T=25, full_batch=False,
                 dpsgd=dict(batch_size=1000, epochs=10, l2_norm_clip=0.1, lr=1.0, momentum=0.9))
@@ -214,10 +214,11 @@ def run(name: str, progress=True) -> dict:
   # ensembles and DP-SGD for the query budget figure
   votes, kmem = ensemble(s, X, y, Xt, s["T"], progress=progress)
   dcfg = s["dpsgd"]
-  p_dp, eps_dp, sigma = dpsgd.train_dpsgd(
+  dp = dpsgd.train(
       mlp.apply, params0, X, y, loss=s["cfg"].loss, learning_rate=dcfg["lr"],
       epochs=dcfg["epochs"], batch_size=dcfg["batch_size"], l2_norm_clip=dcfg["l2_norm_clip"],
-      target_eps=10.0, delta=1e-5, momentum=dcfg.get("momentum"))
+      epsilon=10.0, delta=1e-5, momentum=dcfg.get("momentum"))
+  p_dp, eps_dp, sigma = dp.params, dp.epsilon, dp.noise_multiplier
   acc_dp = float(np.mean(np.asarray(agt.predict(mlp.apply, p_dp, Xt)) == np.asarray(yt)))
   key = jax.random.PRNGKey(0)
   budget = {"Q": Q_GRID, "per_query_eps": [], "single_gs": [], "single_ss": [],

@@ -36,7 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import special, stats
 
+from boundjax import ensembles
 from boundjax.interval import Interval, is_interval, tree_contains
+from boundjax.transforms import ibp
 
 PyTree = Any
 #: A hyper-network: a parameter pytree whose leaves are `Interval` s (array leaves are points).
@@ -558,7 +560,6 @@ def pred_hyper_net(train_fn: Callable[[np.ndarray], PyTree], full_params: PyTree
 def ensemble_trainer(model: Any, init_params: PyTree, optimizer: Any, x: Any, y: Any,
                      **train_kwargs) -> Callable[[np.ndarray], PyTree]:
   """``train_fn`` for `pred_hyper_net`: leave-one-out networks by `ensembles.train_ensemble`."""
-  from boundjax import ensembles
 
   def train_fn(indices: np.ndarray) -> PyTree:
     removed = ensembles.leave_k_out(np.asarray(indices), include_full=False)
@@ -655,5 +656,4 @@ def hyper_output_bounds(apply_fn: Callable, hyper: PyTree, x: Any) -> Any:
   """Bounds on ``apply_fn(θ, x')`` for every ``θ`` in ``hyper`` and ``x'`` in ``x`` (an array or
   an `Interval` box): ``bj.ibp(apply_fn)(hyper, x)``.
   """
-  from boundjax.transforms import ibp  # raises ImportError until the engine is present
   return ibp(apply_fn)(hyper, x)
