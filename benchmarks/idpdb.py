@@ -362,7 +362,7 @@ def agt_enclosure(a) -> None:
   init = model.init(jax.random.PRNGKey(a.seed), jnp.zeros((1, d)))
   sched = ensembles.batch_schedule(a.seed, n, a.epochs, 1024)
   cfg = agt.Config(n_epochs=a.epochs, learning_rate=0.1, batch_size=1024, loss="cross_entropy",
-                   k_private=1, neighbourhood="remove", l2_reg=1e-5, fp_margin=True,
+                   k_private=1, neighbourhood="remove", l2_reg=1e-5, sound=True,
                    fragsize=1024)
   step = jax.jit(agt.make_step(model.apply, cfg, "mlp"))
   state = agt.init(init, cfg)

@@ -51,7 +51,7 @@ def run(n_train: int = 1000, ks: tuple[int, ...] = (0, 1, 5, 20, 50, 100, 200),
   with jax.enable_x64(True):
     X64 = jnp.asarray(d.x_train, jnp.float64)
     p64 = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), params0)
-    cfg_k = dataclasses.replace(cfg, k_private=kk, fp_margin=True)   # sound floating-point mode
+    cfg_k = dataclasses.replace(cfg, k_private=kk, sound=True)   # sound floating-point mode
     rep = retrain.empirical_retrain_test(mlp.apply, p64, X64, y, cfg_k,
                                          jnp.asarray(d.x_test, jnp.float64), n_sets=n_retrain,
                                          seed=seed)
