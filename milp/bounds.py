@@ -2,16 +2,17 @@
 
 Two methods, both sound for interval parameters (hyper-networks) and for inputs of either sign:
 
-* ``"ibp"`` — interval bound propagation layer by layer (Sphynx spec §2.6, "Pre-activation
-  bounds"). For ``W in [W_l, W_u]`` and ``h in [l, u]``, split both into sign-definite parts,
+* ``"ibp"`` — interval bound propagation layer by layer (the per-neuron intervals of Tjeng et al.
+  that Sphynx, §5.2, inherits without saying how to compute them). For ``W in [W_l, W_u]`` and
+  ``h in [l, u]``, split both into sign-definite parts,
   ``h = h+ + h-``, ``W = W+ + W-``; every product of sign-definite factors is bounded by a single
   corner, so
 
       L = W_l+ l+ + W_l- u+ + W_u+ l- + W_u- u-   (summed over inputs, with a+ = max(a, 0) ...)
 
-  (the same eight products as `boundjax.interval.bilinear_signsplit`). This equals the spec's
-  four-corner minimum whenever ``h >= 0`` (inputs in [0, 1], post-ReLU values) and is sound in
-  general.
+  (the same eight products as `boundjax.interval.bilinear_signsplit`). This equals the
+  four-corner minimum ``sum_j min(W_l l, W_l u, W_u l, W_u u)`` whenever ``h >= 0`` (inputs in
+  [0, 1], post-ReLU values) and is sound in general.
 * ``"crown"`` — backward linear bounds (CROWN, Zhang et al. 2018) computed for every layer in
   turn, intersected with IBP. Interval parameters are handled by writing each layer as its centre
   plus a bounded perturbation: ``W h + b = W_c h + b_c + d`` with ``|d| <= W_r |h| + b_r`` and

@@ -1,12 +1,12 @@
 """Difference intervals between a network N and a hyper-network N# on one input box (float64).
 
-LUCID spec 000 §2.5 (paper §5.4, §6.2). For matching neurons of a concrete network ``N`` (weights
+LUCID, §5.4 and §6.2. For matching neurons of a concrete network ``N`` (weights
 ``w``, biases ``b``) and a hyper-network ``N#`` of the same architecture (``w# in [w#_l, w#_u]``,
 ``b# in [b#_l, b#_u]``), evaluated on the *same* input ``x`` in a box, `difference_bounds` returns
 sound intervals ``[dl, du]`` containing ``zhat#_m(x) - zhat_m(x)`` (pre-activation, every affine
 layer, the logits included) and ``z#_m(x) - z_m(x)`` (post-ReLU, every hidden layer), over every
 ``x`` in the box and every network whose parameters lie in the hyper-network's box. They are the
-matching dependencies (§2.6) and the relax-if-similar test (§2.7) of the iDP-DB MILP.
+matching dependencies and the relax-if-similar test (LUCID, §5.4) of the iDP-DB MILP.
 
 Affine part (the paper's formula, bias included). With ``I_w = [w#_l - w, w#_u - w]`` and
 ``I_b = [b#_l - b, b#_u - b]`` (these need not contain 0),
@@ -21,21 +21,21 @@ intersect ``z + I_z`` with the hyper-network's own post-ReLU bounds: both enclos
 intersection is sound and never looser than the paper's enclosure. **The public code
 (``HyperlinearDepsIn``) drops ``I_b``, multiplies by the *minimum* weights ``w#_l`` instead of
 ``w`` and uses the previous pre-activation bounds; it can fail to enclose. We implement the
-paper's formula, as the spec asks.**
+paper's formula.**
 
-ReLU (spec §2.5): ``relu(a + d) - relu(a) in [min(0, d), max(0, d)]`` (monotone, 1-Lipschitz), so
+ReLU (LUCID, §6.2): ``relu(a + d) - relu(a) in [min(0, d), max(0, d)]`` (monotone, 1-Lipschitz), so
 
     I_z = [-max(0, -dl), max(0, du)],
 
-refined by the spec's cheap, sound cases: both stably inactive (``u <= 0`` and ``u# <= 0``) gives
-``[0, 0]``; both stably active (``l >= 0`` and ``l# >= 0``) gives ``I_zhat``; and always
+refined by cheap, sound cases of ours (not in the paper): both stably inactive (``u <= 0`` and
+``u# <= 0``) gives ``[0, 0]``; both stably active (``l >= 0`` and ``l# >= 0``) gives ``I_zhat``; and always
 ``I_z ∩ [max(0, l#) - max(0, u), max(0, u#) - max(0, l)]``. Two more one-sided cases (ours, same
 reasoning): if only N is stably active, ``z# - z = max(d, -zhat) in [max(dl, -u), max(du, -l)]``;
 if only N# is stably active, ``z# - z = min(d, zhat#) in [min(dl, l#), min(du, u#)]``.
 
-Feeding forward (spec §2.4 [impl]): the hyper-network's pre-activation bounds are interval
-arithmetic from its previous (refined) post-ReLU bounds, intersected with
-``[l + dl, u + du]``; and the pre-activation difference is intersected with ``[l# - u, u# - l]``.
+Feeding forward (our choice; LUCID, §6.2, only says "bound propagation"): the hyper-network's
+pre-activation bounds are interval arithmetic from its previous (refined) post-ReLU bounds,
+intersected with ``[l + dl, u + du]``; and the pre-activation difference is intersected with ``[l# - u, u# - l]``.
 
 Floating point: every affine bound is widened outward by ``1e-10 * magnitude + 1e-12`` (the
 magnitude of the products involved, as in `milp.bounds`), which dominates float64 rounding of
@@ -65,7 +65,7 @@ _ABS = 1e-12
 
 @dataclasses.dataclass(frozen=True)
 class DifferenceBounds:
-  """Difference intervals of ``N#`` against ``N`` over one input box (spec §2.5).
+  """Difference intervals of ``N#`` against ``N`` over one input box (LUCID, §6.2).
 
   Attributes:
     pre: per affine layer ``m`` (the logits included), ``(dlo, dhi)`` bounding
@@ -74,7 +74,7 @@ class DifferenceBounds:
       ``relu(zhat#_m(x)) - relu(zhat_m(x))``.
     ref: N's own pre-activation bounds ``[(l_m, u_m)]`` used (as `milp.bounds.compute` returns).
     hyper: N#'s pre-activation bounds ``[(l#_m, u#_m)]``, intersected with
-      ``[l_m + dlo_m, u_m + dhi_m]`` (spec §2.4 [impl]).
+      ``[l_m + dlo_m, u_m + dhi_m]`` (sound, since both enclose ``zhat#_m``).
   """
 
   pre: tuple[Pair, ...]
@@ -89,7 +89,7 @@ class DifferenceBounds:
     return [hi - lo for lo, hi in getattr(self, which)]
 
   def similar(self, tau: float = 0.01) -> list[np.ndarray]:
-    """Per hidden layer, the mask of neurons whose post-ReLU width is ``<= tau`` (spec §2.7)."""
+    """Per hidden layer, the mask of neurons whose post-ReLU width is ``<= tau`` (LUCID, §5.4)."""
     return [w <= tau for w in self.widths("post")]
 
 
@@ -133,7 +133,7 @@ def _param_diff(h: AffineLayer, a: AffineLayer) -> AffineLayer:
 
 
 def affine_difference(a: AffineLayer, h: AffineLayer, z: Pair, dz: Pair, zh: Pair) -> Pair:
-  """``I_zhat = I_b + w I_z + I_w (z + I_z)`` for one affine layer (spec §2.5), widened outward.
+  """``I_zhat = I_b + w I_z + I_w (z + I_z)`` for one affine layer (LUCID, §6.2), widened outward.
 
   Args:
     a: N's (point) layer.
@@ -158,7 +158,7 @@ def affine_difference(a: AffineLayer, h: AffineLayer, z: Pair, dz: Pair, zh: Pai
 
 def relu_difference(d: Pair, ref: Pair, hyp: Pair) -> Pair:
   """Bounds on ``relu(zhat#) - relu(zhat)`` from ``zhat# - zhat in d``, ``zhat in ref``,
-  ``zhat# in hyp`` (spec §2.5 and its [impl] refinements; see the module docstring)."""
+  ``zhat# in hyp`` (LUCID, §6.2, and our refinements; see the module docstring)."""
   dl, du = d
   l, u = ref
   lh, uh = hyp

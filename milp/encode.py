@@ -8,17 +8,17 @@ Python call per coefficient). On top of it:
   discrete group ``m`` binaries ``a`` with ``sum a = 1`` and ``x_idx = sum_k a_k v_k``.
 * `Encoding.add_network(net, x, lo, hi)` — one network on the given input variables. Several
   networks may share the same ``x`` (Sphynx's N and hyper-network; LUCID's two-copy encoding,
-  LUCID spec §2.4), and callers may add further rows (e.g. ``z + dl <= z# <= z + du``) and an
+  LUCID, §6.2), and callers may add further rows (e.g. ``z + dl <= z# <= z + du``) and an
   objective over the returned variables.
 
-Network encoding (Tjeng et al. 2019; Sphynx spec §2.6):
+Network encoding (Tjeng et al. 2019; Sphynx, §5.2):
 
 * pre-activations ``z_m`` are variables bounded by the big-M constants ``[L_m, U_m]`` (IBP or
   CROWN from `milp.bounds`);
 * a concrete row is an equality ``z = W h + b``; an interval row is the pair
   ``W_l h + b_l <= z <= W_u h + b_u``, exact when ``h >= 0`` (inputs in [0, 1], post-ReLU).
   When ``h`` may be negative (``l_h < 0``) the pair is widened by
-  ``P = (W_u - W_l) max(0, -l_h)`` (spec §2.6, the form for inputs of either sign):
+  ``P = (W_u - W_l) max(0, -l_h)`` (Sphynx, §5.2, the form for inputs of either sign):
   ``W_l h + b_l - P <= z <= W_u h + b_u + P``, which is sound (``W h >= W_l h + (W - W_l)
   min(h, 0) >= W_l h - (W_u - W_l) max(0, -l_h)``) but not complete;
 * ReLU: stable-active neurons (``L >= 0``) pass ``z`` on (no new variable), stable-inactive
@@ -183,7 +183,7 @@ class Encoding:
     Every unstable ReLU ``y = max(z, 0)`` with ``L < 0 < U`` is exact with a binary ``a``:
     ``y >= z``, ``y <= z - L (1 - a)``, ``y <= U a`` (``y >= 0`` from its bounds), unless
     ``relax`` marks it: then it gets the triangle relaxation ``(U - L) y - U z <= -U L``
-    and no binary (LUCID's relax-if-similar, spec 000 §2.7).
+    and no binary (relax-if-similar, LUCID, §5.4).
 
     Args:
       net: concrete network or hyper-network.
@@ -303,7 +303,8 @@ class Encoding:
 
 def reconstruct_member(net: Network, x: np.ndarray, pre: Sequence[np.ndarray],
                        post_inputs: Sequence[np.ndarray]) -> Network:
-  """A concrete network inside ``net`` reproducing an interval-MILP trace (spec §2.6 witness).
+  """A concrete network inside ``net`` reproducing an interval-MILP trace (the tight choice in the
+  proof of Sphynx, Thm 2, App. B).
 
   For each neuron ``t = (z - (W_l h + b_l)) / ((W_u - W_l) h + (b_u - b_l))`` clipped to
   ``[0, 1]`` (0 when the denominator is 0); the member has ``W = W_l + t (W_u - W_l)``,

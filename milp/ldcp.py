@@ -1,4 +1,4 @@
-"""Local differential classification privacy (LDCP) by MILP (Sphynx spec §1.3, §2.6–2.7).
+"""Local differential classification privacy (LDCP) by MILP (Sphynx, §3 and §5.2).
 
 ``N`` is LDCP at a neighbourhood ``I(x)`` with label ``y`` iff ``N`` and every leave-one-out
 network ``T(D \\ {(x', y')})`` classify all of ``I(x)`` as ``y`` (Def. 2).
@@ -7,20 +7,20 @@ network ``T(D \\ {(x', y')})`` classify all of ``I(x)`` as ``y`` (Def. 2).
   hyper-network (one MILP each). The answer is ``"LDCP"`` only when both are VERIFIED. When the
   hyper-network's MILP finds a candidate, it is replayed through the real networks that are known
   (``members``): if one of them disagrees the answer is a *confirmed* ``"NOT_LDCP"``, otherwise
-  ``"NOT_PROVEN"`` (Sphynx reports both as "not LDCP"; spec §1.5 "Consequence").
+  ``"NOT_PROVEN"`` (Sphynx reports both as "not LDCP", a conservative answer; Sphynx, §4).
   With a predicted hyper-network (PredHyperNet) "LDCP" holds with high probability only; with
   the exact hyper-network (min/max over *all* members, `boundjax.hypernet.from_ensemble`) it is a
   proof: it has no false positives by construction.
 * `verify_naive(model, family, nbhd, label)` — the ground truth: every member of a trained family
-  checked on its own (spec §2.7 NaiveLDCP). Fast paths, all sound: members are evaluated on
-  sampled points of ``I(x)`` (a misclassified point ends the check: not LDCP, confirmed), and
-  member-wise IBP bounds (vectorised over the family) verify members without a MILP; the rest
-  get one MILP each, optionally in parallel (`boundjax.executor.Executor`).
+  checked on its own (the naive algorithm, Sphynx, §3 and §6). Fast paths, all sound: members are
+  evaluated on sampled points of ``I(x)`` (a misclassified point ends the check: not LDCP,
+  confirmed), and member-wise IBP bounds (vectorised over the family) verify members without a MILP;
+  the rest get one MILP each, optionally in parallel (`boundjax.executor.Executor`).
 * `sphynx(...)` — end to end: PredHyperNet from a growing sample of leave-one-out networks
   (`boundjax.hypernet.pred_hyper_net` over `boundjax.ensembles.train_ensemble`), then `verify`.
 
 Arithmetic: the MILP and every replay use the networks' exact float32 parameters in float64.
-The label defaults to ``class(N(x))`` (spec §1.3 [IMPL]).
+The label defaults to ``class(N(x))``; Sphynx, §3, leaves the choice of ``y`` open.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def _network(model, params, input_shape, output) -> Network:
 
 
 def predicted_label(net: Network, x: np.ndarray) -> int:
-  """``class(N(x))``, the default label (spec §1.3 [IMPL])."""
+  """``class(N(x))``, the default label (our choice; Sphynx, Def. 2, takes ``y`` as given)."""
   return int(net_lib.classify(net, net_lib.forward(net, x)[None])[0])
 
 
@@ -192,7 +192,7 @@ def verify(model: Any, params: PyTree, hyper: PyTree, neighbourhood: Neighbourho
            cfg: SolveConfig = SolveConfig(), bounds: str = "ibp",
            input_shape: Sequence[int] | None = None, output: str | None = None,
            samples: int = 64) -> LDCPResult:
-  """Sphynx's LDCP query: N and the hyper-network on one neighbourhood (spec §2.7).
+  """Sphynx's LDCP query: N and the hyper-network on one neighbourhood (Sphynx, §4).
 
   Args:
     model: the Flax linen module, or ``None`` for an MLP given by its parameter dict.
@@ -295,7 +295,8 @@ def verify_naive(model: Any, family: Family | PyTree, neighbourhood: Neighbourho
                  output: str | None = None, samples: int = 64, stop_at_first: bool = True,
                  executor: str = "serial", workers: int | None = None,
                  address: str | None = None, chunk: int = 8) -> NaiveResult:
-  """Ground-truth LDCP: every member of a trained family verified separately (spec §2.7).
+  """Ground-truth LDCP: every member of a trained family verified separately (the naive algorithm,
+  Sphynx, §3 and §6).
 
   Args:
     model: unused for MLP families given as stacked parameters (kept for API symmetry; Conv
@@ -385,7 +386,7 @@ def sphynx(model: Any, init_params: PyTree, x: Any, y: Any, full_params: PyTree,
            max_networks: int | None = None, progress: bool = True, **train_kwargs):
   """PredHyperNet from a growing sample of leave-one-out networks (Sphynx Alg. 1).
 
-  Training follows the spec §4.3 defaults (10 epochs, SGD, batch 1024, lr 0.1, L1 1e-5) unless
+  Training follows Sphynx's settings (§6: 10 epochs, SGD, batch 1024, lr 0.1, L1 1e-5) unless
   ``optimizer``/``epochs``/``batch_size`` say otherwise. Returns
   `boundjax.hypernet.PredHyperNetResult`; pass ``result.hyper`` to `verify` for each
   neighbourhood, and ``family_from_flat(result.networks, full_params)`` as ``members``.

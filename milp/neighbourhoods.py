@@ -1,13 +1,15 @@
-"""Input neighbourhoods ``I(x)`` for verification (Sphynx spec §1.2).
+"""Input neighbourhoods ``I(x)`` for verification (Sphynx, §2 and §3).
 
 A `Neighbourhood` is a box ``lower <= x' <= upper`` plus optional *discrete groups*: a set of
 coordinates that must jointly take one of ``m`` admissible value vectors (e.g. a binary attribute
 in {0, 1}, or a categorical attribute's cos/sin pair at its ``m`` encoded points). The MILP
-encodes a group with ``m`` binaries summing to 1 (spec §1.2 [IMPL]).
+encodes a group with ``m`` binaries summing to 1 (our choice; Sphynx, §2, leaves ``x'_i`` free
+over the whole domain).
 
 * `membership(x)`                 — ``{x}`` (label-only membership inference).
 * `linf_ball(x, eps)`             — ``{x' : |x' - x|_inf <= eps}`` intersected with ``[0, 1]^d``
-                                     (DP-robustness; spec §1.2 [IMPL] clipping).
+                                     (DP-robustness; the clipping is our choice:
+                                     it keeps inputs non-negative, as Sphynx, Thm 2, needs).
 * `sensitive(x, idx, values=None)` — every coordinate fixed except ``idx``; ``idx`` ranges over
                                      ``values`` (rows of admissible encodings) or, with
                                      ``values=None``, continuously over ``[0, 1]``.
@@ -105,14 +107,14 @@ def _check_x(x: Any) -> np.ndarray:
 
 
 def membership(x: Any) -> Neighbourhood:
-  """The single point ``{x}`` (Sphynx spec §1.2, Membership)."""
+  """The single point ``{x}`` (Sphynx, §3, membership: ``I^inf_0(x)``)."""
   x = _check_x(x)
   return Neighbourhood(x, x.copy(), x.copy(), kind="membership")
 
 
 def linf_ball(x: Any, radius: float, domain: tuple[float, float] | None = (0.0, 1.0)
               ) -> Neighbourhood:
-  """``{x' : |x' - x|_inf <= radius}``, clipped to ``domain`` (DP-robustness, Sphynx §1.2)."""
+  """``{x' : |x' - x|_inf <= radius}``, clipped to ``domain`` (DP-robustness, Sphynx, §2)."""
   x = _check_x(x)
   if not np.isfinite(radius) or radius < 0:
     raise ValueError(f"linf_ball: radius must be finite and >= 0, got {radius}.")
@@ -126,7 +128,7 @@ def linf_ball(x: Any, radius: float, domain: tuple[float, float] | None = (0.0, 
 
 def sensitive(x: Any, idx: int | Sequence[int], values: Any = None,
               domain: tuple[float, float] = (0.0, 1.0)) -> Neighbourhood:
-  """Every coordinate fixed except ``idx`` (Sensitivity / individual fairness, spec §1.2).
+  """Every coordinate fixed except ``idx`` (Sensitivity / individual fairness, Sphynx, §2).
 
   Args:
     x: the input (flat).

@@ -2,7 +2,7 @@
 
 A `Network` is ``x -> A_1 -> ReLU -> A_2 -> ReLU -> ... -> A_L`` where every affine map
 ``A_m(h) = W_m h + b_m`` may have interval parameters ``W_m in [W_lo, W_hi]``,
-``b_m in [b_lo, b_hi]`` (a hyper-network, Sphynx spec §1.4). A concrete network is the special
+``b_m in [b_lo, b_hi]`` (a hyper-network, Sphynx, §4). A concrete network is the special
 case ``W_lo == W_hi``. Inputs are flattened in row-major order (NHWC for images), which is what
 ``x.reshape(batch, -1)`` gives in Flax.
 
@@ -103,7 +103,7 @@ class Network:
     layers: the affine layers in order.
     input_shape: shape of one input (without batch axis); the MILP sees it flattened.
     output: ``"logits"`` (class = argmax, first index on ties) or ``"sign"`` (one output unit,
-      class 1 iff ``N(x) >= 0``, else 0: the Sphynx convention, spec §1.1). ``None`` (default)
+      class 1 iff ``N(x) >= 0``, else 0: Sphynx's convention, Sphynx, §2). ``None`` (default)
       picks ``"sign"`` for one output unit and ``"logits"`` otherwise.
   """
 

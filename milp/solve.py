@@ -46,9 +46,9 @@ class SolveConfig:
     relative_gap: relative optimality gap for optimisation queries (finite, ``>= 0``).
     absolute_gap: absolute optimality gap (finite, ``>= 0``).
     tol: margin tolerance for verification (finite, ``>= 0``): VERIFIED needs a proven margin
-      ``> tol`` (Tjeng's feasibility form, Sphynx spec §2.6). A negative ``tol`` would turn
-      "margin > tol" into a non-proof (a network wrong everywhere with margin ``-0.5`` was
-      VERIFIED at ``tol=-1``), so it is refused. ``tol`` should also cover the solver's
+      ``> tol`` (the feasibility form of Tjeng et al., extended in Sphynx, §5.2). A negative ``tol``
+      would turn "margin > tol" into a non-proof (a network wrong everywhere with margin ``-0.5``
+      was VERIFIED at ``tol=-1``), so it is refused. ``tol`` should also cover the solver's
       feasibility tolerance (SCIP/HiGHS: ``1e-6``), which an infeasibility proof is only exact to;
       ``tol=0`` is accepted but then ties within that tolerance are the solver's call.
   """

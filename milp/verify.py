@@ -1,17 +1,18 @@
 """Local robustness of a network or hyper-network over a neighbourhood: VERIFIED or not, soundly.
 
 `verify(net, nbhd, label)` decides ``forall x' in I(x): class(N(x')) = label`` for a concrete
-network, or for every network in a hyper-network's box (Sphynx spec §2.6). Steps:
+network, or for every network in a hyper-network's box (Sphynx, §5.2). Steps:
 
 1. **Bounds.** IBP (or CROWN) output bounds; if the margin's lower bound is ``> tol`` the answer is
    VERIFIED without a MILP.
 2. **Sampling** (real networks only). The centre, uniform points and box corners are run through
    the concrete network and the ``replay`` networks; a misclassified point is FALSIFIED.
 3. **MILP**, one per competing class ``c``: minimise the margin ``z_label - z_c`` subject to the
-   encoding and ``margin <= tol`` (Tjeng's feasibility form, spec §2.6 "property"). An
-   infeasible model proves ``margin > tol`` for that class. A feasible point is a *candidate*: it
-   is projected into the neighbourhood (clipped to the box, discrete groups snapped) and replayed
-   through real networks in float64 (and any ``replay`` callables, e.g. the Flax model).
+   encoding and ``margin <= tol`` (the feasibility form of Tjeng et al., which Sphynx, §5.2,
+   extends). An infeasible model proves ``margin > tol`` for that class. A feasible point is a
+   *candidate*: it is projected into the neighbourhood (clipped to the box, discrete groups snapped)
+   and replayed through real networks in float64 (and any ``replay`` callables, e.g. the Flax
+   model).
 
 Statuses:
 
@@ -20,8 +21,8 @@ Statuses:
 * ``FALSIFIED``    — a real network (the concrete ``net``, or one of ``replay``) classifies a
   point of the neighbourhood as another class; the point is in ``counterexample``.
 * ``NOT_VERIFIED`` — hyper-network only: the abstraction admits a violating network (the
-  reconstructed member is in ``witness``, spec §2.6), but no real network was shown to violate.
-  Sphynx reads this as "not LDCP" (conservative).
+  reconstructed member is in ``witness``, from the proof of Sphynx, Thm 2, App. B), but no real
+  network was shown to violate. Sphynx reads this as "not LDCP" (conservative).
 * ``UNKNOWN``      — time-out, numerical trouble, or a candidate that did not replay. Never
   counted as verified.
 """

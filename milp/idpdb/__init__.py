@@ -1,7 +1,7 @@
 """LUCID's iDP deterministic bound (iDP-DB): a MILP over N and a hyper-network, and the
-branch-and-bound over hyper-networks that tightens it (LUCID §1.4, §2.2–2.9).
+branch-and-bound over hyper-networks that tightens it (LUCID, §4–§6).
 
-For a class ``c`` the per-class iDP-DB is (LUCID §1.4, Eq. 1)
+For a class ``c`` the per-class iDP-DB is (LUCID, §4, Eq. 1)
 
     beta*_c = max { C^c_N(x) : x in [0, 1]^d, some leave-one-out network N_-i has C^c_{N_-i}(x) <= 0 },
 
@@ -16,13 +16,13 @@ Modules, in dependency order:
 `config`               `IdpDbConfig` (validated at construction) and the result dataclasses
 `family`               families of members, hyper-networks ``[min, max]`` of members, confidences
 `rows`                 the rows of the node MILP (Eq. 3) on a `milp.encode.Encoding`
-`tighten`              LP/MILP bound tightening of N and N# (§2.4): `tighten_net`, `tighten_hyper`
+`tighten`              LP/MILP tightening of N and N# (LUCID, §6.2): `tighten_net`, `tighten_hyper`
 `screening`            difference-interval bound of one node / every member, no MILP
                        (`screen_bound`, `member_bounds`; ours, not LUCID's)
 `node`                 `node_bound`: one node MILP (dual bound, replayed incumbent); `NodeJob`
-`branching`            k-means children with the elbow rule (§2.8): `partition`, `elbow_k`
+`branching`            k-means children with the elbow rule (LUCID, §6.1): `partition`, `elbow_k`
 `search`               `lucid_compute` (Alg. 1) and `betas` (every class, from Flax parameters)
-`members`              `naive_compute` (one MILP per member, §2.2) and `per_member_betas`
+`members`              `naive_compute` (one MILP per member, LUCID, §5.1) and `per_member_betas`
 `guard`                `compute_betas`: β per class for `boundjax.privacy.LabelOnlyGuard`
 `attack`               `attack`: real leaking inputs by gradient search (a lower bound)
 =====================  ==========================================================================

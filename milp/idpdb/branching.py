@@ -1,5 +1,5 @@
 """Branching of the branch-and-bound: k-means over the members' parameters, k by the elbow rule
-(LUCID §2.8).
+(LUCID, §5.3 and §6.1).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def elbow_k(ks: Sequence[int], distortions: Sequence[float]) -> int:
 
 
 def partition(features: np.ndarray, rows: np.ndarray, cfg: IdpDbConfig) -> list[np.ndarray]:
-  """Splits member ``rows`` into clusters by k-means on their parameters (spec §2.8).
+  """Splits member ``rows`` into clusters by k-means on their parameters (LUCID, §6.1).
 
   ``k`` is the elbow over the candidates ``cfg.kmeans_ks`` below ``|S|``, capped at
   ``cfg.max_k``, raised to ``cfg.workers``, capped at ``|S|``; two members split into

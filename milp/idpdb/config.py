@@ -27,18 +27,19 @@ TIGHTEN_MODES = ("none", "lp-net", "lp", "milp")
 
 @dataclasses.dataclass(frozen=True)
 class IdpDbConfig:
-  """Settings of the iDP-DB MILPs and of the branch-and-bound (spec §2.12 defaults).
+  """Settings of the iDP-DB MILPs and of the branch-and-bound (defaults as in LUCID, §7).
 
   Attributes:
-    tau: relax-if-similar threshold on the post-ReLU difference width (spec §2.7; 0.01).
-    matching: add the matching dependencies on post-ReLU neurons (spec §2.6, "MD").
-    matching_pre: also on pre-activations and logits (spec §2.6 [impl]); ignored without
-      ``matching``.
+    tau: relax-if-similar threshold on the post-ReLU difference width (LUCID, §5.4 and §6.2; 0.01 as
+      in §7).
+    matching: add the matching dependencies on post-ReLU neurons (LUCID, §5.4 and §6.2, "MD").
+    matching_pre: also on pre-activations and logits (our addition, not LUCID's: implied rows,
+      so sound); ignored without ``matching``.
     relax: relax-if-similar ("RiS").
     bounds: N's pre-activation bounds, ``"ibp"`` or ``"crown"`` (`milp.difference`).
     node_time_limit: seconds per MILP (``None``: none). A time-out keeps the sound dual bound.
     total_time_limit: seconds for the whole branch-and-bound (``None``: none).
-    solver: ``"highs"`` (default; the spec's open backend, about 10x faster than SCIP on these
+    solver: ``"highs"`` (default; open source, about 10x faster than SCIP on these
       models here) or ``"scip"``.
     threads: solver threads per MILP.
     relative_gap: MILP relative gap (the dual bound stays sound whatever the gap).
@@ -50,7 +51,7 @@ class IdpDbConfig:
     max_k: cap on the elbow k before it is raised to ``workers`` (``None``: no cap; LUCID's code
       uses 2, which refines the anytime bound sooner when every MILP hits its time limit).
     tol: replay tolerance of incumbents.
-    tighten: pre-activation bound tightening before the node MILPs (spec §2.4, MIPVerify-style):
+    tighten: pre-activation bound tightening before the node MILPs (LUCID, §6.2, MIPVerify-style):
       ``"none"`` (interval/CROWN bounds only), ``"lp"`` (maximise/minimise every unstable
       neuron over the LP relaxation of the earlier layers, `tighten_net` / `tighten_hyper`) or
       ``"milp"`` (the same with the earlier ReLUs exact, each solve capped at
@@ -257,7 +258,7 @@ class IdpDbResult:
 
 @dataclasses.dataclass
 class NaiveBetaResult:
-  """Outcome of `naive_compute`: per-member MILPs (spec §2.2).
+  """Outcome of `naive_compute`: per-member MILPs (LUCID, §5.1).
 
   Attributes:
     beta: ``max_i`` of the member bounds (sound; exact when ``exact``).

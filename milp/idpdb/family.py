@@ -3,8 +3,8 @@
 * `as_family` — a `milp.ldcp.Family` (stacked float64 weights) from concrete networks or
   stacked Flax parameters.
 * `hyper_of` — the hyper-network N# of some members: coordinate-wise ``[min, max]`` of their
-  parameters (LUCID §2.3).
-* `flat_rows` — the members' flattened parameters, the k-means features (LUCID §2.8).
+  parameters (LUCID, §5.2, Def. 5.1).
+* `flat_rows` — the members' flattened parameters, the k-means features (LUCID, §6.1).
 * `confidence` — ``C^c_N(x) = z_c - max_{c' != c} z_c'`` (sign networks: ``±z``), and
   `confidence_cap`, the largest value N's sound logit bounds allow.
 """
@@ -44,7 +44,7 @@ def as_family(members: Sequence[Network] | Family | Any, output: str | None = No
 
 
 def hyper_of(family: Family, rows: Any) -> Network:
-  """The hyper-network over ``rows`` of the family: coordinate-wise [min, max] (spec §2.3)."""
+  """The hyper-network over ``rows`` of the family: coordinate-wise [min, max] (LUCID, Def. 5.1)."""
   rows = np.asarray(rows)
   if rows.size == 0:
     raise ValueError("hyper_of: no member rows.")
@@ -54,7 +54,7 @@ def hyper_of(family: Family, rows: Any) -> Network:
 
 
 def flat_rows(family: Family) -> np.ndarray:
-  """``(K, P)`` flattened parameters of every member (the k-means features, spec §2.8)."""
+  """``(K, P)`` flattened parameters of every member (the k-means features, LUCID, §6.1)."""
   parts = [w.reshape(family.size, -1) for w in family.ws] + [b for b in family.bs]
   return np.concatenate(parts, axis=1)
 

@@ -1,4 +1,4 @@
-"""Per-member β: one MILP per leave-one-out network (LUCID §2.2, "NaiveCompute").
+"""Per-member β: one MILP per leave-one-out network (the per-point MILPs of LUCID, §5.1).
 
 * `naive_compute(net, members, label, cfg)` — ``β_c = max_i P_i`` for one class, each ``P_i`` the
   node MILP with the member itself as N#: exact when every solve is optimal, and the reference the
@@ -31,7 +31,7 @@ PyTree = Any
 
 def naive_compute(net: Network, members: Sequence[Network] | Family, label: int,
                   cfg: IdpDbConfig = IdpDbConfig(), progress: bool = False) -> NaiveBetaResult:
-  """NaiveCompute (LUCID §2.2): ``max_i`` of the per-member MILP ``P_i`` (Eq. 3 with N# = N_-i).
+  """Per-point MILPs (LUCID, §5.1): ``max_i`` of the per-member MILP ``P_i`` (Eq. 3 with N# = N_-i).
 
   ``P_i = max {C^c_N(x) : x in [0, 1]^d, C^c_{N_-i}(x) <= 0}``, each solved by
   `milp.idpdb.node.node_bound` with the member as its (concrete) hyper-network. Matching
@@ -88,7 +88,7 @@ def per_member_betas(params: PyTree, members: PyTree, *, classes: Sequence[int] 
   """Sound β per class by one MILP per (member, class): `naive_compute` for every class.
 
   ``β_c = max_members max_x {C^c_N(x) : member does not predict c}`` over ``x ∈ [0, 1]^d``
-  (LUCID §2.2). Each value is a solver dual bound, so it is sound even at a time-out
+  (LUCID, §5.1). Each value is a solver dual bound, so it is sound even at a time-out
   (``cfg.node_time_limit`` per MILP); `boundjax.privacy.guard.guard_beta` then adds ``slack``
   (absolute, plus the same relative) for the solver's feasibility tolerance and the guard's
   float32 forward pass, and maps ``-inf`` (no member can ever disagree) to 0.

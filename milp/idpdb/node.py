@@ -1,4 +1,4 @@
-"""One node of the branch-and-bound: the iDP-DB MILP over N and a hyper-network (LUCID §2.4,
+"""One node of the branch-and-bound: the iDP-DB MILP over N and a hyper-network (LUCID, §6.2,
 Eq. 3), and the picklable job that solves it in a worker.
 
     max beta  s.t.  C^c_N(x) >= beta   (one row per c' != c)
@@ -7,7 +7,7 @@ Eq. 3), and the picklable job that solves it in a worker.
                                         hyper-network output bounds)
                     x in [0, 1]^d, N exact (Tjeng), N# with interval weights (Eq. 3e)
 
-plus the matching dependencies ``z + dl <= z# <= z + du`` (§2.6) and relax-if-similar (§2.7).
+plus the matching dependencies ``z + dl <= z# <= z + du`` and relax-if-similar (LUCID, §5.4).
 The answer is the solver's **dual bound** (sound under a time-out, never the incumbent); an
 infeasible model (N# can never disagree) gives ``-inf``.
 """
@@ -43,7 +43,7 @@ def node_bound(net: Network, hyper: Network, label: int, cfg: IdpDbConfig = IdpD
 
   Args:
     net: N (concrete).
-    hyper: N# (interval parameters; a concrete member gives the per-point MILP of spec §2.2).
+    hyper: N# (interval parameters; a concrete member gives the per-point MILP of LUCID, §5.1).
     label: the class c.
     cfg: `IdpDbConfig` (MD, RiS, tau, bounds, solver, ``node_time_limit``).
     input_lower, input_upper: the input domain, ``[0, 1]^d`` in LUCID (scalars or arrays).

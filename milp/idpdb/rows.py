@@ -1,8 +1,8 @@
-"""The rows of the node MILP (LUCID §2.4, Eq. 3) on a `milp.encode.Encoding`.
+"""The rows of the node MILP (LUCID, §6.2, Eq. 3) on a `milp.encode.Encoding`.
 
-* `pair_rows` — ``lo <= v_a - v_b <= hi``: the matching dependencies between N# and N (§2.6).
-* `add_hyper` — N# with interval weights (Eq. 3e), some unstable neurons relaxed (§2.7).
-* `confidence_rows` — ``C^c_N(x) >= beta`` (Eq. 3b).
+* `pair_rows` — ``lo <= v_a - v_b <= hi``: the matching dependencies between N# and N (LUCID, §5.4).
+* `add_hyper` — N# with interval weights (Eq. 3e), some unstable neurons relaxed (LUCID, §5.4).
+* `confidence_rows` — ``C^c_N(x) >= beta`` (Eq. 3c, left part).
 * `disagreement_rows` — ``C^c_{N#}(x) <= 0`` (Eq. 3c), big-M over binaries for > 2 classes.
 """
 
@@ -36,7 +36,8 @@ def add_hyper(enc: Encoding, hyper: Network, x: np.ndarray, in_lo: np.ndarray,
                in_hi: np.ndarray, hb: list[tuple[np.ndarray, np.ndarray]],
                relax_masks: list[np.ndarray]):
   """Encodes N# on ``x`` with its refined bounds ``hb``; unstable neurons in ``relax_masks``
-  get the triangle relaxation instead of a binary (spec §2.7). Returns (pre ids, post ids, bins).
+  get the triangle relaxation instead of a binary (relax-if-similar, LUCID, §5.4). Returns (pre ids,
+  post ids, bins).
 
   The interval layers use the two-inequality form of Eq. 3e, exact only for non-negative layer
   inputs: hidden inputs are post-ReLU, so only the input box is checked.

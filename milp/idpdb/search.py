@@ -1,4 +1,4 @@
-"""LUCID-Compute (LUCID §2.8, Alg. 1): the branch-and-bound over hyper-networks.
+"""LUCID-Compute (LUCID, §5.3 and §6.1, Alg. 1): the branch-and-bound over hyper-networks.
 
 A max-priority queue on the node bounds; the popped node is split by k-means over its members'
 parameters (`milp.idpdb.branching.partition`) and its children are solved as node MILPs
@@ -56,7 +56,7 @@ def _confirm(net: Network, family: Family, rows: np.ndarray, res: NodeResult, la
 
 def lucid_compute(net: Network, members: Sequence[Network] | Family, label: int,
                   cfg: IdpDbConfig = IdpDbConfig(), progress: bool = True) -> IdpDbResult:
-  """LUCID-Compute (spec §2.8, Alg. 1): a sound ``beta >= beta*_c`` for the given family.
+  """LUCID-Compute (LUCID, §6.1, Alg. 1): a sound ``beta >= beta*_c`` for the given family.
 
   Args:
     net: N (concrete).

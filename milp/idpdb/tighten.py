@@ -1,4 +1,4 @@
-"""Pre-activation bound tightening before the node MILPs (LUCID §2.4, MIPVerify-style).
+"""Pre-activation bound tightening before the node MILPs (LUCID, §6.2, MIPVerify-style).
 
 `tighten_net` tightens N's bounds over the input box once; `tighten_hyper` tightens N#'s bounds
 of one node over the joint model of N, N# and their matching dependencies, and returns the
@@ -85,7 +85,7 @@ def _to_tighten(m: int, n_layers: int, L: np.ndarray, U: np.ndarray) -> np.ndarr
 
 def tighten_net(net: Network, lo: Any, hi: Any, cfg: IdpDbConfig = IdpDbConfig(),
                 bounds: list | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-  """N's pre-activation bounds over ``[lo, hi]`` tightened layer by layer (spec §2.4).
+  """N's pre-activation bounds over ``[lo, hi]`` tightened layer by layer (LUCID, §6.2).
 
   Layer ``m >= 1``: each unstable neuron (every logit in the last layer) is maximised and
   minimised over the model of layers ``0..m`` with the already tightened bounds: the LP
@@ -129,7 +129,7 @@ def tighten_hyper(net: Network, hyper: Network, lo: Any, hi: Any,
   ``m >= 1`` the difference intervals are recomputed from the bounds tightened so far, and each
   unstable neuron of N# (every logit in the last layer) is maximised and minimised over the
   *joint* model of layers ``0..m``: N (exact stable ReLUs, triangle or binary unstable ones),
-  N# (interval rows, Eq. 3e), and the matching dependencies of spec §2.6 (post-ReLU for layers
+  N# (interval rows, Eq. 3e), and the matching dependencies of LUCID, §5.4 (post-ReLU for layers
   ``< m``, pre-activation for ``<= m``), which are sound whatever ``cfg.matching`` says.
   Same soundness argument and margins as `tighten_net`.
   """
