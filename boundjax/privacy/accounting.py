@@ -1,4 +1,4 @@
-"""Privacy accounting across Q queries (AGT spec §1.3, §2.12).
+"""Privacy accounting across Q queries (AGT, §3.2).
 
 Every per-query mechanism of `boundjax.privacy.mechanisms` is (eps, 0)-DP (conditionally, for the
 smooth-sensitivity ones). Three ways to compose Q of them, and their inverses (per-query eps for a

@@ -1,4 +1,4 @@
-"""The baselines of LUCID's accuracy comparison (LUCID §1.5, §4.4; ε-DP implies ε-iDP).
+"""The baselines of LUCID's accuracy comparison (LUCID, §3.3 and §7; ε-DP implies ε-iDP).
 
 =====================  ==================================================  =================
 mechanism              what it does                                        guarantee
@@ -42,7 +42,7 @@ def _int_seed(key: jax.Array) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Naive-Noise and Naive-iDP (LUCID §1.5)
+# Naive-Noise and Naive-iDP (LUCID, §3.3)
 # ---------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +58,8 @@ def naive_noise(key: jax.Array, apply_fn: ApplyFn, params: PyTree, x: Any, epsil
   """Naive-Noise: the exponential mechanism on every query (Δu = 1 = the global sensitivity).
 
   ε-DP per query (hence ε-iDP). Keeps N's label with probability ``e^{ε/2} / (e^{ε/2} + |C| -
-  1)``: 0.5 / 0.5025 / 0.525 / 0.622 for two classes at ε = 0 / 0.02 / 0.2 / 1 (LUCID §1.5).
+  1)``: 0.5 / 0.5025 / 0.525 / 0.622 for two classes at ε = 0 / 0.02 / 0.2 / 1 (LUCID, §3.3; Table
+  2's Naive-Noise column).
   Returns the ``(n,)`` int64 labels.
   """
   eps = check_epsilon(epsilon)
@@ -72,7 +73,7 @@ def naive_idp(key: jax.Array, apply_fn: ApplyFn, params: PyTree, members: PyTree
               epsilon: float, output: str | None = None, chunk: int = 2048) -> NoisedLabels:
   """Naive-iDP: every query through N and all leave-one-out networks (vmapped over ``members``,
   a parameter tree with a leading member axis); N's label when all agree, else the
-  exponential-mechanism label (LUCID §1.5).
+  exponential-mechanism label (LUCID, §3.3).
 
   ε-iDP per query when ``members`` is the whole leave-one-out family of D (the exact leaking set,
   the least noise possible); with only part of the family it guarantees nothing. Inputs go
@@ -95,7 +96,7 @@ def naive_idp(key: jax.Array, apply_fn: ApplyFn, params: PyTree, members: PyTree
 
 
 # ---------------------------------------------------------------------------------------------
-# ALIBI (label DP; Malek et al. 2021, LUCID §4.4)
+# ALIBI (label DP; Malek et al. 2021, LUCID, §7)
 # ---------------------------------------------------------------------------------------------
 
 def alibi_noisy_labels(key: jax.Array, y: Any, n_classes: int, epsilon: float) -> np.ndarray:
@@ -213,7 +214,7 @@ def train_alibi(apply_fn: ApplyFn, init_params: PyTree, x: Any, y: Any, epsilon:
                 n_classes: int = 2, epochs: int = 30, batch_size: int = 1024, lr: float = 0.1,
                 weight_decay: float = 1e-5, iterations: int = 1, key: jax.Array | None = None,
                 output: str | None = None) -> AlibiResult:
-  """ALIBI (Malek et al. 2021; LUCID §4.4): ε-label-DP training.
+  """ALIBI (Malek et al. 2021; LUCID, §7): ε-label-DP training.
 
   1. `alibi_noisy_labels`: ``o_i = onehot(y_i) + Lap(2/ε)`` (the only access to the labels);
   2. `alibi_posterior` with a uniform prior (post-processing);
@@ -285,7 +286,7 @@ def train_dpsgd_baseline(apply_fn: ApplyFn, init_params: PyTree, x: Any, y: Any,
                          batch_size: int = 256, lr: float = 0.1, l2_norm_clip: float = 1.0,
                          key: jax.Array | None = None, output: str | None = None
                          ) -> DpSgdResult:
-  """DP-SGD at a target ε (noise calibrated with dp-accounting's RDP accountant), LUCID §4.4.
+  """DP-SGD at a target ε (noise calibrated with dp-accounting's RDP accountant), LUCID, §7.
 
   (ε, δ)-DP for all parameters (δ = 1/n by default), hence (ε, δ)-iDP: a weaker guarantee than
   the pure ε of the other mechanisms, as in the paper's comparison (which leaves δ unstated).

@@ -31,8 +31,8 @@ ApplyFn = Callable[[PyTree, jax.Array], jax.Array]
 IDP_EPSILONS: tuple[float, ...] = (0.0, 0.02, 0.2, 1.0)
 DP_EPSILONS: tuple[float, ...] = (0.02, 0.2, 1.0)
 
-#: LUCID §4.5–4.7, Adult 2×50 (accuracy in %): Table 1 (LUCID), Table 2 (Naive-Noise,
-#: Naive-iDP), Table 3 (DP-SGD, ALIBI); and the headline averages over the 11 networks (§4.9).
+#: LUCID, §7, Adult 2×50 (accuracy in %): Table 1 (LUCID), Table 2 (Naive-Noise,
+#: Naive-iDP), Table 3 (DP-SGD, ALIBI); and the headline averages over the 11 networks (§7).
 PAPER_ADULT_2X50 = {
     "acc_no_protection": 83.1,
     "beta": {"0": 0.55, "1": 0.63},

@@ -1,7 +1,7 @@
-"""LUCID-Inference (LUCID §2.10, Alg. 2): label-only access to N with ε-iDP per query.
+"""LUCID-Inference (LUCID, §6.3, Alg. 2): label-only access to N with ε-iDP per query.
 
 `LabelOnlyGuard` answers ``f_x(D) = argmax N(x)`` for the leave-one-out neighbours of the
-training set D. Given the iDP deterministic bound β_c per class (LUCID §1.4, Eq. 1: no input with
+training set D. Given the iDP deterministic bound β_c per class (LUCID, §4, Eq. 1: no input with
 ``C^c_N(x) >= β_c`` is labelled differently by any leave-one-out network; computed by
 `milp.idpdb.compute_betas`, an input here):
 
@@ -137,7 +137,7 @@ def _guard_programs(apply_fn: ApplyFn, kind: str, n_classes: int):
 
 
 class LabelOnlyGuard:
-  """LUCID-Inference (LUCID §2.10, Alg. 2): label-only access to N with ε-iDP per query.
+  """LUCID-Inference (LUCID, §6.3, Alg. 2): label-only access to N with ε-iDP per query.
 
   ``query(x)``: if x was answered with noise before, return the memoised label. Otherwise compute
   ``c = argmax N(x)`` and its confidence; return c when ``C^c_N(x) > β_c`` (0-iDP, no randomness

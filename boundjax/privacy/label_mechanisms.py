@@ -1,5 +1,5 @@
 """Label mechanisms of LUCID's guarded predictor: the exponential mechanism over labels and the
-confidence of a network's prediction (LUCID §1.4–1.5).
+confidence of a network's prediction (LUCID, §3.3 and §4).
 
 * `exponential_mechanism` — ``P(r) ∝ exp(ε u(r) / (2 Δu))`` (Dwork & Roth, Thm 3.10),
   jittable; `exponential_probabilities` is its exact distribution and `keep_probability` the
@@ -41,12 +41,12 @@ def check_epsilon(epsilon: Any, allow_zero: bool = True, name: str = "epsilon") 
 
 
 # ---------------------------------------------------------------------------------------------
-# Exponential mechanism (LUCID §1.5)
+# Exponential mechanism (LUCID, §3.3, Lemma 3.2)
 # ---------------------------------------------------------------------------------------------
 
 def exponential_mechanism(key: jax.Array, utilities: Any, epsilon: Any,
                           sensitivity: Any = 1.0) -> jax.Array:
-  """Samples ``r`` with ``P(r) ∝ exp(ε u(r) / (2 Δu))`` over the last axis (LUCID §1.5).
+  """Samples ``r`` with ``P(r) ∝ exp(ε u(r) / (2 Δu))`` over the last axis (LUCID, §3.3).
 
   With the one-hot label utility and ``Δu = 1`` (LUCID's setting), the predicted class is kept
   with probability ``e^{ε/2} / (e^{ε/2} + |C| - 1)``; ``ε = 0`` is uniform and a large ε picks
@@ -81,7 +81,7 @@ def exponential_probabilities(utilities: Any, epsilon: float, sensitivity: float
 
 
 def keep_probability(epsilon: float, n_classes: int) -> float:
-  """``P(noised label = predicted) = e^{ε/2} / (e^{ε/2} + |C| - 1)`` (LUCID §1.5)."""
+  """``P(noised label = predicted) = e^{ε/2} / (e^{ε/2} + |C| - 1)`` (LUCID, §3.3)."""
   e = check_epsilon(epsilon)
   return math.exp(e / 2) / (math.exp(e / 2) + n_classes - 1)
 
@@ -96,7 +96,7 @@ def one_hot_mechanism(key: jax.Array, labels: jax.Array, n_classes: int, epsilon
 
 
 # ---------------------------------------------------------------------------------------------
-# Confidence (LUCID §1.4)
+# Confidence (LUCID, §4)
 # ---------------------------------------------------------------------------------------------
 
 @jax.tree_util.register_dataclass
@@ -114,7 +114,7 @@ class Prediction:
 
 
 def predict_with_confidence(outputs: Any, output: str = "logits") -> Prediction:
-  """Label and confidence per row of network outputs (LUCID §1.4).
+  """Label and confidence per row of network outputs (LUCID, §4).
 
   ``"logits"``: label ``argmax z`` (lowest index on ties), confidence ``z_c - max_{c' != c} z_c'``
   (the top-1 minus top-2 logit; 0 on ties). ``"sign"``: one output unit, label ``1[z >= 0]``,

@@ -8,7 +8,7 @@ LUCID answers label-only queries ``f_x(D) = argmax N(x)`` with individual differ
 module                                      holds
 ==========================================  =====================================================
 `boundjax.privacy.label_mechanisms`         exponential mechanism, `keep_probability`,
-                                            `predict_with_confidence` (LUCID §1.4–1.5)
+                                            `predict_with_confidence` (LUCID, §3.3, §4)
 `boundjax.privacy.guard`                    `LabelOnlyGuard` (LUCID Alg. 2), `GuardAnswer`,
                                             `validate_betas`, `guard_beta`
 `boundjax.privacy.baselines`                Naive-Noise, Naive-iDP, ALIBI, DP-SGD

@@ -1,4 +1,4 @@
-"""Private prediction mechanisms for a binary label (AGT paper §3 and §5, spec §1.3, §1.5, §2.10–2.11).
+"""Private prediction mechanisms for a binary label (AGT, §3.2 and §5).
 
 Baselines (global sensitivity, always valid):
   * single model:  R(x) = 1[f_x(D) + Lap(1/eps) > 0.5]                   (eq. 6), (eps, 0)-DP;
@@ -12,9 +12,10 @@ Smooth sensitivity from AGT certificates (Thm 5.1, Cor. 5.2, Thm 5.3):
   * ensembles: K = sum of the n smallest member k's, n = ceil(|n_1 - n_0| / 2) (the proof's and
     the code's conservative form; the statement's ``+ n - 1`` is opt-in).
 
-ASSUMPTION (spec §1.5 soundness caveat). The smooth-sensitivity framework of Nissim, Raskhodnikova
-and Smith (2007; SS^beta with max over k >= 0, A^0 = LS) needs the noise scale to be a beta-smooth
-upper bound, S(D) <= e^beta S(D') for neighbours. The paper uses S(D) = exp(-beta k'(D)) with k'
+ASSUMPTION (a gap in AGT, App. D.6, which takes any upper bound on SS as the noise scale). The
+smooth-sensitivity framework of Nissim, Raskhodnikova and Smith (2007; SS^beta with max over
+k >= 0, A^0 = LS) needs the noise scale to be a beta-smooth upper bound, S(D) <= e^beta S(D') for
+neighbours. The paper uses S(D) = exp(-beta k'(D)) with k'
 from AGT runs on D; nothing proves |k'(D) - k'(D')| <= 1 for neighbours, and if k' jumps, the
 noise scale itself leaks. The Cor. 5.2 / Thm 5.3 guarantee here is therefore CONDITIONAL on that
 smoothness; `smoothness_diagnostic` tests it empirically, and `private_predict` defaults to the
@@ -114,7 +115,7 @@ def ensemble_stable_k(votes: Any, k_members: Any, plus_n_minus_1: bool = False) 
   Args:
     votes: (T, n) binary member votes; k_members: (T, n) member certified k's.
     plus_n_minus_1: add the statement's ``n - 1`` (valid when each dataset change touches one
-      partition, e.g. add/remove with a fixed assignment; spec §1.5). Default: the conservative
+      partition, e.g. add/remove with a fixed assignment; AGT, Thm 5.3). Default: the conservative
       form of the proof and the public code, ``K = sum of the n smallest k``.
 
   Returns:
@@ -177,7 +178,7 @@ def response_probability(pred: Any, scale: Any, noise: str) -> np.ndarray:
 
 
 def smoothness_diagnostic(k_d: Any, k_neighbours: Any) -> dict:
-  """Empirical test of the assumption |k'(D) - k'(D')| <= 1 (spec §1.5, §3 check 14).
+  """Empirical test of the assumption |k'(D) - k'(D')| <= 1 (see the module docstring).
 
   Args:
     k_d: (n,) certified k' on D; k_neighbours: (M, n) certified k' on M neighbours D'.
