@@ -303,7 +303,7 @@ def mul_bounds(al: Array, au: Array, bl: Array, bu: Array) -> tuple[Array, Array
 def bilinear_midrad(op, a: Any, b: Any) -> tuple[Array, Array]:
   """Bounds of ``op(A, B)`` for a bilinear ``op`` (matmul, conv) in midpoint–radius form.
 
-  Rump's form (AGT spec §2.1):  H_mu = op(A_mu, B_mu),
+  Rump's form (Rump 1999, as used in AGT, App. B):  H_mu = op(A_mu, B_mu),
   H_r = op(|A_mu|, B_r) + op(A_r, |B_mu|) + op(A_r, B_r),  result ``[H_mu - H_r, H_mu + H_r]``.
   When one operand is a point the radius terms with its radius vanish, so a concrete weight
   costs two products: ``op(A_mu, W)`` and ``op(A_r, |W|)``.

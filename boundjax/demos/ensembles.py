@@ -53,7 +53,7 @@ def run(members: int = 64, epochs: int = 10, seed: int = 0) -> Section:
   fixed = (margin_lo > 0) | (margin_hi < 0)
   lines.append(f"  bj.ibp over the hyper-network: the label is the same for every network in the "
                f"box at {int(fixed.sum())} of {x.shape[0]} points")
-  # Difference intervals (LUCID spec §2.5): N#(x) - N(x) on the same x, over the whole [0,1]^30.
+  # Difference intervals (LUCID, §5.4 and §6.2): N#(x) - N(x) on the same x, over [0,1]^30.
   box = Interval(jnp.zeros((1, x.shape[1]), x.dtype), jnp.ones((1, x.shape[1]), x.dtype))
   diff = difference(model.apply)(ens.full, hyper, box)
   d_w = float(np.mean(np.asarray(diff.delta.upper - diff.delta.lower)))

@@ -1,6 +1,6 @@
 """The difference domain: bounds on ``N#(x) - N(x)`` for two parameter sets on one input box.
 
-LUCID spec 000 §2.5 (paper §5.4, §6.2). ``difference(fn)(params_ref, params_other, *args)``
+LUCID, §5.4 and §6.2. ``difference(fn)(params_ref, params_other, *args)``
 evaluates ``fn`` twice at once, with the reference parameters ``params_ref`` (N) and with
 ``params_other`` (N#: one concrete member, or a hyper-network whose leaves are `Interval`s), on
 the *same* arguments; arguments may hold `Interval` input boxes. Every value that depends on the
@@ -32,16 +32,16 @@ Rules (``r, o, d`` = ref, other, delta of an operand; a concrete operand ``c`` h
   value multiplies the other's difference (F1 for ``B(h, W)``).
 * ``max(x, c)`` with a concrete ``c`` (ReLU is ``max(x, 0)``, also inside ``custom_jvp``): by
   monotonicity and 1-Lipschitzness ``max(x#, c) - max(x, c) ∈ [min(0, d_l), max(0, d_u)]``
-  (spec §2.5), refined soundly: both stably below ``c`` -> 0; both stably above -> ``d``; only
+  (LUCID, §6.2), refined soundly: both stably below ``c`` -> 0; both stably above -> ``d``; only
   N above: ``max(d, c - x) ∈ [max(d_l, c - u), max(d_u, c - l)]``; only N# above:
   ``min(d, x# - c) ∈ [min(d_l, l# - c), min(d_u, u# - c)]``. ``max`` of two dependent operands:
   ``[min(d_x_l, d_y_l), max(d_x_u, d_y_u)]``. ``min`` by symmetry; ``reduce_max`` and max
   pooling likewise (``[min d_l, max d_u]`` over the window).
 * Refinement: before every non-linear rule and after every bilinear/non-linear rule,
-  ``o ∩= r + d`` and ``d ∩= o - r`` (the spec §2.5 intersection and §2.4 [impl]); ``r`` is
+  ``o ∩= r + d`` and ``d ∩= o - r`` (sound: ``o`` and ``r + d`` both enclose N#'s value); ``r`` is
   never changed, so ``ref`` is N's plain IBP bound.
 
-Bias is included (unlike the public code, which drops ``I_b``; spec §2.5). Everything is
+Bias is included, as in LUCID, §6.2 (the authors' public code drops ``I_b``). Everything is
 ordinary JAX: the result can be jitted, vmapped and differentiated. Floating point: like
 ``bj.ibp`` without ``sound=True``, bounds hold up to the rounding of the working precision; use
 float64 inputs and parameters (or `milp.difference`, which widens outward) for certificates.

@@ -15,9 +15,8 @@ Smooth sensitivity from AGT certificates (Thm 5.1, Cor. 5.2, Thm 5.3):
 ASSUMPTION (a gap in AGT, App. D.6, which takes any upper bound on SS as the noise scale). The
 smooth-sensitivity framework of Nissim, Raskhodnikova and Smith (2007; SS^beta with max over
 k >= 0, A^0 = LS) needs the noise scale to be a beta-smooth upper bound, S(D) <= e^beta S(D') for
-neighbours. The paper uses S(D) = exp(-beta k'(D)) with k'
-from AGT runs on D; nothing proves |k'(D) - k'(D')| <= 1 for neighbours, and if k' jumps, the
-noise scale itself leaks. The Cor. 5.2 / Thm 5.3 guarantee here is therefore CONDITIONAL on that
+neighbours. The paper uses S(D) = exp(-beta k'(D)) with k' from AGT runs on D; nothing proves
+|k'(D) - k'(D')| <= 1 for neighbours, and if k' jumps, the noise scale itself leaks. The Cor. 5.2 / Thm 5.3 guarantee here is therefore CONDITIONAL on that
 smoothness; `smoothness_diagnostic` tests it empirically, and `private_predict` defaults to the
 global-sensitivity mechanism.
 """
