@@ -8,6 +8,7 @@ from scipy import optimize, stats
 
 from boundjax import ensembles as E
 from boundjax import hypernet as H
+from boundjax.hypernet import predint
 from boundjax.interval import Interval
 from boundjax.models import MLP
 
@@ -169,8 +170,8 @@ def test_kde_closed_form_is_the_exact_quantile_and_bisection_agrees():
   np.testing.assert_allclose(H.laplace_kde_cdf(ly, y, h), a / 2, atol=1e-9)
   np.testing.assert_allclose(H.laplace_kde_cdf(uy, y, h), 1 - a / 2, atol=1e-9)
   assert np.all(ly <= y.min(0)) and np.all(uy >= y.max(0))
-  bl = H._bisect_cdf(y, h, np.full(7, a / 2), ly - 5 * h, y.max(0), 200)
-  bu = H._bisect_cdf(y, h, np.full(7, 1 - a / 2), y.min(0), uy + 5 * h, 200)
+  bl = predint._bisect_cdf(y, h, np.full(7, a / 2), ly - 5 * h, y.max(0), 200)
+  bu = predint._bisect_cdf(y, h, np.full(7, 1 - a / 2), y.min(0), uy + 5 * h, 200)
   np.testing.assert_allclose(bl, ly, atol=1e-9)
   np.testing.assert_allclose(bu, uy, atol=1e-9)
 
