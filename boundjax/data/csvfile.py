@@ -3,7 +3,7 @@
 Bank Marketing (UCI, Moro et al.; Sphynx), Default of Credit Card Clients (UCI, Yeh & Lien; Sphynx
 and LUCID), Twitter Spam Accounts and Cryptojacking (LUCID), and the array data sets MedMNIST
 (OctMNIST) and IMDB (AGT) cannot be installed from PyPI or Debian: download them yourself and load
-them with `load_csv` (tabular data). Usage for the Sphynx sets (spec 003 §4.2):
+them with `load_csv` (tabular data). Usage for the Sphynx sets (Sphynx, §6):
 
     load_csv("bank-full.csv", "y", positive="yes", sensitive="age", sep=";")   # sensitive: age
     load_csv("credit.csv", "default payment next month", positive=1, sensitive="SEX",

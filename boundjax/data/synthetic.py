@@ -1,11 +1,11 @@
-"""AGT's "blobs" generator (spec 001 §4.2; public code ``scripts/privacy_paper/datasets.py``).
+"""AGT's "blobs" generator (AGT, App. E.1; public code ``scripts/privacy_paper/datasets.py``).
 
 Two isotropic Gaussian blobs in 2-D, centres ``+(c, c)`` (label 0) and ``-(c, c)`` (label 1),
 standard deviation ``s`` (scikit-learn ``make_blobs``), ``n = int(1.25 * n_train)`` points, an
 80/20 split (``train_test_split(test_size=0.2, random_state=seed)``, as in the code), and the
 polynomial feature map ``[x1, x2, x1^2, x2^2, x1^3, x2^3]`` (6 features).
 
-Settings (spec 001 §4.2, [code]):
+Settings (from the authors' public code; AGT, App. E.1, does not give the values):
 
 * ``"separable"`` (the code's "far"): ``c = 1.25``, ``s = 0.35``.
 * ``"overlapping"`` (the code's "close"): ``c = 1.0``, ``s = 0.75``.
