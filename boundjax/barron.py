@@ -1,30 +1,32 @@
-"""Barron constants of functions and networks (spec 004, §1.2 and §4.1).
+"""Barron constants of functions and networks (Diaz, Kairouz, Liao, Sankar, "Theoretical guarantees
+for model auditing with finite adversaries", §2 and §5.2).
 
 Convention (paper eq. 7, unitary Fourier transform of eq. 4)::
 
     C_h = (2 pi)^(-q/2) * integral_{R^q} ||omega||_2 |h_hat(omega)| d omega,
     h_hat(omega) = (2 pi)^(-q/2) * integral h(x) exp(-i omega . x) dx.
 
-When ``h`` itself is not integrable (tanh, logistic, erf) the gradient form is used instead
-(spec §1.2): ``C_h = (2 pi)^(-q/2) * integral ||F(grad h)(omega)||_2 d omega``, which is the same
-number whenever both exist since ``|F(d_j h)| = |omega_j| |h_hat|``.
+When ``h`` itself is not integrable (tanh, logistic, erf) the gradient form is used instead (the
+paper's eq. 45 for ``q = 1``): ``C_h = (2 pi)^(-q/2) * integral ||F(grad h)(omega)||_2 d omega``,
+which is the same number whenever both exist since ``|F(d_j h)| = |omega_j| |h_hat|``.
 
 Four ways to get a constant:
 
-* `closed_form` — the spec's table (§4.1 A): ridge profiles (tanh, tanh(t/2), logistic, erf,
+* `closed_form` — closed forms derived here and checked numerically (the paper computes only
+  ``tanh(mu t)``, §5.2): ridge profiles (tanh, tanh(t/2), logistic, erf,
   sech, Gaussian bump), isotropic and general Gaussians, ridge functions ``g(w.x + b)``.
-* `fft_1d`, `fft_2d` — FFT quadrature of the gradient form on a uniform grid (§4.1 B, C), in
+* `fft_1d`, `fft_2d` — FFT quadrature of the gradient form on a uniform grid, in
   float64 by default, jitted, batched over a leading parameter axis with ``params=``. A gradient
   that does not decay inside the grid (ridges, networks in 2-D) is multiplied by a
   positive-definite Gaussian taper first: cut off by the window it leaked and the sum diverged
   like ``log N``; tapered, the value never exceeds ``C_h`` beyond quadrature error (`fft_2d`).
 * `monte_carlo` — importance sampling of the defining integral when the Fourier transform is
-  known analytically (§4.1 D), any ``q``, with a standard error; `gaussian_mixture_mc` builds the
+  known analytically, any ``q``, with a standard error; `gaussian_mixture_mc` builds the
   transform and the proposal for Gaussian mixtures.
 * `network_upper_bound` — ``C_h <= sum_i |c_i| ||a_i|| C_sigma`` for a one-hidden-layer network
   ``h(x) = c_0 + sum_i c_i sigma(a_i . x + b_i)`` (ridge rule + subadditivity).  This bounds the
   constant of the *network*; for a network fitted to an unknown ``eta`` it is a surrogate, not a
-  certificate of ``C_eta`` (spec §4.1 A, last bullet).
+  certificate of ``C_eta``.
 
 `barron_constant` dispatches between them; for FFT it also compares against two coarser grids
 and returns an `Estimate` with an ``error`` estimate and a ``converged`` flag (an unconverged
@@ -49,7 +51,7 @@ _SQRT_2PI = math.sqrt(2.0 * math.pi)
 
 
 # ----------------------------------------------------------------------------------------------
-# Closed forms (spec §4.1 A)
+# Closed forms
 # ----------------------------------------------------------------------------------------------
 
 def _gaussian_bump(t):
@@ -61,7 +63,7 @@ def _sech(t):
   return 2.0 * e / (1.0 + e * e)
 
 
-#: Ridge profiles ``g: R -> R`` with their Barron constants ``C_g`` (spec §4.1 A table).
+#: Ridge profiles ``g: R -> R`` with their Barron constants ``C_g``.
 #: ``tanh_half`` is the paper's activation sigma(t) = (1 - e^-t)/(1 + e^-t) = tanh(t/2) (eq. 2).
 PROFILES: dict[str, tuple[Callable[[Array], Array], float]] = {
     "tanh": (jnp.tanh, 1.0),
@@ -116,7 +118,7 @@ def _concrete(tree: Any) -> bool:
 
 
 def closed_form(kind: str, **p: Any) -> Array:
-  """Barron constant from the spec's table (§4.1 A); float64 unless called under a trace.
+  """Barron constant in closed form; float64 unless called under a trace.
 
   Kinds and parameters:
 
@@ -124,7 +126,8 @@ def closed_form(kind: str, **p: Any) -> Array:
     profile: ``||a||_2 C_g`` with ``C_tanh = 1``, ``C_tanh_half = 1/2``, ``C_logistic = 1/4``,
     ``C_erf = 2/sqrt(pi)``, ``C_sech = 8G/pi^2`` (G = Catalan). ``a`` defaults to 1, ``b`` and the
     amplitude ``A`` (default 1) scale as ``|A|``. The paper's eq. 48 ``C_eta = <v, v0>`` must read
-    ``|<v, v0>|`` (spec §3.2): we return the norm, never a signed value.
+    ``|<v, v0>|`` (§5.2; a Barron constant is non-negative): we return the norm, never a signed
+    value.
   * ``"gaussian"`` — ``A exp(-||x||^2 / (2 s^2))`` on ``R^q``:
     ``|A| sqrt(2) Gamma((q+1)/2) / (s Gamma(q/2))``. Parameters ``A=1, s=1, q=1``.
   * ``"gaussian_cov"`` — ``A exp(-x^T cov^-1 x / 2)``: ``|A| E ||W||``, ``W ~ N(0, cov^-1)``.
@@ -176,7 +179,7 @@ def network_upper_bound(w1: Any, w2: Any, activation: str = "tanh_half", b1: Any
   """Upper bound on the Barron constant of a one-hidden-layer network, from its weights.
 
   For ``h(x) = c_0 + sum_i c_i sigma(a_i . x + b_i)`` (paper eq. 5) the ridge rule and
-  subadditivity (spec §4.1 A) give ``C_h <= C_sigma * sum_i |c_i| ||a_i||_2``; with
+  subadditivity give ``C_h <= C_sigma * sum_i |c_i| ||a_i||_2``; with
   sigma = tanh(t/2) this is ``(1/2) sum_i |c_i| ||a_i||``.
 
   Args:
@@ -222,7 +225,8 @@ def staircase_network_1d(h: Callable, dh: Callable, lo: float, hi: float, k: int
   piece's median with output weight ``c_i = w_i / 2`` (``w_i`` the signed mass), so
   ``sum_i |c_i| = TV(h; [lo, hi]) / 2 <= (hi - lo) sup|h'| / 2 <= Dia C_h / 2`` — within
   Prop. 1's coefficient budget ``Dia C_h`` — and the sup error away from the steps is
-  ``<= TV / k``. Deterministic stand-in for Maurey sampling (spec §6 item 7).
+  ``<= TV / k``. Deterministic stand-in for the Maurey sampling behind Barron's theorem (the paper's
+  Prop. 1, §2).
 
   Returns params ``{"a": [1, k], "b": [k], "c": [k], "c0": []}`` for `auditing.adversary_apply`.
   """
@@ -246,7 +250,7 @@ def staircase_network_1d(h: Callable, dh: Callable, lo: float, hi: float, k: int
 
 
 # ----------------------------------------------------------------------------------------------
-# FFT quadrature (spec §4.1 B, C)
+# FFT quadrature
 # ----------------------------------------------------------------------------------------------
 
 def _unitary_fft_abs_sum(y: Array, dt: Array, axes: tuple[int, ...]) -> tuple[Array, Array]:
@@ -320,7 +324,7 @@ def fft_1d(h: Callable | None = None, dh: Callable | None = None, *, L: float = 
            N: int = 2 ** 20, form: Literal["gradient", "direct"] = "gradient",
            params: Any = None, x64: bool = True,
            taper: Literal["auto", "none", "gaussian"] = "auto") -> Array:
-  """Barron constant of ``h: R -> R`` by FFT quadrature (spec §4.1 B).
+  """Barron constant of ``h: R -> R`` by FFT quadrature of eq. 7 (eq. 45 in gradient form).
 
   Samples on ``t_j = (j - N/2) dt``, ``dt = 2L/N``; the unitary transform at
   ``omega_k = 2 pi k / (N dt)`` is ``dt/sqrt(2 pi) * FFT``; then
@@ -336,7 +340,7 @@ def fft_1d(h: Callable | None = None, dh: Callable | None = None, *, L: float = 
     form: ``"gradient"`` (default) or ``"direct"``.
     params: optional pytree with a leading batch axis; then ``h(t, p)`` / ``dh(t, p)`` are
       evaluated for every ``p`` in one vmapped, jitted FFT and a vector of constants returned.
-    x64: run in float64 (default; the spec's accuracies assume it).
+    x64: run in float64 (default; the accuracies quoted below assume it).
     taper: gradient form only; ``"auto"`` multiplies ``h'`` by a Gaussian taper when ``|h'|`` at
       ``+-L`` exceeds ``1e-3 max |h'|``, ``"gaussian"`` always, ``"none"`` never. See `fft_2d`
       for why (a window cut-off of a non-decaying ``h'`` leaks); the tapered value never
@@ -384,7 +388,7 @@ def _fft_2d_single(h, grad_h, L, N, p=None, taper="auto"):
 def fft_2d(h: Callable | None = None, grad_h: Callable | None = None, *, L: float = 30.0,
            N: int = 1024, params: Any = None, x64: bool = True,
            taper: Literal["auto", "none", "gaussian"] = "auto") -> Array:
-  """Barron constant of ``h: R^2 -> R`` by 2-D FFT of its gradient (spec §4.1 C).
+  """Barron constant of ``h: R^2 -> R`` by 2-D FFT of its gradient.
 
   ``C ~ (2 pi)^-1 d omega^2 sum_omega ||F(chi grad h)(omega)||_2`` on an ``N x N`` grid over
   ``[-L, L)^2``. ``h`` takes a point of shape ``[2]`` and returns a scalar; ``grad_h`` (optional)
@@ -431,7 +435,7 @@ def fft_grid(values: Any, L: float, form: Literal["direct", "gradient"] = "direc
   ``values``: ``[N]`` (q = 1) or ``[N, N]`` (q = 2) samples of ``h`` at ``t_j = (j - N/2) 2L/N``
   (``form="direct"``; ``h`` must decay to 0 at the borders, e.g. ``h - c`` for a cut-off
   extension), or ``[q, N, ...]`` samples of ``grad h`` (``form="gradient"``). Used for data-driven
-  ``eta`` (spec §4.1 E), where no callable exists; an estimate, not a bound.
+  ``eta``, where no callable exists; an estimate, not a bound.
   """
   with jax.enable_x64(x64):
     v = jnp.asarray(values, dtype=float)
@@ -466,7 +470,7 @@ def fft_grid(values: Any, L: float, form: Literal["direct", "gradient"] = "direc
 
 def posdef_shortcut(dh: Callable, *, L: float = 200.0, N: int = 2 ** 20,
                     rtol: float = 1e-9) -> tuple[bool, Array]:
-  """The paper's trick (§5.2; spec §4.1 A): if ``F(h') >= 0`` then ``C_h = h'(0)``.
+  """The paper's trick (§5.2, eqs. 46–48): if ``F(h') >= 0`` then ``C_h = h'(0)``.
 
   Checks the sign of the discrete transform of ``h'`` numerically (``min Re >= -rtol * max``
   and negligible imaginary part, i.e. ``h'`` even) and returns ``(applies, h'(0))``. True for
@@ -482,7 +486,7 @@ def posdef_shortcut(dh: Callable, *, L: float = 200.0, N: int = 2 ** 20,
 
 
 # ----------------------------------------------------------------------------------------------
-# Monte Carlo (spec §4.1 D)
+# Monte Carlo
 # ----------------------------------------------------------------------------------------------
 
 class Estimate(NamedTuple):
@@ -509,7 +513,7 @@ class Estimate(NamedTuple):
 def monte_carlo(key: Array, fourier: Callable[[Array], Array], sample: Callable[[Array, int], Array],
                 log_prob: Callable[[Array], Array], num_samples: int = 10 ** 6,
                 batch: int = 2 ** 16, x64: bool = True) -> Estimate:
-  """Importance-sampling estimate of eq. 7 with a known transform ``h_hat`` (spec §4.1 D).
+  """Importance-sampling estimate of eq. 7 with a known transform ``h_hat``.
 
   ``C ~ mean_m ||omega_m|| |h_hat(omega_m)| / ((2 pi)^(q/2) p(omega_m))``, ``omega_m ~ p``.
 
@@ -544,7 +548,7 @@ def monte_carlo(key: Array, fourier: Callable[[Array], Array], sample: Callable[
 
 @dataclasses.dataclass(frozen=True)
 class GaussianMixture:
-  """``h(x) = sum_j w_j exp(-(x - m_j)^T S_j^-1 (x - m_j) / 2)`` on ``R^q`` (spec §4.1 D).
+  """``h(x) = sum_j w_j exp(-(x - m_j)^T S_j^-1 (x - m_j) / 2)`` on ``R^q``.
 
   ``h_hat(omega) = sum_j w_j |S_j|^(1/2) exp(-i omega . m_j - omega^T S_j omega / 2)``.
   """
@@ -618,7 +622,7 @@ _FFT_ROUNDOFF = 1e-10
 
 def _fft_checked(run: Callable[[float, int], Array], L: float, N: int, rtol: float,
                  atol: float, strict: bool) -> Estimate:
-  """``C(L, N)`` with the resolution check of `barron_constant` (spec §4.1 B, C)."""
+  """``C(L, N)`` with the resolution check of `barron_constant`."""
   if N < 32 or N & (N - 1):
     raise ValueError(f"barron_constant: the FFT resolution check needs N >= 32, a power of two "
                      f"(it also evaluates N/2), got N={N}.")
@@ -670,7 +674,7 @@ def barron_constant(h: Callable | None = None, *, q: int = 1,
   ``converged = error <= rtol |value| + atol``. We return the flagged `Estimate` rather than
   raise, so that callers can log it; ``strict=True`` raises `ValueError` instead of returning an
   unconverged value. Cost: 1.5 times one FFT (q = 2), 2 times (q = 1). An unconverged value must
-  not be used as ``C_h``; a converged one is still an estimate, not a bound (spec §4.1 B, C).
+  not be used as ``C_h``; a converged one is still an estimate, not a bound.
 
   Args:
     rtol, atol: convergence tolerance of the FFT check (defaults ``1e-2``, ``1e-9``).

@@ -7,7 +7,7 @@ that every domain's rule table knows by identity. `jax.nn.softmax` and `jax.nn.l
 rewritten to the same primitives when their traced body is JAX's own (never by name), so optax's
 softmax cross-entropy is tight too.
 
-Softmax bound (AGT, §4 and its appendix; with the paper's typo p_L -> p_U fixed):
+Softmax bound (AGT, App. B; with the paper's typo p_L -> p_U fixed):
 
     p_L,i = 1 / (1 + Σ_{j≠i} exp(u_j − l_i)),   p_U,i = 1 / (1 + Σ_{j≠i} exp(l_j − u_i)),
 
@@ -19,7 +19,7 @@ so the bound is exact coordinate-wise.
 
 The cross-entropy losses differentiate to ``softmax(z)·Σy − y`` and ``σ(z) − y`` written with
 the composite softmax, so ``bj.ibp(jax.grad(loss))`` bounds the logit gradient by
-``[p_L − y, p_U − y]`` (AGT, §4) instead of differentiating the composition.
+``[p_L − y, p_U − y]`` (AGT, App. B) instead of differentiating the composition.
 
 Sound mode. Every bound is computed in the working precision; the rounding error of the log-domain
 formulas is bounded a priori by ``(n + 4)·4u·(M + 1)`` on the log scale, with ``n`` the length of
@@ -213,7 +213,7 @@ def log_softmax_bounds(lower, upper, axis: int = -1, sound: bool = False):
 
 
 def softmax_bounds(lower, upper, axis: int = -1, sound: bool = False):
-  """Exact coordinate-wise bounds of softmax over the box (AGT, §4)."""
+  """Exact coordinate-wise bounds of softmax over the box (AGT, App. B)."""
   lo, hi = log_softmax_bounds(lower, upper, axis, sound)
   lo, hi = jnp.exp(lo), jnp.exp(hi)
   if sound:
