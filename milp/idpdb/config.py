@@ -1,4 +1,4 @@
-"""Settings and result types of the iDP-DB computation (LUCID §2.8–2.12).
+"""Settings and result types of the iDP-DB computation (LUCID, §6.1 and §7).
 
 * `IdpDbConfig` — every option of the node MILPs, the tightening, the branch-and-bound and the
   executor, checked when the config is built.
