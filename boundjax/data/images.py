@@ -143,7 +143,7 @@ def load_fashion_mnist_binary(negative: Sequence[int] = (0,), positive: Sequence
             "classes": (name(negative), name(positive)), "negative": negative,
             "positive": positive, "split": "original train / t10k",
             "layout": "flat" if flatten else "NHWC", "scaling": "pixel / 255",
-            "stand_in_for": "OctMNIST normal vs abnormal (AGT, spec 001 §4.2)"})
+            "stand_in_for": "OctMNIST normal vs abnormal (AGT, App. E.2)"})
 
 
 @functools.lru_cache(maxsize=1)

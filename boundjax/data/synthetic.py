@@ -97,4 +97,4 @@ def _make_blobs(key: str, n_train: int, seed: int, scale: bool) -> Dataset:
             "seed": seed, "scaled": scale, "test_values_clipped": clipped,
             "points_train": p_tr, "points_test": p_te,
             "split": f"train_test_split(test_size=0.2, random_state={seed})",
-            "classes": (f"+({c}, {c})", f"-({c}, {c})"), "spec": "001-agt §4.2"})
+            "classes": (f"+({c}, {c})", f"-({c}, {c})"), "source": "AGT, App. E.1"})

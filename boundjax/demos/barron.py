@@ -20,7 +20,7 @@ def run(seed: int = 0, n: int = 20000, k: int = 64, trials: int = 8, epochs: int
   For each ``mu``: ``C_eta = |mu|`` (closed form, checked by FFT), the true minimal loss (eq. 50),
   the best adversary's loss, the Theorem 1 gap and the lower bound with its ratio.
   """
-  lines = [f"Barron auditing (spec 004): n={n}, k={k}, {trials} restarts x {epochs} epochs, "
+  lines = [f"Barron auditing (Diaz et al.): n={n}, k={k}, {trials} restarts x {epochs} epochs, "
            f"delta={delta}",
            f"{'mu':>6} {'C_eta':>8} {'C_fft':>8} {'L_true':>8} {'L_emp':>8} {'gap':>8} "
            f"{'bound':>8} {'ratio':>6}"]
