@@ -13,7 +13,8 @@ So every member has the same batch boundaries and all of them train in one progr
 ``jax.vmap`` over the removed-index rows, ``jax.lax.scan`` over the SGD steps, ``jax.jit``
 around both, members chunked to bound memory (tqdm bar over chunks, finished chunks checkpointed
 to ``.npz`` and skipped on resume), and the member axis sharded over devices with
-``jax.sharding`` when several exist.
+``jax.sharding`` when several exist. With ``workers > 1`` the chunks are trained by worker
+processes, locally or on a Ray cluster (`boundjax.executor`), and collected in the checkpoint.
 
 Decisions where the papers are silent (recorded here and in the tests):
 
@@ -49,6 +50,7 @@ import functools
 import hashlib
 import json
 import os
+import pickle
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -56,11 +58,12 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from boundjax import training
-from boundjax.training import (Schedule, as_schedule, batch_weights, binary_logistic_loss,
-                               l1_regularization, masked_mean, sgd, softmax_cross_entropy)
+from boundjax.executor import check_executor, run_jobs
+from boundjax.training import (OptimizerLike, Schedule, as_schedule, batch_weights,
+                               binary_logistic_loss, build_optimizer, l1_regularization,
+                               masked_mean, sgd, softmax_cross_entropy)
 
 PyTree = Any
 ApplyFn = Callable[[PyTree, jax.Array], jax.Array]
@@ -164,7 +167,7 @@ def _check_data(x: Any, y: Any, removed: Optional[np.ndarray] = None) -> tuple[i
   return n, removed.astype(np.int32)
 
 
-def train_single(model: Any, init_params: PyTree, optimizer: optax.GradientTransformation,
+def train_single(model: Any, init_params: PyTree, optimizer: OptimizerLike,
                  x: Any, y: Any, removed_row: Optional[Sequence[int]] = None, *,
                  epochs: Optional[int] = None, batch_size: Optional[int] = None, seed: int = 0,
                  shuffle: bool = True, loss_fn: LossFn = softmax_cross_entropy,
@@ -181,7 +184,7 @@ def train_single(model: Any, init_params: PyTree, optimizer: optax.GradientTrans
   row = np.asarray([] if removed_row is None else removed_row, np.int32).reshape(-1)
   if row.size and (row.max() >= n or row.min() < -1):
     raise ValueError(f"removed_row has an index outside [-1, {n - 1}]: {row}.")
-  fn = _jitted_single(_apply_fn(model), optimizer, loss_fn)
+  fn = _jitted_single(_apply_fn(model), build_optimizer(optimizer), loss_fn)
   return fn(init_params, jnp.asarray(row), jnp.asarray(x), jnp.asarray(y), sched.batches())
 
 
@@ -327,14 +330,15 @@ def _member_sharding(n_dev: int):
   return NamedSharding(mesh, P("members")), NamedSharding(mesh, P())
 
 
-def train_ensemble(model: Any, init_params: PyTree, optimizer: optax.GradientTransformation,
+def train_ensemble(model: Any, init_params: PyTree, optimizer: OptimizerLike,
                    x: Any, y: Any, removed: Any, *, epochs: Optional[int] = None,
                    batch_size: Optional[int] = None, seed: int = 0, shuffle: bool = True,
                    loss_fn: LossFn = softmax_cross_entropy, chunk_size: int = 512,
                    checkpoint_dir: Optional[str | os.PathLike] = None,
                    progress: bool = True, shard: Optional[bool] = None,
                    chunk_ids: Optional[Sequence[int]] = None,
-                   schedule: Optional[Schedule] = None) -> Ensemble:
+                   schedule: Optional[Schedule] = None, workers: int = 1,
+                   executor: str = "process", address: Optional[str] = None) -> Ensemble:
   """Trains every member of a leave-k-out family in one jitted, vmapped program per chunk.
 
   Member ``m`` runs SGD from ``init_params`` over the shared `Schedule` with the masked
@@ -345,7 +349,9 @@ def train_ensemble(model: Any, init_params: PyTree, optimizer: optax.GradientTra
     model: a Flax linen module (its ``apply`` is used) or a function ``apply(params, x)``.
     init_params: the initial parameters shared by every member (e.g. ``module.init(key, x)``).
     optimizer: an optax transformation, e.g. ``sgd(0.1, weight_decay=1e-5)`` or ``sgd(0.1,
-      l1=1e-5)``.
+      l1=1e-5)``, or a zero-argument factory of one (`boundjax.training.OptimizerLike`), e.g.
+      ``functools.partial(sgd, 0.1, weight_decay=1e-5)``; ``workers > 1`` needs the factory
+      (it pickles, the transformation does not).
     x, y: the whole training set D (rows are points).
     removed: ``(M, k)`` int indices per member, ``-1`` for none (see `leave_k_out`).
     schedule: the data order (`boundjax.training.Schedule`), identical for all members; or
@@ -356,90 +362,262 @@ def train_ensemble(model: Any, init_params: PyTree, optimizer: optax.GradientTra
       and rounded up to a multiple of the device count when sharding.
     checkpoint_dir: if given, each finished chunk is written there and chunks already present
       (from an interrupted run with the same settings) are loaded instead of retrained.
-    progress: show a tqdm bar over members.
+    progress: show a tqdm bar over members (with ``workers > 1``: the first worker's).
     shard: put the member axis on a ``NamedSharding`` over all devices (default: when
-      ``jax.device_count() > 1``).
+      ``jax.device_count() > 1`` and ``workers == 1``).
     chunk_ids: train (or load) only these chunks, ``0 <= id < ceil(M / chunk_size)``; needs
-      ``checkpoint_dir``. Several processes given disjoint ids fill one checkpoint in parallel
-      (on a CPU, single-threaded processes, one per core, train ~1.4x more networks per second
-      than one two-threaded process); a last call without ``chunk_ids`` then loads them all.
+      ``checkpoint_dir``. Several processes given disjoint ids fill one checkpoint in parallel;
+      a last call without ``chunk_ids`` then loads them all. ``workers`` does this for you.
+    workers: with ``workers > 1`` (needs ``checkpoint_dir``) the chunks not yet in the
+      checkpoint are dealt round-robin to ``workers`` jobs of `boundjax.executor.run_jobs`;
+      each trains its chunks into the checkpoint in a worker process with single-threaded XLA
+      (on a CPU, one such process per core trains ~1.4x more networks per second than one
+      multi-threaded process), then this call loads the family. The members are those of the
+      serial run, bit for bit on a CPU (tested).
+    executor: how the jobs run: ``"process"`` (a pool of spawned local processes), ``"ray"``
+      (a local Ray instance of ``workers`` CPUs, or the cluster at ``address``) or
+      ``"serial"`` (one after the other in this process, for debugging).
+    address: a Ray cluster address (implies ``executor="ray"``); ``checkpoint_dir`` must then
+      be on a file system every node sees.
 
   Returns:
     `Ensemble` with ``params`` stacked along a leading member axis (row order = ``removed``;
     with ``chunk_ids``, the rows of those chunks in that order) and the schedule.
   """
   n, removed = _check_data(x, y, removed)
-  if chunk_size <= 0:
-    raise ValueError(f"chunk_size must be > 0, got {chunk_size}.")
+  if removed.shape[0] == 0:
+    raise ValueError("removed has no rows: nothing to train.")
   sched = as_schedule(schedule, n, epochs=epochs, batch_size=batch_size, seed=seed,
                       shuffle=shuffle, who="train_ensemble")
-  n_members = removed.shape[0]
-  if n_members == 0:
-    raise ValueError("removed has no rows: nothing to train.")
+  parallel = _wants_workers(workers, executor, address, checkpoint_dir, shard)
+  chunks = _chunking(removed.shape[0], chunk_size, False if parallel else shard)
+  ids = _selected_chunks(chunks, chunk_ids, checkpoint_dir)
+  ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
+  if ckpt is not None:
+    _check_meta(ckpt, _meta(n, removed, sched, chunks, init_params, x, y))
+  if parallel:
+    job = _ChunkJob(model=model, init_params=jax.tree_util.tree_map(np.asarray, init_params),
+                    optimizer=optimizer, x=np.asarray(x), y=np.asarray(y), removed=removed,
+                    schedule=sched, loss_fn=loss_fn, chunk_size=chunks.size,
+                    checkpoint_dir=str(ckpt), progress=progress)
+    _train_in_workers(job, [c for c in ids if not _chunk_file(ckpt, c).exists()], workers,
+                      executor, address)
+  return _train_chunks(model, init_params, optimizer, x, y, removed, sched, loss_fn, chunks,
+                       ids, ckpt, progress)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Chunking:
+  """How the members are cut into compiled programs: ``count`` chunks of ``size`` rows."""
+  size: int
+  count: int
+  shard: bool
+
+  def rows(self, removed: np.ndarray, c: int) -> np.ndarray:
+    return removed[c * self.size:(c + 1) * self.size]
+
+
+def _chunking(n_members: int, chunk_size: int, shard: Optional[bool]) -> _Chunking:
+  """Chunks of ``chunk_size`` members (at most all of them), a multiple of the device count
+  when the member axis is sharded."""
+  if chunk_size <= 0:
+    raise ValueError(f"chunk_size must be > 0, got {chunk_size}.")
   n_dev = jax.device_count()
   shard = (n_dev > 1) if shard is None else bool(shard)
-  if shard:
-    chunk_size = -(-chunk_size // n_dev) * n_dev
-  chunk_size = min(chunk_size, -(-n_members // (n_dev if shard else 1)) * (n_dev if shard else 1))
-  n_chunks = -(-n_members // chunk_size)
+  step = n_dev if shard else 1
+  size = min(-(-chunk_size // step) * step, -(-n_members // step) * step)
+  return _Chunking(size, -(-n_members // size), shard)
 
-  ids = list(range(n_chunks))
-  if chunk_ids is not None:
-    if checkpoint_dir is None:
-      raise ValueError("chunk_ids needs checkpoint_dir (the chunks are collected there).")
-    ids = [int(c) for c in chunk_ids]
-    if not ids or min(ids) < 0 or max(ids) >= n_chunks:
-      raise ValueError(f"chunk_ids must be a non-empty list of ids in [0, {n_chunks}), got "
-                       f"{list(chunk_ids)[:5]}.")
-  ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
-  meta = dict(n=n, k=int(removed.shape[1]), epochs=sched.epochs, batch_size=sched.batch_size,
-              seed=sched.seed, shuffle=_meta_shuffle(sched), chunk_size=chunk_size,
-              n_members=n_members,
+
+def _selected_chunks(chunks: _Chunking, chunk_ids: Optional[Sequence[int]],
+                     checkpoint_dir: Any) -> list[int]:
+  if chunk_ids is None:
+    return list(range(chunks.count))
+  if checkpoint_dir is None:
+    raise ValueError("chunk_ids needs checkpoint_dir (the chunks are collected there).")
+  ids = [int(c) for c in chunk_ids]
+  if not ids or min(ids) < 0 or max(ids) >= chunks.count:
+    raise ValueError(f"chunk_ids must be a non-empty list of ids in [0, {chunks.count}), got "
+                     f"{list(chunk_ids)[:5]}.")
+  return ids
+
+
+def _meta(n: int, removed: np.ndarray, sched: Schedule, chunks: _Chunking, init_params: PyTree,
+          x: Any, y: Any) -> dict:
+  """The settings a checkpoint was written with (a resumed run must have the same)."""
+  data = np.asarray(x).tobytes() + np.asarray(y).tobytes()
+  return dict(n=n, k=int(removed.shape[1]), epochs=sched.epochs, batch_size=sched.batch_size,
+              seed=sched.seed, shuffle=_meta_shuffle(sched), chunk_size=chunks.size,
+              n_members=int(removed.shape[0]),
               removed=hashlib.sha256(removed.tobytes()).hexdigest()[:16],
               init_params=_fingerprint(init_params),
-              data=hashlib.sha256(np.asarray(x).tobytes() + np.asarray(y).tobytes()).hexdigest()[:16])
-  if ckpt is not None:
-    _check_meta(ckpt, meta)
+              data=hashlib.sha256(data).hexdigest()[:16])
 
-  apply_fn = _apply_fn(model)
-  fn = _jitted_vmapped(apply_fn, optimizer, loss_fn)
-  batches = sched.batches()
-  xs, ys = jnp.asarray(x), jnp.asarray(y)
-  member_sh = None
-  if shard:
-    member_sh, repl = _member_sharding(n_dev)
-    xs, ys, batches = (jax.device_put(a, repl) for a in (xs, ys, batches))
-    init_params = jax.device_put(init_params, repl)
 
+def _train_chunks(model: Any, init_params: PyTree, optimizer: OptimizerLike, x: Any, y: Any,
+                  removed: np.ndarray, sched: Schedule, loss_fn: LossFn, chunks: _Chunking,
+                  ids: Sequence[int], ckpt: Optional[Path], progress: bool) -> Ensemble:
+  """The chunks ``ids`` of the family, loaded from ``ckpt`` or trained (and saved) here."""
   bar = None
   if progress:
     from tqdm.auto import tqdm
-    bar = tqdm(total=sum(min(chunk_size, n_members - c * chunk_size) for c in ids),
+    bar = tqdm(total=sum(chunks.rows(removed, c).shape[0] for c in ids),
                desc="leave-out members", unit="net")
-  treedef = jax.tree_util.tree_structure(init_params)
-  chunks = []
+  train = None
+  parts = []
   t0 = time.perf_counter()
   for c in ids:
-    rows = removed[c * chunk_size:(c + 1) * chunk_size]
+    rows = chunks.rows(removed, c)
     leaves = _load_chunk(ckpt, c, rows) if ckpt is not None else None
     if leaves is None:
-      pad = np.full((chunk_size - rows.shape[0], rows.shape[1]), -1, np.int32)
-      block = jnp.asarray(np.concatenate([rows, pad]))
-      if member_sh is not None:
-        block = jax.device_put(block, member_sh)
-      out = fn(init_params, block, xs, ys, batches)
-      leaves = [np.asarray(l)[:rows.shape[0]] for l in jax.tree_util.tree_leaves(out)]
+      if train is None:     # compiled on the first chunk that is not in the checkpoint
+        train = _chunk_trainer(model, init_params, optimizer, x, y, sched, loss_fn, chunks)
+      leaves = train(rows)
       if ckpt is not None:
         _save_chunk(ckpt, c, rows, leaves)
-    chunks.append(leaves)
+    parts.append(leaves)
     if bar is not None:
       bar.update(rows.shape[0])
       bar.set_postfix(nets_per_s=f"{bar.n / max(time.perf_counter() - t0, 1e-9):.1f}")
   if bar is not None:
     bar.close()
-  stacked = [np.concatenate(parts, axis=0) for parts in zip(*chunks)]
-  rows = np.concatenate([removed[c * chunk_size:(c + 1) * chunk_size] for c in ids])
+  stacked = [np.concatenate(leaf, axis=0) for leaf in zip(*parts)]
+  treedef = jax.tree_util.tree_structure(init_params)
+  rows = np.concatenate([chunks.rows(removed, c) for c in ids])
   return Ensemble(jax.tree_util.tree_unflatten(treedef, stacked), rows, sched)
+
+
+def _chunk_trainer(model: Any, init_params: PyTree, optimizer: OptimizerLike, x: Any, y: Any,
+                   sched: Schedule, loss_fn: LossFn, chunks: _Chunking
+                   ) -> Callable[[np.ndarray], list[np.ndarray]]:
+  """``train(rows) -> leaves``: the members of one chunk (padded with N to ``chunks.size``),
+  as numpy leaves with a leading member axis."""
+  fn = _jitted_vmapped(_apply_fn(model), build_optimizer(optimizer), loss_fn)
+  batches, xs, ys = sched.batches(), jnp.asarray(x), jnp.asarray(y)
+  member_sh = None
+  if chunks.shard:
+    member_sh, repl = _member_sharding(jax.device_count())
+    xs, ys, batches = (jax.device_put(a, repl) for a in (xs, ys, batches))
+    init_params = jax.device_put(init_params, repl)
+
+  def train(rows: np.ndarray) -> list[np.ndarray]:
+    pad = np.full((chunks.size - rows.shape[0], rows.shape[1]), -1, np.int32)
+    block = jnp.asarray(np.concatenate([rows, pad]))
+    if member_sh is not None:
+      block = jax.device_put(block, member_sh)
+    out = fn(init_params, block, xs, ys, batches)
+    return [np.asarray(leaf)[:rows.shape[0]] for leaf in jax.tree_util.tree_leaves(out)]
+  return train
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunks trained by worker processes (`boundjax.executor`)
+# ---------------------------------------------------------------------------------------------
+
+#: XLA flags of a single-threaded CPU worker.
+_SINGLE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+#: JAX settings that change the trained numbers (dtype, the shuffling permutations); a worker
+#: takes them from the process that sent the job.
+_JAX_SETTINGS = ("jax_enable_x64", "jax_default_prng_impl", "jax_threefry_partitionable")
+
+
+def _jax_settings() -> tuple[tuple[str, Any], ...]:
+  return tuple((name, getattr(jax.config, name)) for name in _JAX_SETTINGS
+               if hasattr(jax.config, name))
+
+
+@dataclasses.dataclass(frozen=True)
+class _ChunkJob:
+  """One worker's share of a family: train ``chunk_ids`` into ``checkpoint_dir``. Picklable
+  when its model, optimizer (factory) and loss are; the arrays are numpy."""
+  model: Any
+  init_params: PyTree
+  optimizer: OptimizerLike
+  x: np.ndarray
+  y: np.ndarray
+  removed: np.ndarray
+  schedule: Schedule
+  loss_fn: LossFn
+  chunk_size: int
+  checkpoint_dir: str
+  progress: bool
+  chunk_ids: tuple[int, ...] = ()
+  single_thread: bool = False
+  jax_settings: tuple[tuple[str, Any], ...] = dataclasses.field(default_factory=_jax_settings)
+
+
+def _train_job(job: _ChunkJob) -> int:
+  """A worker's entry point: trains the job's chunks into the checkpoint; returns their count."""
+  if job.single_thread:
+    _single_threaded_xla()
+  for name, value in job.jax_settings:
+    jax.config.update(name, value)
+  train_ensemble(job.model, job.init_params, job.optimizer, job.x, job.y, job.removed,
+                 schedule=job.schedule, loss_fn=job.loss_fn, chunk_size=job.chunk_size,
+                 checkpoint_dir=job.checkpoint_dir, chunk_ids=job.chunk_ids,
+                 progress=job.progress, shard=False)
+  return len(job.chunk_ids)
+
+
+def _single_threaded_xla() -> None:
+  """Asks for a single-threaded XLA CPU backend; effective when this process has not used JAX
+  yet (a fresh worker: the flags are read when the backend starts)."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "xla_cpu_multi_thread_eigen" not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} {_SINGLE_THREAD_XLA_FLAGS}".strip()
+
+
+def _wants_workers(workers: int, executor: str, address: Optional[str], checkpoint_dir: Any,
+                   shard: Optional[bool]) -> bool:
+  """True when the chunks go to worker processes; checks the options that come with it."""
+  if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+    raise ValueError(f"workers must be an integer >= 1, got {workers!r}.")
+  check_executor(executor, address)
+  if workers == 1:
+    if address is not None:
+      raise ValueError("address (a Ray cluster) is used only with workers > 1.")
+    return False
+  if checkpoint_dir is None:
+    raise ValueError("workers > 1 needs checkpoint_dir: the workers write their chunks there "
+                     "and this call loads them.")
+  if shard:
+    raise ValueError("shard=True and workers > 1 exclude each other: each worker trains its "
+                     "chunks on one device.")
+  return True
+
+
+def _train_in_workers(job: _ChunkJob, todo: list[int], workers: int, executor: str,
+                      address: Optional[str]) -> None:
+  """Deals the chunks ``todo`` round-robin to ``workers`` jobs and runs them."""
+  if not todo:
+    return
+  kind = check_executor(executor, address)
+  if kind != "serial":
+    _check_picklable(job)
+  jobs = [dataclasses.replace(job, chunk_ids=tuple(todo[i::workers]),
+                              progress=job.progress and i == 0, single_thread=kind != "serial")
+          for i in range(min(workers, len(todo)))]
+  run_jobs(_train_job, jobs, executor=kind, workers=workers, address=address)
+
+
+_PICKLE_FIXES = {
+    "optimizer": "An optax transformation is made of closures: pass a factory of it instead, "
+                 "e.g. functools.partial(boundjax.training.sgd, 0.1, weight_decay=1e-5).",
+    "model": "Pass a Flax module or a module-level apply function.",
+    "loss_fn": "Pass a module-level function, e.g. boundjax.training.softmax_cross_entropy.",
+}
+
+
+def _check_picklable(job: _ChunkJob) -> None:
+  """Raises a ValueError naming the fix when the model, optimizer or loss does not pickle."""
+  for name, fix in _PICKLE_FIXES.items():
+    value = getattr(job, name)
+    try:
+      pickle.dumps(value)
+    except Exception as e:  # noqa: BLE001 - pickle raises several types
+      raise ValueError(f"train_ensemble(workers > 1) sends the {name} to worker processes, "
+                       f"and {value!r} does not pickle ({type(e).__name__}: {e}). {fix}") from e
 
 
 def _meta_shuffle(sched: Schedule) -> Any:
@@ -462,14 +640,18 @@ def _check_meta(ckpt: Path, meta: dict) -> None:
     f.write_text(json.dumps(meta, indent=1))
 
 
+def _chunk_file(ckpt: Path, c: int) -> Path:
+  return ckpt / f"chunk_{c:06d}.npz"
+
+
 def _save_chunk(ckpt: Path, c: int, rows: np.ndarray, leaves: list[np.ndarray]) -> None:
   arrays = {f"leaf_{i}": l for i, l in enumerate(leaves)}
   arrays["removed"] = rows
-  _atomic_savez(ckpt / f"chunk_{c:06d}.npz", arrays)
+  _atomic_savez(_chunk_file(ckpt, c), arrays)
 
 
 def _load_chunk(ckpt: Path, c: int, rows: np.ndarray) -> Optional[list[np.ndarray]]:
-  f = ckpt / f"chunk_{c:06d}.npz"
+  f = _chunk_file(ckpt, c)
   if not f.exists():
     return None
   with np.load(f) as z:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from typing import Any, Callable, Literal, Optional, Union
 
 import jax
@@ -48,7 +49,8 @@ SHUFFLES = ("epoch", "once", "none")
 LAST_BATCH = ("keep", "drop")
 
 __all__ = [
-    "Schedule", "Optimizer", "as_optimizer", "sgd", "l1_regularization",
+    "Schedule", "Optimizer", "OptimizerLike", "as_optimizer", "build_optimizer", "sgd",
+    "l1_regularization",
     "softmax_cross_entropy", "binary_logistic_loss", "masked_mean", "batch_weights",
     "mean_gradient", "clipped_mean_gradient", "per_example_gradients", "clip",
     "scan_steps", "train",
@@ -301,14 +303,60 @@ class Optimizer:
   step: Callable[[PyTree, Any, PyTree], tuple[PyTree, Any]]
 
 
-def as_optimizer(optimizer: Union[Optimizer, optax.GradientTransformation]) -> Optimizer:
-  """``optimizer`` as an `Optimizer` (optax transformations are wrapped, cached by identity)."""
-  if isinstance(optimizer, Optimizer):
+#: An optimizer, or a zero-argument callable that builds one (a *factory*). A factory such as
+#: ``functools.partial(sgd, 0.1, weight_decay=1e-5)`` pickles, so it can be sent to worker
+#: processes (``train_ensemble(..., workers=2)``); an optax transformation is made of closures
+#: and does not.
+OptimizerLike = Union[Optimizer, optax.GradientTransformation,
+                      Callable[[], Union[Optimizer, optax.GradientTransformation]]]
+
+
+def build_optimizer(optimizer: OptimizerLike
+                    ) -> Union[Optimizer, optax.GradientTransformation]:
+  """``optimizer`` itself, or the optimizer its factory builds.
+
+  A hashable factory is called once and its optimizer reused (cached by the factory, so equal
+  factories share compiled trainers); an unhashable one is called every time.
+  """
+  if isinstance(optimizer, (Optimizer, optax.GradientTransformation)):
     return optimizer
-  if isinstance(optimizer, optax.GradientTransformation):
-    return _from_optax(optimizer)
-  raise ValueError(f"optimizer must be an optax GradientTransformation or a "
-                   f"boundjax.training.Optimizer, got {type(optimizer).__name__}.")
+  if not (callable(optimizer) and _takes_no_arguments(optimizer)):
+    raise ValueError(f"optimizer must be an optax GradientTransformation, a "
+                     f"boundjax.training.Optimizer or a zero-argument factory of one, got "
+                     f"{type(optimizer).__name__}.")
+  try:
+    hash(optimizer)
+  except TypeError:                      # an unhashable factory: no caching
+    built = optimizer()
+  else:
+    built = _built(optimizer)
+  if not isinstance(built, (Optimizer, optax.GradientTransformation)):
+    raise ValueError(f"the optimizer factory {optimizer!r} returned a "
+                     f"{type(built).__name__}, not an optax GradientTransformation or a "
+                     "boundjax.training.Optimizer.")
+  return built
+
+
+@functools.lru_cache(maxsize=16)
+def _built(factory: Callable[[], Any]) -> Any:
+  return factory()
+
+
+def _takes_no_arguments(fn: Callable) -> bool:
+  try:
+    inspect.signature(fn).bind()
+  except TypeError:
+    return False
+  except ValueError:                     # no signature available (some builtins): try it
+    return True
+  return True
+
+
+def as_optimizer(optimizer: OptimizerLike) -> Optimizer:
+  """``optimizer`` as an `Optimizer` (optax transformations are wrapped, cached by identity;
+  factories are built with `build_optimizer`)."""
+  optimizer = build_optimizer(optimizer)
+  return optimizer if isinstance(optimizer, Optimizer) else _from_optax(optimizer)
 
 
 @functools.lru_cache(maxsize=64)
@@ -379,7 +427,7 @@ def clipped_mean_gradient(per_sample_grads: Callable[[PyTree, Array, Array], PyT
 # The loop
 # ---------------------------------------------------------------------------------------------
 
-def scan_steps(grad_fn: GradFn, optimizer: Union[Optimizer, optax.GradientTransformation],
+def scan_steps(grad_fn: GradFn, optimizer: OptimizerLike,
                carry: tuple[PyTree, Any], x: Any, y: Any, batches: Array, *,
                removed_row: Optional[Array] = None, weights: Optional[Array] = None,
                trajectory: bool = False) -> tuple[tuple[PyTree, Any], Optional[PyTree]]:
@@ -393,7 +441,7 @@ def scan_steps(grad_fn: GradFn, optimizer: Union[Optimizer, optax.GradientTransf
 
   Args:
     grad_fn: see `mean_gradient`, `per_example_gradients`, `clipped_mean_gradient`.
-    optimizer: an optax transformation or an `Optimizer`.
+    optimizer: an optax transformation, an `Optimizer`, or a factory of one (`OptimizerLike`).
     carry: ``(params, optimizer_state)``.
     x, y: the data (rows are points); a pytree of arrays is gathered leaf by leaf.
     batches: ``(steps, B)`` int indices, ``-1`` for an empty slot (`Schedule.batches`).
@@ -423,7 +471,7 @@ def scan_steps(grad_fn: GradFn, optimizer: Union[Optimizer, optax.GradientTransf
   return jax.lax.scan(step, carry, xs)
 
 
-def train(grad_fn: GradFn, optimizer: Union[Optimizer, optax.GradientTransformation],
+def train(grad_fn: GradFn, optimizer: OptimizerLike,
           params: PyTree, x: Any, y: Any, batches: Array, *,
           removed_row: Optional[Array] = None, weights: Optional[Array] = None) -> PyTree:
   """SGD from ``params`` over ``batches`` (see `scan_steps`); returns the trained parameters.

@@ -1,5 +1,6 @@
 """Tests of boundjax.ensembles: vmapped leave-k-out training against networks retrained alone."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -184,6 +185,78 @@ def test_chunk_ids_fill_one_checkpoint_from_several_calls(tmp_path, data, setup,
                      chunk_size=2, progress=False, chunk_ids=[0])
   with pytest.raises(ValueError, match="chunk_ids must be"):
     E.train_ensemble(model, params, opt, x, y, removed, chunk_ids=[3], **kw)
+
+
+def _assert_same_family(a, b):
+  np.testing.assert_array_equal(a.removed, b.removed)
+  for u, v in zip(jax.tree_util.tree_leaves(a.params), jax.tree_util.tree_leaves(b.params)):
+    np.testing.assert_array_equal(u, v)
+
+
+# the optimizer of `setup` as a picklable factory, for worker processes
+_SGD_FACTORY = functools.partial(E.sgd, 0.5, weight_decay=1e-3, l1=1e-4)
+
+
+def test_workers_train_the_serial_family_in_a_process_pool(tmp_path, data, setup, ensemble):
+  """workers=2: two spawned single-threaded processes train the 3 chunks into the checkpoint,
+  then the call loads them; every member equals the serial run bit for bit."""
+  x, y = data
+  model, params, _ = setup
+  removed, ens = ensemble
+  par = E.train_ensemble(model, params, _SGD_FACTORY, x, y, removed, epochs=EPOCHS,
+                         batch_size=B, seed=7, chunk_size=2, progress=False,
+                         checkpoint_dir=tmp_path, workers=2)
+  assert sorted(p.name for p in tmp_path.glob("chunk_*.npz")) == [
+      f"chunk_{c:06d}.npz" for c in range(3)]
+  _assert_same_family(par, ens)
+  assert par.schedule == ens.schedule
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")   # Ray starting its processes
+def test_workers_on_a_local_ray_instance(tmp_path, data, setup, ensemble):
+  pytest.importorskip("ray")
+  x, y = data
+  model, params, _ = setup
+  removed, ens = ensemble
+  par = E.train_ensemble(model, params, _SGD_FACTORY, x, y, removed, epochs=EPOCHS,
+                         batch_size=B, seed=7, chunk_size=2, progress=False,
+                         checkpoint_dir=tmp_path, workers=2, executor="ray")
+  _assert_same_family(par, ens)
+
+
+def test_workers_options_are_checked(tmp_path, data, setup):
+  x, y = data
+  model, params, opt = setup
+  kw = dict(epochs=1, batch_size=B, progress=False, chunk_size=1)
+  removed = E.leave_k_out([1])
+  with pytest.raises(ValueError, match="functools.partial"):      # optax closures: no pickle
+    E.train_ensemble(model, params, opt, x, y, removed, checkpoint_dir=tmp_path, workers=2,
+                     **kw)
+  with pytest.raises(ValueError, match="loss_fn .* does not pickle"):
+    E.train_ensemble(model, params, _SGD_FACTORY, x, y, removed, checkpoint_dir=tmp_path,
+                     workers=2, loss_fn=lambda z, t: E.softmax_cross_entropy(z, t), **kw)
+  with pytest.raises(ValueError, match="needs checkpoint_dir"):
+    E.train_ensemble(model, params, _SGD_FACTORY, x, y, removed, workers=2, **kw)
+  with pytest.raises(ValueError, match="workers must be"):
+    E.train_ensemble(model, params, opt, x, y, removed, workers=0, **kw)
+  with pytest.raises(ValueError, match="executor must be"):
+    E.train_ensemble(model, params, opt, x, y, removed, executor="threads", **kw)
+  with pytest.raises(ValueError, match="only with workers > 1"):
+    E.train_ensemble(model, params, opt, x, y, removed, address="auto", **kw)
+  with pytest.raises(ValueError, match="zero-argument factory"):
+    E.train_ensemble(model, params, lambda lr: E.sgd(lr), x, y, removed, **kw)
+
+
+def test_serial_executor_and_a_factory_give_the_same_family(tmp_path, data, setup, ensemble):
+  """executor="serial" runs the worker jobs in this process; a factory trains like the
+  transformation it builds."""
+  x, y = data
+  model, params, _ = setup
+  removed, ens = ensemble
+  par = E.train_ensemble(model, params, _SGD_FACTORY, x, y, removed, epochs=EPOCHS,
+                         batch_size=B, seed=7, chunk_size=2, progress=False,
+                         checkpoint_dir=tmp_path, workers=2, executor="serial")
+  _assert_same_family(par, ens)
 
 
 def test_save_load_roundtrip(tmp_path, ensemble):
