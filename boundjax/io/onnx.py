@@ -1,0 +1,1014 @@
+"""Load an ONNX network as a pure JAX function: ``apply_fn(params, x)``.
+
+    model = bj.io.load_onnx("net.onnx")
+    y = model.apply_fn(model.params, x)             # x of shape model.input_shape
+    apply_fn, params = model                        # unpacks like a (fn, params) pair
+    box = bj.Interval(lo, hi)                       # lo, hi of shape model.input_shape
+    out = bj.crown(model.apply_fn, batch_axis=None)(model.params, box)
+
+What the function is. ``apply_fn`` runs the graph's nodes in order, each through its converter
+(`CONVERTERS`, one function per ONNX operator, with the operator's semantics in its docstring),
+on plain ``jnp``/``lax`` operations: it jits, vmaps, differentiates, and ``bj.ibp`` /
+``bj.crown`` / anything else that traces JAX functions sees ordinary primitives (``dot_general``,
+``conv_general_dilated``, ``max`` with 0 for ReLU, ``reduce_window_max`` for max pooling, the
+tight `boundjax.nn.softmax`).
+
+Params and constants. ``params`` is a dict ``initializer name -> jnp array`` of the graph's
+floating-point initializers (weights, biases, batch-norm statistics): the leaves of the pytree,
+so they can be replaced, perturbed or bounded like any Flax parameters. Integer initializers,
+initializers feeding an input that must be static (a Reshape's shape, a Slice's starts, a Pad's
+pads, ...) and ``Constant`` nodes are constants of the function. Every node whose inputs are all
+constants, and every ``Shape``/``Size`` (the shapes are static), is evaluated once at load time
+(constant folding, in 64-bit so int64 shape arithmetic is exact): a subgraph such as
+``Shape -> Gather -> Unsqueeze -> Concat -> Reshape`` leaves only the Reshape, with a static
+target shape, in ``apply_fn``.
+
+Shapes and batches. JAX shapes are static, so ``apply_fn`` takes exactly the model's input shape
+(``model.input_shape``). VNN-COMP networks have a fixed batch dimension of 1 (ACAS Xu
+``(1, 1, 1, 5)``, MNIST ``(1, 784)`` or ``(1, 784, 1)``); a symbolic dimension (``"N"``, or 0) is
+fixed at load time by ``load_onnx(path, input_shape=...)``, else set to 1. To run many inputs,
+vmap over a new leading axis::
+
+    ys = jax.vmap(model.apply_fn, in_axes=(None, 0))(model.params, xs)   # xs: (B, *input_shape)
+
+and for bounds either give one box with ``batch_axis=None`` (the model's own batch axis of 1 is
+then just a dimension), or use the model's batch axis of 1 with the default ``batch_axis=0``.
+
+Errors. An operator without a converter raises `UnsupportedOperatorError` (a
+``NotImplementedError`` and a ``ValueError``) naming the operator, the node and the file; a node
+the converter cannot handle (an unsupported attribute value, a dynamic value where a static one
+is needed) raises `OnnxImportError` (a ``ValueError``) with the same context. Control flow
+(``If``, ``Loop``, ``Scan``) and operators of custom domains are not supported.
+
+Operator semantics follow the ONNX operator specification (opset 7-21, https://onnx.ai/onnx/
+operators/); where an operator changed between opsets (inputs that used to be attributes, default
+axes), the converter reads the node's opset (``node.opset``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, Callable, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import onnx
+from onnx import helper as onnx_helper
+from onnx import numpy_helper
+
+from boundjax import nn as bj_nn
+
+__all__ = ["OnnxModel", "load_onnx", "CONVERTERS", "OnnxImportError", "UnsupportedOperatorError",
+           "Node"]
+
+
+class OnnxImportError(ValueError):
+  """An ONNX model that cannot be converted to a JAX function (structure, attribute values, a
+  dynamic value where the converter needs a static one). The message names the node and file."""
+
+
+class UnsupportedOperatorError(OnnxImportError, NotImplementedError):
+  """An ONNX operator (or operator domain) that has no converter in `CONVERTERS`."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Nodes
+# ----------------------------------------------------------------------------------------------
+
+def _attribute_value(attr: onnx.AttributeProto) -> Any:
+  value = onnx_helper.get_attribute_value(attr)
+  if isinstance(value, bytes):
+    return value.decode()
+  if isinstance(value, onnx.TensorProto):
+    return numpy_helper.to_array(value)
+  if isinstance(value, list) and value and isinstance(value[0], bytes):
+    return [v.decode() for v in value]
+  return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+  """One ONNX node as a converter sees it: operator, attributes, opset and where it is."""
+  op_type: str
+  name: str
+  inputs: tuple[str, ...]
+  outputs: tuple[str, ...]
+  attrs: dict[str, Any]
+  opset: int
+  index: int
+  path: str
+
+  @classmethod
+  def from_proto(cls, proto: onnx.NodeProto, index: int, opset: int, path: str) -> "Node":
+    attrs = {a.name: _attribute_value(a) for a in proto.attribute}
+    return cls(proto.op_type, proto.name, tuple(proto.input), tuple(proto.output), attrs, opset,
+               index, path)
+
+  def where(self) -> str:
+    name = repr(self.name) if self.name else f"#{self.index} (unnamed, outputs {list(self.outputs)})"
+    return f"{self.op_type} node {name} of {self.path}"
+
+  def error(self, message: str) -> OnnxImportError:
+    return OnnxImportError(f"{self.where()}: {message}")
+
+  def attr(self, key: str, default: Any = None) -> Any:
+    return self.attrs.get(key, default)
+
+  def ints(self, key: str, default: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(v) for v in self.attrs.get(key, default))
+
+  def static(self, value: Any, what: str) -> np.ndarray:
+    """``value`` as a NumPy array known at load time, or a clear error if it depends on the
+    network's input (shapes, axes, indices and pads must be static in JAX)."""
+    if isinstance(value, np.ndarray):
+      return value
+    if isinstance(value, np.generic):
+      return np.asarray(value)
+    raise self.error(f"its {what} must be a constant (known when the model is loaded), but it is "
+                     "computed from the network's input")
+
+
+Converter = Callable[..., Any]
+"""``converter(node, *inputs) -> output`` (or a tuple of outputs); an omitted optional input is
+None. Inputs are NumPy arrays (constants) or JAX arrays/tracers."""
+
+CONVERTERS: dict[str, Converter] = {}
+"""ONNX operator type -> its converter. A converter may carry ``static_inputs``: positions of
+inputs that must be known at load time (an initializer there is a constant, not a param)."""
+
+
+def converter(*op_types: str, static_inputs: tuple[int, ...] = ()) -> Callable[[Converter], Converter]:
+  """Registers a converter for ``op_types``."""
+  def register(fn: Converter) -> Converter:
+    fn.static_inputs = static_inputs  # type: ignore[attr-defined]
+    for op in op_types:
+      CONVERTERS[op] = fn
+    return fn
+  return register
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers shared by several converters
+# ----------------------------------------------------------------------------------------------
+
+def _axis(axis: int, ndim: int) -> int:
+  return axis + ndim if axis < 0 else axis
+
+
+def _is_static(v: Any) -> bool:
+  return isinstance(v, (np.ndarray, np.generic))
+
+
+def _np_dtype(onnx_type: int) -> np.dtype:
+  return np.dtype(onnx_helper.tensor_dtype_to_np_dtype(onnx_type))
+
+
+def _spatial_pads(node: Node, in_sizes: Sequence[int], kernel: Sequence[int],
+                  strides: Sequence[int], dilations: Sequence[int]) -> list[tuple[int, int]]:
+  """(begin, end) padding of each spatial axis from ``pads`` / ``auto_pad`` (Conv, pooling).
+
+  ``pads`` is ``[x1_begin, x2_begin, ..., x1_end, x2_end, ...]``. ``SAME_UPPER``/``SAME_LOWER``:
+  output size ``ceil(in / stride)``, the total padding split in two with the odd one at the end
+  (UPPER) or the beginning (LOWER); ``VALID``: none.
+  """
+  n = len(in_sizes)
+  auto_pad = node.attr("auto_pad", "NOTSET")
+  if auto_pad in ("NOTSET", ""):
+    pads = node.ints("pads", (0,) * 2 * n)
+    return list(zip(pads[:n], pads[n:]))
+  if auto_pad == "VALID":
+    return [(0, 0)] * n
+  if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+    out = []
+    for size, k, s, d in zip(in_sizes, kernel, strides, dilations):
+      total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+      small, big = total // 2, total - total // 2
+      out.append((small, big) if auto_pad == "SAME_UPPER" else (big, small))
+    return out
+  raise node.error(f"auto_pad={auto_pad!r} is not supported")
+
+
+def _pool_geometry(node: Node, x_shape: Sequence[int]):
+  """Kernel, strides, dilations, explicit pads and the extra end padding ``ceil_mode`` adds."""
+  kernel = node.ints("kernel_shape", ())
+  n = len(kernel)
+  if n != len(x_shape) - 2:
+    raise node.error(f"kernel_shape {kernel} does not match an input of shape {tuple(x_shape)}")
+  strides = node.ints("strides", (1,) * n)
+  dilations = node.ints("dilations", (1,) * n)
+  pads = _spatial_pads(node, x_shape[2:], kernel, strides, dilations)
+  extra = []
+  for size, k, s, d, (lo, hi) in zip(x_shape[2:], kernel, strides, dilations, pads):
+    span = (k - 1) * d + 1
+    if node.attr("ceil_mode", 0):
+      out = -(-(size + lo + hi - span) // s) + 1
+      if (out - 1) * s >= size + lo:  # the last window must start inside the input or left pad
+        out -= 1
+    else:
+      out = (size + lo + hi - span) // s + 1
+    extra.append(max((out - 1) * s + span - (size + lo + hi), 0))
+  return kernel, strides, dilations, pads, extra
+
+
+def _window_sums_np(a: np.ndarray, kernel, strides, dilations) -> np.ndarray:
+  """Sums of a NumPy array over strided, dilated windows (no padding)."""
+  spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+  win = np.lib.stride_tricks.sliding_window_view(a, spans)
+  n = len(kernel)
+  win = win[(slice(None),) * n + tuple(slice(None, None, d) for d in dilations)]
+  win = win[tuple(slice(None, None, s) for s in strides)]
+  return win.sum(axis=tuple(range(n, 2 * n)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Converters: linear algebra
+# ----------------------------------------------------------------------------------------------
+
+@converter("Gemm")
+def _gemm(node: Node, a, b, c=None):
+  """Gemm (opset 11/13): ``Y = alpha * A' @ B' + beta * C`` with ``A' = A.T`` if ``transA``,
+  ``B' = B.T`` if ``transB``; ``C`` optional, broadcast to (M, N)."""
+  if node.attr("transA", 0):
+    a = jnp.transpose(a)
+  if node.attr("transB", 0):
+    b = jnp.transpose(b)
+  y = jnp.matmul(a, b)
+  alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
+  if alpha != 1.0:
+    y = alpha * y
+  if c is not None:
+    y = y + (c if beta == 1.0 else beta * c)
+  return y
+
+
+@converter("MatMul")
+def _matmul(node: Node, a, b):
+  """MatMul (opset 13): ``numpy.matmul`` semantics (batched, 1-D operands promoted)."""
+  return jnp.matmul(a, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# Converters: element-wise arithmetic (multidirectional, i.e. NumPy, broadcasting)
+# ----------------------------------------------------------------------------------------------
+
+@converter("Add")
+def _add(node: Node, a, b):
+  """Add (opset 14): ``A + B``."""
+  return jnp.add(a, b)
+
+
+@converter("Sub")
+def _sub(node: Node, a, b):
+  """Sub (opset 14): ``A - B``."""
+  return jnp.subtract(a, b)
+
+
+@converter("Mul")
+def _mul(node: Node, a, b):
+  """Mul (opset 14): ``A * B``."""
+  return jnp.multiply(a, b)
+
+
+@converter("Div")
+def _div(node: Node, a, b):
+  """Div (opset 14): ``A / B``; integer division truncates toward zero (as onnxruntime)."""
+  if jnp.issubdtype(jnp.result_type(a), jnp.integer) and \
+      jnp.issubdtype(jnp.result_type(b), jnp.integer):
+    a, b = jnp.broadcast_arrays(a, b)
+    return lax.div(a, b.astype(a.dtype))
+  return jnp.divide(a, b)
+
+
+@converter("Neg")
+def _neg(node: Node, x):
+  """Neg (opset 13): ``-X``."""
+  return jnp.negative(x)
+
+
+@converter("Abs")
+def _abs(node: Node, x):
+  """Abs (opset 13): ``|X|``."""
+  return jnp.abs(x)
+
+
+@converter("Sqrt")
+def _sqrt(node: Node, x):
+  """Sqrt (opset 13): ``sqrt(X)``."""
+  return jnp.sqrt(x)
+
+
+@converter("Exp")
+def _exp(node: Node, x):
+  """Exp (opset 13): ``exp(X)``."""
+  return jnp.exp(x)
+
+
+@converter("Log")
+def _log(node: Node, x):
+  """Log (opset 13): natural logarithm."""
+  return jnp.log(x)
+
+
+@converter("Reciprocal")
+def _reciprocal(node: Node, x):
+  """Reciprocal (opset 13): ``1 / X``."""
+  return 1.0 / x
+
+
+@converter("Pow")
+def _pow(node: Node, x, y):
+  """Pow (opset 15): ``X ** Y``; a constant integral exponent becomes ``integer_pow``."""
+  if _is_static(y) and y.size == 1 and float(y) == int(float(y)) and abs(float(y)) <= 16:
+    return lax.integer_pow(jnp.asarray(x), int(float(y)))
+  return jnp.power(x, y)
+
+
+@converter("Max", "Min", "Sum", "Mean")
+def _variadic(node: Node, *xs):
+  """Max / Min / Sum / Mean (opset 13): element-wise over any number of broadcast inputs."""
+  out = xs[0]
+  op = {"Max": jnp.maximum, "Min": jnp.minimum, "Sum": jnp.add, "Mean": jnp.add}[node.op_type]
+  for x in xs[1:]:
+    out = op(out, x)
+  return out / len(xs) if node.op_type == "Mean" else out
+
+
+@converter("Floor", "Ceil")
+def _round(node: Node, x):
+  """Floor / Ceil (opset 13)."""
+  return jnp.floor(x) if node.op_type == "Floor" else jnp.ceil(x)
+
+
+@converter("Erf")
+def _erf(node: Node, x):
+  """Erf (opset 13): the error function."""
+  return lax.erf(jnp.asarray(x))
+
+
+# ----------------------------------------------------------------------------------------------
+# Converters: activations
+# ----------------------------------------------------------------------------------------------
+
+@converter("Relu")
+def _relu(node: Node, x):
+  """Relu (opset 14): ``max(X, 0)``."""
+  return jnp.maximum(x, 0)
+
+
+@converter("LeakyRelu")
+def _leaky_relu(node: Node, x):
+  """LeakyRelu (opset 16): ``X if X >= 0 else alpha * X``, ``alpha`` default 0.01."""
+  return jax.nn.leaky_relu(x, negative_slope=node.attr("alpha", 0.01))
+
+
+@converter("Sigmoid")
+def _sigmoid(node: Node, x):
+  """Sigmoid (opset 13): ``1 / (1 + exp(-X))``."""
+  return jax.nn.sigmoid(x)
+
+
+@converter("Tanh")
+def _tanh(node: Node, x):
+  """Tanh (opset 13)."""
+  return jnp.tanh(x)
+
+
+@converter("Softplus")
+def _softplus(node: Node, x):
+  """Softplus (opset 1): ``log(1 + exp(X))``."""
+  return jax.nn.softplus(x)
+
+
+def _softmax_like(node: Node, x, fn):
+  """Softmax-style normalisation along ``axis``. Opset >= 13: over the one axis (default -1).
+  Opset < 13: the input is coerced to 2-D ``(prod(shape[:axis]), prod(shape[axis:]))`` (default
+  axis 1), normalised over the second dimension and reshaped back."""
+  x = jnp.asarray(x)
+  if node.opset >= 13:
+    return fn(x, axis=_axis(node.attr("axis", -1), x.ndim))
+  axis = _axis(node.attr("axis", 1), x.ndim)
+  rows = math.prod(x.shape[:axis])
+  return fn(jnp.reshape(x, (rows, -1)), axis=1).reshape(x.shape)
+
+
+@converter("Softmax")
+def _softmax(node: Node, x):
+  """Softmax (opset 1-13): ``exp(x_i) / sum_j exp(x_j)``, with boundjax's tight bound rule
+  (`boundjax.nn.softmax`)."""
+  return _softmax_like(node, x, bj_nn.softmax)
+
+
+@converter("LogSoftmax")
+def _log_softmax(node: Node, x):
+  """LogSoftmax (opset 1-13): ``x_i - log sum_j exp(x_j)`` (`boundjax.nn.log_softmax`)."""
+  return _softmax_like(node, x, bj_nn.log_softmax)
+
+
+@converter("Clip", static_inputs=())
+def _clip(node: Node, x, lo=None, hi=None):
+  """Clip (opset 6-13): ``min(max(X, min), max)``. Opset < 11: ``min``/``max`` attributes
+  (default -inf/+inf); opset >= 11: optional inputs."""
+  if node.opset < 11:
+    lo, hi = node.attr("min"), node.attr("max")
+  if lo is not None:
+    x = jnp.maximum(x, lo)
+  if hi is not None:
+    x = jnp.minimum(x, hi)
+  return x
+
+
+# ----------------------------------------------------------------------------------------------
+# Converters: convolution, normalisation, pooling (layout N, C, spatial...)
+# ----------------------------------------------------------------------------------------------
+
+@converter("Conv")
+def _conv(node: Node, x, w, b=None):
+  """Conv (opset 11): ``X`` (N, C, D1..Dn), ``W`` (M, C/group, k1..kn), optional bias ``B`` (M);
+  attributes ``strides``, ``dilations``, ``pads``/``auto_pad``, ``group``."""
+  n = jnp.ndim(x) - 2
+  kernel = tuple(jnp.shape(w)[2:])
+  strides = node.ints("strides", (1,) * n)
+  dilations = node.ints("dilations", (1,) * n)
+  pads = _spatial_pads(node, jnp.shape(x)[2:], kernel, strides, dilations)
+  y = lax.conv_general_dilated(x, w, window_strides=strides, padding=pads,
+                               rhs_dilation=dilations,
+                               feature_group_count=int(node.attr("group", 1)))
+  if b is not None:
+    y = y + jnp.reshape(b, (-1,) + (1,) * n)
+  return y
+
+
+@converter("ConvTranspose")
+def _conv_transpose(node: Node, x, w, b=None):
+  """ConvTranspose (opset 11): the gradient of Conv. ``X`` (N, C, D1..Dn), ``W``
+  (C, M/group, k1..kn); output size ``stride * (in - 1) + output_padding + (k - 1) * dilation +
+  1 - pad_begin - pad_end``. Computed as a convolution of the input dilated by ``strides`` with
+  the spatially flipped, in/out-swapped kernel. ``output_shape`` and ``auto_pad`` are not
+  supported."""
+  if node.attr("output_shape") is not None or node.attr("auto_pad", "NOTSET") not in ("NOTSET", ""):
+    raise node.error("ConvTranspose with output_shape or auto_pad is not supported; give pads")
+  n = jnp.ndim(x) - 2
+  c_in, m_per_group = jnp.shape(w)[:2]
+  kernel = tuple(jnp.shape(w)[2:])
+  group = int(node.attr("group", 1))
+  strides = node.ints("strides", (1,) * n)
+  dilations = node.ints("dilations", (1,) * n)
+  pads = node.ints("pads", (0,) * 2 * n)
+  out_pad = node.ints("output_padding", (0,) * n)
+  w = jnp.reshape(w, (group, c_in // group, m_per_group) + kernel)
+  w = jnp.swapaxes(w, 1, 2).reshape((group * m_per_group, c_in // group) + kernel)
+  w = jnp.flip(w, axis=tuple(range(2, 2 + n)))
+  padding = [((k - 1) * d - lo, (k - 1) * d - hi + op)
+             for k, d, lo, hi, op in zip(kernel, dilations, pads[:n], pads[n:], out_pad)]
+  y = lax.conv_general_dilated(x, w, window_strides=(1,) * n, padding=padding,
+                               lhs_dilation=strides, rhs_dilation=dilations,
+                               feature_group_count=group)
+  if b is not None:
+    y = y + jnp.reshape(b, (-1,) + (1,) * n)
+  return y
+
+
+@converter("BatchNormalization")
+def _batch_norm(node: Node, x, scale, bias, mean, var):
+  """BatchNormalization (opset 15), inference mode: ``Y = (X - mean) / sqrt(var + epsilon) *
+  scale + B`` per channel (axis 1). ``training_mode=1`` is not supported."""
+  if node.attr("training_mode", 0) or sum(1 for o in node.outputs if o) > 1:
+    raise node.error("training mode (running statistics as outputs) is not supported")
+  shape = (-1,) + (1,) * (jnp.ndim(x) - 2)
+  factor = scale / jnp.sqrt(var + node.attr("epsilon", 1e-5))
+  return (x - jnp.reshape(mean, shape)) * jnp.reshape(factor, shape) + jnp.reshape(bias, shape)
+
+
+@converter("MaxPool")
+def _max_pool(node: Node, x):
+  """MaxPool (opset 12): the maximum over each window (``kernel_shape``, ``strides``,
+  ``dilations``, ``pads``/``auto_pad``, ``ceil_mode``); padding never wins (-inf). The
+  ``Indices`` output and ``storage_order`` are not supported."""
+  if len([o for o in node.outputs if o]) > 1:
+    raise node.error("the Indices output is not supported")
+  kernel, strides, dilations, pads, extra = _pool_geometry(node, jnp.shape(x))
+  padding = [(0, 0), (0, 0)] + [(lo, hi + e) for (lo, hi), e in zip(pads, extra)]
+  init = -jnp.inf if jnp.issubdtype(jnp.result_type(x), jnp.floating) else \
+      jnp.iinfo(jnp.result_type(x)).min
+  return lax.reduce_window(x, jnp.asarray(init, jnp.result_type(x)), lax.max,
+                           (1, 1) + kernel, (1, 1) + strides, padding,
+                           window_dilation=(1, 1) + dilations)
+
+
+@converter("AveragePool")
+def _average_pool(node: Node, x):
+  """AveragePool (opset 19): the mean over each window. ``count_include_pad=0`` (default) divides
+  by the number of input entries in the window, ``1`` also counts the explicit padding (not the
+  extra end padding of ``ceil_mode``)."""
+  kernel, strides, dilations, pads, extra = _pool_geometry(node, jnp.shape(x))
+  padding = [(0, 0), (0, 0)] + [(lo, hi + e) for (lo, hi), e in zip(pads, extra)]
+  sums = lax.reduce_window(x, jnp.asarray(0, jnp.result_type(x)), lax.add,
+                           (1, 1) + kernel, (1, 1) + strides, padding,
+                           window_dilation=(1, 1) + dilations)
+  include = float(node.attr("count_include_pad", 0))
+  ones = np.pad(np.ones(jnp.shape(x)[2:]), pads, constant_values=include)
+  ones = np.pad(ones, [(0, e) for e in extra])
+  counts = _window_sums_np(ones, kernel, strides, dilations).astype(jnp.result_type(x))
+  return sums / counts
+
+
+@converter("GlobalAveragePool")
+def _global_average_pool(node: Node, x):
+  """GlobalAveragePool (opset 1): the mean over all spatial axes, kept as size-1 axes."""
+  return jnp.mean(x, axis=tuple(range(2, jnp.ndim(x))), keepdims=True)
+
+
+@converter("GlobalMaxPool")
+def _global_max_pool(node: Node, x):
+  """GlobalMaxPool (opset 1): the maximum over all spatial axes, kept as size-1 axes."""
+  return jnp.max(x, axis=tuple(range(2, jnp.ndim(x))), keepdims=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Converters: reductions
+# ----------------------------------------------------------------------------------------------
+
+@converter("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", static_inputs=(1,))
+def _reduce(node: Node, x, axes=None):
+  """ReduceSum / ReduceMean / ReduceMax / ReduceMin (opset 1-18): ``axes`` an attribute (before
+  opset 13 for ReduceSum, 18 for the others) or an optional input; none means all axes unless
+  ``noop_with_empty_axes``; ``keepdims`` default 1."""
+  if axes is None:
+    axes = node.attr("axes")
+  else:
+    axes = node.static(axes, "axes").tolist()
+  if not axes:
+    if node.attr("noop_with_empty_axes", 0):
+      return x
+    axes = list(range(jnp.ndim(x)))
+  axes = tuple(_axis(int(a), jnp.ndim(x)) for a in axes)
+  fn = {"ReduceSum": jnp.sum, "ReduceMean": jnp.mean, "ReduceMax": jnp.max,
+        "ReduceMin": jnp.min}[node.op_type]
+  return fn(x, axis=axes, keepdims=bool(node.attr("keepdims", 1)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Converters: shapes and data movement
+# ----------------------------------------------------------------------------------------------
+
+@converter("Flatten")
+def _flatten(node: Node, x):
+  """Flatten (opset 13): reshape to 2-D ``(prod(shape[:axis]), prod(shape[axis:]))``, axis
+  default 1 (negative counts from the end)."""
+  shape = jnp.shape(x)
+  axis = _axis(node.attr("axis", 1), len(shape))
+  return jnp.reshape(x, (math.prod(shape[:axis]), math.prod(shape[axis:])))
+
+
+@converter("Reshape", static_inputs=(1,))
+def _reshape(node: Node, x, shape):
+  """Reshape (opset 14): to the static ``shape``; a 0 copies the input's dimension (unless
+  ``allowzero=1``), one -1 is inferred."""
+  target = [int(s) for s in node.static(shape, "target shape").reshape(-1)]
+  if not node.attr("allowzero", 0):
+    target = [jnp.shape(x)[i] if s == 0 else s for i, s in enumerate(target)]
+  return jnp.reshape(x, target)
+
+
+@converter("Transpose")
+def _transpose(node: Node, x):
+  """Transpose (opset 13): permute axes by ``perm`` (default: reversed)."""
+  perm = node.attr("perm")
+  return jnp.transpose(x, None if perm is None else tuple(int(p) for p in perm))
+
+
+def _axes_input_or_attr(node: Node, axes, since: int) -> list[int] | None:
+  """``axes`` given as an attribute before opset ``since`` and as an input from it on."""
+  if node.opset < since:
+    value = node.attr("axes")
+    return None if value is None else [int(a) for a in value]
+  return None if axes is None else [int(a) for a in node.static(axes, "axes").reshape(-1)]
+
+
+@converter("Squeeze", static_inputs=(1,))
+def _squeeze(node: Node, x, axes=None):
+  """Squeeze (opset 1-13): remove the size-1 ``axes`` (all size-1 axes if none given)."""
+  axes = _axes_input_or_attr(node, axes, 13)
+  if axes is None:
+    axes = [i for i, s in enumerate(jnp.shape(x)) if s == 1]
+  return jnp.squeeze(x, axis=tuple(_axis(a, jnp.ndim(x)) for a in axes))
+
+
+@converter("Unsqueeze", static_inputs=(1,))
+def _unsqueeze(node: Node, x, axes=None):
+  """Unsqueeze (opset 1-13): insert size-1 axes at ``axes`` (positions in the output)."""
+  axes = _axes_input_or_attr(node, axes, 13)
+  out_rank = jnp.ndim(x) + len(axes)
+  axes = sorted(_axis(a, out_rank) for a in axes)
+  if _is_static(x):
+    return np.expand_dims(x, tuple(axes))
+  return jnp.expand_dims(x, tuple(axes))
+
+
+@converter("Concat")
+def _concat(node: Node, *xs):
+  """Concat (opset 13): join along ``axis`` (negative counts from the end)."""
+  xs = [x for x in xs if x is not None]
+  return jnp.concatenate(xs, axis=_axis(int(node.attr("axis")), jnp.ndim(xs[0])))
+
+
+@converter("Split", static_inputs=(1,))
+def _split(node: Node, x, split=None):
+  """Split (opset 2-18): into the sizes ``split`` (attribute before opset 13, input from it on)
+  along ``axis``, or into equal parts (``num_outputs``, or one per output)."""
+  axis = _axis(node.attr("axis", 0), jnp.ndim(x))
+  if node.opset < 13:
+    split = node.attr("split")
+  elif split is not None:
+    split = node.static(split, "split").tolist()
+  n_out = len(node.outputs)
+  if not split:
+    size = jnp.shape(x)[axis]
+    part = -(-size // n_out)
+    split = [min(part, size - i * part) for i in range(n_out)]
+  bounds = np.cumsum(split)[:-1].tolist()
+  return tuple(jnp.split(x, bounds, axis=axis))
+
+
+def _slice_range(start: int, end: int, step: int, dim: int) -> slice:
+  """ONNX Slice clamping: negative indices count from the end; then start, end are clamped to
+  [0, dim] (positive step) or start to [0, dim-1] and end to [-1, dim-1] (negative step)."""
+  start = start + dim if start < 0 else start
+  end = end + dim if end < 0 else end
+  if step > 0:
+    return slice(min(max(start, 0), dim), min(max(end, 0), dim), step)
+  start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+  return slice(start, None if end < 0 else end, step)
+
+
+@converter("Slice", static_inputs=(1, 2, 3, 4))
+def _slice(node: Node, x, starts=None, ends=None, axes=None, steps=None):
+  """Slice (opset 1-13): ``x[starts:ends:steps]`` along ``axes`` (default all leading axes);
+  attributes before opset 10, static inputs from it on."""
+  if node.opset < 10:
+    starts, ends, axes = node.attr("starts"), node.attr("ends"), node.attr("axes")
+    steps = None
+  else:
+    starts = node.static(starts, "starts").tolist()
+    ends = node.static(ends, "ends").tolist()
+    axes = None if axes is None else node.static(axes, "axes").tolist()
+    steps = None if steps is None else node.static(steps, "steps").tolist()
+  shape = jnp.shape(x)
+  axes = list(range(len(starts))) if axes is None else [_axis(int(a), len(shape)) for a in axes]
+  steps = [1] * len(starts) if steps is None else steps
+  index = [slice(None)] * len(shape)
+  for a, s, e, st in zip(axes, starts, ends, steps):
+    index[a] = _slice_range(int(s), int(e), int(st), shape[a])
+  return x[tuple(index)]
+
+
+@converter("Gather")
+def _gather(node: Node, x, indices):
+  """Gather (opset 13): ``take(data, indices, axis)`` (axis default 0, negative indices count
+  from the end); the output has the indices' shape in place of ``axis``."""
+  axis = _axis(node.attr("axis", 0), jnp.ndim(x))
+  dim = jnp.shape(x)[axis]
+  if _is_static(indices):
+    indices = np.where(indices < 0, indices + dim, indices)
+    if _is_static(x):
+      return np.take(x, indices, axis=axis)
+  else:
+    indices = jnp.where(indices < 0, indices + dim, indices)
+  return jnp.take(x, indices, axis=axis, mode="clip")
+
+
+@converter("Pad", static_inputs=(1, 3))
+def _pad(node: Node, x, pads=None, value=None, axes=None):
+  """Pad (opset 2-19): ``pads = [x1_begin, x2_begin, ..., x1_end, x2_end, ...]`` over ``axes``
+  (default all; negative pads crop); ``mode`` constant (with ``constant_value``, default 0),
+  reflect, edge or wrap. Attributes ``pads``/``value`` before opset 11."""
+  if node.opset < 11:
+    pads, value = node.attr("pads"), node.attr("value", 0.0)
+  else:
+    pads = node.static(pads, "pads").tolist()
+  ndim = jnp.ndim(x)
+  axes = list(range(ndim)) if axes is None else \
+      [_axis(int(a), ndim) for a in node.static(axes, "axes").tolist()]
+  n = len(axes)
+  widths = [(0, 0)] * ndim
+  for a, lo, hi in zip(axes, pads[:n], pads[n:]):
+    widths[a] = (int(lo), int(hi))
+  mode = node.attr("mode", "constant")
+  if mode == "constant":
+    fill = jnp.asarray(0 if value is None else value, jnp.result_type(x)).reshape(())
+    return lax.pad(jnp.asarray(x), fill, [(lo, hi, 0) for lo, hi in widths])
+  if mode not in ("reflect", "edge", "wrap"):
+    raise node.error(f"mode={mode!r} is not supported")
+  crop = tuple(slice(max(-lo, 0), jnp.shape(x)[i] - max(-hi, 0)) for i, (lo, hi) in enumerate(widths))
+  return jnp.pad(x[crop], [(max(lo, 0), max(hi, 0)) for lo, hi in widths], mode=mode)
+
+
+@converter("Expand", static_inputs=(1,))
+def _expand(node: Node, x, shape):
+  """Expand (opset 13): broadcast to ``shape`` under NumPy's (bidirectional) rule."""
+  target = np.broadcast_shapes(jnp.shape(x), tuple(node.static(shape, "shape").tolist()))
+  return jnp.broadcast_to(x, target)
+
+
+@converter("Tile", static_inputs=(1,))
+def _tile(node: Node, x, repeats):
+  """Tile (opset 13): repeat ``repeats[i]`` times along axis i."""
+  return jnp.tile(x, tuple(node.static(repeats, "repeats").tolist()))
+
+
+# ----------------------------------------------------------------------------------------------
+# Converters: constants, casts, shapes (folded at load time)
+# ----------------------------------------------------------------------------------------------
+
+@converter("Constant")
+def _constant(node: Node):
+  """Constant (opset 13): the tensor of the one attribute ``value``, ``value_float(s)`` or
+  ``value_int(s)`` (``sparse_value`` and strings are not supported)."""
+  for key, dtype in (("value", None), ("value_float", np.float32), ("value_floats", np.float32),
+                     ("value_int", np.int64), ("value_ints", np.int64)):
+    if key in node.attrs:
+      return np.asarray(node.attrs[key], dtype=dtype)
+  raise node.error(f"attributes {sorted(node.attrs)} are not supported (need value, "
+                   "value_float(s) or value_int(s))")
+
+
+@converter("ConstantOfShape", static_inputs=(0,))
+def _constant_of_shape(node: Node, shape):
+  """ConstantOfShape (opset 9): a tensor of static ``shape`` filled with ``value`` (a
+  one-element tensor, default float32 0)."""
+  value = node.attr("value", np.zeros(1, np.float32))
+  return np.full(tuple(node.static(shape, "shape").tolist()), value.reshape(()), value.dtype)
+
+
+@converter("Identity", "Dropout")
+def _identity(node: Node, x, *rest):
+  """Identity (opset 16) and Dropout (opset 13, inference: the identity; its optional mask
+  output is all true)."""
+  if node.op_type == "Dropout" and len([o for o in node.outputs if o]) > 1:
+    return x, jnp.ones(jnp.shape(x), bool)
+  return x
+
+
+@converter("Cast")
+def _cast(node: Node, x):
+  """Cast (opset 13): convert to the element type ``to`` (64-bit types become 32-bit inside
+  ``apply_fn`` unless JAX's x64 mode is on)."""
+  dtype = _np_dtype(node.attr("to"))
+  if dtype.kind not in "biuf":
+    raise node.error(f"cast to {dtype} is not supported")
+  if _is_static(x):
+    return np.asarray(x).astype(dtype)
+  return jnp.asarray(x).astype(dtype)
+
+
+@converter("Shape")
+def _shape(node: Node, x):
+  """Shape (opset 15): the input's shape as int64, ``shape[start:end]``; always static."""
+  shape = jnp.shape(x)
+  start, end = node.attr("start", 0), node.attr("end", None)
+  return np.asarray(shape[start:end], np.int64)
+
+
+@converter("Size")
+def _size(node: Node, x):
+  """Size (opset 13): the number of entries, as an int64 scalar; always static."""
+  return np.asarray(math.prod(jnp.shape(x)), np.int64)
+
+
+@converter("Range")
+def _range(node: Node, start, limit, delta):
+  """Range (opset 11): ``arange(start, limit, delta)`` (static inputs)."""
+  start, limit, delta = (node.static(v, "start/limit/delta") for v in (start, limit, delta))
+  return np.arange(start, limit, delta, dtype=np.asarray(start).dtype)
+
+
+@converter("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual")
+def _compare(node: Node, a, b):
+  """Equal / Less / Greater / LessOrEqual / GreaterOrEqual (opset 13-16): element-wise
+  comparisons with NumPy broadcasting (bool output)."""
+  fn = {"Equal": jnp.equal, "Less": jnp.less, "Greater": jnp.greater,
+        "LessOrEqual": jnp.less_equal, "GreaterOrEqual": jnp.greater_equal}[node.op_type]
+  return fn(a, b)
+
+
+@converter("Not", "And", "Or", "Xor")
+def _logical(node: Node, a, b=None):
+  """Not / And / Or / Xor (opset 7): element-wise logic on bools."""
+  if node.op_type == "Not":
+    return jnp.logical_not(a)
+  fn = {"And": jnp.logical_and, "Or": jnp.logical_or, "Xor": jnp.logical_xor}[node.op_type]
+  return fn(a, b)
+
+
+@converter("Where")
+def _where(node: Node, cond, a, b):
+  """Where (opset 16): ``a`` where ``cond`` else ``b``, broadcast."""
+  return jnp.where(cond, a, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# The graph
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Graph:
+  nodes: list[Node]
+  constants: dict[str, np.ndarray]
+  input_name: str
+  output_names: list[str]
+  input_shape: tuple[int, ...]
+  path: str
+
+
+def _convert_node(node: Node, values: list) -> list:
+  fn = CONVERTERS.get(node.op_type)
+  if fn is None:
+    raise UnsupportedOperatorError(
+        f"{node.where()}: ONNX operator {node.op_type!r} is not supported by boundjax.io "
+        f"(supported: {', '.join(sorted(CONVERTERS))})")
+  try:
+    out = fn(node, *values)
+  except OnnxImportError:
+    raise
+  except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError) as e:
+    raise node.error(f"conversion failed: {type(e).__name__}: {e}") from e
+  outs = list(out) if isinstance(out, tuple) else [out]
+  wanted = [o for o in node.outputs if o]
+  if len(outs) < len(node.outputs) and len(wanted) > len(outs):
+    raise node.error(f"only {len(outs)} of its {len(node.outputs)} outputs are supported")
+  return outs
+
+
+def _run(graph: _Graph, params: dict, x: Any, folded: dict | None = None):
+  """Evaluates the graph. With ``folded`` (the load-time pass) every node whose inputs are all
+  constants is evaluated eagerly in 64-bit NumPy-exact arithmetic and its outputs recorded there;
+  at apply time those nodes are gone."""
+  env: dict[str, Any] = dict(graph.constants)
+  env.update(params)
+  env[graph.input_name] = x
+  for node in graph.nodes:
+    values = [env[name] if name else None for name in node.inputs]
+    missing = [name for name in node.inputs if name and name not in env]
+    if missing:
+      raise node.error(f"inputs {missing} are not produced by any earlier node")
+    if folded is not None and all(v is None or _is_static(v) for v in values):
+      with jax.ensure_compile_time_eval(), jax.enable_x64(True):
+        outs = [None if o is None else np.asarray(o) for o in _convert_node(node, values)]
+    else:
+      outs = _convert_node(node, values)
+    for name, value in zip(node.outputs, outs):
+      if name:
+        env[name] = value
+        if folded is not None and _is_static(value):
+          folded[name] = np.asarray(value)
+  outs = tuple(jnp.asarray(env[name]) for name in graph.output_names)
+  return outs[0] if len(outs) == 1 else outs
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class OnnxModel:
+  """A loaded ONNX network. ``apply_fn(params, x)`` is the graph as a pure JAX function of an
+  input of shape ``input_shape``; unpacks as ``apply_fn, params = model``; ``model(x)`` applies it
+  with its own params.
+
+  Attributes:
+    apply_fn: ``(params, x) -> y`` (a tuple of outputs if the graph has several).
+    params: ``initializer name -> jnp array`` (the floating-point weights).
+    input_shape: the static input shape (symbolic dimensions fixed at load time).
+    output_shape: the output's shape (a tuple of shapes if the graph has several outputs).
+    input_name, output_names: the graph's input and output names.
+    input_dtype: the input's element type (float32 for most networks).
+    path: the file it was loaded from.
+  """
+  apply_fn: Callable[[dict, Any], Any]
+  params: dict[str, jax.Array]
+  input_shape: tuple[int, ...]
+  output_shape: tuple
+  input_name: str
+  output_names: tuple[str, ...]
+  input_dtype: np.dtype
+  path: str
+
+  @property
+  def output_name(self) -> str:
+    return self.output_names[0]
+
+  def __iter__(self) -> Iterator[Any]:
+    yield self.apply_fn
+    yield self.params
+
+  def __call__(self, x: Any) -> Any:
+    return self.apply_fn(self.params, x)
+
+
+def _static_initializers(graph_proto: onnx.GraphProto) -> set[str]:
+  """Names used at a static input position of some node (those initializers are constants)."""
+  names = set()
+  for proto in graph_proto.node:
+    fn = CONVERTERS.get(proto.op_type)
+    for pos in getattr(fn, "static_inputs", ()):
+      if pos < len(proto.input) and proto.input[pos]:
+        names.add(proto.input[pos])
+  return names
+
+
+def _opset(model: onnx.ModelProto) -> int:
+  for entry in model.opset_import:
+    if entry.domain in ("", "ai.onnx"):
+      return int(entry.version)
+  return 1
+
+
+def load_onnx(path: str | os.PathLike | onnx.ModelProto, *,
+              input_shape: Sequence[int] | None = None) -> OnnxModel:
+  """Loads an ONNX file as a JAX function (see the module docstring).
+
+  Args:
+    path: an ``.onnx`` file (or an in-memory ``onnx.ModelProto``).
+    input_shape: the input shape to fix symbolic dimensions (default: the file's shape with every
+      symbolic or zero dimension set to 1).
+
+  Returns:
+    An `OnnxModel` (unpacks as ``apply_fn, params``).
+
+  Raises:
+    UnsupportedOperatorError: an operator without a converter (named, with its node and file).
+    OnnxImportError: anything else the converter cannot handle (named, with its node and file).
+  """
+  if isinstance(path, onnx.ModelProto):
+    model, where = path, f"<ModelProto {path.graph.name or 'unnamed'}>"
+  else:
+    where = os.fspath(path)
+    try:
+      model = onnx.load(where)
+    except Exception as e:  # noqa: BLE001 (protobuf raises several kinds)
+      raise OnnxImportError(f"{where}: not a readable ONNX model ({type(e).__name__}: {e})") from e
+  g = model.graph
+  opset = _opset(model)
+  init_names = {t.name for t in g.initializer}
+  inputs = [i for i in g.input if i.name not in init_names]
+  if len(inputs) != 1:
+    raise OnnxImportError(f"{where}: boundjax.io supports graphs with one input, this one has "
+                          f"{[i.name for i in inputs]}")
+  (inp,) = inputs
+  ttype = inp.type.tensor_type
+  file_shape = [d.dim_value if d.HasField("dim_value") else 0 for d in ttype.shape.dim]
+  if input_shape is None:
+    input_shape = tuple(s if s > 0 else 1 for s in file_shape)
+  else:
+    input_shape = tuple(int(s) for s in input_shape)
+    if len(input_shape) != len(file_shape) or any(
+        f > 0 and f != s for f, s in zip(file_shape, input_shape)):
+      raise OnnxImportError(f"{where}: input_shape {input_shape} does not fit the model's input "
+                            f"shape {file_shape} (0 = symbolic)")
+  input_dtype = _np_dtype(ttype.elem_type) if ttype.elem_type else np.dtype(np.float32)
+
+  nodes = []
+  for i, proto in enumerate(g.node):
+    if proto.domain not in ("", "ai.onnx"):
+      node = Node.from_proto(proto, i, opset, where)
+      raise UnsupportedOperatorError(f"{node.where()}: operator domain {proto.domain!r} is not "
+                                     "supported (only the default ONNX domain)")
+    nodes.append(Node.from_proto(proto, i, opset, where))
+
+  static_names = _static_initializers(g)
+  constants, params = {}, {}
+  for t in g.initializer:
+    array = numpy_helper.to_array(t)
+    if array.dtype.kind == "f" and t.name not in static_names:
+      params[t.name] = jnp.asarray(array)
+    else:
+      constants[t.name] = np.asarray(array)
+  graph = _Graph(nodes, constants, inp.name, [o.name for o in g.output], input_shape, where)
+
+  # The load-time pass: folds constant subgraphs, checks every converter, finds output shapes.
+  folded: dict[str, np.ndarray] = {}
+  x_struct = jax.ShapeDtypeStruct(input_shape, jnp.dtype(input_dtype.name if input_dtype.kind == "f"
+                                                          else "float32"))
+  p_struct = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in params.items()}
+  out_struct = jax.eval_shape(lambda p, x: _run(graph, p, x, folded), p_struct, x_struct)
+  graph.constants = {**constants, **folded}
+  graph.nodes = [n for n in nodes if not all((not o) or o in folded for o in n.outputs)]
+  outs = out_struct if isinstance(out_struct, tuple) else (out_struct,)
+  output_shape = tuple(outs[0].shape) if len(outs) == 1 else tuple(tuple(o.shape) for o in outs)
+
+  def apply_fn(params: dict, x: Any) -> Any:
+    x_shape = tuple(jnp.shape(x))
+    if x_shape != input_shape:
+      raise ValueError(f"{where}: apply_fn takes an input of shape {input_shape} (the model's "
+                       f"own); got {x_shape}. For a batch, use jax.vmap(apply_fn, "
+                       "in_axes=(None, 0))")
+    return _run(graph, params, x)
+
+  apply_fn.__name__ = f"onnx_{os.path.splitext(os.path.basename(where))[0]}".replace("-", "_")
+  apply_fn.__qualname__ = apply_fn.__name__
+  apply_fn.__doc__ = f"The ONNX graph of {where} as a JAX function (params, x) -> y."
+  return OnnxModel(apply_fn=apply_fn, params=params, input_shape=input_shape,
+                   output_shape=output_shape, input_name=inp.name,
+                   output_names=tuple(o.name for o in g.output), input_dtype=input_dtype,
+                   path=where)
