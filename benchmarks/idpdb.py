@@ -82,7 +82,6 @@ import functools
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import time
 
@@ -121,7 +120,8 @@ def parse(argv=None):
   p.add_argument("--bounds", default="ibp", choices=("ibp", "crown"))
   p.add_argument("--solver", default="highs", choices=("highs", "scip"))
   p.add_argument("--workers", type=int, default=1)
-  p.add_argument("--executor", default="process", choices=("serial", "process", "ray"))
+  p.add_argument("--executor", default="process", choices=("serial", "process", "ray"),
+                 help="runs the MILPs (--workers) and the training processes (--train-processes)")
   p.add_argument("--max-k", type=int, default=2,
                  help="cap on the elbow k (LUCID's code: 2; 0 = no cap, the pure elbow)")
   p.add_argument("--attack-starts", type=int, default=1024, help="PGD starts (0 skips it)")
@@ -147,9 +147,9 @@ def parse(argv=None):
                  help="only try to enclose the whole leave-one-out family by one AGT run (removal-"
                       "only, k=1, LUCID's schedule); writes idpdb_agt_enclosure_adult_<arch>.json")
   p.add_argument("--train-processes", type=int, default=1,
-                 help="train the family in this many single-threaded processes (one per core: "
-                      "~1.4x the networks per second of one process on 2 cores)")
-  p.add_argument("--train-worker", default=None, help=argparse.SUPPRESS)   # "i/P", internal
+                 help="train the family in this many single-threaded worker processes run by "
+                      "--executor (train_ensemble(workers=...); one per core: ~1.4x the "
+                      "networks per second of one process on 2 cores)")
   p.add_argument("--checkpoint-dir", default=os.path.expanduser("~/.cache/boundjax/idpdb"))
   p.add_argument("--family-npz", default=None,
                  help="where N + members are saved (default benchmarks/results/"
@@ -170,10 +170,11 @@ def parse(argv=None):
 
 
 CHUNK = 128   # members per compiled program (part of the checkpoint's settings)
-SINGLE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
 def train_family(ds, a):
+  """N and the leave-one-out members (``--members``), trained by `ensembles.train_ensemble`
+  in ``--train-processes`` worker processes (``--executor``), resumable from the checkpoint."""
   n, d = ds.x_train.shape
   model = MLP(hidden=a.hidden_t, out=2)
   init = model.init(jax.random.PRNGKey(a.seed), jnp.zeros((1, d)))
@@ -182,26 +183,13 @@ def train_family(ds, a):
   idx = np.sort(order[:k])
   removed = ensembles.leave_k_out(idx)
   ckpt = pathlib.Path(a.checkpoint_dir) / f"{a.arch}_s{a.seed}_e{a.epochs}_m{k}"
-  train = functools.partial(
-      ensembles.train_ensemble, model, init, ensembles.sgd(0.1, weight_decay=1e-5), ds.x_train,
-      ds.y_train, removed, epochs=a.epochs, batch_size=1024, seed=a.seed,
-      loss_fn=ensembles.softmax_cross_entropy, chunk_size=CHUNK, checkpoint_dir=ckpt)
-  if a.train_worker is not None:      # a worker process: its share of the chunks, then exit
-    i, procs = (int(v) for v in a.train_worker.split("/"))
-    ids = [c for c in range(-(-len(removed) // CHUNK)) if c % procs == i]
-    train(chunk_ids=ids, progress=i == 0)
-    raise SystemExit(0)
   timing = ckpt / "train_seconds.json"
   t0 = time.perf_counter()
-  if a.train_processes > 1 and not timing.exists():
-    env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + SINGLE_THREAD))
-    workers = [subprocess.Popen([sys.executable, __file__, *a.argv, "--train-worker",
-                                 f"{i}/{a.train_processes}"], env=env)
-               for i in range(a.train_processes)]
-    if any(w.wait() for w in workers):
-      raise SystemExit("a training worker failed (its chunks so far are checkpointed; rerun "
-                       "to resume)")
-  ens = train()
+  ens = ensembles.train_ensemble(
+      model, init, functools.partial(ensembles.sgd, 0.1, weight_decay=1e-5), ds.x_train,
+      ds.y_train, removed, epochs=a.epochs, batch_size=1024, seed=a.seed,
+      loss_fn=ensembles.softmax_cross_entropy, chunk_size=CHUNK, checkpoint_dir=ckpt,
+      workers=a.train_processes, executor=a.executor)
   train_s = time.perf_counter() - t0
   if timing.exists():   # a resumed run: the seconds (and a note) recorded when it completed
     train_s = json.loads(timing.read_text())
