@@ -349,3 +349,375 @@ def interval_network(layers_lo: Sequence[tuple[Any, Any]],
                  for (wl, bl), (wu, bu) in zip(layers_lo, layers_hi))
   shape = tuple(input_shape) if input_shape is not None else (layers[0].shape[1],)
   return Network(layers, shape, output)
+
+
+# ------------------------------------------------------------------------------------------------
+# Extraction from any JAX function
+# ------------------------------------------------------------------------------------------------
+
+# Primitives that are linear in their floating-point operands jointly, provided every other
+# operand (indices, predicates, shapes) does not depend on the input.
+_LINEAR_PRIMITIVES = frozenset({
+    "add", "add_any", "sub", "neg", "reshape", "transpose", "broadcast_in_dim", "squeeze",
+    "expand_dims", "concatenate", "slice", "dynamic_slice", "dynamic_update_slice", "gather",
+    "scatter", "scatter-add", "scatter_add", "pad", "rev", "select_n", "reduce_sum", "cumsum",
+    "reduce_window_sum", "copy", "copy_p", "convert_element_type", "split",
+    "sharding_constraint", "optimization_barrier",
+})
+# Linear in each operand when the others are constant: affine iff exactly one depends on x.
+_BILINEAR_PRIMITIVES = frozenset({"mul", "dot_general", "conv_general_dilated"})
+_POOLING_PRIMITIVES = frozenset({
+    "reduce_window_max", "reduce_window_min", "reduce_max", "reduce_min", "argmax", "argmin",
+    "cummax", "cummin", "sort", "reduce_window"})
+
+
+@dataclasses.dataclass
+class _Activation:
+  """``out = c + sgn * relu(sgn * (z - c))``: ``max(z, c)`` (``sgn = +1``) or ``min(z, c)``
+  (``sgn = -1``) with a constant ``c``; ``c = 0, sgn = +1`` is the ReLU. The network's
+  pre-activation is ``sgn * (z - c)``, flattened."""
+
+  z: Any           # the input atom (a Var of the program)
+  out: Any         # the output Var
+  c: np.ndarray    # float64, broadcast to the output shape
+  sgn: float
+  eqn: Any         # the equation, for messages
+
+
+@dataclasses.dataclass
+class _Segment:
+  """The equations from one activation (or the input) to the next (or the output)."""
+
+  input: Any                    # the Var the segment reads (program input or activation output)
+  input_shape: tuple[int, ...]
+  input_map: tuple[np.ndarray, float]  # (c, sgn): the Var's value is c + sgn * s for the state s
+  eqns: list = dataclasses.field(default_factory=list)
+  end: _Activation | None = None       # None for the last segment (ends at the output)
+
+
+def _is_float(a: Any) -> bool:
+  try:
+    return jnp.issubdtype(jnp.result_type(a), jnp.floating)
+  except TypeError:
+    return False
+
+
+def _f64(v: Any) -> Any:
+  """Floating values as float64 (everything else unchanged)."""
+  return jnp.asarray(v, jnp.float64) if _is_float(v) else v
+
+
+def _function_error(msg: str, eqn: Any = None) -> ValueError:
+  where = f" (at {eqn.where()})" if eqn is not None else ""
+  return ValueError(f"from_function: {msg}{where}.")
+
+
+def _constant_operand(a: Any, program, consts: dict) -> np.ndarray | None:
+  """The value of a constant (input-independent) operand as float64 numpy, else None."""
+  from boundjax.core.ir import Lit
+  if isinstance(a, Lit):
+    return np.asarray(a.val, np.float64)
+  if a in program.depends:
+    return None
+  return np.asarray(consts[a], np.float64)
+
+
+def _as_activation(eqn, program, consts: dict) -> list[_Activation] | None:
+  """The eqn as one or two activations (``max``/``min``/``clamp`` with constant bounds), or None
+  when it is not one. ``max``/``min`` of two input-dependent values raises (pooling-like)."""
+  from boundjax.core.ir import Var
+  name = eqn.name
+  if name in ("max", "min"):
+    dep = [isinstance(a, Var) and a in program.depends for a in eqn.invars]
+    if all(dep):
+      raise _function_error(
+          f"'{name}' of two input-dependent values (max pooling or a similar nonlinearity) is "
+          "not encodable yet; only max(z, c) / min(z, c) with a constant c (ReLU, clipping) are",
+          eqn)
+    z = eqn.invars[dep.index(True)]
+    c = _constant_operand(eqn.invars[dep.index(False)], program, consts)
+    pairs = [(z, eqn.outvars[0], c, 1.0 if name == "max" else -1.0)]
+  elif name == "clamp":  # clamp(lo, z, hi) = min(max(z, lo), hi)
+    lo_a, z, hi_a = eqn.invars
+    if not (isinstance(z, Var) and z in program.depends):
+      raise _function_error("clamp with input-dependent bounds is not encodable", eqn)
+    lo, hi = (_constant_operand(a, program, consts) for a in (lo_a, hi_a))
+    if lo is None or hi is None:
+      raise _function_error("clamp with input-dependent bounds is not encodable", eqn)
+    from boundjax.core.ir import Var as _V
+    mid = _V(eqn.outvars[0].aval, -1)
+    pairs = [(z, mid, lo, 1.0), (mid, eqn.outvars[0], hi, -1.0)]
+  else:
+    return None
+  acts = []
+  shape = tuple(eqn.outvars[0].aval.shape)
+  for z, out, c, sgn in pairs:
+    if tuple(z.aval.shape) != shape:
+      raise _function_error(f"'{name}' broadcasts its input-dependent operand", eqn)
+    c = np.broadcast_to(c, shape).astype(np.float64)
+    identity_value = -np.inf if sgn > 0 else np.inf
+    if np.all(c == identity_value):
+      acts.append(_Activation(z, out, c, sgn, None))  # max(z, -inf): the identity
+      continue
+    if not np.all(np.isfinite(c)):
+      raise _function_error(f"'{name}' with a partly infinite constant bound", eqn)
+    acts.append(_Activation(z, out, c, sgn, eqn))
+  return acts
+
+
+def _check_affine_eqn(eqn, program) -> None:
+  """Raises unless ``eqn`` (which reads an input-dependent value) is affine in those values."""
+  from boundjax.core.ir import Var
+  name = eqn.name
+  dep = [isinstance(a, Var) and a in program.depends for a in eqn.invars]
+  if name in _POOLING_PRIMITIVES:
+    raise _function_error(
+        f"'{name}' (max pooling or another order statistic) is not encodable yet; the MILP "
+        "encoding supports affine maps and ReLU (max(z, c) with constant c) only", eqn)
+  if name in _BILINEAR_PRIMITIVES:
+    if sum(dep) != 1:
+      raise _function_error(
+          f"'{name}' of two input-dependent values is a product, not an affine map", eqn)
+    return
+  if name == "div":
+    if dep[1]:
+      raise _function_error("'div' by an input-dependent value is not affine", eqn)
+    return
+  if name == "integer_pow" and eqn.params.get("y") == 1:
+    return
+  if name in _LINEAR_PRIMITIVES:
+    for a, d in zip(eqn.invars, dep):
+      if d and not _is_float(a.aval.dtype):
+        raise _function_error(
+            f"'{name}' uses an input-dependent value as an index or predicate (not affine)", eqn)
+    if name == "convert_element_type" and not jnp.issubdtype(eqn.params["new_dtype"],
+                                                              jnp.floating):
+      raise _function_error(
+          f"'convert_element_type' to {eqn.params['new_dtype']} (rounding) is not affine", eqn)
+    return
+  raise _function_error(
+      f"primitive '{name}' is not affine; only affine maps (dense, conv, scaling, reshapes, "
+      "adds, ...) with ReLU between them can be encoded", eqn)
+
+
+def _bind_f64(eqn, values: list) -> list:
+  """Evaluates ``eqn`` with every floating operand and result in float64."""
+  params = dict(eqn.params)
+  if eqn.name == "convert_element_type" and jnp.issubdtype(params["new_dtype"], jnp.floating):
+    params["new_dtype"] = np.dtype(np.float64)
+  pet = params.get("preferred_element_type")
+  if pet is not None and jnp.issubdtype(pet, jnp.floating):
+    params["preferred_element_type"] = np.dtype(np.float64)
+  return dataclasses.replace(eqn, params=params).bind([_f64(v) for v in values])
+
+
+def _split_chain(program, consts: dict) -> list[_Segment]:
+  """Cuts the input-dependent equations into segments at the activations (checks the chain)."""
+  from boundjax.core.ir import Var
+  x = program.invars[0]
+  segs = [_Segment(x, tuple(x.aval.shape), (np.zeros(()), 1.0))]
+  stage = {x: 0}
+  last_act = None
+  for e in program.eqns:
+    if not e.abstract:
+      continue
+    stages = {stage[a] for a in e.invars if isinstance(a, Var) and a in program.depends}
+    if stages != {len(segs) - 1}:
+      raise _function_error(
+          f"the function is not a chain of affine maps with ReLU between them: '{e.name}' reads "
+          f"a value from before the activation at {last_act.where()} (a skip connection or "
+          "branch); only chains can be encoded", e)
+    acts = _as_activation(e, program, consts)
+    if acts is None:
+      _check_affine_eqn(e, program)
+      segs[-1].eqns.append(e)
+      for o in e.outvars:
+        stage[o] = len(segs) - 1
+      continue
+    for act in acts:
+      if act.eqn is None:  # the identity: the output is the input
+        segs[-1].eqns.append(_IdentityEqn(act.z, act.out))
+        stage[act.out] = len(segs) - 1
+        continue
+      segs[-1].end = act
+      segs.append(_Segment(act.out, tuple(act.out.aval.shape), (act.c, act.sgn)))
+      stage[act.out] = len(segs) - 1
+      last_act = e
+  out = program.outvars[0]
+  if not (isinstance(out, Var) and out in program.depends):
+    raise _function_error("the output does not depend on the input")
+  if stage[out] != len(segs) - 1:
+    raise _function_error(
+        f"the output is computed from a value before the activation at {last_act.where()}; "
+        "only chains can be encoded")
+  return segs
+
+
+@dataclasses.dataclass
+class _IdentityEqn:
+  """``out = z`` (a ``max(z, -inf)`` / ``min(z, inf)`` that changes nothing)."""
+
+  z: Any
+  out: Any
+  name: str = "identity"
+
+  @property
+  def invars(self):
+    return [self.z]
+
+  @property
+  def outvars(self):
+    return [self.out]
+
+  def bind(self, values):
+    return list(values)
+
+
+def _segment_fn(seg: _Segment, program, consts: dict):
+  """``s -> pre-activation of the next layer`` (or the output), flat float64 in and out."""
+  from boundjax.core.ir import Lit
+
+  c_in, sgn_in = seg.input_map
+  c_in = jnp.asarray(c_in, jnp.float64)
+
+  def read(env, a):
+    if isinstance(a, Lit):
+      return a.val
+    return env[a] if a in env else consts[a]
+
+  def fn(s):
+    env = {seg.input: c_in + sgn_in * jnp.reshape(s, seg.input_shape)}
+    for e in seg.eqns:
+      vals = [read(env, a) for a in e.invars]
+      outs = e.bind(vals) if isinstance(e, _IdentityEqn) else _bind_f64(e, vals)
+      for v, o in zip(e.outvars, outs):
+        env[v] = o
+    if seg.end is None:
+      return jnp.reshape(_f64(read(env, program.outvars[0])), (-1,))
+    z = _f64(read(env, seg.end.z))
+    return jnp.reshape(seg.end.sgn * (z - jnp.asarray(seg.end.c)), (-1,))
+
+  return fn
+
+
+def _segment_layer(fn, n_in: int, sparse_threshold: float, rng: np.random.Generator,
+                   eqns: list, max_entries: int = 1 << 22) -> AffineLayer:
+  """The exact affine layer of an affine segment ``fn``: ``b = fn(0)`` and column ``j`` of ``W``
+  the directional derivative of ``fn`` along ``e_j`` (forward mode), which for an affine ``fn``
+  is ``fn(e_j) - fn(0)`` without the cancellation error of that subtraction. Affinity is checked
+  at random points: ``fn(p) = W p + b`` to ``1e-9`` relative."""
+  zero = jnp.zeros((n_in,), jnp.float64)
+  b = np.asarray(fn(zero), np.float64)
+  n_out = b.size
+  jvp = jax.vmap(lambda t: jax.jvp(fn, (zero,), (t,))[1])
+  chunk = max(1, min(n_in, max_entries // max(n_out, 1)))
+  rows, cols, vals = [], [], []
+  for start in range(0, n_in, chunk):
+    stop = min(n_in, start + chunk)
+    basis = np.zeros((stop - start, n_in))
+    basis[np.arange(stop - start), np.arange(start, stop)] = 1.0
+    block = np.asarray(jvp(jnp.asarray(basis)), np.float64)  # (chunk, n_out): columns of W
+    j, i = np.nonzero(block)
+    rows.append(i)
+    cols.append(j + start)
+    vals.append(block[j, i])
+  w = sp.csr_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                   shape=(n_out, n_in))
+  if not (np.all(np.isfinite(w.data)) and np.all(np.isfinite(b))):
+    raise _function_error("a layer has non-finite weights or biases")
+  if w.nnz >= sparse_threshold * n_out * n_in:
+    w = w.toarray()
+  # affinity: fn(p) = W p + b at random points (scale 1 and 100)
+  probes = np.concatenate([rng.uniform(-1, 1, (3, n_in)), rng.uniform(-100, 100, (2, n_in))])
+  got = np.asarray(jax.vmap(fn)(jnp.asarray(probes)), np.float64)
+  want = np.asarray(w @ probes.T).T + b
+  scale = np.asarray(abs(w) @ np.abs(probes).T).T + np.abs(b) + 1e-300
+  if not np.all(np.abs(got - want) <= 1e-9 * scale + 1e-12):
+    names = sorted({e.name for e in eqns})
+    raise _function_error(
+        "a segment between ReLUs is not affine in its input (evaluating it at random points "
+        f"disagrees with its linearisation); its primitives: {', '.join(names)}")
+  return AffineLayer.point(w, b)
+
+
+def from_function(apply_fn, params: Any, input_shape: Sequence[int], output: str | None = None,
+                  *, sparse_threshold: float = 0.25, check: bool = True,
+                  seed: int = 0) -> Network:
+  """A `Network` from any JAX function ``x -> apply_fn(params, x)`` that is a chain of affine maps
+  with ReLU between them (an imported ONNX graph, a Flax model's ``apply``, plain ``jnp`` code).
+
+  The function is traced once (`boundjax.core.program.flatten` inlines every call, including
+  ``jax.nn.relu``'s ``custom_jvp_call``) with ``params`` cast to float64; equations that do not
+  depend on ``x`` (e.g. folding batch-norm statistics) are evaluated as constants. The
+  ``x``-dependent equations are cut at every activation ``max(z, c)`` / ``min(z, c)`` /
+  ``clamp`` with a constant ``c`` (``c = 0``: ReLU; a general ``c`` is the ReLU
+  ``c ± relu(±(z - c))``, so clipping also encodes). Each segment between activations must be
+  affine: only affine primitives may occur (dense, conv, products and quotients by constants,
+  reshape/transpose/pad/slice/concatenate/gather, sums, ...) and the segment ``f`` is checked
+  numerically against its matrix. Its layer is ``b = f(0)``, ``W[:, j] = D f(0) e_j`` (the
+  forward-mode derivative, equal to ``f(e_j) - f(0)`` for affine ``f``), all in float64; floating
+  casts inside the function (e.g. to float32) are evaluated in float64, so the network is the
+  function in real arithmetic with its (float32-valued) parameters.
+
+  Args:
+    apply_fn: ``apply_fn(params, x) -> outputs`` (one array; its flattening ``.reshape(-1)`` is
+      the network output).
+    params: the parameter pytree (concrete arrays; not `Interval`).
+    input_shape: the shape of ``x``, including any batch axis the function expects, e.g.
+      ``(1, 1, 1, 5)`` for ACAS Xu ONNX models or ``(1, 784)``. The network's input is
+      ``x.reshape(-1)`` (row-major), and ``Network.input_shape`` is ``input_shape``.
+    output: ``"logits"``, ``"sign"`` or ``None`` (see `Network`).
+    sparse_threshold: layers with fewer non-zeros than this fraction are stored as CSR.
+    check: also replay random inputs through ``apply_fn`` (float64 parameters) and require
+      agreement (``1e-5`` relative; the function may compute in float32 internally).
+    seed: for the random check points.
+
+  Raises:
+    ValueError: naming the first primitive that is not affine (or not a ReLU-like activation)
+      and the user's source line, e.g. ``tanh``, max pooling (``reduce_window_max``, not
+      encodable yet), a product of two input-dependent values, or a skip connection.
+  """
+  from boundjax.core.program import evaluate_concrete, flatten, mark_dependence
+  from boundjax.interval import is_interval
+
+  input_shape = tuple(int(s) for s in input_shape)
+  if any(is_interval(l) for l in jax.tree_util.tree_leaves(params, is_leaf=is_interval)):
+    raise ValueError("from_function: interval parameters are not supported here; use "
+                     "from_flax or from_params for hyper-networks.")
+  rng = np.random.default_rng(seed)
+  with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+    p64 = jax.tree_util.tree_map(
+        lambda a: np.asarray(a, np.float64) if _is_float(a) and not isinstance(a, float) else a,
+        params)
+
+    def fn(x):
+      return apply_fn(p64, x)
+
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(
+        jax.ShapeDtypeStruct(input_shape, jnp.float64))
+    if len(jax.tree_util.tree_leaves(out_shape)) != 1:
+      raise ValueError("from_function: the function must return one array, got "
+                       f"{jax.tree_util.tree_structure(out_shape)}.")
+    program = mark_dependence(flatten(closed, recognise=None), [True])
+    consts = {v: _f64(a) for v, a in evaluate_concrete(program, [None]).items()}
+    segments = _split_chain(program, consts)
+    layers = []
+    n_in = int(np.prod(input_shape))
+    for seg in segments:
+      layer = _segment_layer(_segment_fn(seg, program, consts), n_in, sparse_threshold, rng,
+                             seg.eqns)
+      layers.append(layer)
+      n_in = layer.shape[0]
+    net = Network(tuple(layers), input_shape, output)
+    if check:
+      probes = rng.uniform(-1.0, 1.0, (3,) + input_shape)
+      ref = np.stack([np.asarray(fn(jnp.asarray(p)), np.float64).reshape(-1) for p in probes])
+  if check:
+    got = forward_batch(net, probes)
+    if got.shape != ref.shape or not np.allclose(got, ref, rtol=1e-5,
+                                                 atol=1e-5 * (1 + np.abs(ref).max())):
+      raise ValueError(
+          "from_function: the extracted network does not reproduce apply_fn on random inputs "
+          f"(max difference {np.abs(got - ref).max() if got.shape == ref.shape else 'shape'}); "
+          "please report this with the function.")
+  return net
