@@ -1,8 +1,8 @@
-"""Small Flax linen models used by the papers' experiments (LUCID spec §4.3, Sphynx spec §4.3).
+"""Small Flax linen models used by the papers' experiments (LUCID, §7; Sphynx, §6).
 
 * `MLP`: fully connected ReLU network, e.g. ``MLP(hidden=(50, 50), out=2)`` (Adult 2×50).
 * `Conv1dNet`: LUCID's tabular CNN: two 1×3 convolutions (6 channels, valid, ReLU), flatten,
-  Dense(2), ReLU, Dense(2) (LUCID spec §4.3; dropout is left out: training is deterministic).
+  Dense(2), ReLU, Dense(2) (LUCID, §7, with its public code's layer sizes; dropout is left out: training is deterministic).
 
 Both initialise like PyTorch's defaults, which the papers' code uses: every weight and bias is
 drawn from ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` (``kaiming_uniform(a=sqrt(5))`` for weights

@@ -1,6 +1,6 @@
 """Model auditing with finite adversaries: the gaps of Theorems 1-3 and the adversaries themselves.
 
-Spec 004 (Diaz, Kairouz, Liao, Sankar, "Theoretical guarantees for model auditing with finite
+Diaz, Kairouz, Liao, Sankar, "Theoretical guarantees for model auditing with finite
 adversaries"). An auditor fits a *finite adversary* — a two-layer network with ``k`` hidden units
 (eq. 5, activation sigma(t) = tanh(t/2)) — on ``n`` samples ``(S_i, T_i)`` to predict a binary
 sensitive ``S in {-1, +1}`` from a released ``T``. If its minimal empirical loss
@@ -12,12 +12,12 @@ The package holds (all names re-exported here)
 * geometry of the support ``K``: `diameter`, `enclosing_radius`, `radius_term`;
 * the gaps: `thm1_gap` (representation setting, eq. 22/24), `thm2_gap` (eq. 34), `thm3_gap`
   (eq. 37) and `AuditCertificate` / `certify`;
-* the paper's worked example (§5, spec §3): `sample_gaussian_example`, `eta_from_densities`,
+* the paper's worked example (§5): `sample_gaussian_example`, `eta_from_densities`,
   `equal_cov_eta`, `true_min_loss`, `eq49_gap`;
 * exact ERM in the classification setting (`classification_erm`) and approximate ERM over
   ``H_k`` by many restarts in one vmapped, jitted run (`fit_finite_adversary`, optax Adam + SGD).
 
-Corrections to the paper, as the spec asks (each repeated where it applies):
+Corrections to the paper (each repeated where it applies):
 
 * ``C_eta = |<v, v0>|``, not ``<v, v0>`` (eq. 48); every gap takes ``|mu|`` / rejects ``C < 0``.
 * Hoeffding: eq. 22/49 (``sqrt(log(1/delta)/(2n))``) is the default, as in Figure 1; the printed
@@ -28,7 +28,7 @@ Corrections to the paper, as the spec asks (each repeated where it applies):
 * Theorem 3's precondition ``n >= 4 (2d + log(1/delta))`` raises a `ValueError`.
 * Log-loss adversaries map into ``[0, 1]``.
 
-Soundness caveats (spec §8): the gap bounds ``L_{k,S_n} - L`` where ``L_{k,S_n}`` is the *exact*
+Soundness caveats: the gap bounds ``L_{k,S_n} - L`` where ``L_{k,S_n}`` is the *exact*
 ERM; a trained adversary's loss is an over-estimate of it, so ``trained loss - gap`` is not a
 certified lower bound (`certify` records this). ``C_eta`` depends on the population, so outside a
 known model it is an estimate.

@@ -1,4 +1,4 @@
-"""Finite adversaries: approximate ERM over ``H_k`` by many restarts (spec 004 §4.3, §5).
+"""Finite adversaries: approximate ERM over ``H_k`` by many restarts (Diaz et al., §5.4 and Fig. 1).
 
 A finite adversary is a two-layer network with ``k`` hidden units, ``h(T) = c0 + sum_i c_i
 sigma(a_i . T + b_i)`` (eq. 5, sigma(t) = tanh(t/2)), fitted to predict ``S in {-1, +1}`` from
@@ -30,12 +30,12 @@ Array = jax.Array
 
 
 # ----------------------------------------------------------------------------------------------
-# Finite adversaries: approximate ERM over H_k (spec §4.3)
+# Finite adversaries: approximate ERM over H_k (Diaz et al., §5.4)
 # ----------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class AdversaryConfig:
-  """Training setup for finite adversaries (spec §5; the paper leaves most of it open).
+  """Training setup for finite adversaries (the paper leaves most of it open; these are our defaults).
 
   Trials are split evenly between the optimisers in ``optimizers`` (Adam lr 1e-3; SGD lr 1e-2 with
   momentum 0.9 [IMPL]); Glorot-uniform first layer, zero biases and output weights [IMPL];
@@ -87,7 +87,7 @@ def adversary_apply(params: dict, T: Array, activation: str = "tanh_half") -> Ar
 
 
 def init_adversary(key: Array, q: int, k: int) -> dict:
-  """Glorot-uniform ``a [q, k]``; zero ``b [k]``, ``c [k]``, ``c0`` (spec §4.3 [IMPL])."""
+  """Glorot-uniform ``a [q, k]``; zero ``b [k]``, ``c [k]``, ``c0`` (our initialisation; the paper does not state one)."""
   lim = math.sqrt(6.0 / (q + k))
   return {"a": jax.random.uniform(key, (q, k), jnp.float32, -lim, lim),
           "b": jnp.zeros((k,), jnp.float32), "c": jnp.zeros((k,), jnp.float32),
@@ -180,7 +180,7 @@ def fit_finite_adversary(key: Array, T: Any, S: Any, cfg: AdversaryConfig = Adve
   Trials are split evenly over ``cfg.optimizers``; each group runs as one vmapped, jitted call
   per chunk of ``cfg.trial_chunk`` trials (``vmapped=False`` trains them one by one with the same
   compiled per-trial function, for benchmarking). The returned loss is an *upper* estimate of the
-  exact ``L_{k,S_n}`` (ERM over ``H_k`` is NP-hard; spec §8).
+  exact ``L_{k,S_n}`` (ERM over ``H_k`` is NP-hard).
   """
   T, S = _check_data(T, S)
   names = []

@@ -1,10 +1,10 @@
-"""Gaps and certificates of model auditing with finite adversaries (spec 004, Theorems 1-3).
+"""Gaps and certificates of model auditing with finite adversaries (Diaz et al., Theorems 1-3).
 
 The formulas of Diaz, Kairouz, Liao, Sankar, "Theoretical guarantees for model auditing with
 finite adversaries": geometry of the support ``K`` (`diameter`, `enclosing_radius`,
 `radius_term`), the gaps `thm1_gap` (eq. 22/24), `thm2_gap` (eq. 34), `thm3_gap` (eq. 37),
 `eq49_gap`, the certificate ``L >= L_emp - gap`` (`certify`), the paper's worked example (§5,
-spec §3) and exact ERM in the classification setting. The adversaries themselves are trained in
+§5) and exact ERM in the classification setting. The adversaries themselves are trained in
 `boundjax.auditing.adversary`; the corrections to the paper are listed in `boundjax.auditing`.
 """
 
@@ -100,7 +100,7 @@ def radius_term(K: Any) -> float:
   Barron's theorem (Prop. 1) holds with ``2r`` for ``K`` inside a ball of radius ``r`` (re-centred
   at ``x0`` with ``c_0 = h(x0)``; ``C_h`` is translation invariant). ``Dia(K) = 2 r_enc`` for
   centrally symmetric sets such as boxes; in general ``r_enc`` can exceed ``Dia/2`` (Jung), so the
-  paper's ``Dia(K)`` can under-state the bound (spec §1.2).
+  paper's ``Dia(K)`` can under-state the bound (Barron's theorem, as used in §2, Prop. 1, needs ``K`` in a ball).
   """
   box = _as_box(K)
   if box is not None:
@@ -109,7 +109,7 @@ def radius_term(K: Any) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# Gaps (spec §2, §4.2)
+# Gaps (Theorem 1, §4.1; Theorems 2-3, §4.2)
 # ----------------------------------------------------------------------------------------------
 
 def _check_common(n: Any, delta: float) -> None:
@@ -145,7 +145,7 @@ def thm1_gap(n: Any, k: Any, delta: float, radius: float, C_eta: float,
   constants and ``radius`` = ``Dia(K)`` for boxes or ``2 r_enc(K)`` (`radius_term`).
 
   ``hoeffding="eq31"`` uses the printed eq. 31, ``sqrt(2 log(1/delta) / (2n))``, a factor
-  ``sqrt(2)`` larger than one-sided Hoeffding (the spec's [DERIVED] inconsistency; Figure 1 uses
+  ``sqrt(2)`` larger than one-sided Hoeffding (the printed eq. 31 is inconsistent with eq. 22; Figure 1 uses
   eq. 22). Vectorised over ``n``, ``k``, ``C_eta``.
   """
   _check_common(n, delta)
@@ -162,7 +162,7 @@ def thm1_gap(n: Any, k: Any, delta: float, radius: float, C_eta: float,
 
 
 def eq49_gap(mu: Any, n: Any, k: Any, delta: float) -> Any:
-  """The worked example's gap, eq. 49, with ``|mu|`` (spec §3.2 correction):
+  """The worked example's gap, eq. 49, with ``|mu|`` (eq. 48 prints ``<v, v0>``; the constant is its absolute value):
 
   ``2 (1 + 3|mu|)^2 sqrt(2 log(1/delta) / n) + 36 mu^2 / k + 24 |mu| / sqrt(k)``,
   identical to eq. 22 + eq. 24 with ``Dia([-3, 3]) = 6`` and ``C_eta = |mu|``.
@@ -194,7 +194,7 @@ def thm3_gap(n: Any, d: int, delta: float,
   keeps the TV radius ``<= 1/2`` where ``h_b`` is increasing).
 
   ``tv_bound="weissman"`` uses the tighter radius ``sqrt((2d ln 2 + ln(1/delta)) / (2n))`` that
-  Weissman et al.'s inequality actually gives (spec §2.3 [DERIVED]); the paper's form is default.
+  Weissman et al.'s inequality actually gives (derived here); the paper's form is default.
   """
   _check_common(n, delta)
   if d < 1:
@@ -244,7 +244,7 @@ def certify(L_emp: float, gap: float, erm_exact: bool,
 
 
 # ----------------------------------------------------------------------------------------------
-# Worked example: Gaussian mixture + linear classifier (paper §5, spec §3)
+# Worked example: Gaussian mixture + linear classifier (paper §5)
 # ----------------------------------------------------------------------------------------------
 
 def truncated_densities(t: Any, mu: float, r: float = 3.0) -> tuple[np.ndarray, np.ndarray]:
@@ -268,7 +268,7 @@ def eta_from_densities(fp: Any, fm: Any, prior: float = 0.5) -> np.ndarray:
 
 def equal_cov_eta(mu_plus: Any, mu_minus: Any, cov: Any, prior: float = 0.5,
                   log_mass_ratio: float = 0.0) -> tuple[np.ndarray, float]:
-  """``eta(t) = tanh(a . t + b)`` for ``T | S=+-1 ~ N(mu_+-, cov)`` (spec §3.4 [DERIVED]).
+  """``eta(t) = tanh(a . t + b)`` for ``T | S=+-1 ~ N(mu_+-, cov)`` (derived here for equal covariances).
 
   ``a = cov^-1 (mu_+ - mu_-) / 2``,
   ``b = log(lambda/(1-lambda))/2 - (mu_+^T cov^-1 mu_+ - mu_-^T cov^-1 mu_-)/4 + log(Z_-/Z_+)/2``
@@ -291,7 +291,7 @@ def sample_gaussian_example(key: Array, n: int, mu: float, r: float = 3.0,
                             prior: float = 0.5) -> tuple[Array, Array]:
   """``S`` Rademacher(prior), ``T | S ~ N(S mu, 1)`` truncated to ``[-r, r]`` (§3.1).
 
-  Exact inverse-CDF sampling per class (spec §4.4). Returns ``T [n, 1]`` float32, ``S [n]``
+  Exact inverse-CDF sampling per class (as in Fig. 1's experiment, §5.4). Returns ``T [n, 1]`` float32, ``S [n]``
   float32 in ``{-1, +1}``.
   """
   k1, k2 = jax.random.split(key)
@@ -318,7 +318,7 @@ def true_min_loss(mu: float, r: float = 3.0) -> float:
 
 
 def true_min_loss_sech2(mu: float, r: float = 3.0) -> float:
-  """Equivalent form ``L = E[sech^2(mu T)]``, ``T ~ (f_+ + f_-)/2`` (spec §3.3 [DERIVED])."""
+  """Equivalent form ``L = E[sech^2(mu T)]``, ``T ~ (f_+ + f_-)/2`` (derived here from eq. 50)."""
   def integrand(t):
     fp, fm = truncated_densities(t, mu, r)
     return 0.5 * (fp + fm) / math.cosh(mu * t) ** 2
@@ -327,7 +327,7 @@ def true_min_loss_sech2(mu: float, r: float = 3.0) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exact ERM in the classification setting (spec §4.3)
+# Exact ERM in the classification setting (Theorems 2-3, §4.2)
 # ----------------------------------------------------------------------------------------------
 
 def classification_erm(S: Any, T: Any, d: int, loss: Literal["sq", "log"] = "sq") -> float:
