@@ -184,8 +184,16 @@ def train_soft_labels(apply_fn: ApplyFn, init_params: PyTree, x: Any, soft: Any,
                         batch_size=batch_size, seed=seed, loss_fn=_soft_ce(kind))
 
 
+class _TrainedBaseline:
+  """A trained baseline: its ``params`` and its account (every other field)."""
+
+  def info(self) -> dict:
+    """Every field but ``params`` (JSON-ready)."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "params"}
+
+
 @dataclasses.dataclass
-class AlibiResult:
+class AlibiResult(_TrainedBaseline):
   """`train_alibi`'s model and account.
 
   Attributes:
@@ -204,10 +212,6 @@ class AlibiResult:
   iterations: int
   seconds: float
   guarantee: str = "eps-label-DP"
-
-  def info(self) -> dict:
-    """Every field but ``params`` (JSON-ready)."""
-    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "params"}
 
 
 def train_alibi(apply_fn: ApplyFn, init_params: PyTree, x: Any, y: Any, epsilon: float, *,
@@ -257,7 +261,7 @@ def train_alibi(apply_fn: ApplyFn, init_params: PyTree, x: Any, y: Any, epsilon:
 # ---------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
-class DpSgdResult:
+class DpSgdResult(_TrainedBaseline):
   """`train_dpsgd_baseline`'s model and account.
 
   Attributes:
@@ -275,10 +279,6 @@ class DpSgdResult:
   noise_multiplier: float
   seconds: float
   guarantee: str = "(eps, delta)-DP"
-
-  def info(self) -> dict:
-    """Every field but ``params`` (JSON-ready)."""
-    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "params"}
 
 
 def train_dpsgd_baseline(apply_fn: ApplyFn, init_params: PyTree, x: Any, y: Any,
