@@ -493,9 +493,10 @@ def _max_pool(node: Node, x):
     raise node.error("the Indices output is not supported")
   kernel, strides, dilations, pads, extra = _pool_geometry(node, jnp.shape(x))
   padding = [(0, 0), (0, 0)] + [(lo, hi + e) for (lo, hi), e in zip(pads, extra)]
-  init = -jnp.inf if jnp.issubdtype(jnp.result_type(x), jnp.floating) else \
-      jnp.iinfo(jnp.result_type(x)).min
-  return lax.reduce_window(x, jnp.asarray(init, jnp.result_type(x)), lax.max,
+  dtype = jnp.result_type(x)
+  init = -np.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
+  # a NumPy init value: lax recognises (max, -inf) and binds reduce_window_max
+  return lax.reduce_window(x, np.array(init, dtype), lax.max,
                            (1, 1) + kernel, (1, 1) + strides, padding,
                            window_dilation=(1, 1) + dilations)
 
@@ -507,7 +508,7 @@ def _average_pool(node: Node, x):
   extra end padding of ``ceil_mode``)."""
   kernel, strides, dilations, pads, extra = _pool_geometry(node, jnp.shape(x))
   padding = [(0, 0), (0, 0)] + [(lo, hi + e) for (lo, hi), e in zip(pads, extra)]
-  sums = lax.reduce_window(x, jnp.asarray(0, jnp.result_type(x)), lax.add,
+  sums = lax.reduce_window(x, np.array(0, jnp.result_type(x)), lax.add,
                            (1, 1) + kernel, (1, 1) + strides, padding,
                            window_dilation=(1, 1) + dilations)
   include = float(node.attr("count_include_pad", 0))
@@ -763,7 +764,7 @@ def _cast(node: Node, x):
     raise node.error(f"cast to {dtype} is not supported")
   if _is_static(x):
     return np.asarray(x).astype(dtype)
-  return jnp.asarray(x).astype(dtype)
+  return jnp.asarray(x).astype(jax.dtypes.canonicalize_dtype(dtype))
 
 
 @converter("Shape")
