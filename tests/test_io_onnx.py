@@ -501,13 +501,31 @@ def test_mnist_network_matches_onnxruntime_inside_the_property_boxes():
 
 
 @needs_shared
+def test_flat_and_batched_forms_and_crown_over_a_batch_of_boxes():
+  loaded = load_onnx(SHARED / "mnistfc" / "mnist-net_256x2.onnx")
+  assert loaded.n_inputs == 784 and loaded.n_outputs == 10
+  prop = read_vnnlib(SHARED / "mnistfc" / "prop_0_0.03.vnnlib")
+  (region,) = prop.regions
+  xs = _points_in(prop, 3, np.random.default_rng(3))
+  flat = jax.vmap(loaded.apply_flat, in_axes=(None, 0))(loaded.params, xs)
+  batched = loaded.batched(loaded.params, xs.reshape((-1,) + loaded.input_shape))
+  assert flat.shape == (5, 10) and batched.shape == (5, 1, 10)
+  np.testing.assert_allclose(flat, batched.reshape(5, 10), rtol=1e-6)
+  one = region.interval(loaded.input_shape)
+  boxes = bj.Interval(jnp.stack([one.lower, one.lower + 0.001]), jnp.stack([one.upper,
+                                                                            one.upper + 0.001]))
+  out = bj.crown(loaded.batched, intermediate="ibp")(loaded.params, boxes)
+  assert out.lower.shape == (2, 1, 10)
+  assert enclosed(bj.Interval(out.lower[0, 0], out.upper[0, 0]), flat)
+
+
+@needs_shared
 def test_crown_on_acasxu_property_1_encloses_samples():
   loaded = load_onnx(SHARED / "acasxu" / "ACASXU_run2a_1_1_batch_2000.onnx")
   prop = read_vnnlib(SHARED / "acasxu" / "prop_1.vnnlib", n_inputs=5, n_outputs=5)
   (region,) = prop.regions
   shape = loaded.input_shape
-  box = bj.Interval(jnp.asarray(region.lower.reshape(shape), jnp.float32),
-                    jnp.asarray(region.upper.reshape(shape), jnp.float32))
+  box = region.interval(shape)
   xs = _points_in(prop, 10_000, np.random.default_rng(2)).reshape((-1,) + shape)
   ys = jax.jit(jax.vmap(loaded.apply_fn, in_axes=(None, 0)))(loaded.params, xs)
   assert enclosed(bj.ibp(loaded.apply_fn)(loaded.params, box), ys)

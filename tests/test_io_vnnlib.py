@@ -293,3 +293,21 @@ def test_error_from_a_file_names_the_file(tmp_path):
   path.write_text(declare(1, 1) + "(assert (<= X_0 (* Y_0 Y_0)))\n")
   with pytest.raises(VnnlibError, match=r"bad\.vnnlib: line 3"):
     read_vnnlib(path)
+
+
+def test_region_interval_is_rounded_outward_to_float32():
+  text = declare(3, 1) + """
+  (assert (>= X_0 0.1)) (assert (<= X_0 0.2))
+  (assert (>= X_1 -0.30000000000000004)) (assert (<= X_1 0.7))
+  (assert (>= X_2 0.5)) (assert (<= X_2 0.5))
+  """
+  (r,) = parse_vnnlib(text).regions
+  box = r.interval()
+  lo, hi = np.asarray(box.lower), np.asarray(box.upper)
+  assert lo.dtype == np.float32 and lo.shape == (3,)
+  assert np.all(lo.astype(np.float64) <= r.lower) and np.all(hi.astype(np.float64) >= r.upper)
+  # the tightest such box: one float32 step inward would cut the exact box
+  assert np.all(np.nextafter(lo, np.float32(np.inf)).astype(np.float64) > r.lower)
+  assert np.all(np.nextafter(hi, np.float32(-np.inf)).astype(np.float64) < r.upper)
+  assert lo[2] == hi[2] == 0.5  # exactly representable: unchanged
+  assert r.interval((1, 3, 1)).lower.shape == (1, 3, 1)

@@ -31,8 +31,11 @@ vmap over a new leading axis::
 
     ys = jax.vmap(model.apply_fn, in_axes=(None, 0))(model.params, xs)   # xs: (B, *input_shape)
 
-and for bounds either give one box with ``batch_axis=None`` (the model's own batch axis of 1 is
-then just a dimension), or use the model's batch axis of 1 with the default ``batch_axis=0``.
+(``model.batched`` is that function). For bounds, give one box of ``input_shape`` with
+``bj.crown(model.apply_fn, batch_axis=None)`` (the model's own batch axis of 1 is then just a
+dimension), or a batch of boxes ``(B, *input_shape)`` to ``bj.crown(model.batched)``.
+``model.apply_flat(params, x)`` takes and returns flat vectors, numbered as in VNNLIB files
+(``X_i``, ``Y_j``: row-major order of the input and output tensors).
 
 Errors. An operator without a converter raises `UnsupportedOperatorError` (a
 ``NotImplementedError`` and a ``ValueError``) naming the operator, the node and the file; a node
@@ -48,6 +51,7 @@ axes), the converter reads the node's opset (``node.opset``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from typing import Any, Callable, Iterator, Sequence
@@ -898,6 +902,31 @@ class OnnxModel:
   @property
   def output_name(self) -> str:
     return self.output_names[0]
+
+  @property
+  def n_inputs(self) -> int:
+    """Entries of one input (VNNLIB's ``X_0 .. X_{n-1}``, row-major)."""
+    return math.prod(self.input_shape)
+
+  @property
+  def n_outputs(self) -> int:
+    """Entries of the (first) output (VNNLIB's ``Y_0 .. Y_{m-1}``, row-major)."""
+    shape = self.output_shape if len(self.output_names) == 1 else self.output_shape[0]
+    return math.prod(shape)
+
+  def apply_flat(self, params: dict, x: Any) -> Any:
+    """``apply_fn`` on flat vectors, as VNNLIB numbers them: ``x`` of shape ``(n_inputs,)`` is
+    reshaped (row-major) to ``input_shape``; returns the (first) output flattened,
+    ``(n_outputs,)``. Vmap it for batches; ``bj.crown(model.apply_flat, batch_axis=None)`` bounds
+    one box of shape ``(n_inputs,)``."""
+    y = self.apply_fn(params, jnp.reshape(x, self.input_shape))
+    return jnp.reshape(y[0] if isinstance(y, tuple) else y, (-1,))
+
+  @functools.cached_property
+  def batched(self) -> Callable[[dict, Any], Any]:
+    """``jax.vmap(apply_fn, in_axes=(None, 0))``: inputs ``(B, *input_shape)``, for a batch of
+    points or, under ``bj.crown(model.batched)`` / ``bj.ibp``, a batch of boxes."""
+    return jax.vmap(self.apply_fn, in_axes=(None, 0))
 
   def __iter__(self) -> Iterator[Any]:
     yield self.apply_fn

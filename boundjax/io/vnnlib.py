@@ -8,6 +8,7 @@ disjunctive normal form and groups it by input box:
     prop = read_vnnlib("prop_6.vnnlib")
     for region in prop.regions:                 # a disjunction of input boxes
       region.lower, region.upper                # float64 arrays of shape (n_inputs,)
+      box = region.interval(model.input_shape)  # a bj.Interval, rounded outward to float32
       for disjunct in region.disjuncts:         # a disjunction of unsafe output conditions
         disjunct.C, disjunct.d                  # unsafe iff C @ y <= d (every row), y = f(x)
 
@@ -35,10 +36,13 @@ import os
 import re
 from typing import Any, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
+from boundjax.interval import Interval
+
 __all__ = ["VnnlibError", "VnnlibProperty", "Region", "Disjunct", "read_vnnlib", "parse_vnnlib",
-           "crown_spec", "margins_lower"]
+           "crown_spec", "margins_lower", "outward"]
 
 
 class VnnlibError(ValueError):
@@ -60,6 +64,16 @@ class Disjunct:
     return bool(np.all(self.C @ y - self.d <= tol))
 
 
+def outward(lower: Any, upper: Any, dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:
+  """``lower``, ``upper`` rounded to ``dtype`` outward: the smallest box of ``dtype`` numbers
+  that contains the (float64) box."""
+  lower, upper = np.asarray(lower, np.float64), np.asarray(upper, np.float64)
+  lo, hi = lower.astype(dtype), upper.astype(dtype)
+  lo = np.where(lo.astype(np.float64) > lower, np.nextafter(lo, dtype(-np.inf)), lo)
+  hi = np.where(hi.astype(np.float64) < upper, np.nextafter(hi, dtype(np.inf)), hi)
+  return lo.astype(dtype), hi.astype(dtype)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Region:
   """An input box ``lower <= x <= upper`` (float64, shape (n_inputs,)) and the disjunction of
@@ -67,6 +81,15 @@ class Region:
   lower: np.ndarray
   upper: np.ndarray
   disjuncts: tuple[Disjunct, ...]
+
+  def interval(self, shape: Sequence[int] | None = None, dtype: Any = np.float32) -> Interval:
+    """The box as a `boundjax.Interval` of ``shape`` (e.g. ``model.input_shape``; ``X_i`` fill it
+    in row-major order), rounded outward to ``dtype`` so that it contains the exact box (a bound
+    proved on it holds on the property's box). Its corners may lie outside the exact box by one
+    float32 ulp: check a counterexample against ``lower``/``upper``."""
+    lo, hi = outward(self.lower, self.upper, np.dtype(dtype).type)
+    shape = lo.shape if shape is None else tuple(shape)
+    return Interval(jnp.asarray(lo.reshape(shape)), jnp.asarray(hi.reshape(shape)))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
