@@ -304,7 +304,9 @@ def test_k0_point_box_equals_optax_sgd(opt):
   X, y = _data()
   params = _net(jax.random.PRNGKey(2), [3, 8, 1])
   cfg = agt.Config(n_epochs=2, learning_rate=0.3, batch_size=16, lr_decay=0.5, fragsize=5, **opt)
-  pt, bt = retrain.agt_trajectory(mlp.apply, params, X, y, cfg)
+  traj = retrain.agt_trajectory(mlp.apply, params, X, y, cfg)
+  pt, bt = traj                                          # a Trajectory unpacks as a pair
+  assert traj.params is pt and traj.bounds is bt
   sched = agt.batches(X.shape[0], cfg)
   lr = lambda n: cfg.learning_rate / (1 + cfg.lr_decay * n)  # noqa: E731
   tx = optax.sgd(lr, momentum=cfg.momentum or None, nesterov=cfg.nesterov)
@@ -375,7 +377,17 @@ def test_fit_history_certify_and_k_grid():
   hist = []
   nominal, grid = agt.fit_k_grid(mlp.apply, params, X, y, cfg, [0, 4],
                                  X_val=X, y_val=y, history=hist, progress=False)
-  assert len(hist) == 4 and 0 <= hist[-1]["val_certified"] <= 1
+  assert len(hist) == 4 and all(isinstance(r, agt.EpochRecord) for r in hist)
+  assert [(r.epoch, r.step) for r in hist] == [(1, 2), (2, 4)] * 2      # 90 // 40 = 2 steps
+  assert 0 <= hist[-1].val_certified <= 1 and 0 <= hist[-1].val_accuracy <= 1
+  assert hist[-1].val_mse is None and set(hist[-1].as_dict()) == {
+      "epoch", "step", "val_accuracy", "val_certified"}
+  mse = agt.fit(mlp.apply, params, X, y, dataclasses.replace(cfg, loss="mse"), x_val=X,
+                y_val=y, progress=False)
+  out = np.asarray(mlp.apply(mse.params, X))[:, 0]                 # one output, labels (n,)
+  last = mse.history[-1]
+  assert last.val_accuracy is None and last.val_certified is None
+  np.testing.assert_allclose(last.val_mse, np.mean((out - np.asarray(y)) ** 2), rtol=1e-5)
   assert agt.certify(mlp.apply, nominal, grid[0], X).all()   # k = 0 certifies every point
   kmax = agt.max_certified_k(mlp.apply, nominal, grid, X)
   assert set(np.unique(kmax)) <= {0, 4}

@@ -2,7 +2,8 @@
 
 * `Config` (`boundjax.agt.config`): the run's hyper-parameters, checked at construction.
 * `fit`, `fit_k_grid`, `make_step`, `update`, `init`, `State` (`boundjax.agt.train`): the interval
-  training loop over a `boundjax.training.Schedule`.
+  training loop over a `boundjax.training.Schedule`; its results `FitResult` (with one
+  `EpochRecord` per validated epoch) and `KGrid`.
 * `certify`, `max_certified_k`, `predict`, `check_shared_nominal` (`boundjax.agt.certify`):
   certified prediction stability from a parameter box.
 * `clip`, `descent_bounds`, `semin`, `semax` (`boundjax.agt.descent`): Thm 4.6's bounds.
@@ -12,14 +13,14 @@
 from boundjax.agt.certify import certify, check_shared_nominal, max_certified_k, predict
 from boundjax.agt.config import Config
 from boundjax.agt.descent import clip, descent_bounds, descent_bounds_dense, semax, semin
-from boundjax.agt.train import (FitResult, KGrid, State, batches, fit, fit_k_grid, init,
-                                make_step, point_optimizer, update)
+from boundjax.agt.train import (EpochRecord, FitResult, KGrid, State, batches, fit, fit_k_grid,
+                                init, make_step, point_optimizer, update)
 from boundjax.agt import retrain  # noqa: E402
 from boundjax.training import Schedule
 
 __all__ = [
-    "Config", "Schedule", "State", "FitResult", "KGrid", "init", "make_step", "update", "fit",
-    "batches", "point_optimizer", "certify", "max_certified_k", "fit_k_grid",
+    "Config", "Schedule", "State", "FitResult", "EpochRecord", "KGrid", "init", "make_step",
+    "update", "fit", "batches", "point_optimizer", "certify", "max_certified_k", "fit_k_grid",
     "check_shared_nominal", "predict", "clip", "descent_bounds", "descent_bounds_dense", "semin",
     "semax", "retrain",
 ]

@@ -20,7 +20,7 @@ epoch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import jax
 import jax.numpy as jnp
@@ -72,14 +72,33 @@ def _full_schedule(n: int, config: Config, schedule: Optional[Schedule]) -> Sche
   return sched
 
 
-def agt_trajectory(apply_fn: Callable, params: Any, x: Array, y: Array, config: Config,
-                   backend: str = "mlp", schedule: Optional[Schedule] = None
-                   ) -> tuple[Any, Any]:
-  """AGT over the schedule's steps, returning the nominal parameters and boxes after EVERY step.
+@dataclasses.dataclass(frozen=True)
+class Trajectory:
+  """An AGT run step by step (`agt_trajectory`).
 
-  Returns ``(params_traj, bounds_traj)``: pytrees whose leaves have a leading axis of length
-  ``schedule.steps``.
+  Attributes:
+    params: the nominal parameters after every step (leaves with a leading step axis).
+    bounds: the parameter boxes after every step (`Interval` leaves, leading step axis).
+
+  Unpacks as ``params, bounds = agt_trajectory(...)``.
   """
+  params: Any
+  bounds: Any
+
+  def __iter__(self) -> Iterator[Any]:
+    return iter((self.params, self.bounds))
+
+  def final(self) -> tuple[Any, Any]:
+    """``(params, bounds)`` after the last step."""
+    last = lambda a: a[-1]  # noqa: E731
+    return (jax.tree_util.tree_map(last, self.params),
+            jax.tree_util.tree_map(last, self.bounds))
+
+
+def agt_trajectory(apply_fn: Callable, params: Any, x: Array, y: Array, config: Config,
+                   backend: str = "mlp", schedule: Optional[Schedule] = None) -> Trajectory:
+  """AGT over the schedule's steps, keeping the nominal parameters and boxes after EVERY step
+  (leading axis of length ``schedule.steps``)."""
   sched = _full_schedule(x.shape[0], config, schedule)
   step = make_step(apply_fn, config, backend)
 
@@ -87,7 +106,7 @@ def agt_trajectory(apply_fn: Callable, params: Any, x: Array, y: Array, config: 
     state = step(state, x[i], y[i])
     return state, (state.params, state.bounds)
   _, (pt, bt) = jax.jit(lambda s: jax.lax.scan(body, s, sched.batches()))(init(params, config))
-  return pt, bt
+  return Trajectory(pt, bt)
 
 
 def _extended_steps(n: int, sched: Schedule, nb: Neighbours) -> tuple[Array, Array]:
@@ -236,12 +255,11 @@ def empirical_retrain_test(apply_fn: Callable, params: Any, x: Array, y: Array,
   ``prediction_changes == 0``.
   """
   X, X_test = x, x_test
-  pt, bt = agt_trajectory(apply_fn, params, X, y, config, backend, schedule)
-  final_params = jax.tree_util.tree_map(lambda a: a[-1], pt)
-  final_box = jax.tree_util.tree_map(lambda a: a[-1], bt)
+  traj = agt_trajectory(apply_fn, params, X, y, config, backend, schedule)
+  final_params, final_box = traj.final()
   nb = make_neighbours(seed, apply_fn, final_params, X, y, config, n_sets, schedule=schedule)
   rt = retrain(apply_fn, params, X, y, config, nb, normalise, schedule)
-  lo, hi = split_tree(bt)
+  lo, hi = split_tree(traj.bounds)
   excess = [jnp.maximum(l[None] - r, r - h[None]).reshape(r.shape[0], r.shape[1], -1).max(-1)
             for l, h, r in zip(jax.tree_util.tree_leaves(lo), jax.tree_util.tree_leaves(hi),
                                jax.tree_util.tree_leaves(rt))]

@@ -245,6 +245,29 @@ def batches(n: int, config: Config) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
+class EpochRecord:
+  """Validation after one epoch of `fit` (recorded when ``x_val`` is given).
+
+  Attributes:
+    epoch: epochs done (1-based).
+    step: SGD steps done.
+    val_accuracy: accuracy of the nominal model on the validation set (None for "mse").
+    val_certified: fraction of validation points certified stable at ``k_private`` by the
+      parameter box (AGT, Lemma 4.4; None for "mse").
+    val_mse: mean squared error of the nominal model (for "mse" only, else None).
+  """
+  epoch: int
+  step: int
+  val_accuracy: Optional[float] = None
+  val_certified: Optional[float] = None
+  val_mse: Optional[float] = None
+
+  def as_dict(self) -> dict[str, float]:
+    """The fields that were measured (not None), e.g. for a JSON record."""
+    return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclasses.dataclass(frozen=True)
 class FitResult:
   """Result of `fit`: the nominal parameters and the parameter box.
 
@@ -254,14 +277,14 @@ class FitResult:
       reaches after up to ``k_private`` removals (and, for ``neighbourhood="add_remove"``,
       additions) per batch lies in it (Thm 4.5).
     schedule: the `boundjax.training.Schedule` the run followed.
-    history: one record per epoch when validation data was given (else empty).
+    history: one `EpochRecord` per epoch when validation data was given (else empty).
 
   Unpacks as ``params, bounds = fit(...)``.
   """
   params: Any
   bounds: Any
   schedule: Schedule
-  history: tuple = ()
+  history: tuple[EpochRecord, ...] = ()
 
   def __iter__(self) -> Iterator[Any]:
     return iter((self.params, self.bounds))
@@ -269,7 +292,8 @@ class FitResult:
 
 def fit(apply_fn: Callable, params: Any, x: Any, y: Any, config: Config, *,
         schedule: Union[Schedule, np.ndarray, None] = None, x_val: Any = None, y_val: Any = None,
-        backend: str = "auto", progress: bool = True, history: Optional[list] = None,
+        backend: str = "auto", progress: bool = True,
+        history: Optional[list[EpochRecord]] = None,
         jit: bool = True, **deprecated: Any) -> FitResult:
   """Runs AGT over the steps of ``schedule``; returns a `FitResult` (``params, bounds``).
 
@@ -283,11 +307,13 @@ def fit(apply_fn: Callable, params: Any, x: Any, y: Any, config: Config, *,
       ``config.schedule(len(x))`` (one fixed order, last incomplete batch dropped). Give the
       schedule of a leave-k-out family (``Ensemble.schedule``) for a box that encloses it. A
       ``(steps, B)`` index array (``-1`` = empty slot) is still accepted (deprecated).
-    x_val, y_val: optional validation data; each epoch appends nominal accuracy (or mse) and the
-      fraction of validation points certified stable at ``config.k_private`` to ``history``.
+    x_val, y_val: optional validation data; after each epoch an `EpochRecord` (nominal
+      accuracy or mse, fraction of validation points certified stable at ``config.k_private``)
+      is appended to ``history``.
     backend: "auto", "mlp" or "ibp" (`boundjax.agt.bounds`).
     progress: show a tqdm bar over steps.
-    history: optional list receiving one dict per epoch (also in ``FitResult.history``).
+    history: optional list receiving one `EpochRecord` per epoch (also in
+      ``FitResult.history``).
     jit: compile the step (turn off only to debug).
     deprecated: ``X``, ``X_val`` (old names of ``x``, ``x_val``).
   """
@@ -326,17 +352,18 @@ def _renamed(kw: dict, old: str, value: Any) -> Any:
 
 
 def _epoch_record(apply_fn: Callable, config: Config, backend: str, state: State, epoch: int,
-                  x_val: Any, y_val: Any) -> dict:
+                  x_val: Any, y_val: Any) -> EpochRecord:
   """Validation accuracy (or mse) and certified fraction after one epoch."""
-  rec = {"epoch": epoch + 1, "step": int(state.step)}
+  done = dict(epoch=epoch + 1, step=int(state.step))
   if config.loss == "mse":
-    rec["val_mse"] = float(jnp.mean((apply_fn(state.params, x_val) - y_val) ** 2))
-    return rec
+    per_sample = jax.vmap(losses.per_sample_loss("mse"))   # y (n,) against outputs (n, 1)
+    mse = float(jnp.mean(per_sample(apply_fn(state.params, x_val), jnp.asarray(y_val))))
+    return EpochRecord(**done, val_mse=mse)
   pred = predict(apply_fn, state.params, x_val, config.loss)
-  rec["val_accuracy"] = float(jnp.mean(pred == jnp.asarray(y_val).astype(pred.dtype)))
-  rec["val_certified"] = float(jnp.mean(certify(
-      apply_fn, state.params, state.bounds, x_val, backend=backend, matmul=config.matmul)))
-  return rec
+  accuracy = float(jnp.mean(pred == jnp.asarray(y_val).astype(pred.dtype)))
+  certified = float(jnp.mean(certify(apply_fn, state.params, state.bounds, x_val,
+                                     backend=backend, matmul=config.matmul)))
+  return EpochRecord(**done, val_accuracy=accuracy, val_certified=certified)
 
 
 def _epoch_batches(n: int, config: Config, schedule: Any
