@@ -1,0 +1,19 @@
+"""A complete verifier for VNNLIB properties of networks (VNN-COMP's contract).
+
+``verify(apply_fn, params, input_shape, prop, timeout=, sound=, key=) -> Outcome`` answers
+``sat`` (with a counterexample replayed in float64), ``unsat`` (a proof by sound bounds),
+``timeout`` or ``unknown``; ``verify_instance(onnx, vnnlib, timeout=)`` reads the files;
+``format_result`` gives the result file's text; ``run_instances`` runs a list.
+
+Modules: `spec` (regions and disjuncts), `outcome` (Outcome, Deadline, result text), `attack`
+(PGD falsifier, float64 replay), `layered` (batched CROWN / α-β-CROWN with split constraints,
+sound floating point), `input_bab` (input splitting), `relu_bab` (ReLU splitting, MILP
+fallback), `generic` (`bj.crown` with input splitting for non-ReLU graphs), `api`.
+"""
+
+from milp.complete.api import run_instances, verify, verify_instance
+from milp.complete.outcome import Deadline, Outcome, format_result, parse_result
+from milp.complete.spec import Disjunct, Region, as_regions
+
+__all__ = ["verify", "verify_instance", "run_instances", "Outcome", "Deadline", "format_result",
+           "parse_result", "Region", "Disjunct", "as_regions"]

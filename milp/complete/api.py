@@ -1,0 +1,193 @@
+"""The complete verifier: `verify`, `verify_instance`, `run_instances`.
+
+Pipeline for a property (regions × disjuncts, see `milp.complete.spec`):
+
+1. **attack** (`milp.complete.attack`): sampling and PGD; a float64-replayed hit is ``sat``.
+2. **network**: the function is extracted to an affine/ReLU chain (`milp.network`); the
+   extraction is checked against the float64 replay on random points. Functions that are not
+   such chains go to the generic path (`milp.complete.generic`: `bj.crown` on sub-boxes).
+3. **bounds** per (region, disjunct): CROWN / α-CROWN on the whole box (`layered`); a disjunct
+   with a row whose certified lower bound is > 0 is done.
+4. **bab**: input splitting when the input has at most ``input_split_dims`` entries
+   (`input_bab`), ReLU splitting with β-CROWN otherwise (`relu_bab`, with the MILP fallback).
+
+``unsat`` is returned only when every disjunct of every region is proven; with ``sound=True``
+(default) every bound holds in exact arithmetic (see `layered`). Time is wall-clock and checked
+between batches; compilation counts.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from milp.complete import attack, layered
+from milp.complete.outcome import Deadline, Outcome
+from milp.complete.spec import Region, as_regions
+
+
+def _extract(apply_fn: Callable, params: Any, input_shape: Sequence[int]):
+  """A point `milp.network.Network` for the function, or None if it is not an affine/ReLU
+  chain (or no extractor applies)."""
+  from milp import network as mnet
+  try:
+    if hasattr(mnet, "from_function"):
+      return mnet.from_function(apply_fn, params, tuple(input_shape))
+    return mnet.from_params(params)
+  except Exception:  # not a chain the extractor understands: the generic path handles it
+    return None
+
+
+def _matches(lay: layered.Layers, replay: attack.Replayer, regions: Sequence[Region],
+             rng: np.random.Generator) -> bool:
+  """The extracted chain agrees with the float64 replay on random points of every box."""
+  for r in regions:
+    xs = rng.uniform(r.lower, r.upper, size=(16, r.dim))
+    xs = np.concatenate([xs, ((r.lower + r.upper) / 2)[None]])
+    y_ref = replay(xs)
+    with jax.enable_x64(True):
+      y = np.asarray(layered.forward(lay, jnp.asarray(xs)))
+    if y.shape != y_ref.shape or not np.allclose(y, y_ref, rtol=1e-9, atol=1e-9):
+      return False
+  return True
+
+
+def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: Any, *,
+           timeout: float = 60.0, sound: bool = True, key: int = 0,
+           input_split_dims: int = 10, batch: int = 1024, progress: bool = False,
+           attack_restarts: int = 64, attack_steps: int = 50,
+           milp: bool = True) -> Outcome:
+  """Decides a property of ``apply_fn(params, x)`` (x of shape ``input_shape``).
+
+  Args:
+    prop: regions with disjuncts (`milp.complete.spec.as_regions` accepts the VNNLIB reader's
+      output and ``[((lower, upper), [(C, d), ...]), ...]``).
+    timeout: wall-clock seconds for everything (compilation included).
+    sound: bounds valid in exact real arithmetic (`layered`); ``unsat`` relies on them.
+    key: seed of the attack's random starts.
+    input_split_dims: input splitting up to this many inputs, ReLU splitting above.
+    batch: sub-problems per jitted bound call.
+    milp: allow the MILP fallback (`milp.property.check_property`) in ReLU splitting.
+
+  Returns:
+    an `Outcome`; ``sat`` carries ``(x, y)`` replayed in float64.
+  """
+  deadline = Deadline(timeout)
+  regions = as_regions(prop)
+  stats: dict[str, Any] = {"nodes": 0, "phase": None}
+
+  def done(status, cex=None, phase=None):
+    stats["phase"] = phase
+    return Outcome(status, cex, deadline.elapsed(), dict(stats))
+
+  replay = attack.Replayer(apply_fn, params, input_shape)
+  hit = attack.falsify(apply_fn, params, input_shape, regions, replay, deadline,
+                       restarts=attack_restarts, steps=attack_steps, key=key)
+  if hit is not None:
+    return done("sat", hit, "attack")
+  if deadline.expired():
+    return done("timeout", phase="attack")
+  net = _extract(apply_fn, params, input_shape)
+  lay = None
+  if net is not None:
+    with jax.enable_x64(True):
+      lay = layered.from_network(net)
+    if not _matches(lay, replay, regions, np.random.default_rng(key)):
+      lay = None
+  if lay is None:
+    from milp.complete import generic
+    status, cex, nodes = generic.input_split_generic(
+        apply_fn, params, input_shape, regions, replay, deadline, sound=sound,
+        progress=progress)
+    stats["nodes"] += nodes
+    stats["method"] = "generic"
+    return done(status, cex, "bab" if status in ("sat", "unsat") else None)
+
+  phase = "bounds"
+  with jax.enable_x64(True):
+    for region in regions:
+      for disjunct in region.disjuncts:
+        if deadline.expired():
+          return done("timeout")
+        if region.dim <= input_split_dims:
+          from milp.complete import input_bab
+          stats["method"] = "input-split"
+          bar = _bar(progress, "input split")
+          status, cex, nodes = input_bab.input_split(
+              lay, region, disjunct, replay, deadline, sound=sound, batch=batch, progress=bar)
+          if bar is not None:
+            bar.close()
+          stats["nodes"] += nodes
+          if nodes > 1:
+            phase = "bab"
+          if status == "sat":
+            return done("sat", cex, "bab")
+        else:
+          from milp.complete import relu_bab
+          stats["method"] = "relu-split"
+          status, cex, nodes, how = relu_bab.relu_split(
+              lay, net, region, disjunct, replay, deadline, sound=sound, batch=batch,
+              progress=progress, use_milp=milp)
+          stats["nodes"] += nodes
+          if how != "bounds":
+            phase = how
+          if status == "sat":
+            return done("sat", cex, how)
+        if status != "unsat":
+          return done(status)
+  return done("unsat", phase=phase)
+
+
+def _bar(progress: bool, desc: str):
+  if not progress:
+    return None
+  from tqdm.auto import tqdm
+  return tqdm(desc=desc, unit="box", leave=False)
+
+
+def verify_instance(onnx_path: str | Path, vnnlib_path: str | Path, *, timeout: float = 60.0,
+                    **kwargs: Any) -> Outcome:
+  """Loads the ONNX network and the VNNLIB property (`boundjax.io`) and runs `verify`; loading
+  counts against ``timeout``."""
+  start = time.monotonic()
+  from boundjax.io.onnx import load_onnx
+  from boundjax.io.vnnlib import read_vnnlib
+  model = load_onnx(str(onnx_path))
+  prop = read_vnnlib(str(vnnlib_path))
+  left = timeout - (time.monotonic() - start)
+  if left <= 0:
+    return Outcome("timeout", None, time.monotonic() - start, {"nodes": 0, "phase": "load"})
+  out = verify(model.apply_fn, model.params, model.input_shape, prop, timeout=left, **kwargs)
+  return Outcome(out.status, out.counterexample, time.monotonic() - start, out.stats)
+
+
+def run_instances(rows: Iterable[Any], timeout: float, progress: bool = True,
+                  root: str | Path | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+  """Runs `verify_instance` on rows ``(onnx, vnnlib[, ...])`` or dicts with ``onnx`` and
+  ``vnnlib`` keys (paths relative to ``root`` if given) and returns one dict per row:
+  ``onnx, vnnlib, status, seconds, phase, nodes`` (plus ``outcome``). Never reads verdicts."""
+  rows = list(rows)
+  results = []
+  bar = None
+  if progress:
+    from tqdm.auto import tqdm
+    bar = tqdm(total=len(rows), desc="instances", unit="inst")
+  for row in rows:
+    onnx_p, vnn_p = (row["onnx"], row["vnnlib"]) if isinstance(row, dict) else (row[0], row[1])
+    if root is not None:
+      onnx_p, vnn_p = Path(root) / onnx_p, Path(root) / vnn_p
+    out = verify_instance(onnx_p, vnn_p, timeout=timeout, **kwargs)
+    results.append({"onnx": str(onnx_p), "vnnlib": str(vnn_p), "status": out.status,
+                    "seconds": out.seconds, "phase": out.stats.get("phase"),
+                    "nodes": out.stats.get("nodes"), "outcome": out})
+    if bar is not None:
+      bar.update(1)
+      bar.set_postfix_str(f"{Path(str(vnn_p)).name}: {out.status} {out.seconds:.1f}s")
+  if bar is not None:
+    bar.close()
+  return results

@@ -1,0 +1,101 @@
+"""Properties in the VNNLIB sense: input boxes (regions), each with a disjunction of unsafe
+conjunctions ``C y <= d`` over the network's outputs ``y``.
+
+A property is violated (``sat``) iff for some region, some ``x`` in its box and some disjunct
+``(C, d)``: every row holds, ``C f(x) <= d``. It holds (``unsat``) iff every disjunct of every
+region is unreachable; a disjunct is unreachable on a box as soon as one of its rows has a
+certified lower bound ``min_x C_i f(x) - d_i > 0``.
+
+`as_regions` accepts the reader's output (`boundjax.io.vnnlib.read_vnnlib`) and the plain forms
+``[((lower, upper), [(C, d), ...]), ...]`` or objects with ``lower``/``upper``/``disjuncts``
+attributes, and returns a tuple of `Region`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Disjunct:
+  """One unsafe conjunction ``C y <= d``: ``C`` (rows, outputs), ``d`` (rows,), float64."""
+
+  C: np.ndarray
+  d: np.ndarray
+
+  def violated_by(self, y: np.ndarray, tol: float = 0.0) -> np.ndarray:
+    """True where every row holds, ``C y - d <= tol``, for outputs ``y`` of shape (..., outputs)."""
+    return np.all(np.asarray(y) @ self.C.T - self.d <= tol, axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+  """An input box ``[lower, upper]`` (flattened, float64) with its unsafe disjuncts."""
+
+  lower: np.ndarray
+  upper: np.ndarray
+  disjuncts: tuple[Disjunct, ...]
+
+  @property
+  def dim(self) -> int:
+    return int(self.lower.size)
+
+
+def _disjunct(item: Any) -> Disjunct:
+  if isinstance(item, Disjunct):
+    return item
+  if hasattr(item, "C") and hasattr(item, "d"):
+    C, d = item.C, item.d
+  else:
+    C, d = item
+  C = np.atleast_2d(np.asarray(C, dtype=np.float64))
+  d = np.asarray(d, dtype=np.float64).reshape(-1)
+  if C.shape[0] != d.shape[0]:
+    raise ValueError(f"disjunct: C has {C.shape[0]} rows but d has {d.shape[0]} entries.")
+  return Disjunct(C, d)
+
+
+def _region(item: Any) -> Region:
+  if isinstance(item, Region):
+    return item
+  if hasattr(item, "disjuncts"):
+    lower, upper = (item.lower, item.upper) if hasattr(item, "lower") else item.box
+    disjuncts = item.disjuncts
+  else:
+    box, disjuncts = item
+    lower, upper = box
+  lower = np.asarray(lower, dtype=np.float64).reshape(-1)
+  upper = np.asarray(upper, dtype=np.float64).reshape(-1)
+  if lower.shape != upper.shape:
+    raise ValueError(f"region: lower {lower.shape} and upper {upper.shape} differ.")
+  if not (np.all(np.isfinite(lower)) and np.all(np.isfinite(upper))):
+    raise ValueError("region: every input needs finite bounds.")
+  if np.any(lower > upper):
+    raise ValueError("region: a lower input bound exceeds its upper bound.")
+  return Region(lower, upper, tuple(_disjunct(c) for c in disjuncts))
+
+
+def as_regions(prop: Any) -> tuple[Region, ...]:
+  """Normalises a property (see the module docstring) to a tuple of `Region`."""
+  if isinstance(prop, Region):
+    return (prop,)
+  if hasattr(prop, "regions"):
+    prop = prop.regions
+  regions = tuple(_region(r) for r in prop)
+  if not regions:
+    raise ValueError("property: no region.")
+  return regions
+
+
+def violates(regions: Sequence[Region], x: np.ndarray, y: np.ndarray, tol: float = 0.0) -> bool:
+  """True iff ``x`` lies in some region's box and ``y`` satisfies one of its disjuncts."""
+  x = np.asarray(x, dtype=np.float64).reshape(-1)
+  y = np.asarray(y, dtype=np.float64).reshape(-1)
+  for r in regions:
+    if x.size == r.dim and np.all(x >= r.lower) and np.all(x <= r.upper):
+      if any(bool(c.violated_by(y, tol)) for c in r.disjuncts):
+        return True
+  return False
