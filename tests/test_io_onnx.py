@@ -4,6 +4,7 @@ VNN-COMP 2021 networks in the shared folder."""
 from __future__ import annotations
 
 import itertools
+import pickle
 from pathlib import Path
 
 import jax
@@ -334,6 +335,15 @@ def test_jit_and_vmap_of_apply_fn():
     loaded(xs)
 
 
+def test_a_loaded_model_pickles():
+  loaded = load_onnx(conv_bn_relu_pool_gemm_model())
+  x = rand(1, 2, 6, 6)
+  loaded.batched  # noqa: B018 (a cached vmap, left out of the pickle)
+  again = pickle.loads(pickle.dumps(loaded))
+  np.testing.assert_array_equal(again(x), loaded(x))
+  assert again.input_shape == loaded.input_shape and "onnx_" in repr(again.apply_fn)
+
+
 # ----------------------------------------------------------------------------------------------
 # Errors
 # ----------------------------------------------------------------------------------------------
@@ -537,3 +547,31 @@ def test_crown_on_acasxu_property_1_encloses_samples():
   margins = margins_lower(dj, spec_out.lower)
   true_margins = dj.d - np.asarray(ys, np.float64).reshape(len(xs), -1) @ dj.C.T
   assert np.all(true_margins >= margins - 1e-4)
+
+
+# ----------------------------------------------------------------------------------------------
+# Round trip of Flax models through jax2onnx (optional: jax2onnx is not a dependency, since its
+# pins would change the environment; the test runs where it is importable)
+# ----------------------------------------------------------------------------------------------
+
+def test_flax_models_round_trip_through_jax2onnx():
+  jax2onnx = pytest.importorskip("jax2onnx", reason="jax2onnx is not installed (optional)")
+  import flax.linen as nn
+
+  class Mlp(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(4)(nn.relu(nn.Dense(16)(x)))
+
+  class ConvNet(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      x = nn.max_pool(nn.relu(nn.Conv(4, (3, 3))(x)), window_shape=(2, 2), strides=(2, 2))
+      return jax.nn.softmax(nn.Dense(3)(x.reshape((x.shape[0], -1))))
+
+  for module, shape in ((Mlp(), (1, 8)), (ConvNet(), (1, 6, 6, 2))):
+    variables = module.init(jax.random.PRNGKey(0), jnp.zeros(shape))
+    fn = lambda x, module=module, variables=variables: module.apply(variables, x)  # noqa: E731
+    loaded = load_onnx(jax2onnx.to_onnx(fn, [shape]))
+    x = rand(*shape)
+    np.testing.assert_allclose(loaded(x), fn(x), rtol=1e-5, atol=1e-6)

@@ -54,6 +54,7 @@ import dataclasses
 import functools
 import math
 import os
+import re
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
@@ -67,8 +68,8 @@ from onnx import numpy_helper
 
 from boundjax import nn as bj_nn
 
-__all__ = ["OnnxModel", "load_onnx", "CONVERTERS", "OnnxImportError", "UnsupportedOperatorError",
-           "Node"]
+__all__ = ["OnnxModel", "OnnxFunction", "load_onnx", "CONVERTERS", "OnnxImportError",
+           "UnsupportedOperatorError", "Node"]
 
 
 class OnnxImportError(ValueError):
@@ -875,6 +876,28 @@ def _run(graph: _Graph, params: dict, x: Any, folded: dict | None = None):
   return outs[0] if len(outs) == 1 else outs
 
 
+class OnnxFunction:
+  """The graph as a pure JAX function ``(params, x) -> y`` of an input of the model's own shape
+  (a plain picklable object, so a model can be sent to worker processes)."""
+
+  def __init__(self, graph: _Graph):
+    self.graph = graph
+    stem = os.path.splitext(os.path.basename(graph.path))[0]
+    self.__name__ = self.__qualname__ = "onnx_" + re.sub(r"\W", "_", stem)
+    self.__doc__ = f"The ONNX graph of {graph.path} as a JAX function (params, x) -> y."
+
+  def __call__(self, params: dict, x: Any) -> Any:
+    shape = tuple(jnp.shape(x))
+    if shape != self.graph.input_shape:
+      raise ValueError(f"{self.graph.path}: apply_fn takes an input of shape "
+                       f"{self.graph.input_shape} (the model's own); got {shape}. For a batch, "
+                       "use jax.vmap(apply_fn, in_axes=(None, 0)) (model.batched)")
+    return _run(self.graph, params, x)
+
+  def __repr__(self) -> str:
+    return f"<{self.__name__}: ONNX graph of {self.graph.path}, input {self.graph.input_shape}>"
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class OnnxModel:
   """A loaded ONNX network. ``apply_fn(params, x)`` is the graph as a pure JAX function of an
@@ -890,7 +913,7 @@ class OnnxModel:
     input_dtype: the input's element type (float32 for most networks).
     path: the file it was loaded from.
   """
-  apply_fn: Callable[[dict, Any], Any]
+  apply_fn: OnnxFunction
   params: dict[str, jax.Array]
   input_shape: tuple[int, ...]
   output_shape: tuple
@@ -934,6 +957,9 @@ class OnnxModel:
 
   def __call__(self, x: Any) -> Any:
     return self.apply_fn(self.params, x)
+
+  def __getstate__(self) -> dict:
+    return {k: v for k, v in self.__dict__.items() if k != "batched"}  # a vmap is not picklable
 
 
 def _static_initializers(graph_proto: onnx.GraphProto) -> set[str]:
@@ -1027,17 +1053,7 @@ def load_onnx(path: str | os.PathLike | onnx.ModelProto, *,
   outs = out_struct if isinstance(out_struct, tuple) else (out_struct,)
   output_shape = tuple(outs[0].shape) if len(outs) == 1 else tuple(tuple(o.shape) for o in outs)
 
-  def apply_fn(params: dict, x: Any) -> Any:
-    x_shape = tuple(jnp.shape(x))
-    if x_shape != input_shape:
-      raise ValueError(f"{where}: apply_fn takes an input of shape {input_shape} (the model's "
-                       f"own); got {x_shape}. For a batch, use jax.vmap(apply_fn, "
-                       "in_axes=(None, 0))")
-    return _run(graph, params, x)
-
-  apply_fn.__name__ = f"onnx_{os.path.splitext(os.path.basename(where))[0]}".replace("-", "_")
-  apply_fn.__qualname__ = apply_fn.__name__
-  apply_fn.__doc__ = f"The ONNX graph of {where} as a JAX function (params, x) -> y."
+  apply_fn = OnnxFunction(graph)
   return OnnxModel(apply_fn=apply_fn, params=params, input_shape=input_shape,
                    output_shape=output_shape, input_name=inp.name,
                    output_names=tuple(o.name for o in g.output), input_dtype=input_dtype,
