@@ -277,6 +277,15 @@ def test_errors_name_the_line(body, message):
     parse_vnnlib(text)
 
 
+def test_an_exploding_normal_form_is_refused():
+  many = "".join(f"(assert (or (<= Y_0 {k}) (>= Y_0 {k + 0.5})))\n" for k in range(18))
+  with pytest.raises(VnnlibError, match="262144 terms"):
+    parse_vnnlib(declare(1, 1) + unit_box(1) + many)
+  nested = "(assert (and " + "(or (<= Y_0 0) (>= Y_0 1)) " * 18 + "))\n"
+  with pytest.raises(VnnlibError, match="line 5: the disjunctive normal form"):
+    parse_vnnlib(declare(1, 1) + unit_box(1) + nested)
+
+
 def test_bad_declarations():
   with pytest.raises(VnnlibError, match="line 1: sort 'Int'"):
     parse_vnnlib("(declare-const X_0 Int)")

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 import re
 from typing import Any, Sequence
@@ -248,11 +249,20 @@ def _expr(e: _List | _Atom, declared: dict) -> _Linear:
   raise VnnlibError(f"line {e.line}: unsupported arithmetic {op!r} with {len(args)} operands")
 
 
-def _conjoin(parts: Sequence[list[list[_Le]]]) -> list[list[_Le]]:
+MAX_TERMS = 100_000
+"""The largest disjunctive normal form `read_vnnlib` builds (a conjunction of n disjunctions of
+two has 2^n terms)."""
+
+
+def _conjoin(parts: Sequence[list[list[_Le]]], where: str) -> list[list[_Le]]:
   """The DNF of a conjunction of DNFs: the atoms common to all terms once, then the product of
   the real disjunctions (linear in the number of atoms when there are no disjunctions)."""
   common = [atom for p in parts if len(p) == 1 for atom in p[0]]
   branches = [p for p in parts if len(p) != 1]
+  size = math.prod(len(b) for b in branches)
+  if size > MAX_TERMS:
+    raise VnnlibError(f"{where}: the disjunctive normal form has {size} terms (more than "
+                      f"{MAX_TERMS}): too many disjunctions in one conjunction")
   return [common + [atom for term in combo for atom in term]
           for combo in itertools.product(*branches)]
 
@@ -271,7 +281,7 @@ def _dnf(f: _List | _Atom, declared: dict, negate: bool = False) -> list[list[_L
     parts = [_dnf(a, declared, negate) for a in args]
     if not is_and:
       return [conj for p in parts for conj in p]
-    return _conjoin(parts)
+    return _conjoin(parts, f"line {f.line}")
   if op in ("<=", ">=", "<", ">", "="):
     if len(args) < 2:
       raise VnnlibError(f"line {f.line}: {op!r} needs two operands")
@@ -374,7 +384,7 @@ def parse_vnnlib(text: str, n_inputs: int | None = None, n_outputs: int | None =
     raise VnnlibError(f"{path}: no input variables X_i declared")
 
   regions: dict[tuple, tuple[np.ndarray, np.ndarray, list[Disjunct]]] = {}
-  for term in _conjoin(asserted):
+  for term in _conjoin(asserted, "the assertions"):
     split = _split_term(term, n_in, n_out)
     if split is None:
       continue
