@@ -530,6 +530,18 @@ def test_flat_and_batched_forms_and_crown_over_a_batch_of_boxes():
 
 
 @needs_shared
+def test_float64_replay():
+  path = SHARED / "acasxu" / "ACASXU_run2a_1_1_batch_2000.onnx"
+  loaded = load_onnx(path)
+  x = np.array([0.62, -0.2, 0.1, 0.47, -0.48]).reshape(loaded.input_shape)
+  y64 = loaded.run_float64(x)
+  assert y64.dtype == np.float64 and y64.shape == (1, 5)
+  y32 = _ort_session(path).run(None, {loaded.input_name: x.astype(np.float32)})[0]
+  np.testing.assert_allclose(y64, y32, rtol=1e-5, atol=1e-6)
+  assert loaded(x.astype(np.float32)).dtype == jnp.float32  # x64 mode was for that call only
+
+
+@needs_shared
 def test_crown_on_acasxu_property_1_encloses_samples():
   loaded = load_onnx(SHARED / "acasxu" / "ACASXU_run2a_1_1_batch_2000.onnx")
   prop = read_vnnlib(SHARED / "acasxu" / "prop_1.vnnlib", n_inputs=5, n_outputs=5)

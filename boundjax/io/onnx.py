@@ -35,7 +35,8 @@ vmap over a new leading axis::
 ``bj.crown(model.apply_fn, batch_axis=None)`` (the model's own batch axis of 1 is then just a
 dimension), or a batch of boxes ``(B, *input_shape)`` to ``bj.crown(model.batched)``.
 ``model.apply_flat(params, x)`` takes and returns flat vectors, numbered as in VNNLIB files
-(``X_i``, ``Y_j``: row-major order of the input and output tensors).
+(``X_i``, ``Y_j``: row-major order of the input and output tensors). ``model.run_float64(x)``
+replays an input in float64 (for checking counterexamples).
 
 Errors. An operator without a converter raises `UnsupportedOperatorError` (a
 ``NotImplementedError`` and a ``ValueError``) naming the operator, the node and the file; a node
@@ -957,6 +958,14 @@ class OnnxModel:
 
   def __call__(self, x: Any) -> Any:
     return self.apply_fn(self.params, x)
+
+  def run_float64(self, x: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+    """The network in float64 (JAX's x64 mode for this call; the float32 weights are exact in
+    float64): to replay a counterexample with rounding errors far below float32's."""
+    with jax.enable_x64(True):
+      params = {k: jnp.asarray(v, jnp.float64) for k, v in self.params.items()}
+      y = self.apply_fn(params, jnp.asarray(np.asarray(x, np.float64).reshape(self.input_shape)))
+      return tuple(np.asarray(o) for o in y) if isinstance(y, tuple) else np.asarray(y)
 
   def __getstate__(self) -> dict:
     return {k: v for k, v in self.__dict__.items() if k != "batched"}  # a vmap is not picklable
