@@ -1,4 +1,4 @@
-"""Cost of Abstract Gradient Training against plain SGD, side by side (AGT spec §4.1, §5).
+"""Cost of Abstract Gradient Training against plain SGD, side by side (AGT, §4.3 and App. E).
 
 One AGT epoch (nominal clipped per-sample step + interval bounds + Thm 4.6 streaming top-k +
 interval update) against one plain jitted SGD epoch (mean-loss gradient + update) on the same
@@ -185,7 +185,7 @@ def cost(quick: bool, reps: int) -> dict:
 
 
 def profile(reps: int) -> dict:
-  """Where one AGT step's time goes, per fragment (spec §2.2-2.6), in process CPU ms.
+  """Where one AGT step's time goes, per fragment (AGT, App. B and Thm 4.6), in process CPU ms.
 
   Parts timed as separate compiled functions on the setting's first fragment and a box of
   width 2e-3 around the initial parameters: nominal per-sample gradients (the batched passes

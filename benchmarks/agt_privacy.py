@@ -1,6 +1,6 @@
 """Certified private prediction with AGT: the AGT paper's Figures 2 and 5 on offline stand-ins.
 
-Settings (spec §4.2; stand-ins where the paper's data is not available offline):
+Settings (AGT, §6 and App. E; stand-ins where the paper's data is not available offline):
   * blobs:   AGT's separable blobs (raw features), logistic regression Linear(6, 2) with
              cross-entropy, full batch b = 5000, alpha 2.0, eta 0.6, lr_min 1e-3, gamma 0.06,
              4 epochs (the paper's E for blobs; the public code's single epoch leaves our

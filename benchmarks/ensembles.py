@@ -1,7 +1,7 @@
 """Leave-one-out training throughput on Adult 2×50: one vmapped, jitted run against a Python loop
 of the same jitted single-network training, side by side in one process.
 
-Setting (Sphynx spec §4.3): Adult (Sphynx encoding, 21 features, all 32,561 training rows),
+Setting (Sphynx, §6): Adult (Sphynx encoding, 21 features, all 32,561 training rows),
 MLP 21-50-50-1, logistic loss, SGD lr 0.1 with L1 1e-5, 10 epochs, batch 1024, the same initial
 parameters and data order for every network; member i leaves out point i.
 

@@ -1,12 +1,12 @@
 """LUCID Table 1 / Table 4 on Adult: the iDP deterministic bound beta_c by branch-and-bound.
 
-Steps (LUCID spec §2.1, §2.8, §4):
+Steps (LUCID, §2, §6.1 and §7):
 
 1. **Family.** Adult with LUCID's 21-feature encoding (`boundjax.data.load_adult("sphynx")`,
-   spec §4.2), an MLP (``--hidden``, default 2x50, 2 logits) trained as LUCID trains: SGD lr 0.1,
-   weight decay 1e-5, batch 1024, ``--epochs`` (LUCID's code: 30; the paper says 50), the same
-   init (seed ``--seed``, LUCID's 666) and the same shuffles for every member, the removed point
-   masked out of its batch (`boundjax.ensembles.train_ensemble`). The full family has
+   LUCID, App. B), an MLP (``--hidden``, default 2x50, 2 logits) trained as LUCID trains: SGD
+   lr 0.1, weight decay 1e-5, batch 1024, ``--epochs`` (LUCID's code: 30; the paper says 50),
+   the same init (seed ``--seed``, LUCID's 666) and the same shuffles for every member, the
+   removed point masked out of its batch (`boundjax.ensembles.train_ensemble`). The full family has
    |D| + 1 = 32,562 networks (~3 CPU-hours here); by default we train N and a **random subset**
    of ``--members`` leave-one-out networks (the first entries of a seeded permutation of D).
    beta is then sound for *that subset's family*, not for all of D: this is said in the JSON
@@ -18,7 +18,7 @@ Steps (LUCID spec §2.1, §2.8, §4):
    confirmed leaking confidence among MILP incumbents (``lower``) and from a projected-gradient
    search (`--attack-starts`, `milp.idpdb.attack`, ``attack_lower``): beta* lies in
    [max(lower, attack_lower), beta].
-3. **Ablation** (spec §4.8, Table 4) on the first ``--ablation-members`` members with
+3. **Ablation** (LUCID, §7, Table 4) on the first ``--ablation-members`` members with
    ``--ablation-time-limit`` per class and variant: H (one hyper-network MILP), HM (+ matching
    dependencies), HMRiS (+ relax-if-similar), HMB (HM + branch-and-bound), LUCID (all four), and
    Naive (per-member MILPs, exact when it finishes).
@@ -315,7 +315,7 @@ def tighten_comparison(a) -> None:
       print(f"  tighten={mode} class {c}: beta={res.beta:.4f} milps={res.n_milps} "
             f"({res.seconds:.1f} s)", flush=True)
     rows[mode] = rec
-  out = dict(benchmark="idpdb tighten comparison (LUCID spec §2.4, Adult)",
+  out = dict(benchmark="idpdb tighten comparison (LUCID, §6.2, Adult)",
              args={k_: v for k_, v in vars(a).items() if k_ not in ("hidden_t", "family_npz_path")},
              members=fam.size, family_npz=str(a.family_npz),
              family_note=f"the first {fam.size} members of the cached family (N = row 0)",
@@ -448,7 +448,7 @@ def main(argv=None):
   out = dict(
       benchmark="idpdb (LUCID Table 1 / Table 4, Adult)",
       args={k: v for k, v in vars(a).items() if k not in ("hidden_t", "family_npz_path")},
-      dataset=dict(name="adult", encoding="sphynx (21 features, LUCID spec §4.2)", n_train=n,
+      dataset=dict(name="adult", encoding="sphynx (21 features, LUCID, App. B)", n_train=n,
                    n_test=int(len(ds.x_test)), d=d),
       training=dict(optimizer="SGD lr 0.1, weight decay 1e-5", batch_size=1024,
                     epochs=a.epochs, seed=a.seed, init="PRNGKey(seed), PyTorch-style uniform",

@@ -1,10 +1,10 @@
 """Leave-k-out ensembles: the network N trained on D and networks trained on D minus k points,
 all in one jitted, vmapped run.
 
-LUCID (spec 000 §2.1) and Sphynx (spec 003 §2.2) reason about the family
+LUCID (§2, §5.2) and Sphynx (§5.1) reason about the family
 ``{T(D)} ∪ {T(D \\ S) : S removed}``, where the training algorithm T is deterministic: every
 member starts from the same initial parameters and sees the same shuffled batches. A removed
-point is *masked* out of its batch, as LUCID's ``train.py`` does (and Sphynx's option B):
+point is *masked* out of its batch, as LUCID's public ``train.py`` does:
 for a batch ``b`` of indices and member weights ``w_i ∈ {0, 1}``,
 
     loss_b(θ) = Σ_{i∈b} w_i ℓ(θ; x_i, y_i) / max(Σ_{i∈b} w_i, 1).
@@ -30,13 +30,13 @@ Decisions where the papers are silent (recorded here and in the tests):
   gradient, but the optimizer step is still taken (weight decay / L1 still apply): the step count
   is the same for every member.
 * L1 regularisation (Sphynx, coefficient 1e-5) is `l1_regularization`, an optax transform adding
-  ``coef * sign(θ)`` to the gradient of every parameter, biases included (Sphynx spec §2.10
-  point 8). LUCID's weight decay is ``optax.add_decayed_weights(wd)`` before ``optax.sgd(lr)``,
+  ``coef * sign(θ)`` to the gradient of every parameter, biases included (Sphynx, §6, does
+  not say). LUCID's weight decay is ``optax.add_decayed_weights(wd)`` before ``optax.sgd(lr)``,
   which is exactly ``torch.optim.SGD(weight_decay=wd)``.
 * Precision: float32 (the papers train in PyTorch float32); pass float64 data and parameters with
   ``jax_enable_x64`` for a float64 run.
 * Determinism: same settings give bit-identical parameters on CPU (tested). On GPU set
-  ``XLA_FLAGS=--xla_gpu_deterministic_ops=true`` (Sphynx spec §2.2). A vmapped member and the same
+  ``XLA_FLAGS=--xla_gpu_deterministic_ops=true``. A vmapped member and the same
   network trained alone (`train_single`) agree to float32 rounding, not bit for bit: XLA may order
   a batched matmul's sums differently. Over long runs with L1 the gap grows (Adult 2×50, 10
   epochs: ~1e-4), because a parameter that rounding moves across zero flips its subgradient
@@ -284,7 +284,7 @@ class Ensemble:
     return self.member(int(rows[0]))
 
   def flat(self) -> np.ndarray:
-    """``(M, P)`` matrix of all parameters, leaves in pytree order (LUCID spec §2.1 layout)."""
+    """``(M, P)`` matrix of all parameters, leaves in pytree order."""
     leaves = jax.tree_util.tree_leaves(self.params)
     return np.concatenate([np.asarray(l).reshape(self.n_members, -1) for l in leaves], axis=1)
 
@@ -342,8 +342,8 @@ def train_ensemble(model: Any, init_params: PyTree, optimizer: OptimizerLike,
   """Trains every member of a leave-k-out family in one jitted, vmapped program per chunk.
 
   Member ``m`` runs SGD from ``init_params`` over the shared `Schedule` with the masked
-  batch loss ``Σ w_i ℓ_i / max(Σ w_i, 1)`` where ``w_i = 0`` for ``i ∈ removed[m]`` (LUCID spec
-  §2.1 [impl]; Sphynx spec §2.2 option B).
+  batch loss ``Σ w_i ℓ_i / max(Σ w_i, 1)`` where ``w_i = 0`` for ``i ∈ removed[m]``
+  (LUCID, §2 and §7; the mask is that of LUCID's public ``train.py``).
 
   Args:
     model: a Flax linen module (its ``apply`` is used) or a function ``apply(params, x)``.

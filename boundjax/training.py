@@ -8,7 +8,7 @@ small demo classifiers (`boundjax.models.fit_full_batch`) all train through this
   ``epochs`` passes, the shuffling and its seed, and what happens to the last partial batch. It is
   the object a leave-k-out family and an AGT run must share: AGT's removal box encloses the
   networks `boundjax.ensembles.train_ensemble` trains only when both follow the same schedule
-  (AGT spec §2.6; ``tests/test_agt_unlearning.py``).
+  (AGT, Thm 4.5 in §4.2, assumes one fixed data order; ``tests/test_agt_unlearning.py``).
 * `train` / `scan_steps` run SGD over a schedule in one jitted ``lax.scan``: a gradient function
   (`mean_gradient`, `clipped_mean_gradient`, `per_example_gradients`) turns a batch and its 0/1
   weights into gradients, an optimizer (any optax transformation, or an `Optimizer`) turns them
@@ -16,7 +16,7 @@ small demo classifiers (`boundjax.models.fit_full_batch`) all train through this
   weights) trains a whole family in one program.
 
 A removed point is *masked* out of its batch, never deleted from the data, so every member has the
-same batch boundaries and the same number of steps (LUCID spec §2.1; Sphynx spec §2.2 option B):
+same batch boundaries and the same number of steps (as LUCID's public ``train.py`` does):
 for a batch ``b`` and weights ``w_i in {0, 1}`` the mean loss is
 ``sum_{i in b} w_i l_i / max(sum_{i in b} w_i, 1)`` (`masked_mean`).
 
@@ -73,7 +73,7 @@ class Schedule:
       visits ``jax.random.permutation(fold_in(key, e), n)``.
     shuffle: ``"epoch"`` (a new permutation every epoch, PyTorch ``shuffle=True``), ``"once"``
       (one permutation, the permutation of epoch 0, visited in every epoch: AGT's fixed data
-      order, AGT spec §1.1) or ``"none"`` (``0..n-1`` every epoch).
+      order, AGT, §3.2) or ``"none"`` (``0..n-1`` every epoch).
     last_batch: ``"keep"`` (the last batch of an epoch holds ``n mod B`` points, its other slots
       are ``-1``; PyTorch ``drop_last=False``) or ``"drop"`` (the ``n mod B`` points left over
       are not visited in that epoch).
@@ -252,7 +252,7 @@ def binary_logistic_loss(logits: Array, labels: Array) -> Array:
 
 
 def l1_regularization(coef: float) -> optax.GradientTransformation:
-  """Adds the L1 subgradient ``coef * sign(theta)`` to the updates (Sphynx spec §2.9: 1e-5).
+  """Adds the L1 subgradient ``coef * sign(theta)`` to the updates (Sphynx, §6: 1e-5).
 
   ``sign(0) = 0``: a parameter exactly at zero gets no push. Chain it before the optimizer:
   ``optax.chain(l1_regularization(1e-5), optax.sgd(0.1))``.
@@ -373,7 +373,7 @@ def _from_optax(tx: optax.GradientTransformation) -> Optimizer:
 
 def mean_gradient(apply_fn: ApplyFn, loss_fn: LossFn) -> GradFn:
   """``grad_theta masked_mean(loss_fn(apply_fn(theta, x_b), y_b), w)``: SGD on the masked mean
-  loss (the leave-k-out trainers, LUCID spec §2.1)."""
+  loss (the leave-k-out trainers)."""
   def grad_fn(params, xb, yb, w):
     return jax.grad(lambda p: masked_mean(loss_fn(apply_fn(p, xb), yb), w))(params)
   return grad_fn
@@ -393,7 +393,7 @@ def per_example_gradients(apply_fn: ApplyFn, loss_fn: LossFn) -> GradFn:
 
 
 def clip(tree: PyTree, gamma: float) -> PyTree:
-  """Element-wise clipping ``min(max(g, -gamma), gamma)`` (AGT spec §2.5); identity if inf."""
+  """Element-wise clipping ``min(max(g, -gamma), gamma)`` (AGT, §4.2); identity if inf."""
   if gamma == float("inf"):
     return tree
   return jax.tree_util.tree_map(lambda g: jnp.clip(g, -gamma, gamma), tree)
@@ -405,7 +405,7 @@ def clipped_mean_gradient(per_sample_grads: Callable[[PyTree, Array, Array], PyT
                           batch_size: Optional[int] = None) -> GradFn:
   """``sum_i w_i Clip_gamma(g_i) / d`` with ``d = sum_i w_i`` ("kept", true SGD on the points
   left) or ``d = batch_size`` ("batch", AGT's fixed ``1/b`` convention): AGT's nominal descent
-  direction (AGT Alg. 1, spec §2.5), used to retrain AGT's neighbouring datasets.
+  direction (AGT, Alg. 1 and §4.2), used to retrain AGT's neighbouring datasets.
 
   ``per_sample_grads(params, xs, ys)`` gives unclipped gradients with a leading sample axis.
   """

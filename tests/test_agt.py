@@ -1,4 +1,4 @@
-"""Unit tests of boundjax.agt: Thm 4.6, streaming top-k, gradient bounds, updates (spec §3)."""
+"""Unit tests of boundjax.agt: Thm 4.6, streaming top-k, gradient bounds, updates."""
 
 import dataclasses
 import itertools
@@ -54,7 +54,7 @@ def test_lr_schedule():
 
 
 # ---------------------------------------------------------------------------------------------
-# Thm 4.6 by brute force (spec §3 check 4) and the streaming form (check 5)
+# Thm 4.6 by brute force and the streaming form
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("b, k", [(5, 1), (6, 2), (4, 3)])

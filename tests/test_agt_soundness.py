@@ -1,4 +1,4 @@
-"""AGT soundness by real retraining (spec §3 checks 8, 9): the heart of the AGT tests.
+"""AGT soundness by real retraining (AGT, Def. 4.3 and Thm 4.5): the heart of the AGT tests.
 
 For small problems, AGT runs once; then many neighbouring datasets (each batch with up to k
 points removed and up to k added: random, highest-loss and highest-gradient removals; random,

@@ -1,6 +1,6 @@
 """AGT's removal-only neighbourhood (``Config(neighbourhood="remove")``) and explicit schedules.
 
-The unlearning rule (AGT spec §2.6): after removing up to k points from a batch of b, the mean
+The unlearning rule (AGT's public code): after removing up to k points from a batch of b, the mean
 over the points left lies in ``[SEMin_{b-k}(delta_L) / (b - k), SEMax_{b-k}(delta_U) / (b - k)]``.
 It is checked by brute force over every removal set, then end to end: the box of one AGT run
 must contain every network of a leave-k-out family that `boundjax.ensembles.train_ensemble`

@@ -5,8 +5,8 @@ Two back-ends give the same guarantees:
 * ``"ibp"``: `boundjax.ibp` applied to ``vmap(grad(per-sample loss))`` with interval parameter
   leaves; works for any ``apply_fn`` the engine supports (Flax, conv, ...), and every interval
   product of `boundjax.ibp` (``matmul`` = "midrad", "signsplit", "exact", "best").
-* ``"mlp"``: the layer-wise passes of spec §2.2–2.4 in `boundjax.agt.mlp` (Dense+ReLU only, matmul
-  "midrad" or "signsplit"), with the spec's tight loss-gradient rules and a margin bound folded
+* ``"mlp"``: the layer-wise passes of AGT, App. B, in `boundjax.agt.mlp` (Dense+ReLU only, matmul
+  "midrad" or "signsplit"), with tight loss-gradient rules and a margin bound folded
   into the last layer.
 
 ``"auto"`` picks ``"mlp"`` when the parameters are a Dense stack that `boundjax.agt.mlp.apply`

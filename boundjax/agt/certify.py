@@ -1,4 +1,4 @@
-"""Certified prediction stability from AGT parameter boxes (AGT paper §4.3, spec §2.8–2.9).
+"""Certified prediction stability from AGT parameter boxes (AGT, §4.1 and §4.3).
 
 Lemma 4.4: if every model in the box ``T^k`` predicts the nominal label at x, the prediction is
 stable at distance k (no dataset within k removals/additions per batch changes it). The check is
@@ -7,7 +7,7 @@ one-sided: failing to certify says nothing.
 * one output (BCE): certified iff ``1[zL > 0] == 1[zU > 0]``;
 * several outputs: certified iff the lower bound of ``z_c - z_j`` is > 0 for the nominal class c
   and every j != c. With the "mlp" back-end the difference is folded into the last layer
-  (tighter than ``zL_c - zU_j``, as spec §2.8 recommends); with "ibp" the logit bounds are used.
+  (tighter than ``zL_c - zU_j``); with "ibp" the logit bounds are used.
 * "mse" models are regressions and have no label: `certify` rejects them.
 """
 
@@ -76,7 +76,7 @@ def certify(apply_fn: Callable, params: Any, param_bounds: Any, x: Any, *,
 
 def max_certified_k(apply_fn: Callable, params: Any, bounds_by_k: Mapping[int, Any], x: Any,
                     **kw: Any) -> np.ndarray:
-  """``k'(x) = max{k in K : x certified with T^k}`` (0 if none), by a linear scan (spec §2.9).
+  """``k'(x) = max{k in K : x certified with T^k}`` (0 if none), by a linear scan (AGT, §4.3).
 
   The linear scan is sound without assuming certification is monotone in k: every certificate
   is valid on its own. All boxes must come from runs sharing the nominal ``params``.
@@ -101,4 +101,4 @@ def check_shared_nominal(params_by_k: Mapping[int, Any], atol: float = 0.0) -> N
     for a, b in zip(jax.tree_util.tree_leaves(p0), jax.tree_util.tree_leaves(p)):
       if a.shape != b.shape or not np.allclose(np.asarray(a), np.asarray(b), rtol=0, atol=atol):
         raise ValueError(f"k-sweep: the nominal parameters of k={k} differ from those of "
-                         f"k={k0}; certificates must share one nominal model (spec §2.8).")
+                         f"k={k0}; certificates must share one nominal model (AGT, §4.3).")

@@ -1,4 +1,4 @@
-"""Configuration of Abstract Gradient Training (AGT spec §2.13, public code's ``AGTConfig``).
+"""Configuration of Abstract Gradient Training (AGT, App. E, and the public code's ``AGTConfig``).
 
 Field names follow the public AGT code where it has them (``k_private``, ``clip_gamma``,
 ``learning_rate``, ``lr_decay``, ``lr_min``, ``n_epochs``, ``loss``, ``optimizer``, ``l1_reg``,
@@ -50,21 +50,22 @@ class Config:
     neighbourhood: "add_remove" (the privacy variant: up to k removals and k additions per
       batch, normalised by b, Thm 4.6) or "remove" (unlearning: up to k removals per batch only,
       each batch's mean taken over the points left, ``SEMin_{b-k}(delta_L) / (b - k)`` and
-      ``SEMax_{b-k}(delta_U) / (b - k)``, spec §2.6 "related rules"; no clipping needed). "remove"
-      encloses every leave-k-out network that `boundjax.ensembles.train_ensemble` trains (the
-      masked mean divides by the points left); the mean after dropping the k largest lower bounds
-      is below the mean after dropping fewer, so r < k removals are covered too.
-    clip_gamma: gamma, element-wise clipping level of per-sample gradients (spec §2.5), or None
+      ``SEMax_{b-k}(delta_U) / (b - k)``, the public code's unlearning rule; no clipping
+      needed). "remove" encloses every leave-k-out network that
+      `boundjax.ensembles.train_ensemble` trains (the masked mean divides by the points left);
+      the mean after dropping the k largest lower bounds is below the mean after dropping
+      fewer, so r < k removals are covered too.
+    clip_gamma: gamma, element-wise clipping level of per-sample gradients (AGT, §4.2), or None
       (no clipping; ``math.inf`` is read as None). Must be given when k_private > 0 with
       "add_remove" (each added point contributes up to +-gamma).
-    lr_decay: eta in alpha_n = max(alpha / (1 + eta * n), lr_min) (spec §2.7).
+    lr_decay: eta in alpha_n = max(alpha / (1 + eta * n), lr_min) (AGT, App. E).
     lr_min: floor of the step size.
     optimizer: "sgd" or "sgdm" (heavy-ball momentum, torch convention
       v <- momentum * v + (1 - dampening) * g, Nesterov g <- g + momentum * v).
     momentum, dampening, nesterov: options of "sgdm".
     l1_reg: lambda of an L1 penalty lambda * |theta|_1 (SGD only, as in the public code).
     l2_reg: lambda of an L2 penalty (lambda / 2) |theta|^2, i.e. gradient lambda * theta; needs
-      learning_rate * l2_reg <= 1 for the interval update to stay monotone (spec §2.7).
+      learning_rate * l2_reg <= 1 for the interval update to stay monotone.
     bound_method: forward bound over the parameter box: "interval" (IBP, the paper's choice).
       CROWN with interval parameters (the public code's CROWNBoundedModel) is not implemented
       yet; "crown" is rejected here.
@@ -195,11 +196,11 @@ class Config:
 
   def schedule(self, n: int):
     """AGT's default data order for ``n`` points: one permutation (seeded by ``seed``) visited
-    in every epoch, the last incomplete batch dropped (spec §1.1 / §2.7)."""
+    in every epoch, the last incomplete batch dropped (AGT, §3.2; the public code)."""
     return Schedule(n=n, batch_size=self.batch_size, epochs=self.n_epochs, seed=self.seed,
                     shuffle="once", last_batch="drop")
 
   def lr(self, n):
-    """Step size of step ``n`` (0-based): ``max(alpha / (1 + eta * n), lr_min)`` (spec §2.7)."""
+    """Step size of step ``n`` (0-based): ``max(alpha / (1 + eta * n), lr_min)`` (AGT, App. E)."""
     import jax.numpy as jnp
     return jnp.maximum(self.learning_rate / (1.0 + self.lr_decay * n), self.lr_min)

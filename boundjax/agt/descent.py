@@ -1,4 +1,4 @@
-"""Bounds on the descent direction of one batch (AGT paper Thm 4.6, spec §2.5–2.6).
+"""Bounds on the descent direction of one batch (AGT, Thm 4.6 in §4.2).
 
 Per-sample gradient bounds ``delta_L[i] <= Clip_gamma(grad_i) <= delta_U[i]`` (valid for every
 parameter in the current box) give, for every batch obtained from the nominal batch of size b by
@@ -8,13 +8,13 @@ removing up to k points and adding up to k points, element-wise
     dtheta_U = (SEMax_{b-k}{delta_U[i]} + k * gamma) / b
 
 where SEMin_a / SEMax_a sum the a smallest / largest values per coordinate. The normalisation by
-the nominal b (not |B~|) is still valid (spec §2.6 note): the worst case is r = a = k, whose size
-is exactly b; it also covers the fixed-1/b convention.
+the nominal b (not |B~|) is still valid: the worst case is r = a = k, whose size is exactly b;
+it also covers the fixed-1/b convention.
 
-With k << b the sums are computed as ``sum - topk_k`` (streaming form, spec §2.6): the batch is
-processed in fragments keeping the running sums and only the k extreme values per coordinate,
-so memory is O(k * d) instead of O(b * d). The k largest of a fragment are selected exactly by a
-two-level search (`topk_leading`): group maxima first, then only the k best groups.
+With k << b the sums are computed as ``sum - topk_k`` (streaming form, as in the public code):
+the batch is processed in fragments keeping the running sums and only the k extreme values per
+coordinate, so memory is O(k * d) instead of O(b * d). The k largest of a fragment are selected
+exactly by a two-level search (`topk_leading`): group maxima first, then only the k best groups.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ Array = jax.Array
 
 
 def clip(g: Any, gamma: float) -> Any:
-  """Element-wise clipping ``Clip_gamma(g) = min(max(g, -gamma), gamma)`` (spec §2.5).
+  """Element-wise clipping ``Clip_gamma(g) = min(max(g, -gamma), gamma)`` (AGT, §4.2).
 
   Monotone, so an Interval clips endpoint-wise. Works on arrays, Intervals and pytrees of them.
   """
@@ -201,7 +201,8 @@ def finalize(acc: Accumulator, b: int, gamma: float, fp_margin: bool = False,
              remove_only: bool = False) -> tuple[Array, Array, Array]:
   """Returns ``(dtheta_nominal, dtheta_L, dtheta_U)`` of Thm 4.6 from a full batch of size b.
 
-  ``remove_only`` gives the unlearning rule (spec §2.6): ``SEMin_{b-k}(delta_L) / (b - k)`` and
+  ``remove_only`` gives the unlearning rule (AGT's public code):
+  ``SEMin_{b-k}(delta_L) / (b - k)`` and
   ``SEMax_{b-k}(delta_U) / (b - k)``, the means over the points left after up to k removals.
   With ``fp_margin`` the bounds are widened by `rounding_margin`.
   """

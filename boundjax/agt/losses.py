@@ -1,4 +1,4 @@
-"""Per-sample losses of AGT and tight bounds on their gradient w.r.t. the logits (spec §2.3).
+"""Per-sample losses of AGT and tight bounds on their gradient w.r.t. the logits (AGT, App. B).
 
 Labels: "cross_entropy" takes integer class labels and one logit per class;
 "binary_cross_entropy" takes labels in {0, 1} and a single logit; "mse" takes targets shaped
@@ -31,7 +31,7 @@ def per_sample_loss(name: str) -> Callable[[Array, Array], Array]:
 
 
 def softmax_bounds(zl: Array, zu: Array) -> tuple[Array, Array]:
-  """Bounds on softmax(z) over ``zl <= z <= zu`` (last axis = classes), spec §2.3.
+  """Bounds on softmax(z) over ``zl <= z <= zu`` (last axis = classes), AGT, App. B.
 
     p_L[i] = 1 / sum_j exp(zU[j] - zL[i])   (own logit at its lower, others at their upper)
     p_U[i] = 1 / sum_j exp(zL[j] - zU[i])   (the paper prints this one as p_L again: a typo)

@@ -1,4 +1,4 @@
-"""Explicit interval passes for Dense+ReLU networks (AGT spec §2.2–2.4, paper App. B).
+"""Explicit interval passes for Dense+ReLU networks (AGT, App. B).
 
 This is the layer-wise reference implementation of the bounds AGT needs for fully connected
 ReLU networks: forward IBP with interval parameters and a point input (§2.2), the tight
@@ -99,7 +99,7 @@ def _relu(a: Interval) -> Interval:
 
 def forward_bounds(param_bounds: Any, x: Any, matmul: str = "midrad",
                    keep: bool = False) -> Interval | tuple[Interval, list]:
-  """Forward IBP with interval parameters (spec §2.2): ``z^k = relu(W^k (x) z^{k-1} (+) b^k)``.
+  """Forward IBP with interval parameters (AGT, App. B): ``z^k = relu(W^k (x) z^{k-1} (+) b^k)``.
 
   ``x`` may be a point or an Interval, with or without a batch axis. With ``keep=True`` also
   returns the cached ``[(z^{k-1}, zhat^k)]`` per layer for the backward pass.
@@ -145,7 +145,7 @@ def _heaviside_times(zh: Interval, d: Interval) -> Interval:
 
 def sample_grad_bounds(param_bounds: Any, x: Array, y: Array, loss: str,
                        matmul: str = "midrad") -> Any:
-  """Per-sample parameter-gradient bounds (spec §2.2–2.4) for ONE sample ``(x, y)``.
+  """Per-sample parameter-gradient bounds (AGT, App. B) for ONE sample ``(x, y)``.
 
   Returns a pytree like ``param_bounds`` whose Interval leaves contain ``d loss / d theta`` at
   ``(x, y)`` for every ``theta`` in ``param_bounds`` (vmap it over a batch).
@@ -201,7 +201,7 @@ def margin_bounds(param_bounds: Any, x: Array, cls: Array, matmul: str = "midrad
   """Lower bounds of ``z_c - z_j`` for every class j (batched ``x``; ``cls`` the class c).
 
   The difference is folded into the last layer, ``(W_c - W_j) h + (b_c - b_j)``, so the shared
-  penultimate activations ``h`` are not counted twice (tighter than ``zL_c - zU_j``; spec §2.8).
+  penultimate activations ``h`` are not counted twice (tighter than ``zL_c - zU_j``).
   """
   ls = layers(param_bounds)
   h: Any = x

@@ -1,4 +1,4 @@
-"""Empirical soundness checks of AGT by real retraining (spec §3 checks 8, 9 and 14).
+"""Empirical soundness checks of AGT by real retraining (AGT, Def. 4.3 and Thm 4.5).
 
 The bounds of `boundjax.agt.fit` claim (Def 4.3) that training on any dataset D' whose batches
 each differ from the nominal ones by at most k removals and k additions stays inside the box at

@@ -1,9 +1,9 @@
-"""Abstract Gradient Training, privacy variant (AGT paper Alg. 1, spec §2.7).
+"""Abstract Gradient Training, privacy variant (AGT, Alg. 1 in §4.2).
 
 One step, for a fixed batch of size b and step size alpha_n = max(alpha / (1 + eta n), lr_min):
 
     g_i            = Clip_gamma(grad loss(theta; x_i, y_i))             nominal, per sample
-    [dL_i, dU_i]   = Clip_gamma(bounds of grad loss over [theta_L, theta_U])   spec §2.2–2.5
+    [dL_i, dU_i]   = Clip_gamma(bounds of grad loss over [theta_L, theta_U])   AGT, App. B
     [DL, DU]       = Thm 4.6 over the batch (streaming top-k, `boundjax.agt.descent`)
     theta   <- theta   - alpha_n * mean_i g_i
     theta_L <- theta_L - alpha_n * DU        (note the crossing of L and U)
@@ -16,7 +16,7 @@ nominal ones by at most k removals and k additions each. With ``Config(neighbour
 ``[D_L, D_U]`` is ``[SEMin_{b-k}(dL), SEMax_{b-k}(dU)] / (b - k)`` and no clipping is needed;
 ``fit(..., schedule=...)`` follows any `boundjax.training.Schedule` (e.g. reshuffled epochs, a
 smaller last batch): the box encloses the networks `boundjax.ensembles.train_ensemble` trains on
-the *same* schedule object. Options (spec §2.7): L2 (monotone
+the *same* schedule object. Options (from the public code): L2 (monotone
 scaling ``(1 - alpha lambda) theta``), L1 (case split at zero) and momentum (bounds carried for
 the L, nominal and U sequences, valid since momentum and 1 - dampening are >= 0).
 """
@@ -152,7 +152,7 @@ def _outward(config: Config, lo: Any, hi: Any, *terms) -> tuple[Any, Any]:
 
 
 def update(config: Config, state: State, d_n: Any, d_l: Any, d_u: Any) -> State:
-  """The interval optimiser step (Alg. 1 line 10 with the options of spec §2.7)."""
+  """The interval optimiser step (AGT, Alg. 1 line 10, with the public code's options)."""
   a = config.lr(state.step).astype(jax.tree_util.tree_leaves(state.params)[0].dtype)
   t_l, t_u = split_tree(state.bounds)
   t_n = state.params
@@ -238,7 +238,7 @@ def _jitted_step(apply_fn: Callable, config: Config, backend: str):
 
 def batches(n: int, config: Config) -> np.ndarray:
   """AGT's default batches, shape ``(n // b, b)``: the first epoch of ``config.schedule(n)``
-  (one seeded order, last incomplete batch dropped), used in every epoch (spec §1.1 / §2.7)."""
+  (one seeded order, last incomplete batch dropped), used in every epoch (AGT, §3.2)."""
   if n < config.batch_size:
     raise ValueError(f"fit: dataset has {n} points, fewer than batch_size={config.batch_size}.")
   return config.schedule(n).distinct_batches()
@@ -427,7 +427,7 @@ class KGrid:
 
 def fit_k_grid(apply_fn: Callable, params: Any, x: Any, y: Any, config: Config,
                ks: Sequence[int], **fit_kw: Any) -> KGrid:
-  """Runs `fit` once per k in ``ks`` (same init, schedule and step sizes; spec §2.9).
+  """Runs `fit` once per k in ``ks`` (same init, schedule and step sizes; AGT, §4.3).
 
   Raises ``ValueError`` if the nominal runs differ (`check_shared_nominal`).
   """
