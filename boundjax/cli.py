@@ -4,6 +4,13 @@
     boundjax demo --only bounds crown   some sections: data, bounds, crown, ensembles, agt, ldcp,
                                         barron, idp
     boundjax demo --json out.json       also write each section's numbers (and report) as JSON
+
+    boundjax verify NET.onnx PROP.vnnlib --timeout 60 --out RESULT
+                                        VNN-COMP's contract: RESULT holds sat (and the
+                                        counterexample), unsat, timeout or unknown
+    boundjax verify --batch INSTANCES.csv --timeout 60 [--root DIR] [--json results.json]
+                                        a list of instances (columns onnx, vnnlib), with a
+                                        progress bar and a results table
 """
 
 from __future__ import annotations
@@ -47,15 +54,62 @@ def demo(only: list[str] | None = None, json_path: str | None = None) -> int:
   return 0
 
 
+def verify(net: str | None, prop: str | None, timeout: float, out: str | None,
+           batch: str | None, root: str | None, json_path: str | None, sound: bool) -> int:
+  """`boundjax verify`: one instance (``net``, ``prop``) or a CSV list (``batch``)."""
+  import csv
+  from pathlib import Path
+
+  from milp.complete import format_result, run_instances, verify_instance
+  if batch is None:
+    if net is None or prop is None:
+      raise SystemExit("boundjax verify: give NET.onnx and PROP.vnnlib, or --batch INSTANCES.csv")
+    outcome = verify_instance(net, prop, timeout=timeout, sound=sound)
+    if out:
+      Path(out).write_text(format_result(outcome))
+    print(f"{outcome.status} in {outcome.seconds:.2f} s ({outcome.stats.get('phase')}, "
+          f"{outcome.stats.get('nodes')} nodes): {Path(net).name} {Path(prop).name}")
+    return 0
+  with open(batch) as f:
+    rows = [{"onnx": r["onnx"], "vnnlib": r["vnnlib"]} for r in csv.DictReader(f)]
+  base = Path(root) if root else Path(batch).resolve().parent
+  results = run_instances(rows, timeout, progress=True, root=base, sound=sound)
+  print(f"{'onnx':<40} {'vnnlib':<28} {'result':<8} {'seconds':>8}")
+  for r in results:
+    print(f"{Path(r['onnx']).name:<40} {Path(r['vnnlib']).name:<28} {r['status']:<8} "
+          f"{r['seconds']:>8.2f}")
+  counts = {s: sum(r["status"] == s for r in results) for s in ("sat", "unsat", "timeout",
+                                                                "unknown")}
+  print(", ".join(f"{v} {k}" for k, v in counts.items()))
+  if json_path:
+    rows_out = [{k: v for k, v in r.items() if k != "outcome"} for r in results]
+    Path(json_path).write_text(json.dumps(rows_out, indent=2, default=_jsonable))
+  return 0
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="boundjax", description="Sound bounds for neural networks.")
   sub = parser.add_subparsers(dest="command", required=True)
   d = sub.add_parser("demo", help="run the demonstration on embedded datasets")
   d.add_argument("--only", nargs="*", help=f"sections to run (default: all of {list(SECTIONS)})")
   d.add_argument("--json", help="also write each section's numbers and report as JSON to this path")
+  v = sub.add_parser("verify", help="verify an ONNX network against a VNNLIB property")
+  v.add_argument("net", nargs="?", help="the network (.onnx)")
+  v.add_argument("prop", nargs="?", help="the property (.vnnlib)")
+  v.add_argument("--timeout", type=float, default=60.0, help="seconds per instance (default 60)")
+  v.add_argument("--out", help="result file (VNN-COMP format)")
+  v.add_argument("--batch", help="a CSV with columns onnx, vnnlib: run every row")
+  v.add_argument("--root", help="folder the CSV's paths are relative to (default: the CSV's)")
+  v.add_argument("--json", help="with --batch: also write the results as JSON")
+  v.add_argument("--unsound-fp", action="store_true",
+                 help="skip the outward rounding of the bounds (faster; unsat then holds up to "
+                      "floating-point error)")
   args = parser.parse_args(argv)
   if args.command == "demo":
     return demo(args.only, args.json)
+  if args.command == "verify":
+    return verify(args.net, args.prop, args.timeout, args.out, args.batch, args.root, args.json,
+                  not args.unsound_fp)
   return 1
 
 

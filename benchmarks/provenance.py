@@ -1,0 +1,41 @@
+"""What every benchmark JSON records about its own run: the command, the commit, the machine and
+the date, written by the script itself (never by hand)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def git_commit() -> str:
+  """The checked-out commit, with ``+dirty`` when tracked files differ from it."""
+  try:
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "boundjax", "milp",
+                            "benchmarks"], cwd=ROOT).returncode != 0
+    return sha + ("+dirty" if dirty else "")
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+def record(argv: list[str] | None = None) -> dict[str, Any]:
+  """``command``, ``commit``, ``date`` (UTC), ``machine`` (cores, processor, device, load)."""
+  import jax
+  argv = sys.argv if argv is None else argv
+  return {
+      "command": " ".join(["python", *argv]),
+      "commit": git_commit(),
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "machine": {"cpu_count": os.cpu_count(), "processor": platform.processor()
+                  or platform.machine(), "platform": platform.platform(),
+                  "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
+                  "jax_version": jax.__version__, "load_average_1_5_15": os.getloadavg()},
+  }

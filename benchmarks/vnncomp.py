@@ -1,0 +1,132 @@
+"""VNN-COMP 2021 instances (ACAS Xu, MNIST 256x2) through `boundjax verify`'s verifier.
+
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/vnncomp.py                 # every instance
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/vnncomp.py --category acasxu --limit 10
+
+Runs `milp.complete.run_instances` on ``instances.csv`` of the shared folder (per-category time
+limits: ACAS Xu 60 s, MNIST 120 s, the targets of the issue), then — only after every instance has
+run — reads the competition's verdicts to score: solved, wrong answers (must be 0), time per
+instance. Writes ``benchmarks/results/vnncomp.json`` (command, commit, machine, date, one row per
+instance) and a cactus plot ``benchmarks/results/vnncomp_cactus.png`` (instances solved vs time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import ROOT, record  # noqa: E402
+
+SHARED = ROOT.parent / "shared" / "benchmarks" / "vnncomp2021"
+TIMEOUTS = {"acasxu": 60.0, "mnistfc": 120.0}
+
+
+def parse(argv=None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--root", default=str(SHARED), help="folder holding instances.csv")
+  p.add_argument("--category", nargs="*", default=None, help="acasxu and/or mnistfc (default both)")
+  p.add_argument("--limit", type=int, default=None, help="first N instances of each category")
+  p.add_argument("--timeout-acasxu", type=float, default=TIMEOUTS["acasxu"])
+  p.add_argument("--timeout-mnistfc", type=float, default=TIMEOUTS["mnistfc"])
+  p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vnncomp.json"))
+  return p.parse_args(argv)
+
+
+def instances(root: Path, categories, limit) -> list[dict]:
+  """Rows of instances.csv without their verdicts (those are read back only to score)."""
+  with open(root / "instances.csv") as f:
+    rows = [{"category": r["category"], "onnx": r["onnx"], "vnnlib": r["vnnlib"]}
+            for r in csv.DictReader(f)]
+  if categories:
+    rows = [r for r in rows if r["category"] in categories]
+  if limit:
+    rows = [r for c in dict.fromkeys(r["category"] for r in rows)
+            for r in [q for q in rows if q["category"] == c][:limit]]
+  return rows
+
+
+def verdicts(root: Path) -> dict[tuple[str, str], str]:
+  with open(root / "instances.csv") as f:
+    return {(r["onnx"], r["vnnlib"]): r["verdict"] for r in csv.DictReader(f)}
+
+
+def score(rows: list[dict], truth: dict) -> dict:
+  out = {}
+  for cat in dict.fromkeys(r["category"] for r in rows):
+    rs = [r for r in rows if r["category"] == cat]
+    solved = [r for r in rs if r["status"] in ("sat", "unsat")]
+    wrong = [r for r in solved if r["status"] != truth[(r["onnx_rel"], r["vnnlib_rel"])]]
+    times = [r["seconds"] for r in solved if r not in wrong]
+    out[cat] = {"instances": len(rs), "solved": len(solved) - len(wrong), "wrong": len(wrong),
+                "timeout": sum(r["status"] == "timeout" for r in rs),
+                "unknown": sum(r["status"] == "unknown" for r in rs),
+                "median_seconds_solved": float(np.median(times)) if times else None,
+                "max_seconds_solved": float(np.max(times)) if times else None,
+                "wrong_instances": [f"{r['onnx_rel']} {r['vnnlib_rel']}" for r in wrong]}
+  return out
+
+
+def cactus(rows: list[dict], path: Path) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for cat in dict.fromkeys(r["category"] for r in rows):
+    t = sorted(r["seconds"] for r in rows if r["category"] == cat and r["correct"])
+    ax.step(t, np.arange(1, len(t) + 1), where="post", label=f"{cat} ({len(t)} solved)")
+  ax.set_xlabel("time per instance (s)")
+  ax.set_ylabel("instances solved")
+  ax.set_xscale("log")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  ax.set_title("boundjax verify on VNN-COMP 2021 instances")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> dict:
+  a = parse(argv)
+  from milp.complete import run_instances
+  root = Path(a.root)
+  meta = record()
+  rows = instances(root, a.category, a.limit)
+  results = []
+  for cat in dict.fromkeys(r["category"] for r in rows):
+    batch = [r for r in rows if r["category"] == cat]
+    timeout = getattr(a, f"timeout_{cat}", 120.0)
+    for r, res in zip(batch, run_instances(batch, timeout, progress=True, root=root)):
+      results.append({"category": cat, "onnx_rel": r["onnx"], "vnnlib_rel": r["vnnlib"],
+                      "status": res["status"], "seconds": res["seconds"], "phase": res["phase"],
+                      "nodes": res["nodes"], "timeout": timeout})
+  truth = verdicts(root)                       # read only now, to score
+  for r in results:
+    r["verdict"] = truth[(r["onnx_rel"], r["vnnlib_rel"])]
+    r["correct"] = r["status"] == r["verdict"]
+  summary = score(results, truth)
+  print(f"\n{'category':<10}{'inst':>6}{'solved':>8}{'wrong':>7}{'timeout':>9}{'unknown':>9}"
+        f"{'median s':>10}{'max s':>8}")
+  for cat, s in summary.items():
+    med = "-" if s["median_seconds_solved"] is None else f"{s['median_seconds_solved']:.2f}"
+    mx = "-" if s["max_seconds_solved"] is None else f"{s['max_seconds_solved']:.1f}"
+    print(f"{cat:<10}{s['instances']:>6}{s['solved']:>8}{s['wrong']:>7}{s['timeout']:>9}"
+          f"{s['unknown']:>9}{med:>10}{mx:>8}")
+  out = Path(a.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  meta["machine"]["load_average_after"] = __import__("os").getloadavg()
+  doc = {**meta, "timeouts": {"acasxu": a.timeout_acasxu, "mnistfc": a.timeout_mnistfc},
+         "subset": {"category": a.category, "limit": a.limit}, "summary": summary,
+         "instances": results}
+  out.write_text(json.dumps(doc, indent=2))
+  cactus(results, out.with_name(out.stem + "_cactus.png"))
+  print(f"wrote {out} and {out.with_name(out.stem + '_cactus.png')}")
+  return doc
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,103 @@
+"""`boundjax verify`: VNN-COMP's command-line contract on a small ONNX network.
+
+The network is built with `onnx.helper` and run by onnxruntime to check the counterexample the
+command writes; the properties are chosen so the right answer is known without a verifier.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from boundjax import cli
+
+ort = pytest.importorskip("onnxruntime")   # a dev dependency, not part of boundjax
+
+
+def _network(path: Path, seed: int = 0) -> dict:
+  rng = np.random.default_rng(seed)
+  w1 = rng.normal(size=(3, 8)).astype(np.float32)
+  b1 = rng.normal(size=8).astype(np.float32)
+  w2 = rng.normal(size=(8, 2)).astype(np.float32)
+  b2 = rng.normal(size=2).astype(np.float32)
+  nodes = [helper.make_node("MatMul", ["x", "w1"], ["h0"]), helper.make_node("Add", ["h0", "b1"], ["h1"]),
+           helper.make_node("Relu", ["h1"], ["h2"]), helper.make_node("MatMul", ["h2", "w2"], ["h3"]),
+           helper.make_node("Add", ["h3", "b2"], ["y"])]
+  inits = [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"))]
+  graph = helper.make_graph(nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])], inits)
+  model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+  onnx.save(model, path)
+  return {"w1": w1, "b1": b1, "w2": w2, "b2": b2}
+
+
+def _property(path: Path, condition: str) -> None:
+  lines = [f"(declare-const X_{i} Real)" for i in range(3)] + \
+          [f"(declare-const Y_{j} Real)" for j in range(2)]
+  for i in range(3):
+    lines += [f"(assert (>= X_{i} -1.0))", f"(assert (<= X_{i} 1.0))"]
+  lines.append(f"(assert {condition})")
+  path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+  d = tmp_path_factory.mktemp("verify")
+  _network(d / "net.onnx")
+  # The outputs are bounded on the box (|y| < 1e3 for these weights), so Y_0 >= 1e6 is unreachable.
+  _property(d / "unsat.vnnlib", "(>= Y_0 1000000.0)")
+  # Y_0 - Y_1 <= its value at the centre is reached at the centre: sat.
+  sess = ort.InferenceSession(str(d / "net.onnx"))
+  y0 = sess.run(None, {"x": np.zeros((1, 3), np.float32)})[0][0]
+  _property(d / "sat.vnnlib", f"(<= Y_0 {float(y0[0]) + 1e-3!r})")
+  return d, sess
+
+
+def test_unsat_instance_writes_unsat(files, capsys):
+  d, _ = files
+  assert cli.main(["verify", str(d / "net.onnx"), str(d / "unsat.vnnlib"), "--timeout", "60",
+                   "--out", str(d / "unsat.txt")]) == 0
+  assert (d / "unsat.txt").read_text().strip() == "unsat"
+  assert capsys.readouterr().out.startswith("unsat in ")
+
+
+def test_sat_instance_writes_a_counterexample_onnxruntime_confirms(files):
+  d, sess = files
+  assert cli.main(["verify", str(d / "net.onnx"), str(d / "sat.vnnlib"), "--timeout", "60",
+                   "--out", str(d / "sat.txt")]) == 0
+  text = (d / "sat.txt").read_text()
+  assert text.splitlines()[0] == "sat"
+  from milp.complete import parse_result
+  status, x, y = parse_result(text)
+  assert status == "sat" and x.shape == (3,) and y.shape == (2,)
+  assert np.all(x >= -1.0) and np.all(x <= 1.0)
+  y_ort = sess.run(None, {"x": x.astype(np.float32)[None]})[0][0]
+  np.testing.assert_allclose(y, y_ort, rtol=1e-5, atol=1e-5)
+  bound = float(Path(d / "sat.vnnlib").read_text().split("(<= Y_0 ")[1].split(")")[0])
+  assert y[0] <= bound
+
+
+def test_batch_runs_a_csv_and_prints_a_table(files, tmp_path):
+  d, _ = files
+  csv_path = d / "instances.csv"
+  csv_path.write_text("onnx,vnnlib\nnet.onnx,unsat.vnnlib\nnet.onnx,sat.vnnlib\n")
+  proc = subprocess.run([sys.executable, "-m", "boundjax.cli", "verify", "--batch", str(csv_path),
+                         "--timeout", "60", "--json", str(tmp_path / "r.json")],
+                        capture_output=True, text=True, timeout=600,
+                        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "1 sat, 1 unsat, 0 timeout, 0 unknown" in proc.stdout
+  import json
+  rows = json.loads((tmp_path / "r.json").read_text())
+  assert [r["status"] for r in rows] == ["unsat", "sat"]
+
+
+def test_missing_arguments_are_rejected():
+  with pytest.raises(SystemExit, match="NET.onnx"):
+    cli.main(["verify"])
