@@ -236,6 +236,8 @@ def test_crown_spec_and_margins():
   margins = margins_lower(dj, spec @ y)  # exact bounds at one point: the margins d - C y
   np.testing.assert_allclose(margins, dj.d - dj.C @ y)
   assert dj.holds(y) == bool(np.all(margins >= 0))
+  C, d = dj
+  assert C is dj.C and d is dj.d
 
 
 def test_is_counterexample():

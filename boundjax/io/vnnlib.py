@@ -59,6 +59,11 @@ class Disjunct:
   C: np.ndarray
   d: np.ndarray
 
+  def __iter__(self):
+    """Unpacks as ``C, d = disjunct``."""
+    yield self.C
+    yield self.d
+
   def holds(self, y: Any, tol: float = 0.0) -> bool:
     """Whether the output vector ``y`` (flattened) satisfies every row: ``C @ y - d <= tol``."""
     y = np.asarray(y, dtype=np.float64).reshape(-1)
