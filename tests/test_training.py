@@ -1,5 +1,8 @@
 """boundjax.training: the one batch schedule and the one SGD loop."""
 
+import functools
+import pickle
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -184,3 +187,21 @@ def test_trainers_reject_a_schedule_for_other_data():
     E.train_single(model, p0, E.sgd(0.1), x, y, schedule=T.Schedule(10, 2, 1), epochs=3)
   with pytest.raises(ValueError, match="optimizer must be"):
     T.as_optimizer(lambda g: g)
+
+
+def test_an_optimizer_factory_pickles_and_trains_like_its_transformation():
+  """`build_optimizer`: a zero-argument factory (what worker processes receive) is built once
+  per factory and trains exactly like the transformation it builds."""
+  factory = functools.partial(T.sgd, 0.1, weight_decay=1e-3)
+  assert pickle.loads(pickle.dumps(factory)).args == (0.1,)
+  assert T.build_optimizer(factory) is T.build_optimizer(factory)
+  tx = T.sgd(0.1, weight_decay=1e-3)
+  assert T.build_optimizer(tx) is tx
+  x, y, model, p0 = _problem(n=10)
+  sched = T.Schedule(10, 4, 2, seed=3)
+  grad_fn = T.mean_gradient(model.apply, T.softmax_cross_entropy)
+  a = T.train(grad_fn, factory, p0, x, y, sched.batches())
+  b = T.train(grad_fn, tx, p0, x, y, sched.batches())
+  assert _max_diff(a, b) == 0.0
+  with pytest.raises(ValueError, match="returned a dict"):
+    T.build_optimizer(lambda: {})
