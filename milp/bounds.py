@@ -178,3 +178,27 @@ def compute(net: Network, lo: Any, hi: Any, method: str = "ibp") -> Bounds:
 def count_unstable(bounds: Bounds) -> int:
   """Number of hidden neurons whose pre-activation interval straddles 0 (binaries needed)."""
   return int(sum(np.sum((L < 0) & (U > 0)) for L, U in bounds[:-1]))
+
+
+def crown_output(net: Network, lo: Any, hi: Any, hidden: Bounds) -> tuple[np.ndarray, np.ndarray]:
+  """CROWN bounds on the last layer's outputs given sound bounds ``hidden`` on every hidden
+  layer's pre-activations (e.g. from `crown`, or from another sound method), widened like `crown`.
+
+  Fold a specification matrix into the last layer first (``C W_L``, ``C b_L - d``) to bound the
+  rows ``C y - d`` by back-substitution instead of by the interval of ``y``.
+  """
+  lo = np.asarray(lo, np.float64).reshape(-1)
+  hi = np.asarray(hi, np.float64).reshape(-1)
+  _check_box(net, lo, hi)
+  if len(hidden) != len(net.layers) - 1:
+    raise ValueError(f"crown_output: need {len(net.layers) - 1} hidden-layer bounds, got "
+                     f"{len(hidden)}.")
+  radii, hmax = [], np.maximum(np.abs(lo), np.abs(hi))
+  for m, layer in enumerate(net.layers):
+    radii.append(_mv((layer.w_upper - layer.w_lower) / 2, hmax)
+                 + (layer.b_upper - layer.b_lower) / 2)
+    if m < len(hidden):
+      hmax = np.maximum(np.maximum(hidden[m][0], 0), np.maximum(hidden[m][1], 0))
+  low, up = _crown_layer(net, len(net.layers) - 1, lo, hi, list(hidden), radii)
+  s = _slack(net.layers[-1], hmax) * 10.0
+  return low - s, up + s

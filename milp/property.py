@@ -1,0 +1,349 @@
+"""Exact check of one VNN-COMP-style property on a concrete `Network`: sat (with a replayed
+counterexample), unsat (with a proof), or timeout / unknown.
+
+A property's unsafe condition is a disjunction of conjunctions of linear output constraints over
+an input box (the VNNLIB format). `check_property` decides one conjunction:
+
+    exists x in [lower, upper]:  C N(x) <= d      (every row; C of shape (k, n_out), d (k,))
+
+and `check_disjunction` a disjunction of them (sat as soon as one disjunct is sat, unsat when
+every disjunct is). Steps:
+
+1. **Bounds.** Pre-activation bounds (``milp.bounds`` CROWN by default, or the caller's, e.g. from
+   ``bj.crown``). ``C`` is folded into the last layer (``C W_L``, ``C b_L - d``) and each row's
+   lower bound computed by back-substitution (`milp.bounds.crown_output`) and from the interval of
+   ``y``; a row whose lower bound is ``> 0`` everywhere proves unsat without a MILP.
+2. **Sampling.** The centre, box corners and uniform points are run through the network in
+   float64; a point satisfying every row is a counterexample.
+3. **MILP** (the big-M ReLU encoding of Tjeng et al. 2019, §3, built by `milp.encode.Encoding`):
+   ``min t`` subject to the network, ``C_i y - t <= d_i`` for every row and ``t <= tol``, so
+   ``t = max_i (C_i y - d_i)`` at the optimum. An ``INFEASIBLE`` answer proves
+   ``max_i (C_i y - d_i) > tol >= 0`` for every ``x`` in the box: unsat. A feasible point is a
+   *candidate*, clipped to the box and replayed through the network in float64 (`forward`); it is
+   reported as ``sat`` only if ``C y <= d`` holds there exactly. The first solve stops at the
+   first feasible point (like `milp.verify`); if no candidate replays, the model is solved again
+   to optimality (the best point is the most robust candidate). Any other ending (time limit,
+   numerical trouble, an optimum too close to 0 to replay) is ``timeout`` or ``unknown``, never
+   ``unsat``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from milp import bounds as bounds_lib
+from milp.encode import Encoding
+from milp.network import AffineLayer, Network, forward, forward_batch
+from milp.solve import SolveConfig, check_nonneg_finite, solve
+
+Bounds = list[tuple[np.ndarray, np.ndarray]]
+
+SAT, UNSAT, TIMEOUT, UNKNOWN = "sat", "unsat", "timeout", "unknown"
+
+
+@dataclasses.dataclass
+class PropertyResult:
+  """Outcome of `check_property` / `check_disjunction`.
+
+  Attributes:
+    status: ``"sat"`` (``counterexample`` replayed: every row of ``C N(x) <= d`` holds in
+      float64), ``"unsat"`` (proven: by bounds or an ``INFEASIBLE`` MILP), ``"timeout"`` or
+      ``"unknown"``.
+    counterexample: for sat, the flat input ``x`` (inside ``[lower, upper]``).
+    output: for sat, ``N(x)`` in float64.
+    method: what settled the answer: ``"bounds"``, ``"sampling"`` or ``"milp"``.
+    disjunct: for `check_disjunction`, the index of the disjunct that is sat (or that stopped the
+      search); 0 for `check_property`.
+    seconds, build_seconds, solve_seconds: wall-clock times.
+    n_binaries, n_unstable: size of the MILP (ReLU binaries) and unstable neurons of the bounds.
+    reason: the solver's termination reason (``INFEASIBLE``, ``FEASIBLE``, ``OPTIMAL``, ...).
+    note: free text.
+  """
+
+  status: str
+  counterexample: np.ndarray | None = None
+  output: np.ndarray | None = None
+  method: str = ""
+  disjunct: int = 0
+  seconds: float = 0.0
+  build_seconds: float = 0.0
+  solve_seconds: float = 0.0
+  n_binaries: int = 0
+  n_unstable: int = 0
+  reason: str = ""
+  note: str = ""
+
+
+def _as_box(net: Network, lower: Any, upper: Any) -> tuple[np.ndarray, np.ndarray]:
+  lo = np.asarray(lower, np.float64).reshape(-1)
+  hi = np.asarray(upper, np.float64).reshape(-1)
+  if lo.shape != (net.input_size,) or hi.shape != (net.input_size,):
+    raise ValueError(f"check_property: the box has {lo.size}/{hi.size} entries, the network "
+                     f"takes {net.input_size}.")
+  if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))) or np.any(lo > hi):
+    raise ValueError("check_property: the box must be finite with lower <= upper.")
+  return lo, hi
+
+
+def _as_spec(net: Network, C: Any, d: Any) -> tuple[np.ndarray, np.ndarray]:
+  C = np.atleast_2d(np.asarray(C, np.float64))
+  d = np.atleast_1d(np.asarray(d, np.float64)).reshape(-1)
+  if C.ndim != 2 or C.shape[1] != net.num_outputs or d.shape != (C.shape[0],):
+    raise ValueError(f"check_property: C must have shape (k, {net.num_outputs}) and d (k,); got "
+                     f"{C.shape} and {d.shape}.")
+  if not (np.all(np.isfinite(C)) and np.all(np.isfinite(d))):
+    raise ValueError("check_property: C and d must be finite.")
+  return C, d
+
+
+def _bounds(net: Network, lo: np.ndarray, hi: np.ndarray, bounds: str | Bounds | None) -> Bounds:
+  """Pre-activation bounds: computed (``"crown"``/``"ibp"``) or the caller's, each layer
+  intersected with IBP (both sound, so the intersection is)."""
+  if bounds is None or isinstance(bounds, str):
+    return bounds_lib.compute(net, lo, hi, bounds or "crown")
+  if len(bounds) != len(net.layers):
+    raise ValueError(f"check_property: bounds= needs one (L, U) pair per layer "
+                     f"({len(net.layers)}), got {len(bounds)}.")
+  ibp = bounds_lib.ibp(net, lo, hi)
+  out = []
+  for m, ((L, U), (Li, Ui), layer) in enumerate(zip(bounds, ibp, net.layers)):
+    L = np.asarray(L, np.float64).reshape(-1)
+    U = np.asarray(U, np.float64).reshape(-1)
+    if L.shape != (layer.shape[0],) or U.shape != (layer.shape[0],):
+      raise ValueError(f"check_property: bounds of layer {m} have shapes {L.shape}/{U.shape}, "
+                       f"the layer has {layer.shape[0]} outputs.")
+    L, U = np.maximum(L, Li), np.minimum(U, Ui)
+    if np.any(L > U):
+      raise ValueError(f"check_property: the given bounds of layer {m} are disjoint from its "
+                       "interval bounds, so they are not sound.")
+    out.append((L, U))
+  return out
+
+
+def _row_lower_bounds(net: Network, lo: np.ndarray, hi: np.ndarray, bnds: Bounds,
+                      C: np.ndarray, d: np.ndarray) -> np.ndarray:
+  """Sound lower bounds on ``C_i N(x) - d_i`` over the box: the better of the interval of ``y``
+  and CROWN back-substitution through the network with ``C`` folded into its last layer."""
+  L, U = bnds[-1]
+  Cp, Cn = np.maximum(C, 0), np.minimum(C, 0)
+  rows = Cp @ L + Cn @ U - d
+  rows -= 1e-10 * (np.abs(C) @ np.maximum(np.abs(L), np.abs(U)) + np.abs(d)) + 1e-12
+  last = net.layers[-1]
+  folded = Network(net.layers[:-1] + (AffineLayer.point(C @ last.w_lower, C @ last.b_lower - d),),
+                   net.input_shape, "sign" if len(d) == 1 else "logits")
+  crown_lo, _ = bounds_lib.crown_output(folded, lo, hi, bnds[:-1])
+  return np.maximum(rows, crown_lo)
+
+
+def _samples(lo: np.ndarray, hi: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+  """Centre, box corners (all of them for up to 10 inputs, else random ones) and uniform points."""
+  dim = lo.size
+  pts = [(lo + hi)[None] / 2]
+  if dim <= 10:
+    bits = (np.arange(2 ** dim)[:, None] >> np.arange(dim)) & 1
+  else:
+    bits = rng.integers(0, 2, (n, dim))
+  pts.append(np.where(bits == 1, hi, lo))
+  pts.append(lo + (hi - lo) * rng.random((n, dim)))
+  return np.concatenate(pts)
+
+
+def _solution_inputs(result: Any, x_ids: np.ndarray) -> list[np.ndarray]:
+  """The input values of every primal solution the solver returned (best first)."""
+  out = []
+  for s in result.solutions:
+    sol = s.primal_solution
+    if sol is None:
+      continue
+    lookup = {v.id: val for v, val in sol.variable_values.items()}
+    out.append(np.array([lookup.get(int(i), 0.0) for i in x_ids]))
+  return out
+
+
+class _Checker:
+  """Shared state of one network and box: bounds, samples, counters."""
+
+  def __init__(self, net: Network, lower: Any, upper: Any, bounds, time_limit: float,
+               solver: str, threads: int, tol: float, samples: int, seed: int):
+    if not net.is_point:
+      raise ValueError("check_property: the network has interval parameters; take a member.")
+    if not (time_limit is not None and time_limit > 0):
+      raise ValueError(f"check_property: time_limit must be > 0 seconds, got {time_limit}.")
+    self.t0 = time.perf_counter()
+    self.net, self.time_limit = net, float(time_limit)
+    self.tol = check_nonneg_finite(tol, "check_property: tol")
+    self.solver, self.threads = solver, int(threads)
+    self.lo, self.hi = _as_box(net, lower, upper)
+    self.bnds = _bounds(net, self.lo, self.hi, bounds)
+    self.n_unstable = bounds_lib.count_unstable(self.bnds)
+    self.build = self.solve_s = 0.0
+    self.n_bin = 0
+    self._xs = _samples(self.lo, self.hi, samples, np.random.default_rng(seed)) if samples else None
+    self._ys = forward_batch(net, self._xs) if samples else None
+
+  def remaining(self) -> float:
+    return self.time_limit - (time.perf_counter() - self.t0)
+
+  def result(self, status: str, method: str, **kw) -> PropertyResult:
+    return PropertyResult(status, method=method, seconds=time.perf_counter() - self.t0,
+                          build_seconds=self.build, solve_seconds=self.solve_s,
+                          n_binaries=self.n_bin, n_unstable=self.n_unstable, **kw)
+
+  def replay(self, C: np.ndarray, d: np.ndarray, xs: Sequence[np.ndarray],
+             ys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """The candidate (clipped into the box) with the most negative ``max_i (C_i y - d_i)`` among
+    those whose output, recomputed one point at a time by `forward` (the replay every consumer
+    uses), satisfies every row; None if there is none."""
+    if not len(xs):
+      return None
+    xs = np.clip(np.asarray(xs, np.float64).reshape(len(xs), -1), self.lo, self.hi)
+    ys = forward_batch(self.net, xs) if ys is None else ys
+    worst = np.max(ys @ C.T - d, axis=1) if len(d) else np.zeros(len(xs))
+    for i in np.argsort(worst, kind="stable")[:8]:
+      if worst[i] > 1e-9:  # not even close in the batched product
+        break
+      y = forward(self.net, xs[i])
+      if np.all(C @ y <= d):
+        return xs[i].copy(), y
+    return None
+
+  def bounds_unsat(self, C: np.ndarray, d: np.ndarray) -> bool:
+    if not len(d):  # no output condition: every input of the box is unsafe
+      return False
+    return bool(np.max(_row_lower_bounds(self.net, self.lo, self.hi, self.bnds, C, d)) > 0)
+
+  def sampled(self, C: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    if self._xs is None:
+      return None
+    return self.replay(C, d, self._xs, self._ys)
+
+  def milp(self, C: np.ndarray, d: np.ndarray) -> PropertyResult:
+    """Steps 3 of the module docstring for one conjunction."""
+    tb = time.perf_counter()
+    enc = Encoding("property")
+    x = enc.add_variables(self.lo, self.hi)
+    enc.inputs = x
+    nv = enc.add_network(self.net, x, self.lo, self.hi, bounds=self.bnds)
+    # t >= C_i y - d_i for every row, t <= tol; t's lower bound from the output interval is sound
+    L, U = self.bnds[-1]
+    t_lo = float(np.max(np.maximum(C, 0) @ L + np.minimum(C, 0) @ U - d)) - 1.0
+    t = enc.add_variables([min(t_lo, self.tol)], [self.tol])
+    k = len(d)
+    A = np.hstack([C, -np.ones((k, 1))])
+    enc.add_dense_rows(A, np.concatenate([nv.outputs, t]), np.full(k, -np.inf), d)
+    enc.set_objective(t, [1.0])
+    self.n_bin = enc.num_binaries
+    self.build += time.perf_counter() - tb
+    reason, note = "", ""
+    for solution_limit in (1, None):  # first feasible point; then the optimum if it did not replay
+      left = self.remaining()
+      if left <= 0:
+        return self.result(TIMEOUT, "milp", reason=reason or "TIME_LIMIT",
+                           note="time limit reached before the MILP finished")
+      cfg = SolveConfig(solver=self.solver, time_limit=left, threads=self.threads, tol=self.tol)
+      out = solve(enc, cfg, solution_limit=solution_limit)
+      self.solve_s += out.seconds
+      reason = out.reason + (f"/{out.limit}" if out.limit else "")
+      if out.reason == "INFEASIBLE":
+        return self.result(UNSAT, "milp", reason=reason,
+                           note=f"MILP proves max_i (C_i y - d_i) > {self.tol:g} on the box")
+      if out.has_solution:
+        hit = self.replay(C, d, _solution_inputs(out.result, x))
+        if hit is not None:
+          return self.result(SAT, "milp", counterexample=hit[0], output=hit[1], reason=reason,
+                             note="MILP counterexample replayed through the network in float64")
+        note = (f"MILP candidate (t = {out.primal_value:.3g}) did not replay: the optimum is "
+                "within solver tolerance of the boundary")
+        if out.reason == "OPTIMAL":
+          return self.result(UNKNOWN, "milp", reason=reason, note=note)
+        continue
+      if out.limit == "TIME" or self.remaining() <= 0:
+        return self.result(TIMEOUT, "milp", reason=reason,
+                           note="solver stopped at the time limit without proof")
+      return self.result(UNKNOWN, "milp", reason=reason,
+                         note="solver stopped without proof or solution")
+    status = TIMEOUT if self.remaining() <= 0 else UNKNOWN
+    return self.result(status, "milp", reason=reason, note=note)
+
+  def check(self, C: np.ndarray, d: np.ndarray) -> PropertyResult:
+    if self.bounds_unsat(C, d):
+      return self.result(UNSAT, "bounds", note="a row's lower bound is > 0 on the whole box")
+    hit = self.sampled(C, d)
+    if hit is not None:
+      return self.result(SAT, "sampling", counterexample=hit[0], output=hit[1])
+    return self.milp(C, d)
+
+
+def check_property(net: Network, lower: Any, upper: Any, C: Any, d: Any, *, time_limit: float,
+                   bounds: str | Bounds | None = None, solver: str = "scip", threads: int = 1,
+                   tol: float = 1e-6, samples: int = 256, seed: int = 0) -> PropertyResult:
+  """Is there an ``x`` in ``[lower, upper]`` with ``C N(x) <= d`` (every row)? Exactly, by MILP.
+
+  Args:
+    net: a concrete `Network` (e.g. from `milp.network.from_function` of an imported graph).
+    lower, upper: the input box, flattened like the network's input (``x.reshape(-1)``).
+    C, d: the unsafe condition ``C y <= d``, ``C`` of shape ``(k, n_out)``, ``d`` of ``(k,)``.
+    time_limit: seconds for the whole check (bounds, sampling, model building and solving).
+    bounds: pre-activation bounds for the big-M constants: ``None``/``"crown"`` (default),
+      ``"ibp"``, or one sound ``(L, U)`` pair per layer (pre-activations of each layer, the last
+      being the outputs), e.g. from ``bj.crown``; they are intersected with IBP.
+    solver: ``"scip"`` (default) or ``"highs"``.
+    threads: solver threads.
+    tol: the MILP's unsat margin: infeasibility of ``max_i (C_i y - d_i) <= tol`` proves unsat
+      (``tol`` covers the solver's feasibility tolerance, like `milp.solve.SolveConfig.tol`).
+    samples: random points (and corners) tried before the MILP; 0 disables sampling.
+    seed: for the samples.
+
+  Returns:
+    A `PropertyResult`: ``"sat"`` with a counterexample replayed in float64, ``"unsat"`` with a
+    proof (bounds, or a MILP answered ``INFEASIBLE``), else ``"timeout"`` / ``"unknown"``.
+  """
+  chk = _Checker(net, lower, upper, bounds, time_limit, solver, threads, tol, samples, seed)
+  C, d = _as_spec(net, C, d)
+  return chk.check(C, d)
+
+
+def check_disjunction(net: Network, lower: Any, upper: Any,
+                      disjuncts: Sequence[tuple[Any, Any]], *, time_limit: float,
+                      bounds: str | Bounds | None = None, solver: str = "scip",
+                      threads: int = 1, tol: float = 1e-6, samples: int = 256,
+                      seed: int = 0) -> PropertyResult:
+  """Is there an ``x`` in the box satisfying some disjunct ``C_j N(x) <= d_j``?
+
+  ``disjuncts`` is a sequence of ``(C_j, d_j)`` (see `check_property`; the bounds and samples
+  are shared). Every disjunct is first tried by bounds and sampling, then by MILP in order:
+  ``"sat"`` as soon as one disjunct is (``disjunct`` names it), ``"unsat"`` only when every
+  disjunct is proven unsat, else ``"timeout"`` / ``"unknown"`` (the first disjunct left open).
+  """
+  chk = _Checker(net, lower, upper, bounds, time_limit, solver, threads, tol, samples, seed)
+  specs = [_as_spec(net, C, d) for C, d in disjuncts]
+  if not specs:
+    raise ValueError("check_disjunction: needs at least one disjunct (C, d).")
+  open_ = []
+  for j, (C, d) in enumerate(specs):
+    if chk.bounds_unsat(C, d):
+      continue
+    hit = chk.sampled(C, d)
+    if hit is not None:
+      return chk.result(SAT, "sampling", counterexample=hit[0], output=hit[1], disjunct=j)
+    open_.append(j)
+  if not open_:
+    return chk.result(UNSAT, "bounds", note="every disjunct has a row with lower bound > 0")
+  undecided = None
+  for j in open_:
+    res = chk.milp(*specs[j])
+    res.disjunct = j
+    if res.status == SAT:
+      return res
+    if res.status != UNSAT and undecided is None:
+      undecided = res
+      if res.status == TIMEOUT:
+        break
+  if undecided is None:
+    return chk.result(UNSAT, "milp", note="every disjunct proven unsat")
+  return undecided
