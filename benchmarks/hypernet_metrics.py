@@ -103,7 +103,7 @@ def main(argv=None):
     variants[v] = H.pred_int(nets, res.alpha_p, variant=v)
   table = {}
   for name, (lo, hi) in variants.items():
-    m = H.sphynx_metrics((lo, hi), pool_flat)
+    m = H.sphynx_metrics((lo, hi), pool_flat).as_dict()
     m["network_abstraction_rate_unseen"] = (
         H.network_abstraction_rate((lo, hi), pool_flat[unseen]) if unseen.size else float("nan"))
     table[name] = m

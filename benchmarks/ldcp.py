@@ -141,7 +141,7 @@ def run_arch(name: str, ds, args) -> dict:
   sphynx_members = ldcp.family_from_flat(pred.networks, full, output="sign")
   exact = hypernet.from_ensemble(ens.params)
   pool_family = ldcp.family_from_stacked(ens.params, output="sign")
-  metrics = hypernet.sphynx_metrics(pred.hyper, ens.params)
+  metrics = hypernet.sphynx_metrics(pred.hyper, ens.params).as_dict()
 
   n_net = net_lib.from_params(full, "sign")
   h_pred = net_lib.from_params(pred.hyper, "sign")

@@ -342,16 +342,16 @@ def test_metrics_hand_made():
   lo = np.array([0.0, 1.0, 4.0, 1.0])
   hi = np.array([4.0, 3.0, 6.0, 1.0])                  # pred = [0,4], [1,3], [4,6], [1,1]
   m = H.sphynx_metrics((lo, hi), nets)
-  assert m["weight_abstraction_rate"] == pytest.approx(75.0)           # params 0, 2, 3
+  assert m.weight_abstraction_rate == pytest.approx(75.0)           # params 0, 2, 3
   # miscoverage: (0/4 + 2/2 + 0/2) / 3, parameter 3 (zero predicted width) excluded
-  assert m["miscoverage"] == pytest.approx(1 / 3) and m["miscoverage_excluded"] == 1
+  assert m.miscoverage == pytest.approx(1 / 3) and m.miscoverage_excluded == 1
   # overcoverage: geometric mean of |pred ⊔ I*| / |I*| = 4/2, 4/4; params 2, 3 excluded
-  assert m["overcoverage"] == pytest.approx(np.sqrt(2.0)) and m["overcoverage_excluded"] == 2
+  assert m.overcoverage == pytest.approx(np.sqrt(2.0)) and m.overcoverage_excluded == 2
   # networks inside: row 0 (param 1 = 0 < 1) no, row 1 yes, row 2 (4 > 3) no
-  assert m["network_abstraction_rate"] == pytest.approx(100 / 3)
+  assert m.network_abstraction_rate == pytest.approx(100 / 3)
   exact = H.sphynx_metrics((nets.min(0), nets.max(0)), nets)
-  assert exact["weight_abstraction_rate"] == 100 and exact["network_abstraction_rate"] == 100
-  assert exact["miscoverage"] == 0 and exact["overcoverage"] == pytest.approx(1.0)
+  assert exact.weight_abstraction_rate == 100 and exact.network_abstraction_rate == 100
+  assert exact.miscoverage == 0 and exact.overcoverage == pytest.approx(1.0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,8 +26,8 @@ CDF is inverted by bisection. Everything is float64 numpy; the result is rounded
 parameters' dtype.
 """
 
-from boundjax.hypernet.metrics import (miscoverage, network_abstraction_rate, overcoverage,
-                                       sphynx_metrics, weight_abstraction_rate)
+from boundjax.hypernet.metrics import (SphynxMetrics, miscoverage, network_abstraction_rate,
+                                       overcoverage, sphynx_metrics, weight_abstraction_rate)
 from boundjax.hypernet.predicted import PredHyperNetResult, ensemble_trainer, pred_hyper_net
 from boundjax.hypernet.predint import (PRED_INT_VARIANTS, l1_normalize, laplace_kde_cdf,
                                        laplace_kde_interval, pred_int, yeo_johnson,
@@ -65,5 +65,6 @@ __all__ = [
     "overcoverage",
     "network_abstraction_rate",
     "sphynx_metrics",
+    "SphynxMetrics",
     "hyper_output_bounds",
 ]

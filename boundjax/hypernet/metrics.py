@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 import jax
@@ -76,7 +78,31 @@ def network_abstraction_rate(hyper: Any, all_nets: Any) -> float:
   return 100.0 * float(np.mean(np.all((w >= lo) & (w <= hi), axis=1)))
 
 
-def sphynx_metrics(hyper: Any, all_nets: Any) -> dict:
+@dataclasses.dataclass(frozen=True)
+class SphynxMetrics:
+  """Sphynx's four ablation metrics of a hyper-network against a family (Tables 3 and 4).
+
+  Attributes:
+    weight_abstraction_rate: % of parameters whose interval contains every network's value.
+    miscoverage: mean ``|I* \\ I_pred| / |I_pred|`` (a fraction), over the parameters with a
+      non-zero predicted width; ``miscoverage_excluded`` counts the others.
+    overcoverage: geometric mean of ``|I_pred ⊔ I*| / |I*|`` over the parameters with
+      ``|I*| > 0``; ``overcoverage_excluded`` counts the others.
+    network_abstraction_rate: % of the networks lying entirely inside the hyper-network.
+  """
+
+  weight_abstraction_rate: float
+  miscoverage: float
+  miscoverage_excluded: int
+  overcoverage: float
+  overcoverage_excluded: int
+  network_abstraction_rate: float
+
+  def as_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def sphynx_metrics(hyper: Any, all_nets: Any) -> SphynxMetrics:
   """All four Sphynx metrics (Sphynx, Tables 3 and 4) of ``hyper`` against the networks ``all_nets``.
 
   ``hyper`` is a hyper-network pytree or ``(lower, upper)`` vectors; ``all_nets`` is stacked
@@ -85,9 +111,9 @@ def sphynx_metrics(hyper: Any, all_nets: Any) -> dict:
   """
   mis, mis_ex = miscoverage(hyper, all_nets)
   over, over_ex = overcoverage(hyper, all_nets)
-  return dict(weight_abstraction_rate=weight_abstraction_rate(hyper, all_nets),
-              miscoverage=mis, miscoverage_excluded=mis_ex,
-              overcoverage=over, overcoverage_excluded=over_ex,
-              network_abstraction_rate=network_abstraction_rate(hyper, all_nets))
+  return SphynxMetrics(weight_abstraction_rate=weight_abstraction_rate(hyper, all_nets),
+                       miscoverage=mis, miscoverage_excluded=mis_ex,
+                       overcoverage=over, overcoverage_excluded=over_ex,
+                       network_abstraction_rate=network_abstraction_rate(hyper, all_nets))
 
 
