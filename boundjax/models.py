@@ -77,18 +77,20 @@ def _layer_order(names: list[str]) -> list[str]:
   return list(names)
 
 
-def dense_layers(params: Any) -> list[dict]:
+def dense_layers(params: Any, *, stacked: bool = False) -> list[dict]:
   """The Dense layers ``{"kernel": (in, out), "bias": (out,)}`` of a Dense+ReLU stack, in order.
 
   The one parser of Dense stacks in the package. Accepted containers: a list or tuple of layer
   dicts, a dict ``{"Dense_0": ..., "Dense_1": ...}`` (Flax ``nn.Dense`` naming, any prefix,
   ordered by the trailing number), or either under a single ``"params"`` key (a Flax variable
-  dict). Leaves may be arrays or `Interval`s. Raises ``ValueError`` naming the layer otherwise.
+  dict). Leaves may be arrays or `Interval`s. With ``stacked=True`` every leaf carries a leading
+  member axis (``Ensemble.params``: kernels of rank 3). Raises ``ValueError`` naming the layer
+  otherwise.
   """
   if isinstance(params, (list, tuple)):
     out = list(params)
   elif isinstance(params, Mapping) and "params" in params and len(params) == 1:
-    return dense_layers(params["params"])
+    return dense_layers(params["params"], stacked=stacked)
   elif isinstance(params, Mapping) and params:
     out = [params[n] for n in _layer_order(list(params))]
   else:
@@ -101,10 +103,11 @@ def dense_layers(params: Any) -> list[dict]:
       got = sorted(layer) if isinstance(layer, Mapping) else type(layer).__name__
       raise ValueError(f"dense_layers: layer {name!r} must be a dict with keys 'kernel' and "
                        f"'bias' (a Dense layer), got {got}.")
-    if len(getattr(layer["kernel"], "shape", ())) != 2:
+    rank = 3 if stacked else 2
+    if len(getattr(layer["kernel"], "shape", ())) != rank:
       raise ValueError(f"dense_layers: layer {name!r} has a kernel of shape "
-                       f"{getattr(layer['kernel'], 'shape', None)}; only Dense (2-D kernels) "
-                       "is supported.")
+                       f"{getattr(layer['kernel'], 'shape', None)}; expected rank {rank} "
+                       f"({'stacked ' if stacked else ''}Dense kernels).")
   return out
 
 
@@ -121,15 +124,15 @@ def mlp_layer_values(params, x: jax.Array) -> tuple[jax.Array, ...]:
   """Every value of a Flax Dense/ReLU MLP (e.g. `MLP`) in order: ``(ẑ1, z1, ẑ2, z2, ..., logits)``.
 
   ``ẑ_m = z_{m-1} W_m + b_m`` and ``z_m = relu(ẑ_m)`` (no ReLU after the last layer), with the
-  layers taken as ``Dense_0, Dense_1, ...`` from ``params["params"]``. Written with plain jnp so
+  layers read by `dense_layers`. Written with plain jnp so
   `boundjax.ibp` and `boundjax.difference` bound every layer at once (per-layer bounds).
   """
-  names = sorted(params["params"], key=lambda n: int(n.split("_")[1]))
+  layers = dense_layers(params)
   outs, h = [], x
-  for i, n in enumerate(names):
-    z = h @ params["params"][n]["kernel"] + params["params"][n]["bias"]
+  for i, layer in enumerate(layers):
+    z = h @ layer["kernel"] + layer["bias"]
     outs.append(z)
-    if i < len(names) - 1:
+    if i < len(layers) - 1:
       h = jax.nn.relu(z)
       outs.append(h)
   return tuple(outs)

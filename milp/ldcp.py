@@ -105,28 +105,17 @@ class Family:
     return np.min(zl[:, [label]] - zu[:, others], axis=1)
 
 
-def _stacked_layer_names(tree: dict) -> list[str]:
-  """The layer names of a stacked Dense stack in creation order, checked by
-  `boundjax.models.dense_layers` on the first member (every layer ``{"kernel", "bias"}``)."""
-  first = {name: jax.tree_util.tree_map(lambda a: np.asarray(a)[0], layer)
-           for name, layer in tree.items()}
-  by_id = {id(layer): name for name, layer in first.items()}
-  try:
-    return [by_id[id(layer)] for layer in dense_layers(first)]
-  except ValueError as e:
-    raise ValueError(f"family_from_stacked: {e} (stacked: one leading member axis).") from None
-
-
 def family_from_stacked(stacked: PyTree, output: str | None = None) -> Family:
   """A `Family` from stacked MLP parameters (``Ensemble.params``: leading member axis)."""
-  tree = stacked["params"] if isinstance(stacked, dict) and "params" in stacked else stacked
-  if not isinstance(tree, dict) or not tree:
-    raise ValueError("family_from_stacked: expected a dict of stacked Dense layers.")
+  try:
+    layers = dense_layers(stacked, stacked=True)
+  except ValueError as e:
+    raise ValueError(f"family_from_stacked: {e}") from None
   ws, bs = [], []
-  for name in _stacked_layer_names(tree):
-    k = np.asarray(tree[name]["kernel"], np.float64)
+  for layer in layers:
+    k = np.asarray(layer["kernel"], np.float64)
     ws.append(np.transpose(k, (0, 2, 1)).copy())
-    bs.append(np.asarray(tree[name]["bias"], np.float64))
+    bs.append(np.asarray(layer["bias"], np.float64))
   return Family(ws, bs, output)
 
 
