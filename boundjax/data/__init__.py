@@ -11,6 +11,12 @@ Every loader returns a `Dataset` (`boundjax.data.base`): ``x`` float32 in ``[0, 
 ``(n, d)``, images NHWC ``(n, 28, 28, 1)``), ``y`` int32, the train/test split, per-attribute
 `FeatureGroup` metadata and the sensitive attribute. Parsed data are cached in memory.
 
+Row order: no split comes back sorted by label. Splits a loader builds (every "stratified" row
+below, and `load_csv`) are put in a fixed order drawn from the split's ``seed``
+(`boundjax.data.base.shuffled`); sources whose shipped split is already in a random order keep it
+(Adult: row ``i`` is line ``i`` of ``adult.data``, which leave-one-out families index;
+Fashion-MNIST; the Amazon reviews; the blobs, which ``train_test_split`` shuffles).
+
 Sources (nothing is downloaded at run time; ``bash scripts/setup.sh`` installs them; a missing one
 raises `DatasetNotFoundError` naming the install command):
 

