@@ -26,7 +26,7 @@ replayed exactly the way the MILP sees the network.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -354,6 +354,21 @@ def interval_network(layers_lo: Sequence[tuple[Any, Any]],
 # ------------------------------------------------------------------------------------------------
 # Extraction from any JAX function
 # ------------------------------------------------------------------------------------------------
+#
+# The function's input-dependent equations are compiled into ReLU layers. A *boundary* (one
+# ReLU layer of the `Network`) is a list of parts, each giving some of the layer's flat
+# pre-activations from the values computed so far (``pre``) and, from the ReLU outputs ``s``,
+# values of the next segment (``post``):
+#
+# * an activation ``max(z, c)`` / ``min(z, c)`` with constant ``c``: ``out = c ± relu(±(z - c))``;
+# * a carried value ``v`` read again after the layer (a skip connection or a parallel branch):
+#   ``v = relu(v) - relu(-v)``, or ``relu(v)`` alone when ``v >= 0`` by construction;
+# * one level of a max tournament (max pooling, ``max`` of two input-dependent values):
+#   ``max(a, b) = relu(a - b) + b`` with ``b`` carried as above; ``ceil(log2 w)`` levels for
+#   windows of ``w`` elements, exact (the ReLU form of max, e.g. Tjeng et al. 2019, §3's max is
+#   the same function; here it needs no new constraint type).
+#
+# Between boundaries, segments of affine equations are evaluated in float64 to build the layers.
 
 # Primitives that are linear in their floating-point operands jointly, provided every other
 # operand (indices, predicates, shapes) does not depend on the input.
@@ -361,38 +376,21 @@ _LINEAR_PRIMITIVES = frozenset({
     "add", "add_any", "sub", "neg", "reshape", "transpose", "broadcast_in_dim", "squeeze",
     "expand_dims", "concatenate", "slice", "dynamic_slice", "dynamic_update_slice", "gather",
     "scatter", "scatter-add", "scatter_add", "pad", "rev", "select_n", "reduce_sum", "cumsum",
-    "reduce_window_sum", "copy", "copy_p", "convert_element_type", "split",
-    "sharding_constraint", "optimization_barrier",
+    "reduce_window_sum", "copy", "copy_p", "convert_element_type", "split", "stack", "unstack",
+    "tile", "scatter-sub", "device_put", "sharding_constraint", "layout_constraint",
+    "optimization_barrier",
 })
 # Linear in each operand when the others are constant: affine iff exactly one depends on x.
 _BILINEAR_PRIMITIVES = frozenset({"mul", "dot_general", "conv_general_dilated"})
-_POOLING_PRIMITIVES = frozenset({
-    "reduce_window_max", "reduce_window_min", "reduce_max", "reduce_min", "argmax", "argmin",
-    "cummax", "cummin", "sort", "reduce_window"})
-
-
-@dataclasses.dataclass
-class _Activation:
-  """``out = c + sgn * relu(sgn * (z - c))``: ``max(z, c)`` (``sgn = +1``) or ``min(z, c)``
-  (``sgn = -1``) with a constant ``c``; ``c = 0, sgn = +1`` is the ReLU. The network's
-  pre-activation is ``sgn * (z - c)``, flattened."""
-
-  z: Any           # the input atom (a Var of the program)
-  out: Any         # the output Var
-  c: np.ndarray    # float64, broadcast to the output shape
-  sgn: float
-  eqn: Any         # the equation, for messages
-
-
-@dataclasses.dataclass
-class _Segment:
-  """The equations from one activation (or the input) to the next (or the output)."""
-
-  input: Any                    # the Var the segment reads (program input or activation output)
-  input_shape: tuple[int, ...]
-  input_map: tuple[np.ndarray, float]  # (c, sgn): the Var's value is c + sgn * s for the state s
-  eqns: list = dataclasses.field(default_factory=list)
-  end: _Activation | None = None       # None for the last segment (ends at the output)
+# Order statistics that are not a max/min (not encodable).
+_ORDER_PRIMITIVES = frozenset({"argmax", "argmin", "cummax", "cummin", "sort", "reduce_window",
+                               "reduce_precision", "round", "floor", "ceil", "sign"})
+# Affine primitives that keep non-negative operands non-negative (every float operand >= 0).
+_KEEPS_NONNEG = frozenset({
+    "reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims", "concatenate", "slice",
+    "dynamic_slice", "gather", "pad", "rev", "reduce_sum", "reduce_window_sum", "copy", "copy_p",
+    "convert_element_type", "add", "add_any", "mul", "dot_general", "conv_general_dilated",
+    "cumsum", "stack", "unstack", "tile", "device_put", "sharding_constraint"})
 
 
 def _is_float(a: Any) -> bool:
@@ -408,100 +406,431 @@ def _f64(v: Any) -> Any:
 
 
 def _function_error(msg: str, eqn: Any = None) -> ValueError:
-  where = f" (at {eqn.where()})" if eqn is not None else ""
+  where = f" (at {eqn.where()})" if eqn is not None and hasattr(eqn, "where") else ""
   return ValueError(f"from_function: {msg}{where}.")
 
 
-def _constant_operand(a: Any, program, consts: dict) -> np.ndarray | None:
-  """The value of a constant (input-independent) operand as float64 numpy, else None."""
-  from boundjax.core.ir import Lit
-  if isinstance(a, Lit):
-    return np.asarray(a.val, np.float64)
-  if a in program.depends:
-    return None
-  return np.asarray(consts[a], np.float64)
+def _size(shape: Sequence[int]) -> int:
+  return int(np.prod(shape, dtype=np.int64))
 
 
-def _as_activation(eqn, program, consts: dict) -> list[_Activation] | None:
-  """The eqn as one or two activations (``max``/``min``/``clamp`` with constant bounds), or None
-  when it is not one. ``max``/``min`` of two input-dependent values raises (pooling-like)."""
-  from boundjax.core.ir import Var
-  name = eqn.name
-  if name in ("max", "min"):
-    dep = [isinstance(a, Var) and a in program.depends for a in eqn.invars]
-    if all(dep):
+class _Tmp:
+  """A value introduced by the compiler (not a variable of the traced program)."""
+
+  def __init__(self, shape: tuple[int, ...], name: str):
+    self.shape, self.name = tuple(shape), name
+
+  def __repr__(self):
+    return f"<{self.name} {list(self.shape)}>"
+
+
+@dataclasses.dataclass
+class _Step:
+  """An affine step of a segment that is not a program equation: ``outs = fn(*ins)``; ``key``
+  describes ``fn`` (with the slots of ``invars``/``outvars``, see `_segment_key`)."""
+
+  name: str
+  invars: list
+  outvars: list
+  fn: Callable
+  key: tuple = ()
+
+  def bind(self, values: list) -> list:
+    return self.fn(*values)
+
+
+@dataclasses.dataclass
+class _ActPart:
+  """``out = c + sgn * relu(sgn * (z - c))``: ``max(z, c)`` for ``sgn = 1``, ``min(z, c)`` for
+  ``sgn = -1``; pre-activation ``sgn * (z - c)``."""
+
+  z: Any
+  out: Any
+  c: np.ndarray
+  sgn: float
+
+  @property
+  def size(self) -> int:
+    return self.c.size
+
+  def key(self, slot) -> tuple:  # c is passed at run time (see `_segment_fn`)
+    return ("act", slot(self.z), slot(self.out), self.c.shape, self.sgn)
+
+  def pre(self, env: dict, c):
+    return jnp.reshape(self.sgn * (env[self.z] - c), (-1,))
+
+  def post(self, s, env: dict, c) -> None:
+    env[self.out] = c + self.sgn * jnp.reshape(s, self.c.shape)
+
+
+@dataclasses.dataclass
+class _CarryPart:
+  """A value read after the layer: ``v = relu(v) - relu(-v)`` (``relu(v)`` when ``v >= 0``)."""
+
+  v: Any
+  shape: tuple[int, ...]
+  nonneg: bool
+
+  @property
+  def size(self) -> int:
+    return _size(self.shape) * (1 if self.nonneg else 2)
+
+  def key(self, slot) -> tuple:
+    return ("carry", slot(self.v), self.shape, self.nonneg)
+
+  def pre(self, env: dict, c=None):
+    flat = jnp.reshape(env[self.v], (-1,))
+    return flat if self.nonneg else jnp.concatenate([flat, -flat])
+
+  def post(self, s, env: dict, c=None) -> None:
+    n = _size(self.shape)
+    v = s[:n] if self.nonneg else s[:n] - s[n:]
+    env[self.v] = jnp.reshape(v, self.shape)
+
+
+@dataclasses.dataclass
+class _MaxSource:
+  """The flat vector ``u = sgn * concat(v.reshape(-1) ...)`` a max tournament starts from (each
+  ``v`` broadcast to ``shape`` first when given)."""
+
+  vars: list
+  sgn: float = 1.0
+  shape: tuple[int, ...] | None = None
+
+  def key(self, slot) -> tuple:
+    return ("src", tuple(slot(v) for v in self.vars), self.sgn, self.shape)
+
+  def __call__(self, env: dict):
+    vals = [env[v] if self.shape is None else jnp.broadcast_to(env[v], self.shape)
+            for v in self.vars]
+    u = jnp.concatenate([jnp.reshape(v, (-1,)) for v in vals])
+    return u if self.sgn == 1.0 else self.sgn * u
+
+
+def _index_key(a: np.ndarray) -> tuple:
+  return (a.shape, a.tobytes())
+
+
+@dataclasses.dataclass
+class _MaxLevel:
+  """One level of a max tournament over a flat vector ``u``: pairs ``(a, b)`` give
+  ``max(u_a, u_b) = relu(u_a - u_b) + u_b`` and unpaired entries pass (both carried as
+  ``relu(v) - relu(-v)``, or ``relu(v)`` when ``u >= 0``). The next vector holds the pairs' maxima
+  then the unpaired entries; after the last level, ``out = sgn * u[final]`` reshaped."""
+
+  src: _MaxSource
+  a: np.ndarray
+  b: np.ndarray
+  odd: np.ndarray
+  nonneg: bool
+  dst: Any
+  final: tuple[np.ndarray, float, tuple[int, ...]] | None  # (index, sgn, out shape)
+
+  @property
+  def size(self) -> int:
+    n_pass = self.b.size + self.odd.size
+    return self.a.size + n_pass * (1 if self.nonneg else 2)
+
+  def key(self, slot) -> tuple:
+    final = None if self.final is None else (_index_key(self.final[0]),) + self.final[1:]
+    return ("max", self.src.key(slot), _index_key(self.a), _index_key(self.b),
+            _index_key(self.odd), self.nonneg, slot(self.dst), final)
+
+  def pre(self, env: dict, c=None):
+    u = self.src(env)
+    passed = jnp.concatenate([u[self.b], u[self.odd]])
+    parts = [u[self.a] - u[self.b], passed] + ([] if self.nonneg else [-passed])
+    return jnp.concatenate(parts)
+
+  def post(self, s, env: dict, c=None) -> None:
+    p, q = self.a.size, self.b.size + self.odd.size
+    passed = s[p:p + q] if self.nonneg else s[p:p + q] - s[p + q:p + 2 * q]
+    u = jnp.concatenate([s[:p] + passed[:p], passed[p:]])
+    if self.final is None:
+      env[self.dst] = u
+    else:
+      index, sgn, shape = self.final
+      env[self.dst] = jnp.reshape(sgn * u[index], shape)
+
+
+@dataclasses.dataclass
+class _Boundary:
+  """One ReLU layer: its parts' pre-activations concatenated."""
+
+  parts: list
+  eqn: Any  # the equation that made it (for messages)
+
+  @property
+  def size(self) -> int:
+    return sum(p.size for p in self.parts)
+
+  @property
+  def constants(self) -> list[np.ndarray]:
+    """The run-time constants of its parts (activation bounds ``c``), in part order."""
+    return [p.c for p in self.parts if isinstance(p, _ActPart)]
+
+  def pre(self, env: dict, cs: Sequence[Any]):
+    cs, out = iter(cs), []
+    for p in self.parts:
+      out.append(p.pre(env, next(cs) if isinstance(p, _ActPart) else None))
+    return jnp.concatenate(out)
+
+  def post(self, s, cs: Sequence[Any]) -> dict:
+    env, start, cs = {}, 0, iter(cs)
+    for p in self.parts:
+      p.post(s[start:start + p.size], env, next(cs) if isinstance(p, _ActPart) else None)
+      start += p.size
+    return env
+
+
+@dataclasses.dataclass
+class _Segment:
+  """Affine steps from one boundary (or the input) to the next (or the output)."""
+
+  start: _Boundary | None
+  steps: list = dataclasses.field(default_factory=list)
+  end: _Boundary | None = None
+
+
+def _tournament(groups: Sequence[np.ndarray]) -> tuple[list[tuple], np.ndarray]:
+  """Pairings ``[(a, b, odd)]`` of each level and the final index per group: the max over every
+  group of distinct indices into a vector, by halving each group per level."""
+  levels = []
+  groups = [np.asarray(g, np.int64) for g in groups]
+  while any(g.size > 1 for g in groups):
+    a, b, odd, new = [], [], [], []
+    for g in groups:
+      n_pairs = g.size // 2
+      new.append((len(a) + np.arange(n_pairs), len(odd) + np.arange(g.size % 2)))
+      a.extend(g[0:2 * n_pairs:2])
+      b.extend(g[1:2 * n_pairs:2])
+      odd.extend(g[2 * n_pairs:])
+    levels.append((np.array(a, np.int64), np.array(b, np.int64), np.array(odd, np.int64)))
+    groups = [np.concatenate([pairs, len(a) + odds]) for pairs, odds in new]
+  return levels, np.array([g[0] for g in groups], np.int64)
+
+
+def _window_groups(eqn, in_shape: tuple[int, ...]) -> list[np.ndarray]:
+  """For ``reduce_window_max``: per output cell, the distinct flat input indices of its window
+  (positions in the padding hold ``-inf`` and never win, so they are left out)."""
+  p = eqn.params
+  if any(d != 1 for d in p["base_dilation"]):
+    raise _function_error("reduce_window_max with base dilation is not encodable", eqn)
+  out_shape = tuple(eqn.outvars[0].aval.shape)
+  rank = len(in_shape)
+  cells = np.indices(out_shape).reshape(rank, -1).T
+  window = np.indices(p["window_dimensions"]).reshape(rank, -1).T
+  pad_lo = np.array([lo for lo, _ in p["padding"]])
+  coords = (cells[:, None, :] * np.array(p["window_strides"])
+            + window[None] * np.array(p["window_dilation"]) - pad_lo)
+  valid = np.all((coords >= 0) & (coords < np.array(in_shape)), axis=-1)
+  flat = np.ravel_multi_index(tuple(np.clip(coords, 0, np.array(in_shape) - 1).transpose(2, 0, 1)),
+                              in_shape)
+  groups = [np.unique(f[v]) for f, v in zip(flat, valid)]
+  if any(g.size == 0 for g in groups):
+    raise _function_error("a max-pooling window lies entirely in the padding", eqn)
+  return groups
+
+
+def _reduce_groups(eqn, in_shape: tuple[int, ...]) -> list[np.ndarray]:
+  """For ``reduce_max``/``reduce_min`` over ``axes``: per output cell, its flat input indices."""
+  axes = tuple(eqn.params["axes"])
+  keep = [d for d in range(len(in_shape)) if d not in axes]
+  idx = np.arange(_size(in_shape)).reshape(in_shape).transpose(keep + list(axes))
+  return list(idx.reshape(_size([in_shape[d] for d in keep]), -1))
+
+
+class _Compiler:
+  """Cuts the input-dependent equations of a flat program into affine segments and ReLU layers."""
+
+  def __init__(self, program, consts: dict):
+    from boundjax.core.ir import Lit, Var
+    self.Lit, self.Var = Lit, Var
+    self.program, self.consts = program, consts
+    self.deps = [e for e in program.eqns if e.abstract]
+    self.nonneg: set = set()
+    self.last_use: dict = {}
+    for i, e in enumerate(self.deps):
+      for a in e.invars:
+        if self.is_dep(a):
+          self.last_use[a] = i
+    for a in program.outvars:
+      if self.is_dep(a):
+        self.last_use[a] = len(self.deps)
+
+  # -- helpers -----------------------------------------------------------------------------------
+  def is_dep(self, a: Any) -> bool:
+    return isinstance(a, self.Var) and a in self.program.depends
+
+  def constant(self, a: Any) -> np.ndarray | None:
+    """The value of an input-independent operand (float64 numpy), else None."""
+    if isinstance(a, self.Lit):
+      return np.asarray(a.val, np.float64)
+    if self.is_dep(a):
+      return None
+    return np.asarray(self.consts[a], np.float64)
+
+  def operand_nonneg(self, a: Any) -> bool:
+    if self.is_dep(a):
+      return a in self.nonneg
+    value = a.val if isinstance(a, self.Lit) else self.consts[a]
+    return not _is_float(value) or bool(np.all(np.asarray(value, np.float64) >= 0))
+
+  # -- compiling ---------------------------------------------------------------------------------
+  def compile(self) -> list[_Segment]:
+    x = self.program.invars[0]
+    self.segments = [_Segment(None)]
+    self.live = {x: tuple(x.aval.shape)}  # input-dependent values available in this segment
+    for i, e in enumerate(self.deps):
+      self.check_reads(e)
+      if e.name in ("max", "min", "clamp"):
+        handled = self.activation(i, e)
+        if handled:
+          continue
+      if e.name in ("reduce_window_max", "reduce_max", "reduce_min", "max", "min"):
+        self.max_pool(i, e)
+        continue
+      self.check_affine(e)
+      self.segments[-1].steps.append(e)
+      self.define(e.outvars, nonneg=e.name in _KEEPS_NONNEG
+                  and all(self.operand_nonneg(a) for a in e.invars))
+    out = self.program.outvars[0]
+    if not self.is_dep(out):
+      raise _function_error("the output does not depend on the input")
+    return self.segments
+
+  def check_reads(self, e) -> None:
+    for a in e.invars:
+      if self.is_dep(a) and a not in self.live:  # pragma: no cover - a compiler bug
+        raise _function_error(f"internal error: '{e.name}' reads a value not carried", e)
+
+  def define(self, outs, nonneg: bool) -> None:
+    for o in outs:
+      self.live[o] = tuple(o.shape)
+      if nonneg:
+        self.nonneg.add(o)
+
+  def boundary(self, i: int, parts: list, eqn, defined: dict) -> None:
+    """Closes the current segment with a ReLU layer of ``parts`` plus every value still read
+    after equation ``i`` (carried), and opens the next segment."""
+    carried = [v for v in self.live if self.last_use.get(v, -1) > i]
+    parts = parts + [_CarryPart(v, self.live[v], v in self.nonneg) for v in carried]
+    b = _Boundary(parts, eqn)
+    self.segments[-1].end = b
+    self.segments.append(_Segment(b))
+    self.live = {v: self.live[v] for v in carried}
+    self.live.update(defined)
+
+  def activation(self, i: int, e) -> bool:
+    """``max(z, c)`` / ``min(z, c)`` / ``clamp(lo, z, hi)`` with constant bounds as ReLU layers;
+    False when an operand besides ``z`` depends on the input (a max pooling-like max)."""
+    if e.name == "clamp":
+      lo_a, z, hi_a = e.invars
+      lo, hi = self.constant(lo_a), self.constant(hi_a)
+      if lo is None or hi is None or not self.is_dep(z):
+        raise _function_error("clamp with input-dependent bounds is not encodable", e)
+      mid = _Tmp(e.outvars[0].aval.shape, "clamp")
+      steps = [(z, mid, lo, 1.0), (mid, e.outvars[0], hi, -1.0)]
+    else:
+      dep = [self.is_dep(a) for a in e.invars]
+      if all(dep):
+        return False
+      z = e.invars[dep.index(True)]
+      c = self.constant(e.invars[dep.index(False)])
+      steps = [(z, e.outvars[0], c, 1.0 if e.name == "max" else -1.0)]
+    shape = tuple(e.outvars[0].aval.shape)
+    for z, out, c, sgn in steps:
+      if tuple(z.shape) != shape:
+        raise _function_error(f"'{e.name}' broadcasts its input-dependent operand", e)
+      c = np.broadcast_to(c, shape).astype(np.float64)
+      if np.all(c == (-np.inf if sgn > 0 else np.inf)):  # max(z, -inf): the identity
+        self.segments[-1].steps.append(_Step("identity", [z], [out], lambda v: [v],
+                                             ("identity",)))
+        self.define([out], nonneg=z in self.nonneg)
+        continue
+      if not np.all(np.isfinite(c)):
+        raise _function_error(f"'{e.name}' with a partly infinite constant bound", e)
+      self.boundary(i, [_ActPart(z, out, c, sgn)], e, {out: shape})
+      if sgn > 0 and np.all(c >= 0):
+        self.nonneg.add(out)
+    return True
+
+  def max_pool(self, i: int, e) -> None:
+    """``reduce_window_max`` / ``reduce_max`` / ``reduce_min`` / ``max`` or ``min`` of two
+    input-dependent values, as a tournament of ReLU layers."""
+    out = e.outvars[0]
+    out_shape = tuple(out.aval.shape)
+    sgn = -1.0 if e.name in ("reduce_min", "min") else 1.0
+    if e.name in ("max", "min"):
+      n = _size(out_shape)
+      nonneg = all(self.operand_nonneg(a) for a in e.invars) and sgn > 0
+      groups = list(np.stack([np.arange(n) + k * n for k in range(len(e.invars))], axis=1))
+      src = _MaxSource(list(e.invars), sgn, out_shape)
+    else:
+      operand = e.invars[0]
+      in_shape = tuple(operand.shape)
+      if e.name == "reduce_window_max":
+        groups = _window_groups(e, in_shape)
+      else:
+        groups = _reduce_groups(e, in_shape)
+      nonneg = operand in self.nonneg and sgn > 0
+      src = _MaxSource([operand], sgn)
+    levels, final = _tournament(groups)
+    if not levels:  # every window has one element: an affine gather
+      def gather(*vals, src=src, final=final):
+        return [jnp.reshape(src(dict(zip(src.vars, vals)))[final], out_shape)]
+      self.segments[-1].steps.append(_Step(e.name, list(src.vars), [out], gather,
+                                           ("gather", _index_key(final), out_shape,
+                                            src.sgn, src.shape)))
+      self.define([out], nonneg=nonneg)
+      return
+    for k, (a, b, odd) in enumerate(levels):
+      last = k == len(levels) - 1
+      dst = out if last else _Tmp((a.size + odd.size,), f"{e.name}[level {k}]")
+      level = _MaxLevel(src, a, b, odd, nonneg, dst, (final, sgn, out_shape) if last else None)
+      self.boundary(i, [level], e, {dst: out_shape if last else dst.shape})
+      src = _MaxSource([dst])
+    if nonneg:
+      self.nonneg.add(out)
+
+  def check_affine(self, e) -> None:
+    """Raises unless ``e`` (which reads an input-dependent value) is affine in those values."""
+    name = e.name
+    dep = [self.is_dep(a) for a in e.invars]
+    if name in _ORDER_PRIMITIVES:
       raise _function_error(
-          f"'{name}' of two input-dependent values (max pooling or a similar nonlinearity) is "
-          "not encodable yet; only max(z, c) / min(z, c) with a constant c (ReLU, clipping) are",
-          eqn)
-    z = eqn.invars[dep.index(True)]
-    c = _constant_operand(eqn.invars[dep.index(False)], program, consts)
-    pairs = [(z, eqn.outvars[0], c, 1.0 if name == "max" else -1.0)]
-  elif name == "clamp":  # clamp(lo, z, hi) = min(max(z, lo), hi)
-    lo_a, z, hi_a = eqn.invars
-    if not (isinstance(z, Var) and z in program.depends):
-      raise _function_error("clamp with input-dependent bounds is not encodable", eqn)
-    lo, hi = (_constant_operand(a, program, consts) for a in (lo_a, hi_a))
-    if lo is None or hi is None:
-      raise _function_error("clamp with input-dependent bounds is not encodable", eqn)
-    from boundjax.core.ir import Var as _V
-    mid = _V(eqn.outvars[0].aval, -1)
-    pairs = [(z, mid, lo, 1.0), (mid, eqn.outvars[0], hi, -1.0)]
-  else:
-    return None
-  acts = []
-  shape = tuple(eqn.outvars[0].aval.shape)
-  for z, out, c, sgn in pairs:
-    if tuple(z.aval.shape) != shape:
-      raise _function_error(f"'{name}' broadcasts its input-dependent operand", eqn)
-    c = np.broadcast_to(c, shape).astype(np.float64)
-    identity_value = -np.inf if sgn > 0 else np.inf
-    if np.all(c == identity_value):
-      acts.append(_Activation(z, out, c, sgn, None))  # max(z, -inf): the identity
-      continue
-    if not np.all(np.isfinite(c)):
-      raise _function_error(f"'{name}' with a partly infinite constant bound", eqn)
-    acts.append(_Activation(z, out, c, sgn, eqn))
-  return acts
-
-
-def _check_affine_eqn(eqn, program) -> None:
-  """Raises unless ``eqn`` (which reads an input-dependent value) is affine in those values."""
-  from boundjax.core.ir import Var
-  name = eqn.name
-  dep = [isinstance(a, Var) and a in program.depends for a in eqn.invars]
-  if name in _POOLING_PRIMITIVES:
-    raise _function_error(
-        f"'{name}' (max pooling or another order statistic) is not encodable yet; the MILP "
-        "encoding supports affine maps and ReLU (max(z, c) with constant c) only", eqn)
-  if name in _BILINEAR_PRIMITIVES:
-    if sum(dep) != 1:
-      raise _function_error(
-          f"'{name}' of two input-dependent values is a product, not an affine map", eqn)
-    return
-  if name == "div":
-    if dep[1]:
-      raise _function_error("'div' by an input-dependent value is not affine", eqn)
-    return
-  if name == "integer_pow" and eqn.params.get("y") == 1:
-    return
-  if name in _LINEAR_PRIMITIVES:
-    for a, d in zip(eqn.invars, dep):
-      if d and not _is_float(a.aval.dtype):
+          f"primitive '{name}' is not encodable (the MILP encodes affine maps, ReLU, clipping "
+          "and max/min pooling)", e)
+    if name in _BILINEAR_PRIMITIVES:
+      if sum(dep) != 1:
         raise _function_error(
-            f"'{name}' uses an input-dependent value as an index or predicate (not affine)", eqn)
-    if name == "convert_element_type" and not jnp.issubdtype(eqn.params["new_dtype"],
-                                                              jnp.floating):
-      raise _function_error(
-          f"'convert_element_type' to {eqn.params['new_dtype']} (rounding) is not affine", eqn)
-    return
-  raise _function_error(
-      f"primitive '{name}' is not affine; only affine maps (dense, conv, scaling, reshapes, "
-      "adds, ...) with ReLU between them can be encoded", eqn)
+            f"'{name}' of two input-dependent values is a product, not an affine map", e)
+      return
+    if name == "div":
+      if dep[1]:
+        raise _function_error("'div' by an input-dependent value is not affine", e)
+      return
+    if name == "integer_pow" and e.params.get("y") == 1:
+      return
+    if name in _LINEAR_PRIMITIVES:
+      for a, d in zip(e.invars, dep):
+        if d and not _is_float(a.aval.dtype):
+          raise _function_error(
+              f"'{name}' uses an input-dependent value as an index or predicate (not affine)", e)
+      if name == "convert_element_type" and not jnp.issubdtype(e.params["new_dtype"],
+                                                                jnp.floating):
+        raise _function_error(
+            f"'convert_element_type' to {e.params['new_dtype']} (rounding) is not affine", e)
+      return
+    raise _function_error(
+        f"primitive '{name}' is not affine; only affine maps (dense, conv, scaling, reshapes, "
+        "adds, ...), ReLU, clipping and max pooling can be encoded", e)
 
 
 def _bind_f64(eqn, values: list) -> list:
   """Evaluates ``eqn`` with every floating operand and result in float64."""
+  if isinstance(eqn, _Step):
+    return eqn.bind(values)
   params = dict(eqn.params)
   if eqn.name == "convert_element_type" and jnp.issubdtype(params["new_dtype"], jnp.floating):
     params["new_dtype"] = np.dtype(np.float64)
@@ -511,121 +840,125 @@ def _bind_f64(eqn, values: list) -> list:
   return dataclasses.replace(eqn, params=params).bind([_f64(v) for v in values])
 
 
-def _split_chain(program, consts: dict) -> list[_Segment]:
-  """Cuts the input-dependent equations into segments at the activations (checks the chain)."""
-  from boundjax.core.ir import Var
-  x = program.invars[0]
-  segs = [_Segment(x, tuple(x.aval.shape), (np.zeros(()), 1.0))]
-  stage = {x: 0}
-  last_act = None
-  for e in program.eqns:
-    if not e.abstract:
-      continue
-    stages = {stage[a] for a in e.invars if isinstance(a, Var) and a in program.depends}
-    if stages != {len(segs) - 1}:
-      raise _function_error(
-          f"the function is not a chain of affine maps with ReLU between them: '{e.name}' reads "
-          f"a value from before the activation at {last_act.where()} (a skip connection or "
-          "branch); only chains can be encoded", e)
-    acts = _as_activation(e, program, consts)
-    if acts is None:
-      _check_affine_eqn(e, program)
-      segs[-1].eqns.append(e)
-      for o in e.outvars:
-        stage[o] = len(segs) - 1
-      continue
-    for act in acts:
-      if act.eqn is None:  # the identity: the output is the input
-        segs[-1].eqns.append(_IdentityEqn(act.z, act.out))
-        stage[act.out] = len(segs) - 1
-        continue
-      segs[-1].end = act
-      segs.append(_Segment(act.out, tuple(act.out.aval.shape), (act.c, act.sgn)))
-      stage[act.out] = len(segs) - 1
-      last_act = e
-  out = program.outvars[0]
-  if not (isinstance(out, Var) and out in program.depends):
-    raise _function_error("the output does not depend on the input")
-  if stage[out] != len(segs) - 1:
-    raise _function_error(
-        f"the output is computed from a value before the activation at {last_act.where()}; "
-        "only chains can be encoded")
-  return segs
-
-
-@dataclasses.dataclass
-class _IdentityEqn:
-  """``out = z`` (a ``max(z, -inf)`` / ``min(z, inf)`` that changes nothing)."""
-
-  z: Any
-  out: Any
-  name: str = "identity"
-
-  @property
-  def invars(self):
-    return [self.z]
-
-  @property
-  def outvars(self):
-    return [self.out]
-
-  def bind(self, values):
-    return list(values)
-
-
-def _segment_fn(seg: _Segment, program, consts: dict):
-  """``s -> pre-activation of the next layer`` (or the output), flat float64 in and out."""
+def _segment_fn(seg: _Segment, program, input_shape: tuple[int, ...], const_vars: list):
+  """``fn(s, const_values, start_constants, end_constants)``: the segment from the flat state ``s``
+  (input or ReLU outputs) to the next layer's flat pre-activations (or the output), in float64.
+  Everything that is not structure is an argument, so one compilation serves every segment with
+  the same `_segment_key` (e.g. the 45 ACAS Xu networks)."""
   from boundjax.core.ir import Lit
 
-  c_in, sgn_in = seg.input_map
-  c_in = jnp.asarray(c_in, jnp.float64)
-
-  def read(env, a):
-    if isinstance(a, Lit):
-      return a.val
-    return env[a] if a in env else consts[a]
-
-  def fn(s):
-    env = {seg.input: c_in + sgn_in * jnp.reshape(s, seg.input_shape)}
-    for e in seg.eqns:
-      vals = [read(env, a) for a in e.invars]
-      outs = e.bind(vals) if isinstance(e, _IdentityEqn) else _bind_f64(e, vals)
-      for v, o in zip(e.outvars, outs):
-        env[v] = o
+  def fn(s, const_values, cs_start, cs_end):
+    consts = dict(zip(const_vars, const_values))
+    env = ({program.invars[0]: jnp.reshape(s, input_shape)} if seg.start is None
+           else seg.start.post(s, cs_start))
+    for e in seg.steps:
+      vals = [a.val if isinstance(a, Lit) else env[a] if a in env else consts[a]
+              for a in e.invars]
+      for v, o in zip(e.outvars, _bind_f64(e, vals)):
+        env[v] = _f64(o)
     if seg.end is None:
-      return jnp.reshape(_f64(read(env, program.outvars[0])), (-1,))
-    z = _f64(read(env, seg.end.z))
-    return jnp.reshape(seg.end.sgn * (z - jnp.asarray(seg.end.c)), (-1,))
+      return jnp.reshape(_f64(env[program.outvars[0]]), (-1,))
+    return seg.end.pre(env, cs_end)
 
   return fn
 
 
-def _segment_layer(fn, n_in: int, sparse_threshold: float, rng: np.random.Generator,
-                   eqns: list, max_entries: int = 1 << 22) -> AffineLayer:
-  """The exact affine layer of an affine segment ``fn``: ``b = fn(0)`` and column ``j`` of ``W``
-  the directional derivative of ``fn`` along ``e_j`` (forward mode), which for an affine ``fn``
-  is ``fn(e_j) - fn(0)`` without the cancellation error of that subtraction. Affinity is checked
-  at random points: ``fn(p) = W p + b`` to ``1e-9`` relative.
+def _segment_key(seg: _Segment, program, input_shape: tuple[int, ...], const_vars: list,
+                 consts: dict) -> tuple | None:
+  """A hashable description of everything `_segment_fn` closes over (primitives, parameters,
+  literals, which values flow where, index arrays, shapes), or None if some part is not
+  hashable. Values are numbered by first use, so structurally equal segments of different
+  networks get equal keys."""
+  from boundjax.core.ir import Lit
+  slots: dict = {}
 
-  Evaluation is eager (vmapped primitives, no ``jax.jit`` of the segment): JAX caches each
-  primitive's compilation by shape, so later networks of the same architecture are fast.
-  """
-  # fn at 0 and at random points (scale 1 and 100), in one batch
+  def slot(v) -> int:
+    return slots.setdefault(v, len(slots))
+
+  const_index = {v: i for i, v in enumerate(const_vars)}
+  key: list = [("input", input_shape, slot(program.invars[0])) if seg.start is None
+               else tuple(p.key(slot) for p in seg.start.parts)]
+  for e in seg.steps:
+    ops = []
+    for a in e.invars:
+      if isinstance(a, Lit):
+        val = np.asarray(a.val)
+        ops.append(("lit", str(val.dtype), val.shape, val.tobytes()))
+      elif a in const_index:
+        c = consts[a]
+        ops.append(("const", const_index[a], tuple(np.shape(c)), str(jnp.result_type(c))))
+      else:
+        ops.append(("slot", slot(a)))
+    if isinstance(e, _Step):
+      if not e.key:
+        return None
+      head = e.key
+    else:
+      head = (e.prim, tuple(sorted(e.params.items())))
+    key.append((head, tuple(ops), tuple(slot(o) for o in e.outvars)))
+  key.append(("output", slot(program.outvars[0])) if seg.end is None
+             else tuple(p.key(slot) for p in seg.end.parts))
+  key = tuple(key)
+  try:
+    hash(key)
+  except TypeError:
+    return None
+  return key
+
+
+_COMPILED: dict = {}  # segment key -> (values, tangents), jitted; the oldest go first
+_COMPILED_MAX = 256
+
+
+def _compiled(fn, key: tuple | None):
+  """Jitted ``values(S, *dyn) = [fn(s, *dyn) for s in S]`` and ``tangents(T, *dyn)`` (forward-mode
+  derivatives at 0 along the rows of ``T``), cached by the segment key."""
+  if key is not None and key in _COMPILED:
+    return _COMPILED[key]
+
+  def tangents(T, *dyn):
+    zero = jnp.zeros(T.shape[1:], T.dtype)
+    return jax.vmap(lambda t: jax.jvp(lambda s: fn(s, *dyn), (zero,), (t,))[1])(T)
+
+  pair = (jax.jit(jax.vmap(fn, in_axes=(0, None, None, None))), jax.jit(tangents))
+  if key is not None:
+    while len(_COMPILED) >= _COMPILED_MAX:
+      _COMPILED.pop(next(iter(_COMPILED)))
+    _COMPILED[key] = pair
+  return pair
+
+
+def _segment_layer(seg: _Segment, program, consts: dict, input_shape: tuple[int, ...],
+                   n_in: int, sparse_threshold: float, rng: np.random.Generator,
+                   max_entries: int = 1 << 22) -> AffineLayer:
+  """The exact affine layer of an affine segment ``f``: ``b = f(0)`` and column ``j`` of ``W``
+  the directional derivative of ``f`` along ``e_j`` (forward mode), which for an affine ``f`` is
+  ``f(e_j) - f(0)`` without the cancellation error of that subtraction. Affinity is checked at
+  random points: ``f(p) = W p + b`` to ``1e-9`` relative."""
+  from boundjax.core.ir import Lit
+  const_vars = list(dict.fromkeys(
+      a for e in seg.steps for a in e.invars
+      if not isinstance(a, Lit) and a in consts and a not in program.depends))
+  dyn = (tuple(consts[v] for v in const_vars),
+         tuple(jnp.asarray(c) for c in (seg.start.constants if seg.start else [])),
+         tuple(jnp.asarray(c) for c in (seg.end.constants if seg.end else [])))
+  fn = _segment_fn(seg, program, input_shape, const_vars)
+  values_fn, tangents_fn = _compiled(fn, _segment_key(seg, program, input_shape, const_vars,
+                                                      consts))
+  # f at 0 and at random points (scale 1 and 100), in one batch
   probes = np.concatenate([np.zeros((1, n_in)), rng.uniform(-1, 1, (3, n_in)),
                            rng.uniform(-100, 100, (2, n_in))])
-  values = np.asarray(jax.vmap(fn)(jnp.asarray(probes)), np.float64)
+  values = np.asarray(values_fn(jnp.asarray(probes), *dyn), np.float64)
   b, got, probes = values[0], values[1:], probes[1:]
   n_out = b.size
-  zero = jnp.zeros((n_in,), jnp.float64)
-  jvp = jax.vmap(lambda t: jax.jvp(fn, (zero,), (t,))[1])
   chunk = max(1, min(n_in, max_entries // max(n_out, 1)))
   rows, cols, vals = [], [], []
   for start in range(0, n_in, chunk):
     stop = min(n_in, start + chunk)
-    basis = np.zeros((stop - start, n_in))
+    basis = np.zeros((chunk, n_in))  # always `chunk` rows: one compilation
     basis[np.arange(stop - start), np.arange(start, stop)] = 1.0
-    block = np.asarray(jvp(jnp.asarray(basis)), np.float64)  # (chunk, n_out): columns of W
-    j, i = np.nonzero(block)
+    block = np.asarray(tangents_fn(jnp.asarray(basis), *dyn), np.float64)[:stop - start]
+    j, i = np.nonzero(block)  # block[j] is column start + j of W
     rows.append(i)
     cols.append(j + start)
     vals.append(block[j, i])
@@ -638,7 +971,7 @@ def _segment_layer(fn, n_in: int, sparse_threshold: float, rng: np.random.Genera
   want = np.asarray(w @ probes.T).T + b
   scale = np.asarray(abs(w) @ np.abs(probes).T).T + np.abs(b)
   if not np.all(np.abs(got - want) <= 1e-9 * scale + 1e-12):
-    names = sorted({e.name for e in eqns})
+    names = sorted({e.name for e in seg.steps})
     raise _function_error(
         "a segment between ReLUs is not affine in its input (evaluating it at random points "
         f"disagrees with its linearisation); its primitives: {', '.join(names)}")
@@ -648,21 +981,31 @@ def _segment_layer(fn, n_in: int, sparse_threshold: float, rng: np.random.Genera
 def from_function(apply_fn, params: Any, input_shape: Sequence[int], output: str | None = None,
                   *, sparse_threshold: float = 0.25, check: bool = True,
                   seed: int = 0) -> Network:
-  """A `Network` from any JAX function ``x -> apply_fn(params, x)`` that is a chain of affine maps
-  with ReLU between them (an imported ONNX graph, a Flax model's ``apply``, plain ``jnp`` code).
+  """A `Network` from any JAX function ``x -> apply_fn(params, x)`` made of affine maps, ReLU,
+  clipping and max pooling (an imported ONNX graph, a Flax model's ``apply``, plain ``jnp`` code).
 
   The function is traced once (`boundjax.core.program.flatten` inlines every call, including
   ``jax.nn.relu``'s ``custom_jvp_call``) with ``params`` cast to float64; equations that do not
   depend on ``x`` (e.g. folding batch-norm statistics) are evaluated as constants. The
-  ``x``-dependent equations are cut at every activation ``max(z, c)`` / ``min(z, c)`` /
-  ``clamp`` with a constant ``c`` (``c = 0``: ReLU; a general ``c`` is the ReLU
-  ``c ± relu(±(z - c))``, so clipping also encodes). Each segment between activations must be
-  affine: only affine primitives may occur (dense, conv, products and quotients by constants,
-  reshape/transpose/pad/slice/concatenate/gather, sums, ...) and the segment ``f`` is checked
-  numerically against its matrix. Its layer is ``b = f(0)``, ``W[:, j] = D f(0) e_j`` (the
-  forward-mode derivative, equal to ``f(e_j) - f(0)`` for affine ``f``), all in float64; floating
-  casts inside the function (e.g. to float32) are evaluated in float64, so the network is the
-  function in real arithmetic with its (float32-valued) parameters.
+  ``x``-dependent equations become ReLU layers at:
+
+  * every activation ``max(z, c)`` / ``min(z, c)`` / ``clamp`` with a constant ``c`` (``c = 0``:
+    ReLU; in general ``c ± relu(±(z - c))``, so clipping is encoded too);
+  * every max (or min) of input-dependent values: ``reduce_window_max`` (max pooling),
+    ``reduce_max``/``reduce_min``, ``max(a, b)``: a tournament of layers with
+    ``max(a, b) = relu(a - b) + b``, exact;
+  * and values read again after such a layer (skip connections, parallel branches) are carried
+    through it as ``v = relu(v) - relu(-v)`` (``relu(v)`` when ``v >= 0`` by construction, e.g.
+    after a ReLU), so any such DAG becomes a chain. A plain chain gets exactly one layer per
+    ReLU and nothing carried.
+
+  Each segment between layers must be affine: only affine primitives may occur (dense, conv,
+  products and quotients by constants, reshape/transpose/pad/slice/concatenate/gather, sums,
+  average pooling, ...) and the segment ``f`` is checked numerically against its matrix. Its
+  layer is ``b = f(0)``, ``W[:, j] = D f(0) e_j`` (the forward-mode derivative, equal to
+  ``f(e_j) - f(0)`` for affine ``f`` but without that subtraction's cancellation), all in float64;
+  floating casts inside the function (e.g. to float32) are evaluated in float64, so the network
+  is the function in real arithmetic with its (float32-valued) parameters.
 
   Args:
     apply_fn: ``apply_fn(params, x) -> outputs`` (one array; its flattening ``.reshape(-1)`` is
@@ -678,9 +1021,8 @@ def from_function(apply_fn, params: Any, input_shape: Sequence[int], output: str
     seed: for the random check points.
 
   Raises:
-    ValueError: naming the first primitive that is not affine (or not a ReLU-like activation)
-      and the user's source line, e.g. ``tanh``, max pooling (``reduce_window_max``, not
-      encodable yet), a product of two input-dependent values, or a skip connection.
+    ValueError: naming the first primitive that cannot be encoded and the user's source line,
+      e.g. ``tanh``, ``argmax``, a product of two input-dependent values, or a division by one.
   """
   from boundjax.core.program import evaluate_concrete, flatten, mark_dependence
   from boundjax.interval import is_interval
@@ -705,12 +1047,11 @@ def from_function(apply_fn, params: Any, input_shape: Sequence[int], output: str
                        f"{jax.tree_util.tree_structure(out_shape)}.")
     program = mark_dependence(flatten(closed, recognise=None), [True])
     consts = {v: _f64(a) for v, a in evaluate_concrete(program, [None]).items()}
-    segments = _split_chain(program, consts)
+    segments = _Compiler(program, consts).compile()
     layers = []
     n_in = int(np.prod(input_shape))
     for seg in segments:
-      layer = _segment_layer(_segment_fn(seg, program, consts), n_in, sparse_threshold, rng,
-                             seg.eqns)
+      layer = _segment_layer(seg, program, consts, input_shape, n_in, sparse_threshold, rng)
       layers.append(layer)
       n_in = layer.shape[0]
     net = Network(tuple(layers), input_shape, output)

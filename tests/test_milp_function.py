@@ -133,16 +133,76 @@ def test_acas_like_input_shape_and_clipping():
   assert_reproduces(net, body, params, (1, 1, 1, 5))
 
 
-@pytest.mark.parametrize("fn, shape, words", [
-    (lambda p, x: jnp.tanh(x @ p), (1, 3), ["'tanh'", "test_milp_function.py"]),
-    (lambda p, x: nn.max_pool(x @ p, (2,), (2,)), (1, 4, 3), ["reduce_window_max", "not encodable"]),
-    (lambda p, x: jnp.maximum(x @ p, x), (1, 3), ["max pooling", "not encodable"]),
-    (lambda p, x: (x @ p) * x, (1, 3), ["'mul'", "product"]),
-    (lambda p, x: jax.nn.relu(x @ p) + x, (1, 3), ["not a chain", "skip connection"]),
+class PoolNet(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    x = nn.relu(nn.Conv(3, (3, 3))(x))
+    x = nn.max_pool(x, (2, 2), (2, 2))                         # after a ReLU: x >= 0
+    x = nn.Conv(4, (2, 2))(x)
+    x = nn.max_pool(x, (3, 3), (2, 2), padding="SAME")         # odd windows, clipped borders
+    x = nn.relu(nn.avg_pool(x, (2, 2)))
+    return nn.Dense(3)(x.reshape((x.shape[0], -1)))
+
+
+def test_max_pooling_as_relu_tournament():
+  model = PoolNet()
+  params = model.init(jax.random.PRNGKey(5), jnp.ones((1, 6, 6, 2)))
+  net = N.from_function(model.apply, params, (1, 6, 6, 2))
+  # conv+relu, 2 levels of 2x2 pooling (nonneg: 4 then 2 neurons per cell), conv, 2 levels of
+  # the 3x3 pooling (its windows on the 3x3 map hold 4 entries after padding), avg pool + relu,
+  # dense
+  assert len(net.layers) == 1 + 2 + 2 + 1 + 1
+  assert net.layers[1].shape[0] == 3 * 3 * 3 * 4
+  assert_reproduces(net, model.apply, params, (1, 6, 6, 2))
+
+
+def test_skip_connections_branches_and_elementwise_max_min():
+  rng = np.random.default_rng(6)
+  p = {k: rng.normal(size=shape) for k, shape in [
+      ("a", (4, 5)), ("b", (5, 5)), ("c", (4, 5)), ("d", (5, 3)), ("e", (4, 5)), ("f", (4, 5))]}
+
+  def residual(p, x):                              # x: (1, 4)
+    h = jax.nn.relu(x @ p["a"])
+    y = jax.nn.relu(h @ p["b"] + x @ p["c"]) + h   # reads x and h after later ReLUs
+    return y @ p["d"]
+
+  def branches(p, x):
+    a, b = jax.nn.relu(x @ p["a"]), jax.nn.relu(x @ p["c"] - 1.0)
+    m = jnp.maximum(x @ p["e"], x @ p["f"])        # max of two input-dependent values
+    lo = jnp.min(jnp.stack([x @ p["a"], x @ p["f"]]), axis=0)  # reduce_min
+    top = jnp.max((x @ p["e"]).reshape(1, 5, 1), axis=1)      # reduce_max (global max pool)
+    return jnp.concatenate([a + b, m - lo, top], axis=1)
+
+  for fn in (residual, branches):
+    net = N.from_function(fn, p, (1, 4))
+    assert_reproduces(net, fn, p, (1, 4), n=16)
+
+
+def test_same_architecture_reuses_compilation_with_its_own_weights():
+  model = MLP()
+  for seed in range(3):  # the second and third reuse the first's compiled segments
+    params = model.init(jax.random.PRNGKey(10 + seed), jnp.ones((1, 7)))
+    net = N.from_function(model.apply, params, (1, 7), check=False)
+    assert_reproduces(net, model.apply, params, (1, 7), seed=seed)
+
+
+def test_plain_chain_has_one_layer_per_relu_and_nothing_carried():
+  rng = np.random.default_rng(7)
+  w = [rng.normal(size=(3, 6)), rng.normal(size=(6, 2))]
+  net = N.from_function(lambda p, x: jax.nn.relu(x @ p[0]) @ p[1], w, (1, 3))
+  assert [l.shape for l in net.layers] == [(6, 3), (2, 6)]
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda p, x: jnp.tanh(x @ p), ["'tanh'", "test_milp_function.py"]),
+    (lambda p, x: x @ p + jnp.argmax(x), ["'argmax'", "not encodable"]),
+    (lambda p, x: jnp.sort(x @ p), ["'sort'", "not encodable"]),
+    (lambda p, x: (x @ p) * x, ["'mul'", "product"]),
+    (lambda p, x: p[0] / (x + 3.0), ["'div'", "not affine"]),
 ])
-def test_non_affine_segments_raise_naming_primitive_and_line(fn, shape, words):
+def test_non_affine_segments_raise_naming_primitive_and_line(fn, words):
   with pytest.raises(ValueError) as err:
-    N.from_function(fn, np.eye(3), shape)
+    N.from_function(fn, np.eye(3), (1, 3))
   for w in words:
     assert w in str(err.value)
 
@@ -151,18 +211,26 @@ def test_non_affine_segments_raise_naming_primitive_and_line(fn, shape, words):
 # check_property against exhaustive grids
 # ------------------------------------------------------------------------------------------------
 
-def random_mlp(rng, sizes):
-  params = [(rng.normal(size=(a, b)) / np.sqrt(a), rng.normal(size=b) * 0.3)
-            for a, b in zip(sizes[:-1], sizes[1:])]
+def random_net(rng, d_in, kind="mlp"):
+  """A small random network through `from_function`: an MLP, or one with a max pool (a
+  tournament of ReLU layers) and a skip connection (carried values)."""
+  p = {"a": rng.normal(size=(d_in, 8)) / np.sqrt(d_in), "ab": rng.normal(size=8) * 0.3,
+       "b": rng.normal(size=(8, 8)) / np.sqrt(8), "bb": rng.normal(size=8) * 0.3,
+       "c": rng.normal(size=(8, 3)) / np.sqrt(8), "cb": rng.normal(size=3) * 0.3,
+       "d": rng.normal(size=(4, 3)) / 2}
 
-  def fn(p, x):
-    for i, (w, b) in enumerate(p):
-      x = x @ w + b
-      if i < len(p) - 1:
-        x = jax.nn.relu(x)
-    return x
+  def mlp(p, x):
+    h = jax.nn.relu(x @ p["a"] + p["ab"])
+    h = jax.nn.relu(h @ p["b"] + p["bb"])
+    return h @ p["c"] + p["cb"]
 
-  return N.from_function(fn, params, (1, sizes[0]), check=False)
+  def pooled(p, x):
+    h = jax.nn.relu(x @ p["a"] + p["ab"])
+    g = h @ p["b"] + p["bb"]
+    m = jnp.max(g.reshape(1, 4, 2), axis=2)       # max pooling over pairs, signed inputs
+    return jax.nn.relu(m) @ p["d"] + h @ p["c"]   # h is carried past the pooling layers
+
+  return N.from_function(mlp if kind == "mlp" else pooled, p, (1, d_in), check=False)
 
 
 def grid(lo, hi, n_per_axis):
@@ -175,7 +243,7 @@ def test_check_property_against_exhaustive_grid():
   seen = {"sat": 0, "unsat": 0, "milp_sat": 0, "milp_unsat": 0}
   for trial in range(16):
     d_in = 2 + trial % 2
-    net = random_mlp(rng, [d_in, 8, 8, 3])
+    net = random_net(rng, d_in, "pooled" if trial % 4 == 1 else "mlp")
     lo = rng.uniform(-1.0, 0.0, d_in)
     hi = lo + rng.uniform(0.5, 1.5, d_in)
     pts = grid(lo, hi, 101 if d_in == 2 else 22)             # >= 10^4 points, corners included
@@ -202,7 +270,7 @@ def test_check_property_against_exhaustive_grid():
 
 def test_check_property_bounds_argument_and_disjunction():
   rng = np.random.default_rng(6)
-  net = random_mlp(rng, [2, 8, 8, 3])
+  net = random_net(rng, 2)
   lo, hi = -np.ones(2), np.ones(2)
   ys = N.forward_batch(net, grid(lo, hi, 101))
   C = np.array([[1.0, -1.0, 0.0]])
