@@ -1,15 +1,41 @@
 """Bounds on the descent direction of one batch (AGT, Thm 4.6 in §4.2).
 
 Per-sample gradient bounds ``delta_L[i] <= Clip_gamma(grad_i) <= delta_U[i]`` (valid for every
-parameter in the current box) give, for every batch obtained from the nominal batch of size b by
-removing up to k points and adding up to k points, element-wise
+parameter in the current box) give, for every batch B~ obtained from the nominal batch B of size
+b by removing r <= k points and adding a <= k points, element-wise (AGT, Thm 4.6)
 
     dtheta_L = (SEMin_{b-k}{delta_L[i]} - k * gamma) / b
     dtheta_U = (SEMax_{b-k}{delta_U[i]} + k * gamma) / b
 
-where SEMin_a / SEMax_a sum the a smallest / largest values per coordinate. The normalisation by
-the nominal b (not |B~|) is still valid: the worst case is r = a = k, whose size is exactly b;
-it also covers the fixed-1/b convention.
+where SEMin_a / SEMax_a sum the a smallest / largest values per coordinate.
+
+Which mean is bounded (``normalise``):
+
+* ``"actual"`` (default): ``sum_{B~} Clip(g) / |B~|``, SGD on the batch actually drawn. This is
+  the training algorithm M of the privacy argument: Alg. 1 line 6 and App. D.3 (eq. 17) take
+  the mean over the batch, and Thm 4.6 states its Delta theta with ``1 / |B~|``; a dataset at
+  distance k (Def 4.3, Hamming distance of §3.1: additions and removals) is trained by the same
+  M. The bound above covers it for every r, a <= k and is attained: the worst multiset is the
+  b - r largest upper bounds plus a copies of gamma; its mean never decreases when one more
+  smallest element is dropped (it is below the mean) or one more gamma is added (every element
+  is <= gamma), so the maximum is at r = a = k, of size exactly b.
+* ``"nominal"``: ``sum_{B~} Clip(g) / b``, the fixed-1/b convention (the public code's nominal
+  and bound updates). Thm 4.6's bound covers it only when the batch does not grow (a <= r):
+  with a > r the sum has more than b terms, e.g. every gradient negative and k additions at
+  -gamma without removal give ``(sum_i delta_L[i] - k gamma) / b`` < dtheta_L. Its own worst
+  case removes only the points that help, ``r`` of the k extreme ones with the wrong sign:
+
+      dtheta_L = (sum_i delta_L[i] - sum top_k max(delta_L, 0) - k * gamma) / b
+      dtheta_U = (sum_i delta_U[i] - sum bottom_k min(delta_U, 0) + k * gamma) / b
+
+  which is never tighter than Thm 4.6's and also covers the "actual" mean (it is the maximum
+  over r, a <= k of ``(SEMax_{b-r} + a gamma) / b``, and the "actual" maximum is its r = a = k
+  term).
+
+``neighbourhood="remove"`` (unlearning, no additions; the public code's rule): "actual" is
+``SEMin_{b-k}(delta_L) / (b - k)``, ``SEMax_{b-k}(delta_U) / (b - k)`` (the mean of the b - r
+smallest lower bounds only grows as r shrinks); "nominal" is the formula above without the
+gamma terms. Neither needs clipping.
 
 With k << b the sums are computed as ``sum - topk_k`` (streaming form, as in the public code):
 the batch is processed in fragments keeping the running sums and only the k extreme values per
@@ -20,7 +46,7 @@ exactly by a two-level search (`topk_leading`): group maxima first, then only th
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +54,10 @@ import jax.numpy as jnp
 from boundjax.interval import Interval
 
 Array = jax.Array
+Normalise = Literal["actual", "nominal"]
+Neighbourhood = Literal["add_remove", "remove"]
+NORMALISATIONS = ("actual", "nominal")
+NEIGHBOURHOODS = ("add_remove", "remove")
 
 
 def clip(g: Any, gamma: float) -> Any:
@@ -54,18 +84,40 @@ def semax(values: Array, a: int) -> Array:
   return jnp.sum(jnp.sort(values, axis=0)[b - a:], axis=0)
 
 
-def descent_bounds_dense(delta_l: Array, delta_u: Array, k: int, gamma: float
+def descent_bounds_dense(delta_l: Array, delta_u: Array, k: int, gamma: float,
+                         normalise: Normalise = "actual",
+                         neighbourhood: Neighbourhood = "add_remove", fp_margin: bool = False
                          ) -> tuple[Array, Array]:
-  """Thm 4.6 by sorting the whole batch (reference form; leading axis = batch of size b)."""
+  """Thm 4.6 by sorting the whole batch (reference form; leading axis = batch of size b).
+
+  Same arguments and result as `descent_bounds` (without ``fragsize``).
+  """
   b = delta_l.shape[0]
-  _check_k(k, b)
-  kg = k * gamma if k else 0.0
-  return (semin(delta_l, b - k) - kg) / b, (semax(delta_u, b - k) + kg) / b
+  _check(k, b, normalise, neighbourhood)
+  _check_gamma(k, gamma, neighbourhood)
+  delta_l, delta_u = clip(delta_l, gamma), clip(delta_u, gamma)
+  s_l, s_u = jnp.sort(delta_l, axis=0), jnp.sort(delta_u, axis=0)
+  acc = Accumulator(jnp.sum(delta_l, 0), jnp.sum(delta_l, 0), jnp.sum(delta_u, 0),
+                    jnp.moveaxis(s_l[b - k:], 0, -1), jnp.moveaxis(s_u[:k], 0, -1),
+                    jnp.sum(jnp.maximum(jnp.abs(delta_l), jnp.abs(delta_u)), 0))
+  gam = gamma if neighbourhood == "add_remove" and k else 0.0
+  _, lo, hi = finalize(acc, b, gam, fp_margin, neighbourhood == "remove", normalise)
+  return lo, hi
 
 
 def _check_k(k: int, b: int) -> None:
   if k < 0 or k >= b:
     raise ValueError(f"descent bounds: need 0 <= k < batch size, got k={k}, b={b}.")
+
+
+def _check(k: int, b: int, normalise: str, neighbourhood: str) -> None:
+  _check_k(k, b)
+  if normalise not in NORMALISATIONS:
+    raise ValueError(f"descent bounds: normalise must be one of {NORMALISATIONS}, got "
+                     f"{normalise!r}.")
+  if neighbourhood not in NEIGHBOURHOODS:
+    raise ValueError(f"descent bounds: neighbourhood must be one of {NEIGHBOURHOODS}, got "
+                     f"{neighbourhood!r}.")
 
 
 class Accumulator(NamedTuple):
@@ -187,8 +239,10 @@ def rounding_margin(acc: Accumulator, b: int, gamma: float, remove_only: bool = 
 
   Recursive summation of n terms errs by at most (n - 1) u sum|x_i| (u = unit roundoff); the
   bound and any retrained run each sum at most b + k terms of magnitude <= sum_abs + k gamma,
-  so ``2 (b + k + 2) eps (sum_abs + k gamma) / b`` covers both with room to spare. With
-  ``remove_only`` no term is added (gamma is not used) and the means divide by ``b - k``.
+  so ``2 (b + k + 2) eps (sum_abs + k gamma) / b`` covers both (and the final division, which
+  XLA may do as a product with 1/b) with room to spare, for either normalisation. With
+  ``remove_only`` no term is added (gamma is not used) and the means divide by ``b - k`` or
+  more.
   """
   k = acc.top_l.shape[-1]
   eps = jnp.finfo(acc.sum_l.dtype).eps
@@ -197,25 +251,48 @@ def rounding_margin(acc: Accumulator, b: int, gamma: float, remove_only: bool = 
   return 2 * (b + k + 2) * eps * (acc.sum_abs + k * gamma) / b
 
 
-def finalize(acc: Accumulator, b: int, gamma: float, fp_margin: bool = False,
-             remove_only: bool = False) -> tuple[Array, Array, Array]:
-  """Returns ``(dtheta_nominal, dtheta_L, dtheta_U)`` of Thm 4.6 from a full batch of size b.
+def _selected_sums(acc: Accumulator, normalise: str) -> tuple[Array, Array]:
+  """The sums over the kept nominal points that minimise / maximise the batch (numerators).
 
-  ``remove_only`` gives the unlearning rule (AGT's public code):
-  ``SEMin_{b-k}(delta_L) / (b - k)`` and
-  ``SEMax_{b-k}(delta_U) / (b - k)``, the means over the points left after up to k removals.
+  "actual": ``SEMin_{b-k}(delta_L) = sum - topk_k`` and ``SEMax_{b-k}(delta_U) = sum -
+  bottomk_k``. "nominal": only the extreme values that lower (raise) the sum are dropped,
+  ``sum - sum topk_k max(delta_L, 0)`` and ``sum - sum bottomk_k min(delta_U, 0)``.
+  """
+  top_l, bot_u = acc.top_l, acc.bot_u
+  if normalise == "nominal":
+    top_l, bot_u = jnp.maximum(top_l, 0), jnp.minimum(bot_u, 0)
+  return acc.sum_l - jnp.sum(top_l, -1), acc.sum_u - jnp.sum(bot_u, -1)
+
+
+def finalize(acc: Accumulator, b: int, gamma: float, fp_margin: bool = False,
+             remove_only: bool = False, normalise: Normalise = "actual"
+             ) -> tuple[Array, Array, Array]:
+  """Returns ``(dtheta_nominal, dtheta_L, dtheta_U)`` from a full batch of size b.
+
+  The bound on the mean of every batch with up to k removals and (unless ``remove_only``) up
+  to k additions, for the ``normalise`` convention (module docstring; AGT, Thm 4.6):
+
+  * "actual", add/remove: ``(SEMin_{b-k}(delta_L) - k gamma) / b``,
+    ``(SEMax_{b-k}(delta_U) + k gamma) / b``;
+  * "actual", ``remove_only`` (the public code's unlearning rule):
+    ``SEMin_{b-k}(delta_L) / (b - k)``, ``SEMax_{b-k}(delta_U) / (b - k)``;
+  * "nominal" (fixed 1/b): `_selected_sums` minus / plus ``k gamma`` (0 when ``remove_only``),
+    over b.
+
   With ``fp_margin`` the bounds are widened by `rounding_margin`.
   """
   k = acc.top_l.shape[-1]
+  if normalise not in NORMALISATIONS:
+    raise ValueError(f"finalize: normalise must be one of {NORMALISATIONS}, got {normalise!r}.")
   if k == 0:
     lo, hi = acc.sum_l / b, acc.sum_u / b
   else:
-    semin_l = acc.sum_l - jnp.sum(acc.top_l, -1)   # SEMin_{b-k} = sum - topk_k
-    semax_u = acc.sum_u - jnp.sum(acc.bot_u, -1)   # SEMax_{b-k} = sum - bottomk_k
+    sum_l, sum_u = _selected_sums(acc, normalise)
     if remove_only:
-      lo, hi = semin_l / (b - k), semax_u / (b - k)
+      n = b - k if normalise == "actual" else b
+      lo, hi = sum_l / n, sum_u / n
     else:
-      lo, hi = (semin_l - k * gamma) / b, (semax_u + k * gamma) / b
+      lo, hi = (sum_l - k * gamma) / b, (sum_u + k * gamma) / b
   if fp_margin:
     m = rounding_margin(acc, b, gamma, remove_only)
     lo, hi = lo - m, hi + m
@@ -223,21 +300,42 @@ def finalize(acc: Accumulator, b: int, gamma: float, fp_margin: bool = False,
 
 
 def descent_bounds(delta_l: Array, delta_u: Array, k: int, gamma: float,
-                   fragsize: int | None = None) -> tuple[Array, Array]:
-  """Thm 4.6 in streaming form (leading axis = batch); equals `descent_bounds_dense`.
+                   fragsize: int | None = None, normalise: Normalise = "actual",
+                   neighbourhood: Neighbourhood = "add_remove", fp_margin: bool = False
+                   ) -> tuple[Array, Array]:
+  """Bounds on the batch mean under up to k removals and k additions (AGT, Thm 4.6), in
+  streaming form (leading axis = batch); equals `descent_bounds_dense`.
 
   Args:
-    delta_l, delta_u: per-sample clipped gradient bounds, shape (b, ...).
+    delta_l, delta_u: per-sample gradient bounds, shape (b, ...); clipped to [-gamma, gamma]
+      here (Clip is monotone, so clipped bounds bound the clipped gradient).
     k: removals and additions per batch, 0 <= k < b.
-    gamma: clipping level (finite when k > 0).
+    gamma: clipping level (> 0; finite when k > 0 with "add_remove").
     fragsize: samples per fragment (default: the whole batch).
+    normalise: which mean is bounded: "actual" (``/ |B~|``, SGD on the changed batch, the
+      convention of the privacy argument) or "nominal" (``/ b`` fixed; a wider bound that
+      covers both). See the module docstring.
+    neighbourhood: "add_remove" (up to k removals and k additions) or "remove" (removals
+      only).
+    fp_margin: widen by `rounding_margin` (floating-point soundness).
   """
   b = delta_l.shape[0]
-  _check_k(k, b)
+  _check(k, b, normalise, neighbourhood)
+  _check_gamma(k, gamma, neighbourhood)
+  delta_l, delta_u = clip(delta_l, gamma), clip(delta_u, gamma)
   f = b if fragsize is None else min(fragsize, b)
   acc = init_accumulator(delta_l[0], k)
   for s in range(0, b, f):
     sl = slice(s, s + f)
     acc = accumulate(acc, delta_l[sl], delta_l[sl], delta_u[sl], None)
-  _, lo, hi = finalize(acc, b, gamma)
+  gam = gamma if neighbourhood == "add_remove" and k else 0.0
+  _, lo, hi = finalize(acc, b, gam, fp_margin, neighbourhood == "remove", normalise)
   return lo, hi
+
+
+def _check_gamma(k: int, gamma: float, neighbourhood: str) -> None:
+  if not gamma > 0:
+    raise ValueError(f"descent bounds: gamma must be > 0 (math.inf: no clipping), got {gamma!r}.")
+  if k and neighbourhood == "add_remove" and not math.isfinite(gamma):
+    raise ValueError("descent bounds: gamma must be finite when k > 0 with additions (each "
+                     "added point moves the mean by up to gamma per coordinate, Thm 4.6).")
