@@ -14,7 +14,7 @@ import pytest
 
 import boundjax as bj
 from boundjax.io import (CONVERTERS, OnnxImportError, UnsupportedOperatorError, crown_spec,
-                         load_onnx, margins_lower, read_vnnlib)
+                         load_onnx, read_vnnlib, unsafe_rows_lower)
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -552,13 +552,13 @@ def test_crown_on_acasxu_property_1_encloses_samples():
   ys = jax.jit(jax.vmap(loaded.apply_fn, in_axes=(None, 0)))(loaded.params, xs)
   assert enclosed(bj.ibp(loaded.apply_fn)(loaded.params, box), ys)
   (dj,) = region.disjuncts
-  # spec: CROWN of -C y (intermediate bounds by IBP keep the compile time of this test low)
+  # spec: CROWN of C y (intermediate bounds by IBP keep the compile time of this test low)
   spec_out = bj.crown(loaded.apply_fn, batch_axis=None, spec=crown_spec(dj),
                       intermediate="ibp")(loaded.params, box)
   assert spec_out.lower.shape == (1,)
-  margins = margins_lower(dj, spec_out.lower)
-  true_margins = dj.d - np.asarray(ys, np.float64).reshape(len(xs), -1) @ dj.C.T
-  assert np.all(true_margins >= margins - 1e-4)
+  rows = unsafe_rows_lower(dj, spec_out.lower)
+  true_rows = np.asarray(ys, np.float64).reshape(len(xs), -1) @ dj.C.T - dj.d
+  assert np.all(true_rows >= rows - 1e-4)
 
 
 # ----------------------------------------------------------------------------------------------

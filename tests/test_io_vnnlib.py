@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from boundjax.io import (Disjunct, VnnlibError, crown_spec, margins_lower, parse_vnnlib,
+from boundjax.io import (Disjunct, VnnlibError, crown_spec, unsafe_rows_lower, parse_vnnlib,
                          read_vnnlib)
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "vnncomp2021"
@@ -228,14 +228,18 @@ def test_and_or_not_agree_with_direct_evaluation():
       assert fn(y) == any(dj.holds(y) for dj in disjuncts), text
 
 
-def test_crown_spec_and_margins():
+def test_crown_spec_and_unsafe_rows():
   dj = Disjunct(np.array([[1.0, -1.0, 0.0], [0.0, 2.0, 1.0]]), np.array([0.5, -1.0]))
   spec = crown_spec(dj)
-  assert spec.dtype == np.float32 and spec.tolist() == [[-1, 1, 0], [0, -2, -1]]
-  y = np.array([0.3, 0.1, -2.0])
-  margins = margins_lower(dj, spec @ y)  # exact bounds at one point: the margins d - C y
-  np.testing.assert_allclose(margins, dj.d - dj.C @ y)
-  assert dj.holds(y) == bool(np.all(margins >= 0))
+  assert spec.dtype == np.float32 and spec.tolist() == [[1, -1, 0], [0, 2, 1]]
+  rng = np.random.default_rng(0)
+  for y in rng.normal(scale=2.0, size=(200, 3)):
+    rows = unsafe_rows_lower(dj, spec @ y)  # exact bounds at one point: C y - d, rounded down
+    np.testing.assert_allclose(rows, dj.C @ y - dj.d)
+    # a positive row (violated) means the point is safe: the recipe can never prove an unsafe point
+    assert dj.holds(y) == (not bool(np.any(rows > 0)))
+  with pytest.raises(ValueError, match="float32"):
+    crown_spec(Disjunct(np.array([[0.1, 1.0]]), np.array([0.0])))
   C, d = dj
   assert C is dj.C and d is dj.d
 

@@ -14,8 +14,9 @@ disjunctive normal form and groups it by input box:
 
 The property is ``sat`` iff for some region, some ``x`` in its box and some disjunct,
 ``C @ f(x) - d <= 0`` holds row by row. To prove a disjunct unreachable on a box it suffices that
-one row ``i`` has ``min_x (d_i - C_i f(x)) > 0``; `crown_spec` gives the matrix for
-``bj.crown(fn, spec=...)`` and `margins_lower` turns its lower bound into those margins.
+one row ``i`` is violated everywhere: ``min_x (C_i f(x) - d_i) > 0``; `crown_spec` gives the
+matrix for ``bj.crown(fn, spec=...)`` and `unsafe_rows_lower` turns its lower bound into lower
+bounds of ``C f(x) - d``.
 
 Supported syntax: ``(declare-const X_i Real)`` / ``(declare-const Y_j Real)``;
 ``(assert F)`` where F is built from ``and``, ``or``, ``not`` and the comparisons ``<= >= < > =``
@@ -43,7 +44,7 @@ import numpy as np
 from boundjax.interval import Interval
 
 __all__ = ["VnnlibError", "VnnlibProperty", "Region", "Disjunct", "read_vnnlib", "parse_vnnlib",
-           "crown_spec", "margins_lower", "outward"]
+           "crown_spec", "unsafe_rows_lower", "outward"]
 
 
 class VnnlibError(ValueError):
@@ -116,18 +117,30 @@ class VnnlibProperty:
 
 
 def crown_spec(disjunct: Disjunct) -> np.ndarray:
-  """The specification matrix for ``bj.crown(fn, spec=...)`` of one disjunct: ``-C`` (float32).
+  """The specification matrix for ``bj.crown(fn, spec=...)`` of one disjunct: ``C`` (float32).
 
-  CROWN bounds ``spec @ y``; with ``spec = -C`` the lower bound ``L`` of ``-C y`` gives
-  ``min (d - C y) >= d + L`` (`margins_lower`). A row with ``d_i + L_i > 0`` proves the
-  disjunct unreachable on the box."""
-  return np.asarray(-disjunct.C, dtype=np.float32)
+  CROWN bounds ``spec @ y``; its lower bound ``L`` gives ``min (C y - d) >= L - d``
+  (`unsafe_rows_lower`). The disjunct (every row ``C_i y <= d_i``) is unreachable on the box
+  when some row has ``L_i - d_i > 0``: that row is violated everywhere. Raises ``ValueError``
+  if ``C`` is not exactly representable in float32 (the bound would be of another matrix).
+  """
+  spec = np.asarray(disjunct.C, dtype=np.float32)
+  if not np.array_equal(spec.astype(np.float64), np.asarray(disjunct.C, np.float64)):
+    raise ValueError("crown_spec: the property's coefficients are not exact in float32; bound "
+                     "C @ y in float64 (e.g. the complete verifier, milp.complete) instead.")
+  return spec
 
 
-def margins_lower(disjunct: Disjunct, spec_lower: Any) -> np.ndarray:
-  """Lower bounds of ``d - C y`` from the lower bound of ``crown_spec(disjunct) @ y``: the
-  disjunct is unreachable if any entry (along the last axis) is > 0."""
-  return np.asarray(spec_lower, dtype=np.float64) + disjunct.d
+def unsafe_rows_lower(disjunct: Disjunct, spec_lower: Any) -> np.ndarray:
+  """Lower bounds of ``C y - d`` from the lower bound of ``crown_spec(disjunct) @ y``.
+
+  The unsafe condition needs every row ``<= 0``, so the disjunct is unreachable on the box if any
+  entry (along the last axis) is ``> 0``. (Rounding: ``d`` is float64 and the subtraction is
+  done in float64; with ``bj.crown(..., sound=True)`` the result is a sound lower bound up to
+  that one float64 subtraction, which is rounded downward here.)
+  """
+  lower = np.asarray(spec_lower, dtype=np.float64) - np.asarray(disjunct.d, np.float64)
+  return np.nextafter(lower, -np.inf)
 
 
 # ----------------------------------------------------------------------------------------------
