@@ -1,0 +1,386 @@
+"""The exact local Lipschitz constant of a ReLU network over an L∞ box, as a MILP (LipMIP).
+
+The PTR test (PTR, App. B, Algorithm 1, and App. C) needs ``L(f, N(z, r))`` in the ∞→1 norm:
+
+    L = max_{z' in box, c in [-1, 1]^m} ||J(z')^T c||_1
+
+(Jordan & Dimakis 2020, "LipMIP"; the maximum over ``c`` of a convex function is at a vertex, a
+sign vector, so the continuous box for ``c`` is exact). The formulation, for
+``ẑ_i = W_i a_{i-1} + b_i``, ``a_i = relu(ẑ_i)``, ``a_0 = z``, ``f = W_L a_{L-1} + b_L``:
+
+* forward: every unstable ReLU (pre-activation bounds ``l < 0 < u`` from CROWN) gets a binary
+  ``δ`` and ``a >= ẑ, a <= ẑ - l (1 - δ), a <= u δ`` (`milp.encode.Encoding.add_network`);
+* backward, with the same ``δ``: ``g_L = c``; ``q_i = W_{i+1}^T g_{i+1}``; ``g_i = δ_i ⊙ q_i``,
+  linearised per unstable unit with interval bounds ``[lq, uq]`` of ``q_i``:
+  ``g <= q - lq (1 - δ), g >= q - uq (1 - δ), g >= lq δ, g <= uq δ`` (stable units: ``g = q`` or
+  ``0``); ``γ = W_1^T g_1 = J(z')^T c``;
+* ``|γ_j|``: ``γ_j = γ⁺_j - γ⁻_j``, ``0 <= γ⁺_j <= Uγ_j s_j``, ``0 <= γ⁻_j <= -Lγ_j (1 - s_j)``,
+  ``s_j`` binary; maximise ``sum_j γ⁺_j + γ⁻_j``.
+
+The solver's proven dual bound is the sound ``upper`` (as LipMIP's ``ObjBound``); the incumbent's
+point ``z*`` gives ``lower`` as the Jacobian norm recomputed there. A time limit gives a sound but
+non-exact answer (and an inclusion-monotone oracle only when solved to optimality).
+
+The PTR authors' code calls LipMIP with ``c`` in the ℓ1 unit ball, which maximises the ∞→∞ norm
+``max_i ||J_{i,:}||_1`` — up to ``m`` times below the ∞→1 constant the ℓ1 Laplace release needs;
+here ``c in [-1, 1]^m`` is the default and the ℓ1 ball is ``out_norm="linf_as_code"`` (paper
+reproduction only).
+
+`local_lipschitz` also offers ``method="auto"`` (pattern enumeration for one hidden layer, else
+the MILP) and the `boundjax.lipschitz` oracles; `milp_oracle` returns ``(x, radius) -> upper`` for
+`boundjax.privacy.ptr`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable
+
+import numpy as np
+import scipy.sparse as sp
+
+from boundjax import lipschitz as bj_lip
+from boundjax.lipschitz import LipschitzBound
+from milp import bounds as bounds_lib
+from milp.encode import Encoding
+from milp.network import Network, from_function
+from milp.solve import SolveConfig, solve
+
+_DEFAULT_CFG = SolveConfig(solver="highs", time_limit=60.0, threads=1, relative_gap=1e-9,
+                           absolute_gap=1e-9)
+
+
+def _dense(m: Any) -> np.ndarray:
+  return m.toarray() if sp.issparse(m) else np.asarray(m, np.float64)
+
+
+def _check_point_network(net: Network) -> list[tuple[np.ndarray, np.ndarray]]:
+  if not net.is_point:
+    raise ValueError("lipschitz_milp: the network has interval parameters; take a member first.")
+  return [(_dense(l.w_lower), np.asarray(l.b_lower, np.float64)) for l in net.layers]
+
+
+def _widen(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Outward by ``1e-9`` relative plus ``1e-12``: covers float64 rounding of the bounds."""
+  pad = 1e-9 * np.maximum(np.abs(lo), np.abs(hi)) + 1e-12
+  return lo - pad, hi + pad
+
+
+@dataclasses.dataclass
+class _Backward:
+  """Variable ids of the backward pass and the bounds of ``γ``."""
+
+  c: np.ndarray
+  gamma: np.ndarray
+  gamma_lo: np.ndarray
+  gamma_hi: np.ndarray
+
+
+def _add_backward(enc: Encoding, weights: list[np.ndarray], pre_bounds: list, deltas: list,
+                  out_norm: str) -> _Backward:
+  """``c``, the gated backward pass ``g_i = δ_i ⊙ W_{i+1}^T g_{i+1}`` and ``γ = W_1^T g_1``."""
+  m = weights[-1].shape[0]
+  c = enc.add_variables(np.r_[0.0, -np.ones(m - 1)], np.ones(m))  # c_0 >= 0: the ±c symmetry
+  if out_norm == "linf_as_code":  # ||c||_1 <= 1 (the authors' l1Ball1): |c| <= a, sum a <= 1
+    a = enc.add_variables(np.zeros(m), np.ones(m))
+    r = np.arange(m)
+    enc.add_rows(np.r_[r, r], np.r_[c, a], np.r_[np.ones(m), -np.ones(m)], np.full(m, -np.inf),
+                 np.zeros(m))
+    enc.add_rows(np.r_[r, r], np.r_[c, a], np.r_[np.ones(m), np.ones(m)], np.zeros(m),
+                 np.full(m, np.inf))
+    enc.add_rows(np.zeros(m), a, np.ones(m), [-np.inf], [1.0])
+  g_ids, g_lo, g_hi = c, -np.ones(m), np.ones(m)
+  for i in range(len(weights) - 2, -1, -1):       # hidden layer i: output of weights[i]
+    W = weights[i + 1]                              # (out, k_i)
+    mid, rad = W.T @ ((g_lo + g_hi) / 2), np.abs(W).T @ ((g_hi - g_lo) / 2)
+    lq, uq = _widen(mid - rad, mid + rad)
+    q = _linear_image(enc, W.T, g_ids, lq, uq)
+    L, U = pre_bounds[i]
+    act, dead = L >= 0, U <= 0
+    unst = ~act & ~dead
+    k = W.shape[1]
+    g_ids = np.where(act, q, -1)
+    new_lo, new_hi = np.where(act, lq, 0.0), np.where(act, uq, 0.0)
+    if unst.any():
+      lo_u, hi_u = np.minimum(lq[unst], 0.0), np.maximum(uq[unst], 0.0)
+      g = enc.add_variables(lo_u, hi_u)
+      _gate(enc, g, q[unst], deltas[i][unst], lq[unst], uq[unst])
+      g_ids[unst] = g
+      new_lo[unst], new_hi[unst] = lo_u, hi_u
+    g_lo, g_hi = new_lo, new_hi
+    assert g_ids.shape == (k,)
+  W = weights[0]
+  mid, rad = W.T @ ((g_lo + g_hi) / 2), np.abs(W).T @ ((g_hi - g_lo) / 2)
+  glo, ghi = _widen(mid - rad, mid + rad)
+  gamma = _linear_image(enc, W.T, g_ids, glo, ghi)
+  return _Backward(c, gamma, glo, ghi)
+
+
+def _linear_image(enc: Encoding, A: np.ndarray, ids: np.ndarray, lo: np.ndarray,
+                  hi: np.ndarray) -> np.ndarray:
+  """New variables ``y = A x[ids]`` in ``[lo, hi]`` (entries with id ``-1`` are the constant 0)."""
+  y = enc.add_variables(lo, hi)
+  live = ids >= 0
+  n = A.shape[0]
+  block = sp.hstack([sp.identity(n, format="csr"), -sp.csr_array(A[:, live])], format="coo")
+  cols = np.concatenate([y, ids[live]])
+  enc.add_rows(block.row, cols[block.col], block.data, np.zeros(n), np.zeros(n))
+  return y
+
+
+def _gate(enc: Encoding, g, q, d, lq, uq) -> None:
+  """``g = δ q`` for binary ``δ`` and ``q in [lq, uq]`` (exact linearisation)."""
+  n = len(g)
+  r = np.arange(n)
+  one, inf = np.ones(n), np.full(n, np.inf)
+  # g - q - lq δ <= -lq ;  g - q - uq δ >= -uq
+  enc.add_rows(np.r_[r, r, r], np.r_[g, q, d], np.r_[one, -one, -lq], -inf, -lq)
+  enc.add_rows(np.r_[r, r, r], np.r_[g, q, d], np.r_[one, -one, -uq], -uq, inf)
+  # g - lq δ >= 0 ;  g - uq δ <= 0
+  enc.add_rows(np.r_[r, r], np.r_[g, d], np.r_[one, -lq], np.zeros(n), inf)
+  enc.add_rows(np.r_[r, r], np.r_[g, d], np.r_[one, -uq], -inf, np.zeros(n))
+
+
+def _abs_objective(enc: Encoding, gamma, lo, hi) -> tuple[np.ndarray, np.ndarray]:
+  """``(ids, coeffs)`` of ``sum_j |γ_j|`` (a binary split where the sign of ``γ_j`` is open)."""
+  ids, coeffs = [], []
+  pos, neg = lo >= 0, hi <= 0
+  ids += [gamma[pos], gamma[neg]]
+  coeffs += [np.ones(pos.sum()), -np.ones(neg.sum())]
+  split = ~pos & ~neg
+  n = int(split.sum())
+  if n:
+    gp = enc.add_variables(np.zeros(n), hi[split])
+    gn = enc.add_variables(np.zeros(n), -lo[split])
+    s = enc.add_binaries(n)
+    r = np.arange(n)
+    one = np.ones(n)
+    enc.add_rows(np.r_[r, r, r], np.r_[gamma[split], gp, gn], np.r_[one, -one, one],
+                 np.zeros(n), np.zeros(n))                                 # γ = γ⁺ - γ⁻
+    enc.add_rows(np.r_[r, r], np.r_[gp, s], np.r_[one, -hi[split]], -np.full(n, np.inf),
+                 np.zeros(n))                                              # γ⁺ <= Uγ s
+    enc.add_rows(np.r_[r, r], np.r_[gn, s], np.r_[one, -lo[split]], -np.full(n, np.inf),
+                 -lo[split])                                               # γ⁻ <= -Lγ (1 - s)
+    ids += [gp, gn]
+    coeffs += [one, one]
+  return np.concatenate(ids), np.concatenate(coeffs)
+
+
+def _deltas(nv, pre_bounds) -> list[np.ndarray]:
+  """Per hidden layer, the id of each unit's binary (``-1`` for stable units), in the order
+  `Encoding.add_network` created them (layer by layer, unstable units in index order)."""
+  out, start = [], 0
+  for L, U in pre_bounds[:-1]:
+    unst = (L < 0) & (U > 0)
+    d = np.full(L.shape, -1, np.int64)
+    d[unst] = nv.binaries[start:start + int(unst.sum())]
+    start += int(unst.sum())
+    out.append(d)
+  return out
+
+
+def jacobian_norm_at(weights: list[tuple[np.ndarray, np.ndarray]], z: np.ndarray,
+                     out_norm: str = "l1") -> tuple[float, float]:
+  """``(||J(z)||, smallest |pre-activation|)`` of the network at ``z`` (float64; a smallest
+  value near 0 means ``z`` sits on a kink, where this Jacobian need not be a Clarke one)."""
+  h, gate, tie = np.asarray(z, np.float64), [], math.inf
+  for W, b in weights[:-1]:
+    pre = W @ h + b
+    tie = min(tie, float(np.min(np.abs(pre)))) if pre.size else tie
+    gate.append(pre > 0)
+    h = np.maximum(pre, 0.0)
+  J = weights[-1][0]
+  for (W, _), d in zip(reversed(weights[:-1]), reversed(gate)):
+    J = (J * d[None, :]) @ W
+  return float(bj_lip.operator_norm(J, out_norm)), tie
+
+
+def _pattern_point(weights, gates: list[np.ndarray], lo, hi) -> tuple[float, np.ndarray]:
+  """``max t`` s.t. every hidden pre-activation has the sign of ``gates`` with margin ``t``
+  (normalised), over the box; with the pattern fixed each pre-activation is affine in ``z``."""
+  from scipy.optimize import linprog
+
+  A, a = np.eye(lo.size), np.zeros(lo.size)
+  rows, rhs = [], []
+  for (W, b), d in zip(weights[:-1], gates):
+    A, a = W @ A, W @ a + b                       # pre-activation = A z + a
+    s = np.where(d, 1.0, -1.0)
+    nrm = np.maximum(np.linalg.norm(A, axis=1), 1e-300)
+    rows.append(np.concatenate([-(s / nrm)[:, None] * A, np.ones((len(A), 1))], axis=1))
+    rhs.append(s * a / nrm)
+    A, a = A * d[:, None], a * d
+  cost = np.zeros(lo.size + 1)
+  cost[-1] = -1.0
+  span = float(np.max(hi - lo)) + 1.0
+  res = linprog(cost, A_ub=np.concatenate(rows), b_ub=np.concatenate(rhs),
+                bounds=list(zip(lo, hi)) + [(-10 * span, span)], method="highs")
+  if res.status != 0:
+    return -math.inf, lo
+  return float(res.x[-1]), np.asarray(res.x[:-1])
+
+
+def _attained_lower(weights, z_star, gates, lo, hi, out_norm) -> tuple[float, np.ndarray]:
+  """A value the constant attains: the Jacobian norm at ``z*`` if it is off every kink; else at
+  a point strictly inside the incumbent's activation pattern (an LP), if that region is open."""
+  z_star = np.clip(z_star, lo, hi)
+  v, tie = jacobian_norm_at(weights, z_star, out_norm)
+  best, point = (v, z_star) if tie > 1e-9 else (-math.inf, None)
+  if weights[:-1]:
+    t, z = _pattern_point(weights, gates, lo, hi)
+    if t > 1e-9:
+      v2, tie2 = jacobian_norm_at(weights, z, out_norm)
+      if tie2 > 0 and v2 > best:
+        best, point = v2, z
+  return best, point
+
+
+def _incumbent_gates(enc: Encoding, out, pre, deltas) -> list[np.ndarray]:
+  """The incumbent's activation pattern: the binaries, and the stable units' known phase."""
+  gates = []
+  for (L, _), d in zip(pre[:-1], deltas):
+    g = L >= 0
+    live = d >= 0
+    if live.any():
+      g[live] = enc.values(out.result, d[live]) > 0.5
+    gates.append(g)
+  return gates
+
+
+def lipschitz_milp(net: Network, center: Any, radius: float, *, out_norm: str = "l1",
+                   config: SolveConfig = _DEFAULT_CFG, bounds: str = "crown") -> LipschitzBound:
+  """The LipMIP bound of ``net`` over ``N(center, radius)`` (module docstring).
+
+  Returns a `LipschitzBound` with ``upper`` the proven dual bound (padded by ``1e-6`` relative for
+  the solver's tolerances), ``lower`` the Jacobian norm at the incumbent's point, ``exact`` when
+  the solve is optimal and the two agree (``1e-5`` relative).
+  """
+  t0 = time.perf_counter()
+  bj_lip._check_out_norm(out_norm)
+  bj_lip._check_radius(radius)
+  weights = _check_point_network(net)
+  z = np.asarray(center, np.float64).reshape(-1)
+  if z.size != net.input_size:
+    raise ValueError(f"lipschitz_milp: centre has {z.size} entries, network takes "
+                     f"{net.input_size}.")
+  lo, hi = z - radius, z + radius
+  pre = bounds_lib.compute(net, lo, hi, bounds)
+  enc = Encoding("lipschitz")
+  x = enc.add_variables(lo, hi)
+  nv = enc.add_network(net, x, lo, hi, bounds=pre)
+  deltas = _deltas(nv, pre)
+  back = _add_backward(enc, [W for W, _ in weights], pre, deltas, out_norm)
+  ids, coeffs = _abs_objective(enc, back.gamma, back.gamma_lo, back.gamma_hi)
+  enc.set_objective(ids, coeffs, maximize=True)
+  out = solve(enc, config)
+  upper = out.dual_bound
+  if not math.isfinite(upper):   # no bound proven (e.g. a time limit before the root): IBP's
+    upper = _interval_bound(weights, pre, out_norm)
+  upper = upper + 1e-6 * max(1.0, abs(upper))
+  lower, point = -math.inf, None
+  if out.has_solution:
+    lower, point = _attained_lower(weights, enc.values(out.result, x),
+                                   _incumbent_gates(enc, out, pre, deltas), lo, hi, out_norm)
+  if point is None:
+    lower, point = jacobian_norm_at(weights, z, out_norm)[0], z
+  exact = out.reason == "OPTIMAL" and lower >= out.dual_bound - 1e-5 * max(1.0, abs(upper))
+  return LipschitzBound(upper=float(upper), lower=float(lower), method="milp", exact=bool(exact),
+                        argmax=point, out_norm=out_norm, seconds=time.perf_counter() - t0)
+
+
+def _interval_bound(weights, pre, out_norm) -> float:
+  """The interval (FastLip) bound from the MILP's own pre-activation bounds, in numpy."""
+  m = weights[-1][0].shape[0]
+  cs = np.asarray(bj_lip.output_directions(m, out_norm))
+  best = 0.0
+  for c in cs:
+    glo, ghi = c.copy(), c.copy()
+    for i in range(len(weights) - 2, -1, -1):
+      W = weights[i + 1][0]
+      mid, rad = W.T @ ((glo + ghi) / 2), np.abs(W).T @ ((ghi - glo) / 2)
+      ql, qh = mid - rad, mid + rad
+      L, U = pre[i]
+      dl, du = (L > 0).astype(float), (U > 0).astype(float)
+      glo = np.minimum(dl * ql, du * ql)
+      ghi = np.maximum(dl * qh, du * qh)
+    W = weights[0][0]
+    mid, rad = W.T @ ((glo + ghi) / 2), np.abs(W).T @ ((ghi - glo) / 2)
+    best = max(best, float(np.sum(np.maximum(np.abs(mid - rad), np.abs(mid + rad)))))
+  return best * (1 + 1e-9)
+
+
+# ------------------------------------------------------------------------------------------------
+# Function-level entry points
+# ------------------------------------------------------------------------------------------------
+
+def network_of(apply_fn: Callable, params: Any, center: Any) -> Network:
+  """The ReLU chain of ``z -> apply_fn(params, z)`` (`milp.network.from_function`).
+
+  Raises:
+    ValueError: the function is not a chain of affine maps and ReLUs (e.g. ``tanh``), naming
+      the primitive.
+  """
+  shape = np.shape(center)
+  try:
+    return from_function(apply_fn, params, shape)
+  except ValueError as e:
+    raise ValueError(f"the MILP Lipschitz oracle needs a ReLU network: {e}") from None
+
+
+def _config(solver: str, time_limit: float | None, threads: int) -> SolveConfig:
+  return dataclasses.replace(_DEFAULT_CFG, solver=solver, time_limit=time_limit, threads=threads)
+
+
+def local_lipschitz(apply_fn: Callable, params: Any, center: Any, radius: float, *,
+                    method: str = "milp", out_norm: str = "l1", solver: str = "highs",
+                    time_limit: float | None = 60.0, threads: int = 1,
+                    network: Network | None = None, **kwargs: Any) -> LipschitzBound:
+  """`boundjax.lipschitz.local_lipschitz` plus the MILP: ``method="milp"`` (LipMIP, exact when
+  solved) or ``"auto"`` (exact pattern enumeration for a one-hidden-layer Dense network when its
+  unstable units are few, else the MILP; a non-exact MILP answer is intersected with the IBP
+  bound). Other methods are passed to `boundjax.lipschitz.local_lipschitz` with ``kwargs``.
+
+  ``network``: the `Network` of ``apply_fn`` if already extracted (skips `network_of`).
+  """
+  if method not in ("milp", "auto"):
+    return bj_lip.local_lipschitz(apply_fn, params, center, radius, method=method,
+                                  out_norm=out_norm, **kwargs)
+  bj_lip._check_radius(radius)
+  if method == "auto":
+    try:
+      res = bj_lip.local_lipschitz(apply_fn, params, center, radius, method="enumerate",
+                                   out_norm=out_norm, **kwargs)
+      if res.exact:
+        return dataclasses.replace(res, method="auto:enumerate")
+    except ValueError:
+      pass
+  net = network if network is not None else network_of(apply_fn, params, center)
+  res = lipschitz_milp(net, center, radius, out_norm=out_norm,
+                       config=_config(solver, time_limit, threads))
+  if method == "auto":
+    if not res.exact:
+      ibp_res = bj_lip.local_lipschitz(apply_fn, params, center, radius, method="ibp",
+                                       out_norm=out_norm, **kwargs)
+      res = dataclasses.replace(res, upper=min(res.upper, ibp_res.upper),
+                                lower=max(res.lower, ibp_res.lower))
+    res = dataclasses.replace(res, method="auto:milp")
+  return res
+
+
+def milp_oracle(apply_fn: Callable, params: Any, example: Any, *, out_norm: str = "l1",
+                solver: str = "highs", time_limit: float | None = None,
+                threads: int = 1) -> Callable[[Any, float], float]:
+  """``(x, radius) -> upper`` for `boundjax.privacy.ptr` (the network extracted once).
+
+  ``time_limit=None`` (default) solves to optimality, which keeps the oracle exact and hence
+  inclusion-monotone, as the privacy argument of the PTR test needs (a stopped solve is sound
+  but its bound need not be monotone).
+  """
+  net = network_of(apply_fn, params, example)
+  cfg = _config(solver, time_limit, threads)
+
+  def oracle(x: Any, radius: float) -> float:
+    return lipschitz_milp(net, x, float(radius), out_norm=out_norm, config=cfg).upper
+
+  return oracle
