@@ -30,7 +30,7 @@ def _bucket(n: int, cap: int) -> int:
 
 def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct, replay: Any,
                 deadline: Deadline, *, sound: bool = True, batch: int = 1024,
-                intermediate: str = "crown", max_boxes: int = 2_000_000,
+                intermediate: str = "crown", alpha_steps: int = 0, max_boxes: int = 2_000_000,
                 progress: Any = None) -> tuple[str, Any, int]:
   """Input-splitting BaB for one region and one disjunct.
 
@@ -59,8 +59,12 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct, replay:
     lo_p = np.concatenate([lo, np.repeat(lo[-1:], pad, 0)])
     hi_p = np.concatenate([hi, np.repeat(hi[-1:], pad, 0)])
     splits = tuple(jnp.zeros((size, n), jnp.int8) for n in hidden)
-    bound, lam0, _, _, _ = layered.crown_batch(lay, C, d, jnp.asarray(lo_p), jnp.asarray(hi_p),
-                                               splits, sound, intermediate)
+    if alpha_steps and intermediate == "crown":
+      bound, lam0, _, _, _ = layered.crown_alpha_batch(
+          lay, C, d, jnp.asarray(lo_p), jnp.asarray(hi_p), splits, sound, alpha_steps)
+    else:
+      bound, lam0, _, _, _ = layered.crown_batch(lay, C, d, jnp.asarray(lo_p), jnp.asarray(hi_p),
+                                                 splits, sound, intermediate)
     bound = np.asarray(bound)[:take]
     lam0 = np.asarray(lam0)[:take]
     nodes += take

@@ -325,3 +325,15 @@ def optimise(lay: Layers, C, d, lo, hi, lbs, ubs, splits, alphas, betas, steps: 
   b, lam0, lams = bound(params)
   best = jnp.maximum(best, b)
   return best, params[0], params[1], lam0, lams
+
+
+@functools.partial(jax.jit, static_argnames=("sound", "steps"))
+def crown_alpha_batch(lay: Layers, C, d, lo, hi, splits, sound: bool, steps: int, lr=0.1):
+  """`crown_batch` (CROWN intermediate bounds) followed by ``steps`` α-CROWN steps on the output
+  rows (β = 0); same returns. ``steps=0`` is `crown_batch`."""
+  lbs, ubs, inf = jax.vmap(lambda l, h, s: intermediate_one(lay, l, h, s, sound))(lo, hi, splits)
+  al = default_alphas(lbs, ubs, C.shape[0])
+  be = tuple(jnp.zeros_like(a) for a in al)
+  best, _, _, lam0, _ = optimise(lay, C, d, lo, hi, lbs, ubs, splits, al, be, steps, lr, sound,
+                                 use_beta=False)
+  return jnp.where(inf[:, None], jnp.inf, best), lam0, inf, lbs, ubs

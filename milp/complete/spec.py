@@ -67,8 +67,8 @@ def _region(item: Any) -> Region:
   else:
     box, disjuncts = item
     lower, upper = box
-  lower = np.asarray(lower, dtype=np.float64).reshape(-1)
-  upper = np.asarray(upper, dtype=np.float64).reshape(-1)
+  lower = np.asarray(lower, dtype=np.float64).reshape(-1) + 0.0  # -0.0 -> +0.0
+  upper = np.asarray(upper, dtype=np.float64).reshape(-1) + 0.0
   if lower.shape != upper.shape:
     raise ValueError(f"region: lower {lower.shape} and upper {upper.shape} differ.")
   if not (np.all(np.isfinite(lower)) and np.all(np.isfinite(upper))):

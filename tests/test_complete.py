@@ -1,0 +1,261 @@
+"""milp.complete: the complete verifier against exhaustive ground truth, MILP and VNN-COMP verdicts.
+
+Small random ReLU networks (2-3 inputs) with random linear properties: a dense grid of the box
+is evaluated in float64; if a grid point violates the property the verifier must not say
+``unsat``, and every ``sat`` counterexample must replay. Also: layered bounds vs sampling (sound
+and not), a sigmoid network (generic path), the time limit, the result text, and the shared
+instances (a few in CI, the rest under ``slow``).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import milp.complete as mc
+from milp.complete import layered
+from milp.complete.spec import Disjunct, Region
+from milp.network import AffineLayer, Network
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "vnncomp2021"
+
+
+def _mlp(seed: int, sizes=(2, 12, 12, 3)):
+  rng = np.random.default_rng(seed)
+  ws = [rng.normal(size=(o, i)) / np.sqrt(i) for i, o in zip(sizes[:-1], sizes[1:])]
+  bs = [0.3 * rng.normal(size=o) for o in sizes[1:]]
+  params = {"w": [w.astype(np.float32) for w in ws], "b": [b.astype(np.float32) for b in bs]}
+
+  def apply_fn(p, x):
+    h = jnp.reshape(x, (-1,))
+    for k, (w, b) in enumerate(zip(p["w"], p["b"])):
+      h = w @ h + b
+      if k < len(p["w"]) - 1:
+        h = jax.nn.relu(h)
+    return h
+
+  net = Network(tuple(AffineLayer.point(np.asarray(w, np.float64), np.asarray(b, np.float64))
+                      for w, b in zip(params["w"], params["b"])), (sizes[0],))
+  return apply_fn, params, net
+
+
+def _grid(lo, hi, n):
+  axes = [np.linspace(a, b, n) for a, b in zip(lo, hi)]
+  return np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, len(lo))
+
+
+def _fwd(net, x):
+  from milp.network import forward_batch
+  return forward_batch(net, x)
+
+
+def _random_property(rng, n_in, n_out, y_grid_fn):
+  lo = rng.uniform(-1, 0, n_in)
+  hi = lo + rng.uniform(0.2, 1.5, n_in)
+  disjuncts = []
+  for _ in range(rng.integers(1, 3)):
+    k = rng.integers(1, 3)
+    C = rng.normal(size=(k, n_out))
+    y = y_grid_fn(lo, hi)
+    vals = y @ C.T
+    # thresholds around the grid's range: a mix of sat and unsat instances
+    d = np.quantile(vals, rng.uniform(-0.02, 0.08), axis=0) if rng.random() < 0.5 else \
+        vals.min(0) - rng.uniform(0.0, 0.3)
+    disjuncts.append((C, np.asarray(d).reshape(-1)))
+  return [((lo, hi), disjuncts)]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_networks_vs_grid(seed):
+  rng = np.random.default_rng(100 + seed)
+  n_in = 2 + seed % 2
+  apply_fn, params, net = _mlp(seed, (n_in, 10, 10, 3))
+  grid_n = 81 if n_in == 2 else 25
+  prop = _random_property(rng, n_in, 3, lambda lo, hi: _fwd(net, _grid(lo, hi, grid_n)))
+  (lo, hi), disjuncts = prop[0]
+  y = _fwd(net, _grid(lo, hi, grid_n))
+  grid_sat = any(np.any(np.all(y @ C.T - d <= 0, axis=1)) for C, d in disjuncts)
+  out = mc.verify(apply_fn, params, (n_in,), prop, timeout=60.0, key=seed)
+  assert out.status != "unknown", out
+  if grid_sat:
+    assert out.status == "sat"
+  if out.status == "sat":
+    x, yx = out.counterexample
+    assert np.all(x >= lo) and np.all(x <= hi)
+    np.testing.assert_allclose(yx, _fwd(net, x[None])[0], rtol=1e-12, atol=1e-12)
+    assert any(np.all(C @ yx - d <= 0) for C, d in disjuncts)
+
+
+def test_layered_bounds_are_sound_and_splits_tighten():
+  apply_fn, params, net = _mlp(3, (2, 16, 16, 4))
+  rng = np.random.default_rng(0)
+  C = rng.normal(size=(3, 4))
+  d = rng.normal(size=3)
+  lo, hi = np.array([-1.0, -0.5]), np.array([0.5, 1.0])
+  x = _grid(lo, hi, 201)
+  true_min = (_fwd(net, x) @ C.T - d).min(0)
+  with jax.enable_x64(True):
+    lay = layered.from_network(net)
+    zeros = tuple(jnp.zeros((1, n), jnp.int8) for n in lay.hidden)
+    for sound in (False, True):
+      for inter in ("crown", "forward"):
+        b, lam0, inf, lbs, ubs = layered.crown_batch(lay, jnp.asarray(C), jnp.asarray(d),
+                                                     jnp.asarray(lo[None]), jnp.asarray(hi[None]),
+                                                     zeros, sound, inter)
+        assert np.all(np.asarray(b)[0] <= true_min + 1e-12)
+      al = layered.default_alphas(lbs, ubs, 3)
+      be = tuple(jnp.zeros_like(a) for a in al)
+      best, *_ = layered.optimise(lay, jnp.asarray(C), jnp.asarray(d), jnp.asarray(lo[None]),
+                                  jnp.asarray(hi[None]), lbs, ubs, zeros, al, be, 20, 0.1, sound)
+      assert np.all(np.asarray(best)[0] >= np.asarray(b)[0] - 1e-9)
+      assert np.all(np.asarray(best)[0] <= true_min + 1e-12)
+    # split the first unstable neuron of layer 1 both ways: each child's bound is below the true
+    # minimum over its own half of the domain
+    l1, u1 = np.asarray(lbs[0])[0], np.asarray(ubs[0])[0]
+    j = int(np.nonzero((l1 < 0) & (u1 > 0))[0][0])
+    z1 = x @ np.asarray(net.layers[0].w_lower).T + net.layers[0].b_lower
+    for sign in (1, -1):
+      spl = [np.zeros((1, n), np.int8) for n in lay.hidden]
+      spl[0][0, j] = sign
+      spl = tuple(jnp.asarray(s) for s in spl)
+      lb_c = [jnp.where(s > 0, jnp.maximum(l, 0), l) for l, s in zip(lbs, spl)]
+      ub_c = [jnp.where(s < 0, jnp.minimum(u, 0), u) for u, s in zip(ubs, spl)]
+      best_c, *_ = layered.optimise(lay, jnp.asarray(C), jnp.asarray(d), jnp.asarray(lo[None]),
+                                    jnp.asarray(hi[None]), tuple(lb_c), tuple(ub_c), spl, al, be,
+                                    20, 0.1, True)
+      mask = sign * z1[:, j] >= 0
+      if mask.any():
+        half_min = (_fwd(net, x[mask]) @ C.T - d).min(0)
+        assert np.all(np.asarray(best_c)[0] <= half_min + 1e-9)
+
+
+def test_relu_split_vs_milp():
+  """High-dimensional path (ReLU splitting, forced by input_split_dims=0) agrees with MILP."""
+  from milp.property import check_property
+  apply_fn, params, net = _mlp(7, (3, 12, 12, 2))
+  rng = np.random.default_rng(7)
+  lo, hi = -np.ones(3) * 0.5, np.ones(3) * 0.5
+  for t in range(3):
+    C = rng.normal(size=(1, 2))
+    y = _fwd(net, _grid(lo, hi, 21)) @ C.T
+    d = np.array([y.min() + (0.05 if t == 0 else -0.05 * (t + 1))])
+    ref = check_property(net, lo, hi, C, d, time_limit=30.0)
+    out = mc.verify(apply_fn, params, (3,), [((lo, hi), [(C, d)])], timeout=60.0,
+                    input_split_dims=0, attack_restarts=4, attack_steps=2)
+    assert out.status == ref.status, (out, ref.status)
+
+
+def test_sigmoid_network_generic_path():
+  rng = np.random.default_rng(1)
+  w1, b1 = rng.normal(size=(8, 2)).astype(np.float32), rng.normal(size=8).astype(np.float32)
+  w2, b2 = rng.normal(size=(2, 8)).astype(np.float32), rng.normal(size=2).astype(np.float32)
+  params = (w1, b1, w2, b2)
+
+  def apply_fn(p, x):
+    return p[2] @ jax.nn.sigmoid(p[0] @ jnp.reshape(x, (-1,)) + p[1]) + p[3]
+
+  lo, hi = np.array([-1.0, -1.0]), np.array([1.0, 1.0])
+  with jax.enable_x64(True):
+    g = _grid(lo, hi, 101)
+    y = np.asarray(jax.vmap(lambda x: apply_fn(jax.tree_util.tree_map(
+        lambda a: jnp.asarray(a, jnp.float64), params), x))(jnp.asarray(g)))
+  C = np.array([[1.0, -1.0]])
+  unsat = mc.verify(apply_fn, params, (2,), [((lo, hi), [(C, np.array([(y @ C.T).min() - 0.3]))])],
+                    timeout=60.0)
+  assert unsat.status == "unsat" and unsat.stats["method"] == "generic"
+  sat = mc.verify(apply_fn, params, (2,), [((lo, hi), [(C, np.array([(y @ C.T).min() + 0.05]))])],
+                  timeout=60.0)
+  assert sat.status == "sat"
+  x, yx = sat.counterexample
+  assert (C @ yx)[0] <= (y @ C.T).min() + 0.05
+
+
+def test_timeout():
+  """A deep network, a wide box and a property unsat by a margin the root bounds cannot see:
+  with a 1 s limit the answer is ``timeout`` (the attack finds nothing: it is unsat)."""
+  apply_fn, params, net = _mlp(5, (2, 40, 40, 40, 2))
+  lo, hi = np.array([-3.0, -3.0]), np.array([3.0, 3.0])
+  with jax.enable_x64(True):
+    lay = layered.from_network(net)
+    C = np.array([[1.0, -1.0]])
+    b, *_ = layered.crown_batch(lay, jnp.asarray(C), jnp.zeros(1), jnp.asarray(lo[None]),
+                                jnp.asarray(hi[None]), tuple(jnp.zeros((1, n), jnp.int8)
+                                                             for n in lay.hidden), True, "crown")
+  y = _fwd(net, _grid(lo, hi, 201))
+  d = np.array([float(np.asarray(b)[0, 0]) + 0.05])  # far below the true minimum: unsat
+  assert (y @ C.T).min() > d[0]
+  out = mc.verify(apply_fn, params, (2,), [((lo, hi), [(C, d)])], timeout=1.0)
+  assert out.status in ("timeout", "unsat")
+  assert out.seconds < 1.0 + 15.0  # a batch (and its compilation) may finish after the limit
+  if out.status == "timeout":
+    assert out.counterexample is None
+
+
+def test_format_result_round_trip():
+  x = np.array([0.1, -1.0 / 3.0, 2.0 ** -40])
+  y = np.array([1e-17, -5.5])
+  out = mc.Outcome("sat", (x, y), 1.0, {"nodes": 0, "phase": "attack"})
+  text = mc.format_result(out)
+  assert text.startswith("sat\n(") and "(X_1 " in text and "(Y_1 -5.5)" in text
+  status, x2, y2 = mc.parse_result(text)
+  assert status == "sat"
+  np.testing.assert_array_equal(x2, x)
+  np.testing.assert_array_equal(y2, y)
+  for s in ("unsat", "timeout", "unknown"):
+    assert mc.format_result(mc.Outcome(s)) == s + "\n"
+  with pytest.raises(ValueError):
+    mc.Outcome("sat")
+  # the counterexample, written as VNNLIB-style assignments, satisfies the property text
+  vnnlib = pytest.importorskip("boundjax.io.vnnlib")
+  text_prop = ("(declare-const X_0 Real)\n(declare-const X_1 Real)\n(declare-const X_2 Real)\n"
+               "(declare-const Y_0 Real)\n(declare-const Y_1 Real)\n"
+               "(assert (>= X_0 0.0))\n(assert (<= X_0 1.0))\n(assert (>= X_1 -1.0))\n"
+               "(assert (<= X_1 0.0))\n(assert (>= X_2 0.0))\n(assert (<= X_2 1.0))\n"
+               "(assert (<= Y_1 Y_0))\n")
+  prop = vnnlib.parse_vnnlib(text_prop)
+  assert prop.is_counterexample(x2, y2)
+
+
+def _rows(category=None):
+  path = SHARED / "instances.csv"
+  if not path.exists():
+    return []
+  rows = list(csv.DictReader(open(path)))
+  return [r for r in rows if category is None or r["category"] == category]
+
+
+def _check_instance(row, timeout):
+  pytest.importorskip("boundjax.io.onnx")
+  out = mc.verify_instance(SHARED / row["onnx"], SHARED / row["vnnlib"], timeout=timeout)
+  assert {out.status, row["verdict"]} != {"sat", "unsat"}, (row, out)
+  if out.status == "sat":
+    from boundjax.io.vnnlib import read_vnnlib
+    prop = read_vnnlib(SHARED / row["vnnlib"])
+    x, y = out.counterexample
+    assert prop.is_counterexample(x, y)
+  return out
+
+
+FAST = [("acasxu/ACASXU_run2a_1_2_batch_2000.onnx", "acasxu/prop_2.vnnlib"),
+        ("mnistfc/mnist-net_256x2.onnx", "mnistfc/prop_10_0.03.vnnlib"),
+        ("acasxu/ACASXU_run2a_1_1_batch_2000.onnx", "acasxu/prop_1.vnnlib")]
+
+
+@pytest.mark.parametrize("onnx_path,vnnlib_path", FAST)
+def test_shared_instances_fast(onnx_path, vnnlib_path):
+  rows = [r for r in _rows() if r["onnx"] == onnx_path and r["vnnlib"] == vnnlib_path]
+  if not rows:
+    pytest.skip("shared instances absent")
+  out = _check_instance(rows[0], timeout=60.0)
+  assert out.status == rows[0]["verdict"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", _rows(), ids=lambda r: f"{r['onnx']}-{r['vnnlib']}")
+def test_shared_instances_all(row):
+  _check_instance(row, timeout=60.0 if row["category"] == "acasxu" else 120.0)
