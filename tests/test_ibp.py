@@ -461,9 +461,21 @@ def test_bad_interval_inputs_raise():
     bj.ibp(jnp.exp, matmul="fast")
 
 
-def test_sample_count_reported():
-  """Runs last in this module: prints how many cases and samples the soundness tests used."""
+def test_sample_count_reported(request):
+  """Runs after the soundness tests: reports how many cases and samples they used, and checks
+  that none was vacuous (every case sampled >= 500 points; each network test 10,000 that all
+  lay inside) and that every network test that ran before this one was tallied."""
   print(f"IBP soundness: {SAMPLES['cases']} cases, {SAMPLES['points']} sampled points")
+  items = request.session.items
+  earlier = [i for i in items[:items.index(request.node)] if i.module is request.module]
+  nets = [i for i in earlier if i.originalname == "test_network_bounds_contain_10k_samples"]
+  samplers = [i for i in earlier if i.originalname != "test_bad_interval_inputs_raise"]
+  assert SAMPLES["points"] >= 500 * SAMPLES["cases"]
+  assert SAMPLES["cases"] >= len(nets) and SAMPLES["points"] >= 10_000 * len(nets)
+  if len(nets) == 18:  # the whole module ran: the full tally
+    assert SAMPLES["cases"] >= 18 + 10 and SAMPLES["points"] >= 200_000, SAMPLES
+  if samplers:
+    assert SAMPLES["cases"] > 0
 
 
 # ----------------------------------------------------------------------------------------------
