@@ -165,6 +165,9 @@ def _solution_inputs(result: Any, x_ids: np.ndarray) -> list[np.ndarray]:
   return out
 
 
+Spec = tuple[np.ndarray, np.ndarray]
+
+
 class _Checker:
   """Shared state of one network and box: bounds, samples, counters."""
 
@@ -194,22 +197,24 @@ class _Checker:
                           build_seconds=self.build, solve_seconds=self.solve_s,
                           n_binaries=self.n_bin, n_unstable=self.n_unstable, **kw)
 
-  def replay(self, C: np.ndarray, d: np.ndarray, xs: Sequence[np.ndarray],
-             ys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
-    """The candidate (clipped into the box) with the most negative ``max_i (C_i y - d_i)`` among
-    those whose output, recomputed one point at a time by `forward` (the replay every consumer
-    uses), satisfies every row; None if there is none."""
+  def replay(self, specs: dict[int, Spec], xs: Sequence[np.ndarray],
+             ys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """``(x, y, j)``: a candidate (clipped into the box) whose output, recomputed one point at a
+    time by `forward` (the replay every consumer uses), satisfies every row of disjunct ``j``;
+    the most robust (most negative ``min_j max_i (C_ji y - d_ji)``) first; None if none does."""
     if not len(xs):
       return None
     xs = np.clip(np.asarray(xs, np.float64).reshape(len(xs), -1), self.lo, self.hi)
     ys = forward_batch(self.net, xs) if ys is None else ys
-    worst = np.max(ys @ C.T - d, axis=1) if len(d) else np.zeros(len(xs))
+    worst = np.min([np.max(ys @ C.T - d, axis=1) if len(d) else np.full(len(xs), -np.inf)
+                    for C, d in specs.values()], axis=0)
     for i in np.argsort(worst, kind="stable")[:8]:
       if worst[i] > 1e-9:  # not even close in the batched product
         break
       y = forward(self.net, xs[i])
-      if np.all(C @ y <= d):
-        return xs[i].copy(), y
+      for j, (C, d) in specs.items():
+        if np.all(C @ y <= d):
+          return xs[i].copy(), y, j
     return None
 
   def bounds_unsat(self, C: np.ndarray, d: np.ndarray) -> bool:
@@ -217,26 +222,47 @@ class _Checker:
       return False
     return bool(np.max(_row_lower_bounds(self.net, self.lo, self.hi, self.bnds, C, d)) > 0)
 
-  def sampled(self, C: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    if self._xs is None:
-      return None
-    return self.replay(C, d, self._xs, self._ys)
+  def milp(self, specs: dict[int, Spec]) -> PropertyResult:
+    """Step 3 of the module docstring, for the disjunction of ``specs`` (index -> ``(C, d)``).
 
-  def milp(self, C: np.ndarray, d: np.ndarray) -> PropertyResult:
-    """Steps 3 of the module docstring for one conjunction."""
+    One model: ``t_j >= C_ji y - d_ji`` for every row of disjunct ``j``, and with several
+    disjuncts binaries ``delta_j`` (``sum_j delta_j >= 1``) selecting one:
+    ``tau >= t_j - M_j (1 - delta_j)``, ``M_j = max t_j - min tau`` (so the row is void when
+    ``delta_j = 0``); minimise ``tau <= tol``. At the optimum ``tau = min_j max_i (C_ji y -
+    d_ji)``; infeasibility proves every disjunct unsat.
+    """
     tb = time.perf_counter()
     enc = Encoding("property")
     x = enc.add_variables(self.lo, self.hi)
     enc.inputs = x
     nv = enc.add_network(self.net, x, self.lo, self.hi, bounds=self.bnds)
-    # t >= C_i y - d_i for every row, t <= tol; t's lower bound from the output interval is sound
     L, U = self.bnds[-1]
-    t_lo = float(np.max(np.maximum(C, 0) @ L + np.minimum(C, 0) @ U - d)) - 1.0
-    t = enc.add_variables([min(t_lo, self.tol)], [self.tol])
-    k = len(d)
-    A = np.hstack([C, -np.ones((k, 1))])
-    enc.add_dense_rows(A, np.concatenate([nv.outputs, t]), np.full(k, -np.inf), d)
-    enc.set_objective(t, [1.0])
+    t_lo, t_hi = [], []
+    for C, d in specs.values():  # the range of max_i (C_i y - d_i), widened for rounding
+      slack = 1e-9 * (np.abs(C) @ np.maximum(np.abs(L), np.abs(U)) + np.abs(d)) + 1e-9
+      t_lo.append(float(np.max(np.maximum(C, 0) @ L + np.minimum(C, 0) @ U - d - slack)))
+      t_hi.append(float(np.max(np.maximum(C, 0) @ U + np.minimum(C, 0) @ L - d + slack)))
+    t_lo, t_hi = np.array(t_lo), np.array(t_hi)
+    many = len(specs) > 1
+    t = enc.add_variables(np.minimum(t_lo, self.tol), t_hi if many else np.full(1, self.tol))
+    for k, (C, d) in enumerate(specs.values()):  # C y - t_k <= d
+      A = np.hstack([C, -np.ones((len(d), 1))])
+      enc.add_dense_rows(A, np.concatenate([nv.outputs, t[k:k + 1]]), np.full(len(d), -np.inf), d)
+    if many:
+      m = len(specs)
+      tau_lo = float(np.min(np.minimum(t_lo, self.tol)))
+      tau = enc.add_variables([tau_lo], [self.tol])
+      delta = enc.add_binaries(m)
+      big = np.maximum(t_hi - tau_lo, 0.0)
+      r = np.arange(m)
+      # t_k - tau + M_k delta_k <= M_k ;  sum delta >= 1
+      enc.add_rows(np.r_[r, r, r], np.r_[t, np.repeat(tau, m), delta],
+                   np.r_[np.ones(m), -np.ones(m), big], np.full(m, -np.inf), big)
+      enc.add_rows(np.zeros(m), delta, np.ones(m), [1.0], [np.inf])
+      objective = tau
+    else:
+      objective = t
+    enc.set_objective(objective, [1.0])
     self.n_bin = enc.num_binaries
     self.build += time.perf_counter() - tb
     reason, note = "", ""
@@ -251,14 +277,16 @@ class _Checker:
       reason = out.reason + (f"/{out.limit}" if out.limit else "")
       if out.reason == "INFEASIBLE":
         return self.result(UNSAT, "milp", reason=reason,
-                           note=f"MILP proves max_i (C_i y - d_i) > {self.tol:g} on the box")
+                           note=f"MILP proves max_i (C_i y - d_i) > {self.tol:g} on the box for "
+                                "every disjunct")
       if out.has_solution:
-        hit = self.replay(C, d, _solution_inputs(out.result, x))
+        hit = self.replay(specs, _solution_inputs(out.result, x))
         if hit is not None:
-          return self.result(SAT, "milp", counterexample=hit[0], output=hit[1], reason=reason,
+          return self.result(SAT, "milp", counterexample=hit[0], output=hit[1], disjunct=hit[2],
+                             reason=reason,
                              note="MILP counterexample replayed through the network in float64")
-        note = (f"MILP candidate (t = {out.primal_value:.3g}) did not replay: the optimum is "
-                "within solver tolerance of the boundary")
+        note = (f"MILP candidate (objective {out.primal_value:.3g}) did not replay: the optimum "
+                "is within solver tolerance of the boundary")
         if out.reason == "OPTIMAL":
           return self.result(UNKNOWN, "milp", reason=reason, note=note)
         continue
@@ -270,13 +298,17 @@ class _Checker:
     status = TIMEOUT if self.remaining() <= 0 else UNKNOWN
     return self.result(status, "milp", reason=reason, note=note)
 
-  def check(self, C: np.ndarray, d: np.ndarray) -> PropertyResult:
-    if self.bounds_unsat(C, d):
-      return self.result(UNSAT, "bounds", note="a row's lower bound is > 0 on the whole box")
-    hit = self.sampled(C, d)
-    if hit is not None:
-      return self.result(SAT, "sampling", counterexample=hit[0], output=hit[1])
-    return self.milp(C, d)
+  def check(self, specs: Sequence[Spec]) -> PropertyResult:
+    """Bounds, then sampling, then one MILP over the disjuncts left open."""
+    open_ = {j: spec for j, spec in enumerate(specs) if not self.bounds_unsat(*spec)}
+    if not open_:
+      return self.result(UNSAT, "bounds", note="every disjunct has a row whose lower bound is > 0 "
+                                               "on the whole box")
+    if self._xs is not None:
+      hit = self.replay(open_, self._xs, self._ys)
+      if hit is not None:
+        return self.result(SAT, "sampling", counterexample=hit[0], output=hit[1], disjunct=hit[2])
+    return self.milp(open_)
 
 
 def check_property(net: Network, lower: Any, upper: Any, C: Any, d: Any, *, time_limit: float,
@@ -287,7 +319,8 @@ def check_property(net: Network, lower: Any, upper: Any, C: Any, d: Any, *, time
   Args:
     net: a concrete `Network` (e.g. from `milp.network.from_function` of an imported graph).
     lower, upper: the input box, flattened like the network's input (``x.reshape(-1)``).
-    C, d: the unsafe condition ``C y <= d``, ``C`` of shape ``(k, n_out)``, ``d`` of ``(k,)``.
+    C, d: the unsafe condition ``C y <= d``, ``C`` of shape ``(k, n_out)``, ``d`` of ``(k,)``
+      (``k = 0``: every input is unsafe).
     time_limit: seconds for the whole check (bounds, sampling, model building and solving).
     bounds: pre-activation bounds for the big-M constants: ``None``/``"crown"`` (default),
       ``"ibp"``, or one sound ``(L, U)`` pair per layer (pre-activations of each layer, the last
@@ -303,9 +336,8 @@ def check_property(net: Network, lower: Any, upper: Any, C: Any, d: Any, *, time
     A `PropertyResult`: ``"sat"`` with a counterexample replayed in float64, ``"unsat"`` with a
     proof (bounds, or a MILP answered ``INFEASIBLE``), else ``"timeout"`` / ``"unknown"``.
   """
-  chk = _Checker(net, lower, upper, bounds, time_limit, solver, threads, tol, samples, seed)
-  C, d = _as_spec(net, C, d)
-  return chk.check(C, d)
+  return check_disjunction(net, lower, upper, [(C, d)], time_limit=time_limit, bounds=bounds,
+                           solver=solver, threads=threads, tol=tol, samples=samples, seed=seed)
 
 
 def check_disjunction(net: Network, lower: Any, upper: Any,
@@ -315,35 +347,13 @@ def check_disjunction(net: Network, lower: Any, upper: Any,
                       seed: int = 0) -> PropertyResult:
   """Is there an ``x`` in the box satisfying some disjunct ``C_j N(x) <= d_j``?
 
-  ``disjuncts`` is a sequence of ``(C_j, d_j)`` (see `check_property`; the bounds and samples
-  are shared). Every disjunct is first tried by bounds and sampling, then by MILP in order:
-  ``"sat"`` as soon as one disjunct is (``disjunct`` names it), ``"unsat"`` only when every
-  disjunct is proven unsat, else ``"timeout"`` / ``"unknown"`` (the first disjunct left open).
+  ``disjuncts`` is a sequence of ``(C_j, d_j)`` (see `check_property` for the other arguments).
+  Disjuncts proven unsat by bounds are dropped; sampling tries the rest; then one MILP decides
+  their disjunction (binaries select the disjunct, see `_Checker.milp`). ``"sat"`` names the
+  satisfied disjunct in ``disjunct``; ``"unsat"`` means every disjunct is proven unsat.
   """
   chk = _Checker(net, lower, upper, bounds, time_limit, solver, threads, tol, samples, seed)
   specs = [_as_spec(net, C, d) for C, d in disjuncts]
   if not specs:
     raise ValueError("check_disjunction: needs at least one disjunct (C, d).")
-  open_ = []
-  for j, (C, d) in enumerate(specs):
-    if chk.bounds_unsat(C, d):
-      continue
-    hit = chk.sampled(C, d)
-    if hit is not None:
-      return chk.result(SAT, "sampling", counterexample=hit[0], output=hit[1], disjunct=j)
-    open_.append(j)
-  if not open_:
-    return chk.result(UNSAT, "bounds", note="every disjunct has a row with lower bound > 0")
-  undecided = None
-  for j in open_:
-    res = chk.milp(*specs[j])
-    res.disjunct = j
-    if res.status == SAT:
-      return res
-    if res.status != UNSAT and undecided is None:
-      undecided = res
-      if res.status == TIMEOUT:
-        break
-  if undecided is None:
-    return chk.result(UNSAT, "milp", note="every disjunct proven unsat")
-  return undecided
+  return chk.check(specs)

@@ -238,21 +238,34 @@ def grid(lo, hi, n_per_axis):
   return np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, len(lo))
 
 
+def random_spec(rng, ys, trial):
+  """A random conjunction ``C y <= d`` that some grid outputs satisfy or nearly do."""
+  k = 1 + trial % 3
+  C = rng.normal(size=(k, ys.shape[1]))
+  d = np.quantile(ys @ C.T, rng.uniform(0.0, 0.3), axis=0) - 0.05 * (trial % 4 == 0)
+  return C, d
+
+
 def test_check_property_against_exhaustive_grid():
   rng = np.random.default_rng(5)
   seen = {"sat": 0, "unsat": 0, "milp_sat": 0, "milp_unsat": 0}
-  for trial in range(16):
+  for trial in range(20):
     d_in = 2 + trial % 2
     net = random_net(rng, d_in, "pooled" if trial % 4 == 1 else "mlp")
     lo = rng.uniform(-1.0, 0.0, d_in)
     hi = lo + rng.uniform(0.5, 1.5, d_in)
     pts = grid(lo, hi, 101 if d_in == 2 else 22)             # >= 10^4 points, corners included
     ys = N.forward_batch(net, pts)
-    k = 1 + trial % 3
-    C = rng.normal(size=(k, 3))
-    d = np.quantile(ys @ C.T, rng.uniform(0.0, 0.3), axis=0) - 0.05 * (trial % 4 == 0)
-    truth = np.all(ys @ C.T <= d, axis=1).any()
-    res = check_property(net, lo, hi, C, d, time_limit=20, samples=0 if trial % 2 else 16)
+    samples = 0 if trial % 2 else 16
+    if trial % 5 == 4:  # a disjunction of 2-3 conjunctions, one MILP
+      specs = [random_spec(rng, ys, trial + j) for j in range(2 + trial % 2)]
+      for C, d in specs:  # make each disjunct harder to reach
+        d -= 0.1
+      res = check_disjunction(net, lo, hi, specs, time_limit=20, samples=samples)
+    else:
+      specs = [random_spec(rng, ys, trial)]
+      res = check_property(net, lo, hi, *specs[0], time_limit=20, samples=samples)
+    truth = any(np.all(ys @ C.T <= d, axis=1).any() for C, d in specs)
     assert res.status in ("sat", "unsat"), res
     if truth:
       assert res.status == "sat", (trial, res)
@@ -261,6 +274,7 @@ def test_check_property_against_exhaustive_grid():
       assert np.all(lo <= x) and np.all(x <= hi)
       y = N.forward(net, x)
       np.testing.assert_array_equal(y, res.output)
+      C, d = specs[res.disjunct]
       assert np.all(C @ y <= d)
     seen[res.status] += 1
     seen[f"{res.method}_{res.status}"] = seen.get(f"{res.method}_{res.status}", 0) + 1
