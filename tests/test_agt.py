@@ -39,7 +39,11 @@ def _is_iv(x):
     (dict(l1_reg=0.1, l2_reg=0.1), "l1_reg"),
     (dict(l2_reg=5.0), "monotone"),
     (dict(learning_rate=0.0), "learning_rate"),
-])
+    (dict(normalise="sum"), "normalise"),
+] + [(dict(**{f: v}), f) for f in ("lr_decay", "lr_min", "l2_reg", "l1_reg", "momentum",
+                                   "dampening", "clip_gamma", "learning_rate")
+     for v in (float("nan"), float("-inf"))] + [
+    (dict(lr_decay=float("inf")), "lr_decay"), (dict(l2_reg=float("inf")), "l2_reg")])
 def test_config_rejects_bad_values(kw, msg):
   base = dict(n_epochs=1, learning_rate=0.5, batch_size=10)
   base.update(kw)

@@ -112,3 +112,43 @@ def test_retraining_large(k, opt):
   report = retrain.empirical_retrain_test(mlp.apply, params, X, y, cfg, X[:400], n_sets=64,
                                           seed=k)
   _check(report, min_certified=0)
+
+
+def _outside(traj, rt):
+  lo, hi = (jax.tree_util.tree_leaves(jax.tree_util.tree_map(
+      f, traj.bounds, is_leaf=lambda v: hasattr(v, "lower"))) for f in (lambda b: b.lower,
+                                                                       lambda b: b.upper))
+  return max(float(jnp.max(jnp.maximum(l[None] - r, r - h[None])))
+             for l, h, r in zip(lo, hi, jax.tree_util.tree_leaves(rt)))
+
+
+def test_fixed_b_convention_needs_its_own_box():
+  """The issue-16 gap by retraining: every bias gradient negative (MSE towards a far target),
+  one addition at -gamma per batch. Thm 4.6's box (normalise="actual") holds the true-mean
+  retraining but not the fixed-1/b one (excess gamma * lr / b per step); `retrain` refuses that
+  pairing; the normalise="nominal" box holds both."""
+  X, _ = _blobs(48)
+  y = jnp.full((48,), 5.0)
+  params = mlp.init(jax.random.PRNGKey(1), [4, 8, 1], jnp.float64)
+  cfg = agt.Config(n_epochs=2, batch_size=8, k_private=1, clip_gamma=0.1, learning_rate=0.1,
+                   loss="mse", sound=True)
+  nb = retrain.make_neighbours(3, mlp.apply, params, X, y, cfg, 16)
+  fixed_b = dataclasses.replace(cfg, normalise="nominal")
+  box_actual = retrain.agt_trajectory(mlp.apply, params, X, y, cfg)
+  box_nominal = retrain.agt_trajectory(mlp.apply, params, X, y, fixed_b)
+  rt_actual = retrain.retrain(mlp.apply, params, X, y, cfg, nb)            # config's: "actual"
+  rt_fixed = retrain.retrain(mlp.apply, params, X, y, fixed_b, nb)         # config's: "nominal"
+  assert _outside(box_actual, rt_actual) <= 0
+  assert _outside(box_actual, rt_fixed) > 1e-3                            # the gap
+  assert _outside(box_nominal, rt_fixed) <= 0 and _outside(box_nominal, rt_actual) <= 0
+  with pytest.raises(ValueError, match="more additions than removals"):
+    retrain.retrain(mlp.apply, params, X, y, cfg, nb, normalise="nominal")
+  # no batch grows (a <= r <= k: remove point 0 where an addition has no removal): Thm 4.6's
+  # box covers the fixed-1/b mean too
+  grows = nb.w_add.sum(-1) > (1 - nb.keep).sum(-1)
+  subst = retrain.Neighbours(nb.keep * (1 - grows[..., None] * (jnp.arange(8) == 0)), nb.x_add,
+                             nb.y_add, nb.w_add)
+  removed = np.sum(1 - np.asarray(subst.keep), -1)
+  assert np.all(removed >= np.sum(np.asarray(subst.w_add), -1)) and removed.max() <= 1
+  rt_subst = retrain.retrain(mlp.apply, params, X, y, cfg, subst, normalise="nominal")
+  assert _outside(box_actual, rt_subst) <= 0

@@ -25,6 +25,7 @@ from boundjax.training import Schedule
 LOSSES = ("cross_entropy", "binary_cross_entropy", "mse")
 OPTIMIZERS = ("sgd", "sgdm")
 NEIGHBOURHOODS = ("add_remove", "remove")
+NORMALISATIONS = ("actual", "nominal")
 BOUND_METHODS = ("interval",)
 #: Interval products, in `boundjax.ibp`'s vocabulary. The "mlp" back-end does "midrad" and
 #: "signsplit"; "exact" and "best" need the "ibp" back-end (`boundjax.agt.bounds`).
@@ -48,7 +49,7 @@ class Config:
     k_private: k, the number of points that may be removed from *and* added to every batch
       (Thm 4.6). Must be < batch_size.
     neighbourhood: "add_remove" (the privacy variant: up to k removals and k additions per
-      batch, normalised by b, Thm 4.6) or "remove" (unlearning: up to k removals per batch only,
+      batch, Thm 4.6) or "remove" (unlearning: up to k removals per batch only,
       each batch's mean taken over the points left, ``SEMin_{b-k}(delta_L) / (b - k)`` and
       ``SEMax_{b-k}(delta_U) / (b - k)``, the public code's unlearning rule; no clipping
       needed). "remove" encloses every leave-k-out network that
@@ -86,6 +87,12 @@ class Config:
       and in float32 with large batches it widens the box enough to cost certificates; use it
       with float64 when certificates must hold bit-for-bit. The per-sample gradient bounds
       themselves use ordinary rounding in both modes.
+    normalise: the mean whose neighbours the box covers (`boundjax.agt.descent`): "actual"
+      (default) ``sum / |B~|``, SGD on the batch actually drawn, the training algorithm of
+      the privacy argument (AGT, Alg. 1 and Thm 4.6, whose bound is exact for it); or
+      "nominal", the fixed ``1/b`` convention ``sum / b``, which Thm 4.6 covers only when no
+      batch grows (additions <= removals): its own bound drops only the removals that help
+      and is wider; it also covers "actual". The nominal run is the same either way.
     fp_margin, interval_matmul: deprecated names of ``sound`` and ``matmul`` (init-only).
   """
 
@@ -109,6 +116,7 @@ class Config:
   fragsize: int = 10_000
   seed: int = 0
   sound: bool = False
+  normalise: Literal["actual", "nominal"] = "actual"
   fp_margin: dataclasses.InitVar[Optional[bool]] = None
   interval_matmul: dataclasses.InitVar[Optional[str]] = None
 
@@ -165,6 +173,8 @@ class Config:
       bad(f"k_private ({self.k_private}) must be < batch_size ({self.batch_size}) (Thm 4.6).")
     if self.clip_gamma is not None and not self.clip_gamma > 0:
       bad(f"clip_gamma must be > 0 (or None: no clipping), got {self.clip_gamma!r}.")
+    if self.normalise not in NORMALISATIONS:
+      bad(f"normalise must be one of {NORMALISATIONS}, got {self.normalise!r}.")
     if self.neighbourhood not in NEIGHBOURHOODS:
       bad(f"neighbourhood must be one of {NEIGHBOURHOODS}, got {self.neighbourhood!r}.")
     if self.k_private > 0 and self.neighbourhood == "add_remove" and self.clip_gamma is None:

@@ -10,9 +10,13 @@ the box and every certified prediction that changes.
 
 A modified batch of the nominal batch B (size b) is represented with fixed shapes: the b nominal
 points with 0/1 weights (0 = removed) followed by k extra slots (weight 1 = added point). The
-descent direction is ``sum_i w_i Clip(g_i) / sum_i w_i`` (true SGD on the modified batch), or
-``/ b`` with ``normalise="nominal"`` (the fixed-1/b convention); Thm 4.6 covers both
-(`boundjax.training.clipped_mean_gradient`). The modifications are drawn once per distinct batch
+descent direction is ``sum_i w_i Clip(g_i) / sum_i w_i`` (true SGD on the modified batch,
+``normalise="actual"``), or ``/ b`` with ``normalise="nominal"`` (the fixed-1/b convention)
+(`boundjax.training.clipped_mean_gradient`). By default the convention is the config's
+(``Config.normalise``), the one its box covers. Thm 4.6's bound (``Config.normalise="actual"``)
+covers the fixed-1/b convention only when no batch grows (additions <= removals): with more
+additions than removals the sum has more than b terms and leaves it (AGT, Thm 4.6 states the
+mean over ``|B~|``), so `retrain` refuses that combination. The modifications are drawn once per distinct batch
 of the schedule (`Schedule.distinct_batches`): with AGT's fixed order the same D' is seen in every
 epoch.
 """
@@ -124,17 +128,38 @@ def _extended_steps(n: int, sched: Schedule, nb: Neighbours) -> tuple[Array, Arr
   return idx, w
 
 
+def check_normalise(config: Config, nb: Neighbours, normalise: Optional[str]) -> str:
+  """The retraining convention: ``normalise`` or, if None, ``config.normalise``.
+
+  Raises ``ValueError`` for a convention the config's box does not cover: the fixed-1/b mean
+  ("nominal") against a Thm 4.6 box (``config.normalise="actual"``) when some batch gains more
+  points than it loses.
+  """
+  normalise = config.normalise if normalise is None else normalise
+  if normalise not in ("actual", "nominal"):
+    raise ValueError(f"retrain: normalise must be 'actual' or 'nominal', got {normalise!r}.")
+  if normalise == "nominal" and config.normalise == "actual":
+    grows = np.sum(np.asarray(nb.w_add), -1) > np.sum(1 - np.asarray(nb.keep), -1)
+    if grows.any():
+      raise ValueError(
+          "retrain: normalise='nominal' (sum / b) with more additions than removals in "
+          f"{int(grows.sum())} batch(es) is not covered by the box of Config(normalise="
+          "'actual') (AGT, Thm 4.6 bounds the mean over the changed batch); build the box with "
+          "Config(normalise='nominal') or retrain with normalise='actual'.")
+  return normalise
+
+
 def retrain(apply_fn: Callable, params: Any, x: Array, y: Array, config: Config,
-            nb: Neighbours, normalise: str = "actual", schedule: Optional[Schedule] = None
-            ) -> Any:
+            nb: Neighbours, normalise: Optional[str] = None,
+            schedule: Optional[Schedule] = None) -> Any:
   """Plain (clipped) training on every dataset in ``nb``; parameters after every step.
 
   Uses the same schedule, step sizes, optimiser, regularisation and clipping as AGT's nominal run
-  (`boundjax.agt.train.point_optimizer`). Returns a pytree whose leaves have shape
+  (`boundjax.agt.train.point_optimizer`), and the batch mean of ``normalise`` (default
+  ``config.normalise``; `check_normalise`). Returns a pytree whose leaves have shape
   (M, steps, *param_shape).
   """
-  if normalise not in ("actual", "nominal"):
-    raise ValueError(f"retrain: normalise must be 'actual' or 'nominal', got {normalise!r}.")
+  normalise = check_normalise(config, nb, normalise)
   sched = _full_schedule(x.shape[0], config, schedule)
   n = x.shape[0]
   idx, w = _extended_steps(n, sched, nb)
@@ -246,11 +271,12 @@ class RetrainReport:
 
 def empirical_retrain_test(apply_fn: Callable, params: Any, x: Array, y: Array,
                            config: Config, x_test: Array, *, n_sets: int = 32, seed: int = 0,
-                           backend: str = "mlp", normalise: str = "actual",
+                           backend: str = "mlp", normalise: Optional[str] = None,
                            tol: float = 0.0, schedule: Optional[Schedule] = None
                            ) -> RetrainReport:
   """Retrains on ``n_sets`` neighbouring datasets and checks the AGT box at every step.
 
+  ``normalise`` (default ``config.normalise``): the batch mean of the retrained runs (`retrain`).
   Returns a `RetrainReport`; the caller asserts ``param_violations == 0`` and
   ``prediction_changes == 0``.
   """

@@ -11,7 +11,9 @@ One step, for a fixed batch of size b and step size alpha_n = max(alpha / (1 + e
 
 By induction (Thm 4.5) ``[theta_L, theta_U]`` contains the parameters that the same training
 (same initialisation, batches and schedule) reaches from any dataset whose batches differ from the
-nominal ones by at most k removals and k additions each. With ``Config(neighbourhood="remove")``
+nominal ones by at most k removals and k additions each, each batch's step being the mean over
+the points it holds (``Config.normalise="actual"``, AGT's Alg. 1; "nominal" covers the fixed 1/b
+convention as well, `boundjax.agt.descent`). With ``Config(neighbourhood="remove")``
 (unlearning) only removals are allowed and each batch's mean is over the points left, so
 ``[D_L, D_U]`` is ``[SEMin_{b-k}(dL), SEMax_{b-k}(dU)] / (b - k)`` and no clipping is needed;
 ``fit(..., schedule=...)`` follows any `boundjax.training.Schedule` (e.g. reshuffled epochs, a
@@ -122,7 +124,8 @@ def descent_directions(apply_fn: Callable, config: Config, backend: str,
   if rem:
     acc = merge(acc, xs[nf * f:], ys[nf * f:])
   gam = gamma if math.isfinite(gamma) else 0.0
-  fin = [descent.finalize(a, b, gam, config.sound, config.neighbourhood == "remove")
+  fin = [descent.finalize(a, b, gam, config.sound, config.neighbourhood == "remove",
+                          config.normalise)
          for a in tdef.flatten_up_to(acc)]
   return tuple(tdef.unflatten([t[i] for t in fin]) for i in range(3))
 
