@@ -8,6 +8,7 @@ from scipy import optimize, stats
 
 from boundjax import ensembles as E
 from boundjax import hypernet as H
+from boundjax import transforms  # noqa: F401  (in-repo: missing must fail, not skip)
 from boundjax.hypernet import predint
 from boundjax.interval import Interval
 from boundjax.models import MLP
@@ -220,7 +221,28 @@ def test_pred_int_variants_cover_and_differ():
     assert np.all(lo < hi), k
     if k != "gaussian":                     # the KDE variants cover the data when α' <= 1/K
       assert np.all(lo < v.min(0)) and np.all(hi > v.max(0)), k
-  assert not np.allclose(out["predint"][1], out["gaussian"][1])
+  # Two variants rebuilt here from their definitions with scipy alone.
+  a = 1e-3
+  for j in range(v.shape[1]):
+    col = v[:, j]
+    # "no_transform": the α/2 and 1-α/2 quantiles of the Laplace KDE of the raw values
+    # (bandwidth: mean absolute deviation from the median).
+    h = np.mean(np.abs(col - np.median(col)))
+    cdf = lambda t: np.mean(stats.laplace.cdf(t, loc=col, scale=h))
+    lo, hi = out["no_transform"][0][j], out["no_transform"][1][j]
+    assert cdf(lo) == pytest.approx(a / 2, abs=1e-7) and cdf(hi) == pytest.approx(1 - a / 2,
+                                                                                 abs=1e-7)
+    # "gaussian": standardise, Yeo-Johnson with the likelihood-maximising λ in [0, 2], Gaussian
+    # quantiles mean ± z sd, mapped back.
+    z = (col - col.mean()) / col.std()
+    lam = optimize.minimize_scalar(lambda l: -stats.yeojohnson_llf(l, z), bounds=(0, 2),
+                                   method="bounded", options={"xatol": 1e-10}).x
+    y = stats.yeojohnson(z, lam)
+    q = stats.norm.ppf(1 - a / 2)
+    for end, target in ((0, y.mean() - q * y.std()), (1, y.mean() + q * y.std())):
+      back = optimize.brentq(lambda t: stats.yeojohnson(np.array([t]), lam)[0] - target, -1e3, 1e3,
+                             xtol=1e-12)
+      assert out["gaussian"][end][j] == pytest.approx(col.mean() + col.std() * back, rel=1e-4)
 
 
 def test_pred_int_calibration():
@@ -328,7 +350,17 @@ def test_pred_hyper_net_real_leave_one_out_coverage():
   exact = {"lo": exact["all"].lower, "hi": exact["all"].upper}
   rate_minmax = H.network_abstraction_rate((np.asarray(exact["lo"]), np.asarray(exact["hi"])),
                                            H.flatten_stacked(fresh.params))
-  assert rate >= rate_minmax
+  # The prediction interval matters: the min/max of the same 301 networks misses fresh networks
+  # that PredHyperNet covers (here 91 % vs 97.5 %) ...
+  assert rate > rate_minmax, (rate, rate_minmax)
+  # ... without being vacuous: its intervals stay within a small factor of the fresh family's
+  # own spread (overcoverage, geometric mean; 2.3 here) and of the min/max widths (1.8x median).
+  lo, hi = H.flat_bounds(res.hyper)
+  fresh_flat = H.flatten_stacked(fresh.params)
+  m = H.sphynx_metrics((lo, hi), fresh_flat)
+  assert m.overcoverage < 5.0, m
+  w_mm = np.asarray(exact["hi"]) - np.asarray(exact["lo"])
+  assert np.median(((hi - lo) / np.where(w_mm > 0, w_mm, np.nan))[w_mm > 0]) < 4.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,7 +391,6 @@ def test_metrics_hand_made():
 # ---------------------------------------------------------------------------------------------
 
 def test_hyper_output_bounds_contain_sampled_networks_and_inputs():
-  pytest.importorskip("boundjax.transforms")
   rng = np.random.default_rng(11)
   model = MLP(hidden=(8, 8), out=2)
   x = rng.random((40, 5)).astype(np.float32)
