@@ -385,7 +385,8 @@ def test_fit_history_certify_and_k_grid():
   assert [(r.epoch, r.step) for r in hist] == [(1, 2), (2, 4)] * 2      # 90 // 40 = 2 steps
   assert 0 <= hist[-1].val_certified <= 1 and 0 <= hist[-1].val_accuracy <= 1
   assert hist[-1].val_mse is None and set(hist[-1].as_dict()) == {
-      "epoch", "step", "val_accuracy", "val_certified"}
+      "epoch", "step", "val_accuracy", "val_certified", "layers", "width_mean", "width_max",
+      "weight_scale"}
   mse = agt.fit(mlp.apply, params, X, y, dataclasses.replace(cfg, loss="mse"), x_val=X,
                 y_val=y, progress=False)
   out = np.asarray(mlp.apply(mse.params, X))[:, 0]                 # one output, labels (n,)

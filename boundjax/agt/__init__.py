@@ -8,6 +8,8 @@
   certified prediction stability from a parameter box.
 * `clip`, `descent_bounds`, `semin`, `semax` (`boundjax.agt.descent`): Thm 4.6's bounds.
 * `retrain` (`boundjax.agt.retrain`): empirical soundness checks by real retraining.
+* `VacuousCertificateWarning`, `BoxOverflowError` (`boundjax.agt.diagnostics`): the box has
+  outgrown the weights / overflowed during `fit`.
 """
 
 from boundjax.agt.certify import certify, check_shared_nominal, max_certified_k, predict
@@ -16,11 +18,12 @@ from boundjax.agt.descent import clip, descent_bounds, descent_bounds_dense, sem
 from boundjax.agt.train import (EpochRecord, FitResult, KGrid, State, batches, fit, fit_k_grid,
                                 init, make_step, point_optimizer, update)
 from boundjax.agt import retrain  # noqa: E402
+from boundjax.agt.diagnostics import BoxOverflowError, VacuousCertificateWarning
 from boundjax.training import Schedule
 
 __all__ = [
     "Config", "Schedule", "State", "FitResult", "EpochRecord", "KGrid", "init", "make_step",
     "update", "fit", "batches", "point_optimizer", "certify", "max_certified_k", "fit_k_grid",
     "check_shared_nominal", "predict", "clip", "descent_bounds", "descent_bounds_dense", "semin",
-    "semax", "retrain",
+    "semax", "retrain", "VacuousCertificateWarning", "BoxOverflowError",
 ]

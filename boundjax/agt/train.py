@@ -37,7 +37,7 @@ import numpy as np
 
 from boundjax import training
 from boundjax.agt import bounds as bnd
-from boundjax.agt import descent, losses, mlp
+from boundjax.agt import descent, diagnostics, losses, mlp
 from boundjax.agt.certify import certify, check_shared_nominal, predict
 from boundjax.agt.config import Config
 from boundjax.interval import Interval, join_tree, split_tree
@@ -249,25 +249,40 @@ def batches(n: int, config: Config) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class EpochRecord:
-  """Validation after one epoch of `fit` (recorded when ``x_val`` is given).
+  """The state of `fit` after one epoch: the box against the weights, and validation.
 
   Attributes:
     epoch: epochs done (1-based).
     step: SGD steps done.
-    val_accuracy: accuracy of the nominal model on the validation set (None for "mse").
+    val_accuracy: accuracy of the nominal model on the validation set (None for "mse" or
+      without validation data).
     val_certified: fraction of validation points certified stable at ``k_private`` by the
-      parameter box (AGT, Lemma 4.4; None for "mse").
-    val_mse: mean squared error of the nominal model (for "mse" only, else None).
+      parameter box (AGT, Lemma 4.4; None for "mse" or without validation data).
+    val_mse: mean squared error of the nominal model (for "mse" with validation data).
+    layers: names of the parameter leaves (``jax.tree_util.keystr`` paths).
+    width_mean, width_max: mean and max width ``theta_U - theta_L`` of the box per leaf.
+    weight_scale: mean ``|theta|`` of the nominal parameters per leaf. A leaf whose mean width
+      exceeds it makes the certificate vacuous (`boundjax.agt.diagnostics`).
   """
   epoch: int
   step: int
   val_accuracy: Optional[float] = None
   val_certified: Optional[float] = None
   val_mse: Optional[float] = None
+  layers: tuple[str, ...] = ()
+  width_mean: tuple[float, ...] = ()
+  width_max: tuple[float, ...] = ()
+  weight_scale: tuple[float, ...] = ()
 
-  def as_dict(self) -> dict[str, float]:
-    """The fields that were measured (not None), e.g. for a JSON record."""
-    return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+  @property
+  def width_ratio(self) -> tuple[float, ...]:
+    """``width_mean / weight_scale`` per leaf (> 1: the box has outgrown the weights)."""
+    return diagnostics.BoxStats(self.layers, self.width_mean, self.width_max,
+                                self.weight_scale).ratio
+
+  def as_dict(self) -> dict[str, Any]:
+    """The fields that were measured (not None, not empty), e.g. for a JSON record."""
+    return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and v != ()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,7 +295,8 @@ class FitResult:
       reaches after up to ``k_private`` removals (and, for ``neighbourhood="add_remove"``,
       additions) per batch lies in it (Thm 4.5).
     schedule: the `boundjax.training.Schedule` the run followed.
-    history: one `EpochRecord` per epoch when validation data was given (else empty).
+    history: one `EpochRecord` per epoch (box width against the weights; validation
+      metrics when validation data was given).
 
   Unpacks as ``params, bounds = fit(...)``.
   """
@@ -310,15 +326,20 @@ def fit(apply_fn: Callable, params: Any, x: Any, y: Any, config: Config, *,
       ``config.schedule(len(x))`` (one fixed order, last incomplete batch dropped). Give the
       schedule of a leave-k-out family (``Ensemble.schedule``) for a box that encloses it. A
       ``(steps, B)`` index array (``-1`` = empty slot) is still accepted (deprecated).
-    x_val, y_val: optional validation data; after each epoch an `EpochRecord` (nominal
-      accuracy or mse, fraction of validation points certified stable at ``config.k_private``)
-      is appended to ``history``.
+    x_val, y_val: optional validation data: the `EpochRecord` of each epoch then also holds
+      the nominal accuracy or mse and the fraction of validation points certified stable at
+      ``config.k_private``.
     backend: "auto", "mlp" or "ibp" (`boundjax.agt.bounds`).
     progress: show a tqdm bar over steps.
     history: optional list receiving one `EpochRecord` per epoch (also in
-      ``FitResult.history``).
+      ``FitResult.history``): the box width per leaf against the weight scale (also on the
+      progress bar), and the validation metrics.
     jit: compile the step (turn off only to debug).
     deprecated: ``X``, ``X_val`` (old names of ``x``, ``x_val``).
+
+  Warns with `diagnostics.VacuousCertificateWarning` (once) when after an epoch the box's mean
+  width exceeds the mean |w| of some leaf, and raises `diagnostics.BoxOverflowError` (naming
+  the step and the leaves) when an endpoint of the box becomes infinite or NaN.
   """
   from tqdm.auto import tqdm
   x_val = _renamed(deprecated, "X_val", x_val)
@@ -331,17 +352,56 @@ def fit(apply_fn: Callable, params: Any, x: Any, y: Any, config: Config, *,
   backend = bnd.resolve(backend, apply_fn, params, x[:2], config.matmul)
   step = _jitted_step(apply_fn, config, backend) if jit else make_step(apply_fn, config, backend)
   state = init(params, config)
+  layers = diagnostics.layer_names(state.params)
   records = [] if history is None else history
   total = sum(len(e) for e in epochs)
   bar = tqdm(total=total, desc=f"AGT k={config.k_private}", disable=not progress, leave=False)
+  warned = False
   for epoch, rows in enumerate(epochs):
+    flags = []          # per step and leaf: all endpoints finite (checked once per epoch)
     for idx in rows:
       state = step(state, x[idx], y[idx])
+      flags.append(_finite_flags(state.bounds))
       bar.update(1)
-    if x_val is not None:
-      records.append(_epoch_record(apply_fn, config, backend, state, epoch, x_val, y_val))
+    _check_finite(flags, int(state.step) - len(rows), layers, config)
+    rec = _epoch_record(apply_fn, config, backend, state, epoch, x_val, y_val)
+    records.append(rec)
+    bar.set_postfix(_postfix(rec), refresh=False)
+    if not warned and diagnostics.BoxStats(rec.layers, rec.width_mean, rec.width_max,
+                                           rec.weight_scale).vacuous_layers():
+      warned = True
+      warnings.warn(diagnostics.vacuous_message(
+          diagnostics.BoxStats(rec.layers, rec.width_mean, rec.width_max, rec.weight_scale),
+          epoch + 1, config), diagnostics.VacuousCertificateWarning, stacklevel=2)
   bar.close()
   return FitResult(state.params, state.bounds, sched, tuple(records))
+
+
+_finite_flags = jax.jit(diagnostics.finite_flags)
+
+
+def _check_finite(flags: list, first_step: int, layers: tuple[str, ...], config: Config) -> None:
+  """Raises `diagnostics.BoxOverflowError` at the first step whose box has a non-finite
+  endpoint (``flags``: one per-leaf bool vector per step of the epoch)."""
+  if not flags:
+    return
+  ok = np.asarray(jnp.stack(flags))
+  if ok.all():
+    return
+  t = int(np.argmin(ok.all(axis=1)))
+  raise diagnostics.overflow_error(first_step + t + 1, layers, ok[t], config)
+
+
+def _postfix(rec: EpochRecord) -> dict[str, str]:
+  """Progress-bar summary: the worst leaf's mean box width against its mean |w|."""
+  if not rec.layers:
+    return {}
+  i = int(np.argmax(rec.width_ratio))
+  out = {"width": f"{rec.width_mean[i]:.3g}", "|w|": f"{rec.weight_scale[i]:.3g}",
+         "max_width": f"{max(rec.width_max):.3g}"}
+  if rec.val_certified is not None:
+    out["cert"] = f"{rec.val_certified:.2f}"
+  return out
 
 
 def _renamed(kw: dict, old: str, value: Any) -> Any:
@@ -356,8 +416,14 @@ def _renamed(kw: dict, old: str, value: Any) -> Any:
 
 def _epoch_record(apply_fn: Callable, config: Config, backend: str, state: State, epoch: int,
                   x_val: Any, y_val: Any) -> EpochRecord:
-  """Validation accuracy (or mse) and certified fraction after one epoch."""
-  done = dict(epoch=epoch + 1, step=int(state.step))
+  """Box width against the weights and, with validation data, accuracy (or mse) and the
+  certified fraction after one epoch."""
+  stats = diagnostics.box_stats(state.params, state.bounds)
+  done = dict(epoch=epoch + 1, step=int(state.step), layers=stats.layers,
+              width_mean=stats.width_mean, width_max=stats.width_max,
+              weight_scale=stats.weight_scale)
+  if x_val is None:
+    return EpochRecord(**done)
   if config.loss == "mse":
     per_sample = jax.vmap(losses.per_sample_loss("mse"))   # y (n,) against outputs (n, 1)
     mse = float(jnp.mean(per_sample(apply_fn(state.params, x_val), jnp.asarray(y_val))))
