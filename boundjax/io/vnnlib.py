@@ -337,7 +337,7 @@ def _split_term(term: list[_Le], n_in: int, n_out: int):
         raise VnnlibError(f"line {atom.line}: an input constraint must bound one input by a "
                           "constant (linear constraints over several inputs are not supported)")
       ((_, i), c), = atom.expr.coef
-      bound = -atom.expr.const / c  # c x + k <= 0
+      bound = -atom.expr.const / c + 0.0  # c x + k <= 0 (+ 0.0: no -0.0 bounds)
       if c > 0:
         upper[i] = min(upper[i], bound)
       else:
