@@ -150,6 +150,12 @@ def _cached(builder: Callable, *args: Any) -> Callable:
     return builder.__wrapped__(*args)
 
 
+def _ends(v: Any) -> tuple[Array, Array]:
+  """``(lower, upper)`` of an `Interval`, or ``(v, v)`` for a value that does not depend on the
+  box (a linear function's Jacobian)."""
+  return (v.lower, v.upper) if isinstance(v, Interval) else (v, v)
+
+
 def _outward_sum_factor(n: int, dtype: Any) -> float:
   """``1 + 2 n u``: bounds the rounding of a sum of ``n`` non-negative terms from above."""
   return 1.0 + 2.0 * (n + 1) * float(jnp.finfo(dtype).eps)
@@ -184,7 +190,7 @@ def ibp_upper(apply_fn: ApplyFn, params: Any, center: Any, radius: Any, *, metho
   q = z.size
   if method == "ibp_cheap":
     jac = ibp(lambda p, x: jax.jacfwd(lambda y: f(p, y))(x), sound=sound)(params, box)
-    mag = jnp.maximum(jnp.abs(jac.lower), jnp.abs(jac.upper))
+    mag = jnp.maximum(*map(jnp.abs, _ends(jac)))
     if out_norm == "l1":
       value, terms = jnp.sum(mag), mag.size
     else:
@@ -194,7 +200,7 @@ def ibp_upper(apply_fn: ApplyFn, params: Any, center: Any, radius: Any, *, metho
     cs = output_directions(m, out_norm, dtype)
     vjp = lambda p, x, c: jax.vjp(lambda y: f(p, y), x)[1](c.astype(x.dtype))[0]
     gamma = jax.vmap(lambda c: ibp(vjp, sound=sound)(params, box, c))(cs)
-    mag = jnp.maximum(jnp.abs(gamma.lower), jnp.abs(gamma.upper))
+    mag = jnp.maximum(*map(jnp.abs, _ends(gamma)))
     value, terms = jnp.max(jnp.sum(mag, axis=-1)), q
   return value * _outward_sum_factor(terms, value.dtype) if sound else value
 
