@@ -51,7 +51,8 @@ class Lit:
 
   @property
   def aval(self):
-    return jax.core.get_aval(self.val)
+    typeof = getattr(jax, "typeof", None) or jax.core.get_aval   # jax.core.get_aval before 0.5
+    return typeof(self.val)
 
   def __repr__(self):
     return f"Lit({self.val!r})"
