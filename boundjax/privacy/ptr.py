@@ -242,8 +242,8 @@ def make_oracle(apply_fn: Callable, params: Any, *, method: str = "ibp", out_nor
   if method not in ("ibp", "ibp_cheap"):
     raise ValueError(f"make_oracle: method must be 'ibp' or 'ibp_cheap' (traceable), got "
                      f"{method!r}; pass oracle=... for others (e.g. milp.lipschitz.milp_oracle).")
-  return lambda x, r: lip.ibp_upper(apply_fn, params, x, r, method=method, out_norm=out_norm,
-                                    sound=sound)
+  return jax.jit(lambda x, r: lip.ibp_upper(apply_fn, params, x, r, method=method,
+                                            out_norm=out_norm, sound=sound))
 
 
 def _search_traced(U: Oracle, x, radius: float, radius_max: float, proposal: float,
@@ -334,8 +334,8 @@ def radius_search(apply_fn: Callable, params: Any, x: Any, *, radius: float, pro
   if oracle is not None:
     lo, hi, feasible, calls = _search_eager(oracle, x, radius, radius_max, proposal, zeta, search)
   else:
-    fn = _cached(_search_fn, apply_fn, method, out_norm, radius, radius_max, proposal, zeta, search)
-    lo, hi, feasible = (np.asarray(v) for v in fn(params, jnp.asarray(x)))
+    fn = _cached(_search_fn, apply_fn, method, out_norm, radius, radius_max, zeta, search)
+    lo, hi, feasible = (np.asarray(v) for v in fn(params, jnp.asarray(x), proposal))
     lo, hi, feasible, calls = (float(lo), float(hi), bool(feasible),
                                _evaluations(radius, radius_max, zeta, search))
   stat = float(_statistic(lo, feasible, radius, mode))
@@ -350,9 +350,10 @@ def _cached(builder: Callable, *args: Any) -> Callable:
 
 
 @functools.lru_cache(maxsize=64)
-def _search_fn(apply_fn, method, out_norm, radius, radius_max, proposal, zeta, search):
-  def fn(params, x):
-    U = make_oracle(apply_fn, params, method=method, out_norm=out_norm)
+def _search_fn(apply_fn, method, out_norm, radius, radius_max, zeta, search):
+  """Jitted ``(params, x, proposal) -> (lo, hi, feasible)``; one compilation per search shape."""
+  def fn(params, x, proposal):
+    U = lambda z, r: lip.ibp_upper(apply_fn, params, z, r, method=method, out_norm=out_norm)
     return _search_traced(U, x, radius, radius_max, proposal, zeta, search)
   return jax.jit(fn)
 
@@ -402,7 +403,7 @@ def _noisy(key: Array, stat, value, st: _Setting):
 
 
 def _query_traced(apply_fn, params, x, key, st: _Setting):
-  U = make_oracle(apply_fn, params, method=st.method, out_norm=st.out_norm)
+  U = lambda z, r: lip.ibp_upper(apply_fn, params, z, r, method=st.method, out_norm=st.out_norm)
   lo, hi, feasible = _search_traced(U, x, st.radius, st.radius_max, st.proposal, st.zeta,
                                     st.search)
   stat = _statistic(lo, feasible, st.radius, st.mode).astype(x.dtype)
