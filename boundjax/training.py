@@ -403,9 +403,10 @@ def clipped_mean_gradient(per_sample_grads: Callable[[PyTree, Array, Array], PyT
                           gamma: float = float("inf"),
                           normalise: Literal["kept", "batch"] = "kept",
                           batch_size: Optional[int] = None) -> GradFn:
-  """``sum_i w_i Clip_gamma(g_i) / d`` with ``d = sum_i w_i`` ("kept", true SGD on the points
-  left) or ``d = batch_size`` ("batch", AGT's fixed ``1/b`` convention): AGT's nominal descent
-  direction (AGT, Alg. 1 and §4.2), used to retrain AGT's neighbouring datasets.
+  """``sum_i w_i Clip_gamma(g_i) / d`` with ``d = sum_i w_i`` ("kept": the mean over the batch
+  actually drawn, the convention of AGT, Alg. 1 and Thm 4.6) or ``d = batch_size`` ("batch": a
+  fixed ``1/b``, which `agt.descent` covers only with ``normalise="nominal"``): the nominal
+  descent direction, used to retrain AGT's neighbouring datasets.
 
   ``per_sample_grads(params, xs, ys)`` gives unclipped gradients with a leading sample axis.
   """
