@@ -2,7 +2,9 @@
 
 Modules (OR-Tools MathOpt; SCIP, HiGHS, CP-SAT):
 
-* `milp.network`        — Flax parameters / linen models -> chains of affine layers (float64).
+* `milp.network`        — Flax parameters / linen models / any affine+ReLU JAX function
+                          (`from_function`, e.g. an imported ONNX graph) -> chains of affine
+                          layers (float64).
 * `milp.bounds`         — IBP and CROWN pre-activation bounds (big-M constants).
 * `milp.neighbourhoods` — membership, L-inf ball, sensitive-attribute neighbourhoods.
 * `milp.encode`         — MathOpt encodings (exact ReLU, interval weights, shared inputs).
@@ -16,6 +18,11 @@ Modules (OR-Tools MathOpt; SCIP, HiGHS, CP-SAT):
                           hyper-network, branch-and-bound over hyper-networks, per-member
                           MILPs, and `compute_betas`, β per class for
                           `boundjax.privacy.LabelOnlyGuard`.
+* `milp.property`       — the exact check of a VNNLIB-style property (sat with a replayed
+                          counterexample / unsat / timeout / unknown).
+* `milp.complete`       — the complete verifier behind `boundjax verify` (falsifier, layered
+                          CROWN/α/β with split constraints, branch-and-bound, MILP fallback).
+* `milp.lipschitz`      — the exact local Lipschitz constant as a MILP (LipMIP), PTR's oracle.
 
 Layering: `milp` imports `boundjax`; nothing in `boundjax` (except its demos and CLI) imports
 `milp`.

@@ -1,4 +1,4 @@
-"""Abstract Gradient Training: interval bounds on parameters through SGD (AGT paper 001).
+"""Abstract Gradient Training: interval bounds on parameters through SGD (Wicker et al., "Certified private prediction with Abstract Gradient Training", AGT).
 
 * `Config` (`boundjax.agt.config`): the run's hyper-parameters, checked at construction.
 * `fit`, `fit_k_grid`, `make_step`, `update`, `init`, `State` (`boundjax.agt.train`): the interval
