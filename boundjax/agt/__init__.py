@@ -1,4 +1,5 @@
-"""Abstract Gradient Training: interval bounds on parameters through SGD (Wicker et al., "Certified private prediction with Abstract Gradient Training", AGT).
+"""Abstract Gradient Training: interval bounds on parameters through SGD ("Certification for
+Differentially Private Prediction in Gradient-Based Training", AGT).
 
 * `Config` (`boundjax.agt.config`): the run's hyper-parameters, checked at construction.
 * `fit`, `fit_k_grid`, `make_step`, `update`, `init`, `State` (`boundjax.agt.train`): the interval
