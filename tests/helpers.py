@@ -72,3 +72,21 @@ def matmul_precisions(jaxpr) -> list:
     for sub in jax.extend.core.jaxprs_in_params(e.params):
       found += matmul_precisions(sub)
   return found
+
+
+def mlp_apply(params, z):
+  """A Dense+ReLU network given as a list of ``{"kernel", "bias"}`` layers (no ReLU at the end)."""
+  h = z
+  for i, layer in enumerate(params):
+    h = h @ layer["kernel"] + layer["bias"]
+    if i < len(params) - 1:
+      h = jax.nn.relu(h)
+  return h
+
+
+def random_mlp(seed, sizes):
+  """Layers for `mlp_apply` with entries ``U(-1, 1) / sqrt(fan_in)``."""
+  rng = np.random.default_rng(seed)
+  return [{"kernel": jnp.asarray(rng.uniform(-1, 1, (a, b)) / np.sqrt(a)),
+           "bias": jnp.asarray(rng.uniform(-1, 1, b) / np.sqrt(a))}
+          for a, b in zip(sizes[:-1], sizes[1:])]

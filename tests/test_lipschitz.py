@@ -16,21 +16,13 @@ import numpy as np
 import pytest
 
 from boundjax import lipschitz as lip
+from tests.helpers import mlp_apply
 
 
 @pytest.fixture(autouse=True)
 def x64():
   with jax.enable_x64(True):
     yield
-
-
-def mlp_apply(params, z):
-  h = z
-  for i, layer in enumerate(params):
-    h = h @ layer["kernel"] + layer["bias"]
-    if i < len(params) - 1:
-      h = jax.nn.relu(h)
-  return h
 
 
 def random_mlp(seed: int, sizes) -> list[dict]:

@@ -18,28 +18,13 @@ from boundjax import lipschitz as lip
 from boundjax.privacy import ptr
 from milp import lipschitz as mlip
 from milp.solve import SolveConfig
+from tests.helpers import mlp_apply, random_mlp
 
 
 @pytest.fixture(autouse=True)
 def x64():
   with jax.enable_x64(True):
     yield
-
-
-def mlp_apply(params, z):
-  h = z
-  for i, layer in enumerate(params):
-    h = h @ layer["kernel"] + layer["bias"]
-    if i < len(params) - 1:
-      h = jax.nn.relu(h)
-  return h
-
-
-def random_mlp(seed, sizes):
-  rng = np.random.default_rng(seed)
-  return [{"kernel": jnp.asarray(rng.uniform(-1, 1, (a, b)) / np.sqrt(a)),
-           "bias": jnp.asarray(rng.uniform(-1, 1, b) / np.sqrt(a))}
-          for a, b in zip(sizes[:-1], sizes[1:])]
 
 
 def test_sandwich_one_hidden_layer():
