@@ -134,6 +134,49 @@ def test_layered_bounds_are_sound_and_splits_tighten():
         assert np.all(np.asarray(best_c)[0] <= half_min + 1e-9)
 
 
+def test_parent_bounds_and_combined_rows_are_sound():
+  """Input splitting's reuse of the parent box's intermediate bounds (intersected with the
+  child's, every ``intermediate`` mode) and the row sums it bounds for conjunctions: sound
+  against a grid of the child box, at least as tight as without, and exact sums only."""
+  from milp.complete import input_bab
+  apply_fn, params, net = _mlp(5, (2, 16, 16, 4))
+  rng = np.random.default_rng(1)
+  C = rng.normal(size=(3, 4))
+  d = rng.normal(size=3)
+  Cx, dx = input_bab.combined_rows(Disjunct(C, d))
+  np.testing.assert_array_equal(Cx[:3], C)  # original rows first; inexact sums are dropped
+  assert Cx.shape[0] <= 3 + 4
+  Ci, di = input_bab.combined_rows(Disjunct(np.array([[1.0, -1, 0, 0], [1, 0, -1, 0]]),
+                                            np.zeros(2)))
+  np.testing.assert_array_equal(Ci[2], [2.0, -1, -1, 0])
+  lo, hi = np.array([-1.0, -0.5]), np.array([0.5, 1.0])
+  clo, chi = np.array([-1.0, 0.2]), np.array([-0.3, 1.0])  # a child box
+  x = _grid(clo, chi, 121)
+  yv = _fwd(net, x)
+  true_min = (yv @ Cx.T - dx).min(0)
+  z = [x @ np.asarray(net.layers[0].w_lower).T + net.layers[0].b_lower]
+  z.append(np.maximum(z[0], 0) @ np.asarray(net.layers[1].w_lower).T + net.layers[1].b_lower)
+  with jax.enable_x64(True):
+    lay = layered.from_network(net)
+    zeros = tuple(jnp.zeros((1, n), jnp.int8) for n in lay.hidden)
+    for sound in (False, True):
+      for inter in ("crown", "forward", "both"):
+        args = (lay, jnp.asarray(Cx), jnp.asarray(dx))
+        _, _, _, pl, pu = layered.crown_batch(*args, jnp.asarray(lo[None]), jnp.asarray(hi[None]),
+                                              zeros, sound, inter)
+        b0, *_ = layered.crown_batch(*args, jnp.asarray(clo[None]), jnp.asarray(chi[None]), zeros,
+                                     sound, inter)
+        b, _, inf, lbs, ubs = layered.crown_batch(*args, jnp.asarray(clo[None]),
+                                                  jnp.asarray(chi[None]), zeros, sound, inter,
+                                                  (pl, pu))
+        assert not bool(np.asarray(inf)[0])
+        assert np.all(np.asarray(b)[0] <= true_min + 1e-12)
+        assert np.all(np.asarray(b)[0] >= np.asarray(b0)[0] - 1e-9)
+        for k in range(2):
+          assert np.all(np.asarray(lbs[k])[0] <= z[k].min(0) + 1e-12)
+          assert np.all(np.asarray(ubs[k])[0] >= z[k].max(0) - 1e-12)
+
+
 def test_relu_split_vs_milp():
   """High-dimensional path (ReLU splitting, forced by input_split_dims=0) agrees with MILP."""
   from milp.property import check_property

@@ -8,6 +8,12 @@ largest estimated influence ``width_j · |Λ_j|`` (Λ: the input coefficients of
 CROWN bound; the "smear" heuristic of ReluVal, Wang et al. 2018, with linear instead of
 interval gradients). Boxes are processed last-in first-out in batches of fixed (bucketed) sizes,
 so the jitted bound is compiled once per size and the frontier stays small.
+
+Two refinements, both sound: a child box's intermediate bounds are intersected with its
+parent's (which hold on the larger box), and a conjunction of rows is also bounded through sums
+of its rows (`combined_rows`): ``λ^T (C y - d) > 0`` with ``λ >= 0`` rules the conjunction out
+where no single row does (ACAS Xu's "Y_0 is minimal" properties: 1_1 prop_4 went from a
+timeout at 90 s, 52k boxes, to unsat in 14 s, 121 boxes, on a loaded 2-core machine).
 """
 
 from __future__ import annotations
@@ -28,22 +34,65 @@ def _bucket(n: int, cap: int) -> int:
   return min(64, cap) if n <= 64 else cap
 
 
+def combined_rows(disjunct: Disjunct, max_rows: int = 8) -> tuple[np.ndarray, np.ndarray]:
+  """``(C', d')``: the disjunct's rows followed by sums of pairs of rows and of all rows.
+
+  For ``λ >= 0``, ``λ^T (C y - d) > 0`` on a box means some row of ``C y - d`` is positive at
+  every point: the conjunction ``C y <= d`` is unreachable there, though no single row may be
+  (the rows' witnesses change across the box). A combination is kept only if ``λ^T C`` and
+  ``λ^T d`` are exact in float64 (checked with rationals), so that a sound bound of the
+  combined row is a sound bound of ``λ^T (C y - d)``."""
+  from fractions import Fraction
+  C, d = disjunct.C, disjunct.d
+  R = C.shape[0]
+  if R < 2:
+    return C, d
+  lams = [np.ones(R)]
+  if R > 2:
+    for i in range(R):
+      for j in range(i + 1, R):
+        lam = np.zeros(R)
+        lam[[i, j]] = 1.0
+        lams.append(lam)
+  rows, ds = [], []
+  for lam in lams[:max_rows]:
+    c, dd = lam @ C, lam @ d
+    exact_c = [sum((Fraction(float(v)) * Fraction(float(C[i, k])) for i, v in enumerate(lam)),
+                   Fraction(0)) for k in range(C.shape[1])]
+    exact_d = sum((Fraction(float(v)) * Fraction(float(d[i])) for i, v in enumerate(lam)),
+                  Fraction(0))
+    if all(Fraction(float(a)) == b for a, b in zip(c, exact_c)) and Fraction(float(dd)) == exact_d:
+      rows.append(c)
+      ds.append(dd)
+  if not rows:
+    return C, d
+  return np.concatenate([C, np.array(rows)]), np.concatenate([d, np.array(ds)])
+
+
 def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct, replay: Any,
                 deadline: Deadline, *, sound: bool = True, batch: int = 1024,
                 intermediate: str = "crown", alpha_steps: int = 0, max_boxes: int = 2_000_000,
-                progress: Any = None) -> tuple[str, Any, int]:
+                progress: Any = None, reuse_bounds: bool = True,
+                combine: bool = True) -> tuple[str, Any, int]:
   """Input-splitting BaB for one region and one disjunct.
 
   Returns ``(status, counterexample or None, nodes)``; status is ``"unsat"`` (every box
   proven), ``"sat"``, ``"timeout"`` or ``"unknown"`` (frontier over ``max_boxes``).
+  ``reuse_bounds``: a box's intermediate bounds are intersected with its parent's (valid on
+  the parent box, hence on the child). ``combine``: also bound sums of rows (`combined_rows`).
   """
-  C = jnp.asarray(disjunct.C)
-  d = jnp.asarray(disjunct.d)
+  Cx, dx = combined_rows(disjunct) if combine else (disjunct.C, disjunct.d)
+  C = jnp.asarray(Cx)
+  d = jnp.asarray(dx)
+  hidden = lay.hidden
   los = [region.lower[None].copy()]
   his = [region.upper[None].copy()]
+  # bounds known on each box (its parent's; none at the root), for `layered.crown_batch`'s prior
+  pls = [[np.full((1, n), -np.inf) for n in hidden]]
+  pus = [[np.full((1, n), np.inf) for n in hidden]]
   pending = 1
   nodes = 0
-  hidden = lay.hidden
+  use_prior = reuse_bounds and not alpha_steps
   while pending:
     if deadline.expired():
       return "timeout", None, nodes
@@ -51,20 +100,25 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct, replay:
       return "unknown", None, nodes
     lo_all = np.concatenate(los)
     hi_all = np.concatenate(his)
+    pl_all = [np.concatenate([p[k] for p in pls]) for k in range(len(hidden))]
+    pu_all = [np.concatenate([p[k] for p in pus]) for k in range(len(hidden))]
     take = min(batch, len(lo_all))
     lo, hi = lo_all[-take:], hi_all[-take:]
+    pl, pu = [a[-take:] for a in pl_all], [a[-take:] for a in pu_all]
     los, his = [lo_all[:-take]], [hi_all[:-take]]
+    pls, pus = [[a[:-take] for a in pl_all]], [[a[:-take] for a in pu_all]]
     size = _bucket(take, batch)
     pad = size - take
-    lo_p = np.concatenate([lo, np.repeat(lo[-1:], pad, 0)])
-    hi_p = np.concatenate([hi, np.repeat(hi[-1:], pad, 0)])
+    padded = lambda a: jnp.asarray(np.concatenate([a, np.repeat(a[-1:], pad, 0)]))
+    lo_p, hi_p = padded(lo), padded(hi)
     splits = tuple(jnp.zeros((size, n), jnp.int8) for n in hidden)
     if alpha_steps and intermediate == "crown":
-      bound, lam0, _, _, _ = layered.crown_alpha_batch(
-          lay, C, d, jnp.asarray(lo_p), jnp.asarray(hi_p), splits, sound, alpha_steps)
+      bound, lam0, _, lbs, ubs = layered.crown_alpha_batch(
+          lay, C, d, lo_p, hi_p, splits, sound, alpha_steps)
     else:
-      bound, lam0, _, _, _ = layered.crown_batch(lay, C, d, jnp.asarray(lo_p), jnp.asarray(hi_p),
-                                                 splits, sound, intermediate)
+      prior = (tuple(padded(a) for a in pl), tuple(padded(a) for a in pu)) if use_prior else None
+      bound, lam0, _, lbs, ubs = layered.crown_batch(lay, C, d, lo_p, hi_p, splits, sound,
+                                                     intermediate, prior)
     bound = np.asarray(bound)[:take]
     lam0 = np.asarray(lam0)[:take]
     nodes += take
@@ -77,6 +131,12 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct, replay:
       pending = len(los[0])
       continue
     lo, hi, lam = lo[open_], hi[open_], lam0[open_, best_row[open_]]
+    if use_prior:
+      bl = [np.asarray(a)[:take][open_] for a in lbs]
+      bu = [np.asarray(a)[:take][open_] for a in ubs]
+    else:
+      bl = [np.full((len(lo), n), -np.inf) for n in hidden]
+      bu = [np.full((len(lo), n), np.inf) for n in hidden]
     # counterexample candidates: centres and the minimising corners of the linear bound
     cand = np.concatenate([(lo + hi) / 2, np.where(lam > 0, lo, hi)])
     y = np.asarray(layered.forward(lay, jnp.asarray(cand)))
@@ -96,5 +156,7 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct, replay:
     lo2[rows, dim] = mid
     los += [lo, lo2]
     his += [hi1, hi]
+    pls += [bl, bl]
+    pus += [bu, bu]
     pending = sum(len(a) for a in los)
   return "unsat", None, nodes

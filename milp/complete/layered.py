@@ -180,15 +180,24 @@ def _clip(l, u, split):
   return jnp.where(split > 0, jnp.maximum(l, 0.0), l), jnp.where(split < 0, jnp.minimum(u, 0.0), u)
 
 
-def intermediate_one(lay: Layers, lo, hi, splits=None, sound: bool = False):
+def _meet(l, u, prior, k):
+  """Intersects layer ``k``'s bounds with ``prior = (lbs, ubs)`` (bounds valid on a superset of
+  the sub-problem, e.g. the parent box's: both hold, so their intersection does)."""
+  if prior is None:
+    return l, u
+  return jnp.maximum(l, prior[0][k - 1]), jnp.minimum(u, prior[1][k - 1])
+
+
+def intermediate_one(lay: Layers, lo, hi, splits=None, sound: bool = False, prior=None):
   """Pre-activation bounds ``(lbs, ubs)`` of every hidden layer for one sub-problem, clipped by
-  the splits, and ``infeasible`` (some ``l > u``: the sub-problem is empty)."""
+  the splits (and intersected with ``prior``, see `_meet`), and ``infeasible`` (some ``l > u``:
+  the sub-problem is empty)."""
   lbs, ubs = [], []
   infeasible = jnp.zeros((), bool)
   for k, n in enumerate(lay.hidden, start=1):
     eye = jnp.eye(n, dtype=lo.dtype)
     bnd, _, _ = backward(lay, jnp.concatenate([eye, -eye]), k, lo, hi, lbs, ubs, sound=sound)
-    l, u = bnd[:n], -bnd[n:]
+    l, u = _meet(bnd[:n], -bnd[n:], prior, k)
     l, u = _clip(l, u, None if splits is None else splits[k - 1])
     infeasible = infeasible | jnp.any(l > u)
     u = jnp.maximum(u, l)  # keep the relaxation well defined; the sub-problem is dropped anyway
@@ -197,7 +206,7 @@ def intermediate_one(lay: Layers, lo, hi, splits=None, sound: bool = False):
   return tuple(lbs), tuple(ubs), infeasible
 
 
-def intermediate_forward_one(lay: Layers, lo, hi, splits=None, sound: bool = False):
+def intermediate_forward_one(lay: Layers, lo, hi, splits=None, sound: bool = False, prior=None):
   """Pre-activation bounds by forward linear bounds (symbolic intervals with CROWN's
   relaxations; cheaper than `intermediate_one` when the input is small, looser on big boxes).
 
@@ -228,6 +237,7 @@ def intermediate_forward_one(lay: Layers, lo, hi, splits=None, sound: bool = Fal
   for k, n in enumerate(lay.hidden, start=1):
     l, _ = extremes(Al, cl)
     _, u = extremes(Au, cu)
+    l, u = _meet(l, u, prior, k)
     l, u = _clip(l, u, None if splits is None else splits[k - 1])
     infeasible = infeasible | jnp.any(l > u)
     u = jnp.maximum(u, l)
@@ -268,17 +278,28 @@ def intermediate_batch(lay: Layers, lo, hi, splits, sound: bool):
 
 
 @functools.partial(jax.jit, static_argnames=("sound", "intermediate"))
-def crown_batch(lay: Layers, C, d, lo, hi, splits, sound: bool, intermediate: str = "crown"):
+def crown_batch(lay: Layers, C, d, lo, hi, splits, sound: bool, intermediate: str = "crown",
+                prior=None):
   """Intermediate and output bounds (adaptive α, no β) for a batch of boxes with splits.
 
+  ``prior``: None or ``(lbs, ubs)`` per layer (B, n_i), bounds known to hold on each box (its
+  parent's); they are intersected with the computed ones layer by layer. ``intermediate``:
+  ``"crown"``, ``"forward"`` or ``"both"`` (the intersection of the two).
   Returns ``(bound (B, R), lam0 (B, R, n_0), infeasible (B,), lbs, ubs)``; infeasible
   sub-problems get bound ``+inf``."""
-  def one(l, h, s):
-    inter = intermediate_one if intermediate == "crown" else intermediate_forward_one
-    lbs, ubs, inf = inter(lay, l, h, s, sound)
+  def one(l, h, s, pr):
+    if intermediate == "both":
+      lf, uf, inf1 = intermediate_forward_one(lay, l, h, s, sound, pr)
+      lbs, ubs, inf = intermediate_one(lay, l, h, s, sound, (lf, uf))
+      inf = inf | inf1
+    else:
+      inter = intermediate_one if intermediate == "crown" else intermediate_forward_one
+      lbs, ubs, inf = inter(lay, l, h, s, sound, pr)
     bnd, lam0, _ = output_one(lay, C, d, l, h, lbs, ubs, sound=sound)
     return jnp.where(inf, jnp.inf, bnd), lam0, inf, lbs, ubs
-  return jax.vmap(one)(lo, hi, splits)
+  if prior is None:
+    return jax.vmap(lambda l, h, s: one(l, h, s, None))(lo, hi, splits)
+  return jax.vmap(one)(lo, hi, splits, prior)
 
 
 def default_alphas(lbs, ubs, R: int):
