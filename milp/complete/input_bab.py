@@ -139,7 +139,7 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct, replay:
       bu = [np.full((len(lo), n), np.inf) for n in hidden]
     # counterexample candidates: centres and the minimising corners of the linear bound
     cand = np.concatenate([(lo + hi) / 2, np.where(lam > 0, lo, hi)])
-    y = np.asarray(layered.forward(lay, jnp.asarray(cand)))
+    y = layered.forward_np(lay, cand)
     if np.any(disjunct.violated_by(y)):
       hit = replay.find(Region(region.lower, region.upper, (disjunct,)),
                         cand[disjunct.violated_by(y)])

@@ -96,6 +96,17 @@ def forward(lay: Layers, x: jnp.ndarray) -> jnp.ndarray:
   return h
 
 
+def forward_np(lay: Layers, x: np.ndarray) -> np.ndarray:
+  """`forward` in NumPy float64, for candidate batches of varying sizes (op-by-op JAX would
+  compile every primitive once per new shape)."""
+  h = np.asarray(x, F64)
+  for i, (w, b) in enumerate(zip(lay.Ws, lay.bs)):
+    h = h @ np.asarray(w).T + np.asarray(b)
+    if i < len(lay.Ws) - 1:
+      h = np.maximum(h, 0.0)
+  return h
+
+
 def _gamma(n: int) -> float:
   return rounding.gamma(2 * int(n) + 2, np.float64)
 

@@ -105,7 +105,7 @@ def relu_split(lay: layered.Layers, net: Any, region: Region, disjunct: Disjunct
     row = np.argmax(bnd_b, axis=1)
     lam = np.take_along_axis(lam0_b, row[:, None, None], axis=1)[:, 0]
     xs = np.where(lam > 0, region.lower, region.upper)
-    y = np.asarray(layered.forward(lay, jnp.asarray(xs)))
+    y = layered.forward_np(lay, xs)
     hit_mask = disjunct.violated_by(y)
     if np.any(hit_mask):
       return replay.find(sub, xs[hit_mask])
