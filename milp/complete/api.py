@@ -115,10 +115,12 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
   phase = "bounds"
   with jax.enable_x64(True):
     for region in regions:
-      for disjunct in region.disjuncts:
+      # input splitting bounds all of a region's disjuncts together (shared intermediate bounds)
+      split_inputs = region.dim <= input_split_dims
+      for disjunct in ((region.disjuncts,) if split_inputs else region.disjuncts):
         if deadline.expired():
           return done("timeout")
-        if region.dim <= input_split_dims:
+        if split_inputs:
           from milp.complete import input_bab
           stats["method"] = "input-split"
           bar = _bar(progress, "input split")

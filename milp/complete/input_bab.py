@@ -18,7 +18,7 @@ timeout at 90 s, 52k boxes, to unsat in 14 s, 121 boxes, on a loaded 2-core mach
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -69,27 +69,39 @@ def combined_rows(disjunct: Disjunct, max_rows: int = 8) -> tuple[np.ndarray, np
   return np.concatenate([C, np.array(rows)]), np.concatenate([d, np.array(ds)])
 
 
-def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct, replay: Any,
+def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequence[Disjunct],
+                replay: Any,
                 deadline: Deadline, *, sound: bool = True, batch: int = 1024,
                 intermediate: str = "crown", alpha_steps: int = 0, max_boxes: int = 2_000_000,
                 progress: Any = None, reuse_bounds: bool = True,
                 combine: bool = True) -> tuple[str, Any, int]:
-  """Input-splitting BaB for one region and one disjunct.
+  """Input-splitting BaB for one region and one disjunct, or several at once.
+
+  With several disjuncts, every box is bounded on all their rows in one pass (the intermediate
+  bounds, most of the cost, are shared); a box is closed when each disjunct has a positive row
+  on it or on an ancestor box (the mask of proven disjuncts is inherited), and it is split for
+  the open disjunct with the lowest bound.
 
   Returns ``(status, counterexample or None, nodes)``; status is ``"unsat"`` (every box
   proven), ``"sat"``, ``"timeout"`` or ``"unknown"`` (frontier over ``max_boxes``).
   ``reuse_bounds``: a box's intermediate bounds are intersected with its parent's (valid on
   the parent box, hence on the child). ``combine``: also bound sums of rows (`combined_rows`).
   """
-  Cx, dx = combined_rows(disjunct) if combine else (disjunct.C, disjunct.d)
-  C = jnp.asarray(Cx)
-  d = jnp.asarray(dx)
+  disjuncts = (disjunct,) if isinstance(disjunct, Disjunct) else tuple(disjunct)
+  parts = [combined_rows(dj) if combine else (dj.C, dj.d) for dj in disjuncts]
+  G = len(parts)
+  ends = np.cumsum([len(p[1]) for p in parts])
+  starts = ends - np.array([len(p[1]) for p in parts])
+  C = jnp.asarray(np.concatenate([p[0] for p in parts]))
+  d = jnp.asarray(np.concatenate([p[1] for p in parts]))
+  sub = Region(region.lower, region.upper, disjuncts)
   hidden = lay.hidden
   los = [region.lower[None].copy()]
   his = [region.upper[None].copy()]
   # bounds known on each box (its parent's; none at the root), for `layered.crown_batch`'s prior
   pls = [[np.full((1, n), -np.inf) for n in hidden]]
   pus = [[np.full((1, n), np.inf) for n in hidden]]
+  dns = [np.zeros((1, G), bool)]  # disjuncts proven on an ancestor box
   pending = 1
   nodes = 0
   use_prior = reuse_bounds and not alpha_steps
@@ -106,6 +118,8 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct, replay:
     lo, hi = lo_all[-take:], hi_all[-take:]
     pl, pu = [a[-take:] for a in pl_all], [a[-take:] for a in pu_all]
     los, his = [lo_all[:-take]], [hi_all[:-take]]
+    dn_all = np.concatenate(dns)
+    done, dns = dn_all[-take:], [dn_all[:-take]]
     pls, pus = [[a[:-take] for a in pl_all]], [[a[:-take] for a in pu_all]]
     size = _bucket(take, batch)
     pad = size - take
@@ -124,13 +138,18 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct, replay:
     nodes += take
     if progress is not None:
       progress.update(take)
-    best_row = np.argmax(bound, axis=1)
-    proven = bound[np.arange(take), best_row] > 0
-    open_ = ~proven
+    gbound = np.stack([bound[:, a:b].max(axis=1) for a, b in zip(starts, ends)], axis=1)
+    done = done | (gbound > 0)
+    open_ = ~np.all(done, axis=1)
     if not np.any(open_):
       pending = len(los[0])
       continue
-    lo, hi, lam = lo[open_], hi[open_], lam0[open_, best_row[open_]]
+    # branch for the open disjunct with the lowest bound, on its best row's coefficients
+    worst = np.argmin(np.where(done, np.inf, gbound), axis=1)
+    row = np.array([starts[g] + np.argmax(bound[i, starts[g]:ends[g]])
+                    for i, g in enumerate(worst)], dtype=int)
+    lo, hi, lam = lo[open_], hi[open_], lam0[open_, row[open_]]
+    done = done[open_]
     if use_prior:
       bl = [np.asarray(a)[:take][open_] for a in lbs]
       bu = [np.asarray(a)[:take][open_] for a in ubs]
@@ -140,9 +159,9 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct, replay:
     # counterexample candidates: centres and the minimising corners of the linear bound
     cand = np.concatenate([(lo + hi) / 2, np.where(lam > 0, lo, hi)])
     y = layered.forward_np(lay, cand)
-    if np.any(disjunct.violated_by(y)):
-      hit = replay.find(Region(region.lower, region.upper, (disjunct,)),
-                        cand[disjunct.violated_by(y)])
+    viol = np.any([dj.violated_by(y) for dj in disjuncts], axis=0)
+    if np.any(viol):
+      hit = replay.find(sub, cand[viol])
       if hit is not None:
         return "sat", hit, nodes
     width = hi - lo
@@ -158,5 +177,6 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct, replay:
     his += [hi1, hi]
     pls += [bl, bl]
     pus += [bu, bu]
+    dns += [done, done]
     pending = sum(len(a) for a in los)
   return "unsat", None, nodes
