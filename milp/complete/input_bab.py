@@ -30,8 +30,11 @@ from milp.complete.spec import Disjunct, Region
 
 
 def _bucket(n: int, cap: int) -> int:
-  """Two batch sizes only (each compiles once): small frontiers and full batches."""
-  return min(64, cap) if n <= 64 else cap
+  """Three batch sizes only (each compiles once): small, middle-sized and full batches."""
+  for size in (64, 256):
+    if n <= size:
+      return min(size, cap)
+  return cap
 
 
 def combined_rows(disjunct: Disjunct, max_rows: int = 8) -> tuple[np.ndarray, np.ndarray]:
