@@ -21,7 +21,7 @@ import numpy as np
 import boundjax as bj
 from boundjax import rounding
 from milp.complete.outcome import Deadline
-from milp.complete.spec import Region
+from milp.complete.spec import Region, split_boxes
 
 
 def _rows_lower(y_lo: np.ndarray, y_hi: np.ndarray, C: np.ndarray, d: np.ndarray, sound: bool):
@@ -92,15 +92,7 @@ def input_split_generic(apply_fn: Callable, params: Any, input_shape: Sequence[i
         if hit is not None:
           return "sat", hit, nodes
         gr = np.asarray(grad(jnp.asarray(centre, jnp.float32)), np.float64)
-        width = hi - lo
-        score = width * np.abs(gr)
-        score = np.where(np.all(score <= 0, axis=1, keepdims=True), width, score)
-        dim = np.argmax(score, axis=1)
-        rows = np.arange(len(lo))
-        mid = (lo[rows, dim] + hi[rows, dim]) / 2
-        lo2, hi1 = lo.copy(), hi.copy()
-        hi1[rows, dim] = mid
-        lo2[rows, dim] = mid
-        los += [lo, lo2]
-        his += [hi1, hi]
+        lo1, hi1, lo2, hi2 = split_boxes(lo, hi, gr)
+        los += [lo1, lo2]
+        his += [hi1, hi2]
   return "unsat", None, nodes

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from milp.complete import layered
 from milp.complete.outcome import Deadline
-from milp.complete.spec import Disjunct, Region
+from milp.complete.spec import Disjunct, Region, split_boxes
 
 
 def _bucket(n: int, cap: int) -> int:
@@ -167,17 +166,9 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
       hit = replay.find(sub, cand[viol])
       if hit is not None:
         return "sat", hit, nodes
-    width = hi - lo
-    score = width * np.abs(lam)
-    score = np.where(np.all(score <= 0, axis=1, keepdims=True), width, score)
-    dim = np.argmax(score, axis=1)
-    rows = np.arange(len(lo))
-    mid = (lo[rows, dim] + hi[rows, dim]) / 2
-    lo2, hi1 = lo.copy(), hi.copy()
-    hi1[rows, dim] = mid
-    lo2[rows, dim] = mid
-    los += [lo, lo2]
-    his += [hi1, hi]
+    lo1, hi1, lo2, hi2 = split_boxes(lo, hi, lam)
+    los += [lo1, lo2]
+    his += [hi1, hi2]
     pls += [bl, bl]
     pus += [bu, bu]
     dns += [done, done]

@@ -99,3 +99,23 @@ def violates(regions: Sequence[Region], x: np.ndarray, y: np.ndarray, tol: float
       if any(bool(c.violated_by(y, tol)) for c in r.disjuncts):
         return True
   return False
+
+
+def split_boxes(lo: np.ndarray, hi: np.ndarray, sensitivity: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """Bisects each box ``[lo_i, hi_i]`` (rows) along the input with the largest
+  ``width × |sensitivity|`` (the widest input where every score is 0).
+
+  Returns ``(lo, hi_1, lo_2, hi)``: the lower halves ``[lo, hi_1]`` and the upper halves
+  ``[lo_2, hi]``; together they cover every box exactly.
+  """
+  width = hi - lo
+  score = width * np.abs(sensitivity)
+  score = np.where(np.all(score <= 0, axis=1, keepdims=True), width, score)
+  dim = np.argmax(score, axis=1)
+  rows = np.arange(len(lo))
+  mid = (lo[rows, dim] + hi[rows, dim]) / 2
+  lo2, hi1 = lo.copy(), hi.copy()
+  hi1[rows, dim] = mid
+  lo2[rows, dim] = mid
+  return lo, hi1, lo2, hi
