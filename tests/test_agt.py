@@ -446,20 +446,14 @@ def test_config_rejects_nan_and_inf_in_every_numeric_field(field, value):
     agt.Config(**{**dict(n_epochs=1, learning_rate=0.1, batch_size=4), field: value})
 
 
-def test_config_old_option_names_warn_and_map_to_the_ibp_vocabulary():
-  with pytest.warns(DeprecationWarning, match="sound"):
-    assert agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4, fp_margin=True).sound
-  with pytest.warns(DeprecationWarning, match="matmul"):
-    c = agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4, interval_matmul="exact")
-  assert c.matmul == "signsplit"
-  with pytest.warns(DeprecationWarning):
-    assert agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4,
-                      interval_matmul="rump").matmul == "midrad"
+def test_config_old_option_names_are_refused():
+  """``fp_margin`` / ``interval_matmul`` are gone (init-only aliases read back as None)."""
+  for old in (dict(fp_margin=True), dict(interval_matmul="rump")):
+    with pytest.raises(TypeError, match=next(iter(old))):
+      agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4, **old)
   with pytest.raises(ValueError, match="matmul must be one of"):
     agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4, matmul="rump")
-  base = agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4)
-  with pytest.warns(DeprecationWarning):
-    assert dataclasses.replace(base, fp_margin=True).sound       # the demos' spelling
+  assert not hasattr(agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4), "fp_margin")
 
 
 def test_mlp_backend_rejects_products_it_cannot_do_and_ibp_honours_matmul():

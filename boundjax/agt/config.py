@@ -6,7 +6,8 @@ Field names follow the public AGT code where it has them (``k_private``, ``clip_
 are flat fields instead of the code's ``optimizer_kwargs`` dictionary. Option names shared with
 the rest of boundjax follow `boundjax.ibp`: ``sound`` (outward rounding; was ``fp_margin``) and
 ``matmul`` (the interval product; was ``interval_matmul``, whose "rump" is "midrad" and whose
-"exact" is "signsplit"). The old names still work with a ``DeprecationWarning``.
+"exact" is "signsplit"). The old names are gone: nothing in the package, its notebooks or
+benchmarks used them, and as init-only aliases they read back as ``None``.
 
 Every option is checked when the `Config` is built (`ValueError` naming the field): unknown names,
 NaN or infinite numbers, and combinations the bounds do not cover.
@@ -17,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import warnings
 from typing import Literal, Optional
 
 from boundjax.training import Schedule
@@ -30,7 +30,6 @@ BOUND_METHODS = ("interval",)
 #: Interval products, in `boundjax.ibp`'s vocabulary. The "mlp" back-end does "midrad" and
 #: "signsplit"; "exact" and "best" need the "ibp" back-end (`boundjax.agt.bounds`).
 MATMULS = ("midrad", "signsplit", "exact", "best")
-_OLD_MATMULS = {"rump": "midrad", "exact": "signsplit"}
 _NUMBERS = ("learning_rate", "clip_gamma", "lr_decay", "lr_min", "momentum", "dampening",
             "l1_reg", "l2_reg")
 _INTS = ("n_epochs", "batch_size", "k_private", "fragsize", "seed")
@@ -93,7 +92,6 @@ class Config:
       "nominal", the fixed ``1/b`` convention ``sum / b``, which Thm 4.6 covers only when no
       batch grows (additions <= removals): its own bound drops only the removals that help
       and is wider; it also covers "actual". The nominal run is the same either way.
-    fp_margin, interval_matmul: deprecated names of ``sound`` and ``matmul`` (init-only).
   """
 
   n_epochs: int
@@ -117,23 +115,10 @@ class Config:
   seed: int = 0
   sound: bool = False
   normalise: Literal["actual", "nominal"] = "actual"
-  fp_margin: dataclasses.InitVar[Optional[bool]] = None
-  interval_matmul: dataclasses.InitVar[Optional[str]] = None
 
-  def __post_init__(self, fp_margin: Optional[bool], interval_matmul: Optional[str]):
+  def __post_init__(self):
     def bad(msg):
       raise ValueError(f"agt.Config: {msg}")
-    if fp_margin is not None:
-      warnings.warn("agt.Config(fp_margin=...) is deprecated; use sound=...", DeprecationWarning,
-                    stacklevel=3)
-      object.__setattr__(self, "sound", bool(fp_margin))
-    if interval_matmul is not None:
-      warnings.warn("agt.Config(interval_matmul=...) is deprecated; use matmul= with "
-                    "boundjax.ibp's names ('rump' -> 'midrad', 'exact' -> 'signsplit').",
-                    DeprecationWarning, stacklevel=3)
-      if interval_matmul not in _OLD_MATMULS:
-        bad(f"interval_matmul must be one of {tuple(_OLD_MATMULS)}, got {interval_matmul!r}.")
-      object.__setattr__(self, "matmul", _OLD_MATMULS[interval_matmul])
     if self.clip_gamma == math.inf:      # the old spelling of "no clipping"
       object.__setattr__(self, "clip_gamma", None)
     for name in _INTS:
