@@ -27,7 +27,6 @@ import json
 import os
 import pathlib
 import platform
-import subprocess
 import sys
 import time
 
@@ -38,6 +37,7 @@ import numpy as np  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from boundjax import ensembles as E  # noqa: E402
 from boundjax.data import load_sklearn  # noqa: E402
@@ -45,6 +45,7 @@ from boundjax.models import MLP  # noqa: E402
 from milp import idpdb  # noqa: E402
 from milp import network as net_lib  # noqa: E402
 from milp.ldcp import family_from_stacked  # noqa: E402
+from provenance import git_commit  # noqa: E402
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -70,14 +71,6 @@ def family(a: argparse.Namespace):
                          seed=0, progress=False)
   members = ens.select(np.arange(1, a.members + 1)).params
   return net_lib.from_params(ens.full), family_from_stacked(members)
-
-
-def git_commit() -> str:
-  try:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown"
 
 
 def main(argv=None) -> dict:
