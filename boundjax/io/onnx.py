@@ -290,40 +290,28 @@ def _div(node: Node, a, b):
   return jnp.divide(a, b)
 
 
-@converter("Neg")
-def _neg(node: Node, x):
-  """Neg (opset 13): ``-X``."""
-  return jnp.negative(x)
+# Element-wise operators of one input, opset 13 semantics (Relu: opset 14; Softplus: opset 1).
+ELEMENTWISE: dict[str, Callable[[Any], Any]] = {
+    "Neg": jnp.negative,                           # -X
+    "Abs": jnp.abs,                                # |X|
+    "Sqrt": jnp.sqrt,
+    "Exp": jnp.exp,
+    "Log": jnp.log,                                # natural logarithm
+    "Reciprocal": lambda x: 1.0 / x,
+    "Floor": jnp.floor,
+    "Ceil": jnp.ceil,
+    "Erf": lambda x: lax.erf(jnp.asarray(x)),      # lax.erf needs an array, not NumPy
+    "Relu": lambda x: jnp.maximum(x, 0),           # max(X, 0)
+    "Sigmoid": jax.nn.sigmoid,                     # 1 / (1 + exp(-X))
+    "Tanh": jnp.tanh,
+    "Softplus": jax.nn.softplus,                   # log(1 + exp(X))
+}
 
 
-@converter("Abs")
-def _abs(node: Node, x):
-  """Abs (opset 13): ``|X|``."""
-  return jnp.abs(x)
-
-
-@converter("Sqrt")
-def _sqrt(node: Node, x):
-  """Sqrt (opset 13): ``sqrt(X)``."""
-  return jnp.sqrt(x)
-
-
-@converter("Exp")
-def _exp(node: Node, x):
-  """Exp (opset 13): ``exp(X)``."""
-  return jnp.exp(x)
-
-
-@converter("Log")
-def _log(node: Node, x):
-  """Log (opset 13): natural logarithm."""
-  return jnp.log(x)
-
-
-@converter("Reciprocal")
-def _reciprocal(node: Node, x):
-  """Reciprocal (opset 13): ``1 / X``."""
-  return 1.0 / x
+@converter(*ELEMENTWISE)
+def _elementwise(node: Node, x):
+  """The operators of `ELEMENTWISE`: one function applied entry by entry."""
+  return ELEMENTWISE[node.op_type](x)
 
 
 @converter("Pow")
@@ -344,50 +332,14 @@ def _variadic(node: Node, *xs):
   return out / len(xs) if node.op_type == "Mean" else out
 
 
-@converter("Floor", "Ceil")
-def _round(node: Node, x):
-  """Floor / Ceil (opset 13)."""
-  return jnp.floor(x) if node.op_type == "Floor" else jnp.ceil(x)
-
-
-@converter("Erf")
-def _erf(node: Node, x):
-  """Erf (opset 13): the error function."""
-  return lax.erf(jnp.asarray(x))
-
-
 # ----------------------------------------------------------------------------------------------
 # Converters: activations
 # ----------------------------------------------------------------------------------------------
-
-@converter("Relu")
-def _relu(node: Node, x):
-  """Relu (opset 14): ``max(X, 0)``."""
-  return jnp.maximum(x, 0)
-
 
 @converter("LeakyRelu")
 def _leaky_relu(node: Node, x):
   """LeakyRelu (opset 16): ``X if X >= 0 else alpha * X``, ``alpha`` default 0.01."""
   return jax.nn.leaky_relu(x, negative_slope=node.attr("alpha", 0.01))
-
-
-@converter("Sigmoid")
-def _sigmoid(node: Node, x):
-  """Sigmoid (opset 13): ``1 / (1 + exp(-X))``."""
-  return jax.nn.sigmoid(x)
-
-
-@converter("Tanh")
-def _tanh(node: Node, x):
-  """Tanh (opset 13)."""
-  return jnp.tanh(x)
-
-
-@converter("Softplus")
-def _softplus(node: Node, x):
-  """Softplus (opset 1): ``log(1 + exp(X))``."""
-  return jax.nn.softplus(x)
 
 
 def _softmax_like(node: Node, x, fn):
