@@ -262,22 +262,18 @@ def _matmul(node: Node, a, b):
 # Converters: element-wise arithmetic (multidirectional, i.e. NumPy, broadcasting)
 # ----------------------------------------------------------------------------------------------
 
-@converter("Add")
-def _add(node: Node, a, b):
-  """Add (opset 14): ``A + B``."""
-  return jnp.add(a, b)
+# Element-wise operators of two inputs with NumPy broadcasting, opset 14 semantics.
+BINARY: dict[str, Callable[[Any, Any], Any]] = {
+    "Add": jnp.add,                                # A + B
+    "Sub": jnp.subtract,                           # A - B
+    "Mul": jnp.multiply,                           # A * B
+}
 
 
-@converter("Sub")
-def _sub(node: Node, a, b):
-  """Sub (opset 14): ``A - B``."""
-  return jnp.subtract(a, b)
-
-
-@converter("Mul")
-def _mul(node: Node, a, b):
-  """Mul (opset 14): ``A * B``."""
-  return jnp.multiply(a, b)
+@converter(*BINARY)
+def _binary(node: Node, a, b):
+  """The operators of `BINARY`."""
+  return BINARY[node.op_type](a, b)
 
 
 @converter("Div")
