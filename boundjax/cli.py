@@ -64,7 +64,11 @@ def verify(net: str | None, prop: str | None, timeout: float, out: str | None,
   if batch is None:
     if net is None or prop is None:
       raise SystemExit("boundjax verify: give NET.onnx and PROP.vnnlib, or --batch INSTANCES.csv")
-    outcome = verify_instance(net, prop, timeout=timeout, sound=sound)
+    from boundjax.io import OnnxImportError, VnnlibError
+    try:
+      outcome = verify_instance(net, prop, timeout=timeout, sound=sound)
+    except (OnnxImportError, VnnlibError, OSError) as e:
+      raise SystemExit(f"boundjax verify: {e}") from None
     if out:
       Path(out).write_text(format_result(outcome))
     print(f"{outcome.status} in {outcome.seconds:.2f} s ({outcome.stats.get('phase')}, "

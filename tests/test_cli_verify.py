@@ -101,3 +101,13 @@ def test_batch_runs_a_csv_and_prints_a_table(files, tmp_path):
 def test_missing_arguments_are_rejected():
   with pytest.raises(SystemExit, match="NET.onnx"):
     cli.main(["verify"])
+
+
+def test_unreadable_files_give_a_message_not_a_traceback(files, tmp_path):
+  d, _ = files
+  with pytest.raises(SystemExit, match="nope.onnx"):
+    cli.main(["verify", str(tmp_path / "nope.onnx"), str(d / "sat.vnnlib")])
+  bad = tmp_path / "bad.vnnlib"
+  bad.write_text("(declare-const X_0 Real)\n(assert (<= X_0 1.0)\n")
+  with pytest.raises(SystemExit, match="boundjax verify"):
+    cli.main(["verify", str(d / "net.onnx"), str(bad)])
