@@ -53,6 +53,7 @@ import optax
 
 from boundjax import agt
 from boundjax.agt import losses, mlp, retrain
+from provenance import record
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 
@@ -296,10 +297,10 @@ def main():
     profile(a.reps)
     return
   if a.soundness:
-    res = soundness(a.n_sets)
+    res = {"provenance": record(), **soundness(a.n_sets)}
     (RESULTS / "agt_soundness.json").write_text(json.dumps(res, indent=1))
     return
-  res = cost(a.quick, a.reps)
+  res = {"provenance": record(), **cost(a.quick, a.reps)}
   res["profile"] = profile(a.reps)
   (RESULTS / "agt_cost.json").write_text(json.dumps(res, indent=1))
 

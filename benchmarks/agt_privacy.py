@@ -49,6 +49,7 @@ import numpy as np
 
 from boundjax import agt, dpsgd, privacy
 from boundjax.agt import mlp
+from provenance import record
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 EPS_GRID = np.logspace(-2, 1, 20)
@@ -297,6 +298,7 @@ def main():
   old = json.loads(path.read_text()) if path.exists() else {}
   for name in a.only.split(","):
     old[name] = run(name)
+    old["provenance"] = record()
     path.write_text(json.dumps(old, indent=1))
   order = [n for n in ("blobs", "fashion", "amazon") if n in old]
   plot([old[n] for n in order])

@@ -34,6 +34,7 @@ from boundjax import ensembles as E
 from boundjax import hypernet as H
 from boundjax.data.adult import load_adult
 from boundjax.models import MLP
+from provenance import record
 
 RESULTS = Path(__file__).parent / "results"
 CACHE = Path(os.environ.get("BOUNDJAX_CACHE", Path.home() / ".cache" / "boundjax"))
@@ -109,6 +110,7 @@ def main(argv=None):
     table[name] = m
 
   out = dict(
+      provenance=record(),
       setting=dict(dataset="adult (sphynx encoding, 21 features)", model="MLP 21-50-50-1",
                    loss="logistic", optimizer="SGD lr 0.1, L1 1e-5", epochs=args.epochs,
                    batch_size=1024, seed=args.seed, parameters=p, pool=args.pool,

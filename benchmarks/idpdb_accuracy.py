@@ -54,6 +54,7 @@ from boundjax.data import load_adult  # noqa: E402
 from boundjax.models import MLP  # noqa: E402
 from boundjax.privacy import label_only as L  # noqa: E402
 from milp.idpdb import compute_betas  # noqa: E402
+from provenance import record  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -174,6 +175,7 @@ def main(argv=None):
                            key=jax.random.PRNGKey(0))
   paper = L.PAPER_ADULT_2X50
   out = dict(
+      provenance=record(),
       benchmark="idpdb_accuracy (LUCID Tables 1-3, Adult 2x50)",
       args=vars(a), origin=origin, beta_raw={str(c): b for c, b in raw.items()},
       beta_guard={str(c): b for c, b in betas.items()},

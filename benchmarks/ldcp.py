@@ -53,6 +53,7 @@ from milp import ldcp, neighbourhoods as NB  # noqa: E402
 from milp import network as net_lib  # noqa: E402
 from milp.solve import SolveConfig  # noqa: E402
 from milp.verify import verify as verify_net  # noqa: E402
+from provenance import record  # noqa: E402
 
 ARCHS = {"2x50": (50, 50), "2x100": (100, 100), "4x50": (50, 50, 50, 50)}
 
@@ -283,6 +284,7 @@ def main(argv=None):
     results.append(run_arch(name.strip(), ds, args))
   total = time.perf_counter() - t0
   doc = dict(
+      provenance=record(),
       benchmark="ldcp (Sphynx Tables 1-2, Adult)", args=vars(args), total_seconds=total,
       deviations=[
           f"ground truth over a pool of {results[0]['pool_members']} leave-one-out networks + N "
