@@ -1,4 +1,4 @@
-"""A real finite-adversary audit (spec 004 §1.5, §4.1 E, §4.2) on UCI Adult: does a classifier's
+"""A real finite-adversary audit (Barron constant paper, §3.3 and Theorems 1-3) on UCI Adult: does a classifier's
 hidden representation leak sex, and what do Theorems 1-3 then guarantee?
 
 Protocol:
@@ -13,7 +13,7 @@ Protocol:
 3. **Auditing sample.** The 16,281 test rows: ``S = +1`` (male) / ``-1`` (female), ``T`` as above.
 4. **Finite adversaries** (Theorem 1): ``k`` tanh(t/2) units on ``T``, restarts split between Adam
    and SGD, whole-sample loss per epoch, best over all; ``L_emp`` approximates ``L_{k,S_n}``.
-5. **C_eta estimate** (spec §4.1 E): ``f_+-`` by a binned Gaussian KDE (Scott bandwidth times
+5. **C_eta estimate** (Barron constant paper, eq. 23 and §5.2): ``f_+-`` by a binned Gaussian KDE (Scott bandwidth times
    1, 2, 4) of the released representation of the *training* rows (public data, disjoint from the
    auditing sample); ``eta`` by eq. 23 with a density floor (``1e-3`` of the peak: where the KDE
    has no mass the ratio of kernel tails is noise, so ``eta`` is shrunk to the prior there); a
@@ -21,7 +21,7 @@ Protocol:
    ``C = (2 pi)^-1 int ||omega|| |eta_hat|`` (`barron.fft_grid`). Reported beside the network
    surrogate ``(1/2) sum |c_i| ||a_i||`` of the best adversary and the largest ``C_eta`` for which
    the bound would be positive, and a parametric estimator: the equal-covariance Gaussian model
-   of spec §3.4, ``eta = tanh(a . t + b)`` fitted by logistic regression, ``C_eta = ||a||``
+   generalising the Barron constant paper's §5.2, ``eta = tanh(a . t + b)`` fitted by logistic regression, ``C_eta = ||a||``
    (biased low where ``eta`` is not a ridge; the KDE is biased high by its noise). **This is an estimate, not a certificate**: ``C_eta`` is a
    property of the unknown population ``eta`` (and of the extension chosen outside ``K``, whose
    minimal-``C`` choice is unknown); a KDE's sampling noise inflates it and its smoothing deflates
@@ -54,6 +54,7 @@ import scipy.special
 from boundjax import auditing as A
 from boundjax import barron
 from boundjax.data import load_adult
+from provenance import record
 
 RESULTS = Path(__file__).parent / "results"
 BW_MULTS = (1.0, 2.0, 4.0)
@@ -141,7 +142,7 @@ def c_eta_estimate(T, S, bw_mult: float, box: float, N: int = 1024, width: float
 
 
 def linear_eta_estimate(T, S):
-  """Equal-covariance Gaussian model (spec §3.4): ``eta = tanh(a . t + b)``, ``C_eta = ||a||``.
+  """Equal-covariance Gaussian model (the Barron constant paper's §5.2 example, generalised): ``eta = tanh(a . t + b)``, ``C_eta = ||a||``.
 
   Logistic regression (barely regularised) gives ``P(S=1 | t) = sigmoid(w . t + c)``, so
   ``eta = 2p - 1 = tanh((w . t + c) / 2)`` and ``a = w / 2``. A ridge needs no extension outside
@@ -238,6 +239,7 @@ def main() -> None:
   hS = float(A.binary_entropy((1 + np.mean(s_te)) / 2))
 
   out = {
+      "provenance": record(),
       "setting": {"dataset": "UCI Adult (onehot, sex column removed from inputs)",
                   "audited_model": "MLP 106-32(relu)-2(tanh)-2, Adam 1e-3, 10 epochs",
                   "release": "T = tanh layer + gamma * N(0,1) truncated to [-4,4]",

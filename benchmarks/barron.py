@@ -1,4 +1,4 @@
-"""Figure 1 of the finite-adversary auditing paper (spec 004 §4.4, §7), and restart throughput.
+"""Figure 1 of the finite-adversary auditing paper (Barron constant paper, Figure 1 and §5.4), and restart throughput.
 
 Setting (paper §5.4): S Rademacher, T | S ~ N(S mu, 1) truncated to [-3, 3], n = 10^5 samples,
 finite adversaries with k = 10^3 hidden units (eq. 5, tanh(t/2)), delta = 0.01,
@@ -37,6 +37,7 @@ import numpy as np
 from boundjax import auditing as A
 from boundjax.auditing import adversary
 from boundjax import barron
+from provenance import record
 
 RESULTS = Path(__file__).parent / "results"
 MUS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1)
@@ -123,6 +124,7 @@ def main() -> None:
         throughput(10_000, 64, 4 * tp_restarts, 1, args.seed)]
   ratios = [r["ratio"] for r in rows]
   out = {
+      "provenance": record(),
       "setting": {"n": args.n, "k": args.k, "delta": args.delta, "restarts": restarts,
                   "epochs": epochs, "optimizers": "half Adam lr 1e-3, half SGD lr 1e-2 m 0.9",
                   "batch": 1024, "paper_restarts": "> 500", "paper_epochs": 30,

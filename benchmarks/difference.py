@@ -1,7 +1,7 @@
-"""Difference intervals on Adult 2×50 (LUCID spec §2.5–2.7): how much tighter than subtracting
+"""Difference intervals on Adult 2×50 (LUCID, §5.4 and §6.2): how much tighter than subtracting
 two IBP intervals, and how many hyper-network neurons are relax-if-similar candidates.
 
-Setting (LUCID spec §4, scaled to one CPU): Adult (Sphynx encoding, 21 features, all 32,561
+Setting (LUCID, §7 and App. B, scaled to one CPU): Adult (Sphynx encoding, 21 features, all 32,561
 training rows), MLP 21-50-50-2, softmax cross-entropy, SGD lr 0.1 with weight decay 1e-5 (LUCID's
 ``train.py``), 10 epochs, batch 1024, the same initial parameters and data order for every
 network. N and ``--members`` − 1 leave-one-out networks (points drawn uniformly from D) are trained
@@ -45,6 +45,7 @@ from boundjax.data.adult import load_adult
 from boundjax.models import MLP, mlp_layer_values
 from milp import difference as MD
 from milp import network as MN
+from provenance import record
 
 RESULTS = Path(__file__).parent / "results"
 CACHE = Path(os.environ.get("BOUNDJAX_CACHE", Path.home() / ".cache" / "boundjax"))
@@ -181,6 +182,7 @@ def main(argv=None):
     results[name] = measure(net, H.from_ensemble(host, rows), full64, rows, members_all, d, rng)
 
   out = dict(
+      provenance=record(),
       setting=dict(dataset="adult (sphynx encoding, 21 features)", model="MLP 21-50-50-2",
                    loss="softmax cross-entropy", optimizer="SGD lr 0.1, weight decay 1e-5",
                    epochs=args.epochs, batch_size=1024, seed=args.seed, members=args.members,

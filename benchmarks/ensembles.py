@@ -49,6 +49,7 @@ from tqdm.auto import tqdm
 from boundjax import ensembles as E
 from boundjax.data.adult import load_adult
 from boundjax.models import MLP
+from provenance import record
 
 RESULTS = Path(__file__).parent / "results"
 ALL_NETWORKS = 32_562
@@ -173,6 +174,7 @@ def main(argv=None):
   vm_rate = n_vm / vmapped
   step_rate = 1.0 / step_loop
   result = dict(
+      provenance=record(),
       setting=dict(dataset="adult (sphynx encoding)", n=int(x.shape[0]), model="MLP 21-50-50-1",
                    epochs=args.epochs, batch_size=args.batch, optimizer="SGD lr 0.1, L1 1e-5",
                    chunk=args.chunk, vmapped_members=n_vm, loop_members=n_loop),

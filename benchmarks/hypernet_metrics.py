@@ -1,7 +1,7 @@
 """Sphynx metrics on Adult 2×50: predicted hyper-networks (PredInt and its ablations) against the
 exact min/max hyper-network of a pool of trained leave-one-out networks (Sphynx Tables 3 and 4).
 
-Protocol (Sphynx spec §4.3–4.5, scaled to one CPU):
+Protocol (Sphynx, §6 and Tables 3-4, scaled to one CPU):
 
 * Adult, Sphynx encoding (21 features), MLP 21-50-50-1, logistic loss, SGD lr 0.1, L1 1e-5,
   10 epochs, batch 1024, the same initial parameters and data order for every network.

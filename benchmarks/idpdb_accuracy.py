@@ -1,7 +1,7 @@
 """LUCID Tables 1–3 on Adult 2×50: accuracy of the guarded label-only predictor against
 Naive-Noise, Naive-iDP, DP-SGD and ALIBI, the fraction of noised queries and the guard's latency.
 
-Setting (LUCID spec §2.1, §4.4–4.7):
+Setting (LUCID, §7 and Tables 1-3):
 
 * **N.** Adult with the 21-feature encoding (`load_adult("sphynx")`), MLP 21-50-50-2 trained as
   LUCID trains it: SGD lr 0.1, weight decay 1e-5, batch 1024, 30 epochs (LUCID's code; the paper

@@ -12,7 +12,7 @@ measurements, each with 1 and then 2 workers in this process, side by side:
    number of node MILPs solved in that time).
 
 The JSON (``benchmarks/results/idpdb_workers.json``) records the command, the git commit, the
-machine (CPU count, load average at start and end) and the date. The machine may be shared:
+machine and the date (``provenance``) and the load average at start and end. The machine may be shared:
 the load average says how much of the second core was really free.
 
     python benchmarks/idpdb_workers.py                      # the stored JSON, ~3 min
@@ -22,11 +22,9 @@ the load average says how much of the second core was really free.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import pathlib
-import platform
 import sys
 import time
 
@@ -45,7 +43,7 @@ from boundjax.models import MLP  # noqa: E402
 from milp import idpdb  # noqa: E402
 from milp import network as net_lib  # noqa: E402
 from milp.ldcp import family_from_stacked  # noqa: E402
-from provenance import git_commit  # noqa: E402
+from provenance import record  # noqa: E402
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -109,12 +107,9 @@ def main(argv=None) -> dict:
   print(f"fixed time: MILPs per second with 2 workers / with 1 = {rate:.2f}")
 
   out = dict(
-      command="python " + " ".join([os.path.relpath(__file__, ROOT)] + list(
-          sys.argv[1:] if argv is None else argv)),
-      commit=git_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-      machine=dict(cpu_count=os.cpu_count(), platform=platform.platform(),
-                   python=platform.python_version(), loadavg_start=list(load_start),
-                   loadavg_end=list(os.getloadavg())),
+      provenance=record([os.path.relpath(__file__, ROOT), *(sys.argv[1:] if argv is None
+                                                            else argv)]),
+      loadavg=dict(start=list(load_start), end=list(os.getloadavg())),
       family=dict(data="breast_cancer (sklearn), 30 features", arch=f"30-{a.hidden}-{a.hidden}-2",
                   members=fam.size, epochs=a.epochs, train_seconds=train_s),
       executor=a.executor, node_time_limit=a.node_time_limit,

@@ -1,7 +1,7 @@
 """Sphynx Tables 1 and 2 on Adult: LDCP by one hyper-network MILP vs the per-member ground truth.
 
 For each architecture (2x50, 2x100, 4x50; scalar output, class 1 iff N(x) >= 0; trained as in
-Sphynx spec §4.3: 10 epochs, SGD, batch 1024, lr 0.1, L1 1e-5, one seed for every network):
+Sphynx, §6: 10 epochs, SGD, batch 1024, lr 0.1, L1 1e-5, one seed for every network):
 
 1. **Family.** N and a pool of leave-one-out networks ``T(D \\ {i})`` for the first ``--pool``
    entries ``i`` of a seeded permutation of D (trained in one vmapped run,

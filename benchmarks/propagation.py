@@ -23,14 +23,10 @@ The JSON records the load average before and after the run.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import pathlib
-import platform
 import statistics
-import subprocess
-import sys
 import time
 
 import flax.linen as nn
@@ -38,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 import boundjax as bj
+from provenance import record
 
 
 class MLP(nn.Module):
@@ -197,13 +194,7 @@ def main():
     table.append(f"{r['title']:<38}" + "".join(_cell(r, "cpu_seconds", "cpu_ratio_to_forward", m)
                                                 for m in names))
   print("\n" + "\n".join(table))
-  commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                          cwd=pathlib.Path(__file__).parent).stdout.strip()
-  out = {"command": " ".join(["python", *sys.argv]), "commit": commit,
-         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-         "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
-         "machine": platform.processor() or platform.machine(), "os_cpu_count": os.cpu_count(),
-         "jax_version": jax.__version__, "shared_machine": args.shared,
+  out = {"provenance": record(), "shared_machine": args.shared,
          "load_average_1_5_15": {"before": load_before, "after": load_after},
          "note": ("CPU shared with other jobs during the run: absolute times are noisy; ratios to "
                   "the forward pass were measured side by side (interleaved rounds)."

@@ -26,10 +26,23 @@ def git_commit() -> str:
     return "unknown"
 
 
+def script_path(arg0: str) -> str:
+  """The script as the repository names it (``benchmarks/x.py``) when it lies in the repository,
+  so the same run from another folder records the same command."""
+  try:
+    return Path(arg0).resolve().relative_to(ROOT).as_posix()
+  except ValueError:
+    return arg0
+
+
 def record(argv: list[str] | None = None) -> dict[str, Any]:
-  """``command``, ``commit``, ``date`` (UTC), ``machine`` (cores, processor, device, load)."""
+  """``command``, ``commit``, ``date`` (UTC), ``machine`` (cores, processor, device, load).
+
+  ``argv`` is the script and its arguments (default ``sys.argv``)."""
   import jax
-  argv = sys.argv if argv is None else argv
+  argv = list(sys.argv if argv is None else argv)
+  if argv:
+    argv[0] = script_path(argv[0])
   return {
       "command": " ".join(["python", *argv]),
       "commit": git_commit(),
