@@ -26,13 +26,16 @@ LOSSES = ("cross_entropy", "binary_cross_entropy", "mse")
 OPTIMIZERS = ("sgd", "sgdm")
 NEIGHBOURHOODS = ("add_remove", "remove")
 NORMALISATIONS = ("actual", "nominal")
-BOUND_METHODS = ("interval",)
+BOUND_METHODS = ("interval", "crown")
 #: Interval products, in `boundjax.ibp`'s vocabulary. The "mlp" back-end does "midrad" and
 #: "signsplit"; "exact" and "best" need the "ibp" back-end (`boundjax.agt.bounds`).
 MATMULS = ("midrad", "signsplit", "exact", "best")
 _NUMBERS = ("learning_rate", "clip_gamma", "lr_decay", "lr_min", "momentum", "dampening",
             "l1_reg", "l2_reg")
 _INTS = ("n_epochs", "batch_size", "k_private", "fragsize", "seed")
+#: Poisoning fields, named as in the public code's ``AGTConfig`` (`boundjax.agt.poisoning`).
+_POISON_INTS = ("k_poison", "label_k_poison", "poison_target_idx")
+_POISON_NUMBERS = ("epsilon", "label_epsilon")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,9 +69,11 @@ class Config:
     l1_reg: lambda of an L1 penalty lambda * |theta|_1 (SGD only, as in the public code).
     l2_reg: lambda of an L2 penalty (lambda / 2) |theta|^2, i.e. gradient lambda * theta; needs
       learning_rate * l2_reg <= 1 for the interval update to stay monotone.
-    bound_method: forward bound over the parameter box: "interval" (IBP, the paper's choice).
-      CROWN with interval parameters (the public code's CROWNBoundedModel) is not implemented
-      yet; "crown" is rejected here.
+    bound_method: forward bound over the parameter box: "interval" (IBP, the paper's choice)
+      or "crown" (linear bounds with the sample's input fixed, as the public code's
+      CROWNBoundedModel, intersected with the interval ones; Dense+ReLU stacks only, the
+      "mlp" back-end; `boundjax.agt.crown`). It tightens the logit and activation bounds that
+      feed the gradient bounds and the certificates, from two hidden layers on.
     matmul: the interval matrix product (`boundjax.ibp`'s vocabulary): "midrad" (midpoint-radius,
       4 products; the public code's default "rump") or "signsplit" (sign-split products; exact
       when one factor is sign-definite, e.g. post-ReLU activations); "exact" and "best" only
@@ -86,6 +91,25 @@ class Config:
       and in float32 with large batches it widens the box enough to cost certificates; use it
       with float64 when certificates must hold bit-for-bit. The per-sample gradient bounds
       themselves use ordinary rounding in both modes.
+    k_poison: poisoning certificates (Sosnin et al., "Certified Robustness to Data Poisoning
+      in Gradient-Based Training", the public AGT code's ``poison_certified_training``;
+      `boundjax.agt.poisoning`): per batch, up to ``k_poison`` samples may each have their
+      features moved anywhere in the L-infinity ball of radius ``epsilon`` (not clipped to
+      the data range). Cannot be combined with ``k_private``.
+    epsilon: radius of the feature poisoning (>= 0; 0 = no feature poisoning).
+    label_k_poison: per batch, up to this many samples may have their label changed: for
+      "cross_entropy"/"binary_cross_entropy" to any other class (a flip), for "mse" every
+      target moves by up to ``label_epsilon``.
+    label_epsilon: radius of the target perturbation for "mse" (>= 0; must be 0 for the
+      classification losses, where a flip is not a distance).
+    poison_target_idx: -1 (default): untargeted label poisoning. Otherwise, as in the public
+      code's ``poison_target_idx``, a poisoned label can only be changed *to* this class (the
+      label becomes either its own value or this class; for "binary_cross_entropy" 0 or 1);
+      for "mse" only the target of this output moves (by up to ``label_epsilon``).
+    paired_poison: False (default): the feature-poisoned and the label-poisoned samples may be
+      different, so up to ``k_poison + label_k_poison`` samples of a batch change. True: the
+      same samples carry both (at most ``max(k_poison, label_k_poison)`` samples change, each
+      in features and label), the rule of the public code, which always uses the max.
     normalise: the mean whose neighbours the box covers (`boundjax.agt.descent`): "actual"
       (default) ``sum / |B~|``, SGD on the batch actually drawn, the training algorithm of
       the privacy argument (AGT, Alg. 1 and Thm 4.6, whose bound is exact for it); or
@@ -109,12 +133,18 @@ class Config:
   nesterov: bool = False
   l1_reg: float = 0.0
   l2_reg: float = 0.0
-  bound_method: Literal["interval"] = "interval"
+  bound_method: Literal["interval", "crown"] = "interval"
   matmul: Literal["midrad", "signsplit", "exact", "best"] = "midrad"
   fragsize: int = 10_000
   seed: int = 0
   sound: bool = False
   normalise: Literal["actual", "nominal"] = "actual"
+  k_poison: int = 0
+  epsilon: float = 0.0
+  label_k_poison: int = 0
+  label_epsilon: float = 0.0
+  poison_target_idx: int = -1
+  paired_poison: bool = False
 
   def __post_init__(self):
     def bad(msg):
@@ -134,10 +164,6 @@ class Config:
         bad(f"{name} must be a finite number, got {v!r}.")
     if not isinstance(self.sound, bool) or not isinstance(self.nesterov, bool):
       bad(f"sound and nesterov must be bools, got {self.sound!r}, {self.nesterov!r}.")
-    if self.bound_method == "crown":
-      bad("bound_method='crown': CROWN parameter bounds are not implemented yet (CROWN with "
-          "interval parameters; boundjax.crown bounds input boxes); use "
-          "bound_method='interval' (the paper's choice).")
     if not isinstance(self.n_epochs, int) or self.n_epochs < 1:
       bad(f"n_epochs must be a positive int, got {self.n_epochs!r}.")
     if not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -183,6 +209,58 @@ class Config:
           f"{self.learning_rate * self.l2_reg!r}.")
     if not isinstance(self.fragsize, int) or self.fragsize < 1:
       bad(f"fragsize must be a positive int, got {self.fragsize!r}.")
+    self._check_poisoning(bad)
+
+  def _check_poisoning(self, bad) -> None:
+    """Checks the poisoning fields (`boundjax.agt.poisoning`)."""
+    for name in _POISON_INTS:
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        bad(f"{name} must be an int, got {v!r}.")
+      object.__setattr__(self, name, int(v))
+    for name in _POISON_NUMBERS:
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
+        bad(f"{name} must be a finite number >= 0, got {v!r}.")
+      object.__setattr__(self, name, float(v))
+    if not isinstance(self.paired_poison, bool):
+      bad(f"paired_poison must be a bool, got {self.paired_poison!r}.")
+    for name in ("k_poison", "label_k_poison"):
+      if getattr(self, name) < 0:
+        bad(f"{name} must be a non-negative int, got {getattr(self, name)!r}.")
+    if self.poison_target_idx < -1:
+      bad(f"poison_target_idx must be -1 (untargeted) or a class/output index >= 0, got "
+          f"{self.poison_target_idx!r}.")
+    if self.loss == "binary_cross_entropy" and self.poison_target_idx > 1:
+      bad(f"poison_target_idx must be -1, 0 or 1 with binary_cross_entropy, got "
+          f"{self.poison_target_idx!r}.")
+    if self.label_epsilon > 0 and self.loss != "mse":
+      bad(f"label_epsilon ({self.label_epsilon!r}) is for 'mse' targets; with {self.loss!r} "
+          "a poisoned label is any other class (set label_k_poison, leave label_epsilon 0).")
+    if not self.poisoning:
+      return
+    if self.k_private > 0:
+      bad("k_private and k_poison/label_k_poison cannot be combined: privacy and poisoning "
+          "certificates are separate runs.")
+    budget = self.poison_budget
+    if budget >= self.batch_size:
+      rule = ("max(k_poison, label_k_poison)" if self.paired_poison
+              else "k_poison + label_k_poison")
+      bad(f"the poisoned samples per batch ({rule} = {budget}) must be < batch_size "
+          f"({self.batch_size}).")
+
+  @property
+  def poisoning(self) -> bool:
+    """True when this run bounds poisoning (``k_poison`` or ``label_k_poison`` > 0)."""
+    return self.k_poison > 0 or self.label_k_poison > 0
+
+  @property
+  def poison_budget(self) -> int:
+    """Samples of one batch that may change: ``max(k_poison, label_k_poison)`` when
+    ``paired_poison``, else ``k_poison + label_k_poison``."""
+    if self.paired_poison:
+      return max(self.k_poison, self.label_k_poison)
+    return self.k_poison + self.label_k_poison
 
   @property
   def gamma(self) -> float:

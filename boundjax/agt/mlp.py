@@ -143,16 +143,21 @@ def _heaviside_times(zh: Interval, d: Interval) -> Interval:
   return Interval(lo, hi, validate=False)
 
 
-def sample_grad_bounds(param_bounds: Any, x: Array, y: Array, loss: str,
-                       matmul: str = "midrad") -> Any:
+def sample_grad_bounds(param_bounds: Any, x: Any, y: Array, loss: str,
+                       matmul: str = "midrad", logit_grad: Callable | None = None) -> Any:
   """Per-sample parameter-gradient bounds (AGT, App. B) for ONE sample ``(x, y)``.
 
   Returns a pytree like ``param_bounds`` whose Interval leaves contain ``d loss / d theta`` at
-  ``(x, y)`` for every ``theta`` in ``param_bounds`` (vmap it over a batch).
+  ``(x, y)`` for every ``theta`` in ``param_bounds`` (vmap it over a batch). ``x`` may be an
+  Interval (an input box: poisoning). ``logit_grad(logits: Interval, y) -> Interval`` replaces
+  `losses.logit_grad_bounds` (e.g. a set of labels, `boundjax.agt.poisoning`).
   """
   ls = layers(param_bounds)
   logits, cache = forward_bounds(param_bounds, x, matmul, keep=True)
-  d = losses.logit_grad_bounds(loss, logits, y)        # d loss / d zhat^K
+  if logit_grad is None:
+    d = losses.logit_grad_bounds(loss, logits, y)      # d loss / d zhat^K
+  else:
+    d = logit_grad(logits, y)
   grads = [None] * len(ls)
   for i in range(len(ls) - 1, -1, -1):
     z_prev, _ = cache[i]
@@ -191,10 +196,12 @@ def per_sample_grads(params: Any, xs: Array, ys: Array, loss: str) -> Any:
   return rebuild(params, grads)
 
 
-def grad_bounds(param_bounds: Any, xs: Array, ys: Array, loss: str, matmul: str = "midrad") -> Any:
-  """`sample_grad_bounds` over a batch (leading axis of every output leaf = sample)."""
-  return jax.vmap(sample_grad_bounds, in_axes=(None, 0, 0, None, None))(
-      param_bounds, xs, ys, loss, matmul)
+def grad_bounds(param_bounds: Any, xs: Any, ys: Array, loss: str, matmul: str = "midrad",
+                logit_grad: Callable | None = None) -> Any:
+  """`sample_grad_bounds` over a batch (leading axis of every output leaf = sample; ``xs`` may
+  be an Interval of inputs)."""
+  return jax.vmap(lambda x, y: sample_grad_bounds(param_bounds, x, y, loss, matmul, logit_grad)
+                  )(xs, ys)
 
 
 def margin_bounds(param_bounds: Any, x: Array, cls: Array, matmul: str = "midrad") -> Array:

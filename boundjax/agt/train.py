@@ -37,7 +37,7 @@ import numpy as np
 
 from boundjax import training
 from boundjax.agt import bounds as bnd
-from boundjax.agt import descent, diagnostics, losses, mlp
+from boundjax.agt import descent, diagnostics, losses, mlp, poisoning
 from boundjax.agt.certify import certify, check_shared_nominal, predict
 from boundjax.agt.config import Config
 from boundjax.interval import Interval, join_tree, split_tree
@@ -84,7 +84,8 @@ def nominal_grad_fn(apply_fn: Callable, loss: str) -> Callable:
 
 def descent_directions(apply_fn: Callable, config: Config, backend: str,
                        params: Any, box: Any, xs: Array, ys: Array) -> tuple[Any, Any, Any]:
-  """Nominal mean clipped gradient and its Thm 4.6 bounds ``(D_n, D_L, D_U)`` for one batch.
+  """Nominal mean clipped gradient and its Thm 4.6 bounds ``(D_n, D_L, D_U)`` for one batch
+  (with ``config.poisoning``, the poisoning bounds of `boundjax.agt.poisoning` instead).
 
   The batch is processed in fragments of ``config.fragsize`` samples (``lax.scan`` over the
   full fragments, then the remainder); only running sums and the k extreme bounds per coordinate
@@ -102,6 +103,9 @@ def descent_directions(apply_fn: Callable, config: Config, backend: str,
   else:
     gfn = nominal_grad_fn(apply_fn, config.loss)
   bfn = bnd.grad_bounds_fn(apply_fn, config.loss, backend, config.matmul)
+  if config.poisoning:   # bounded modification of samples instead (`boundjax.agt.poisoning`)
+    pfn = poisoning.poisoned_grad_bounds_fn(apply_fn, config, backend)
+    return poisoning.descent_directions(config, gfn, bfn, pfn, params, box, xs, ys)
   acc0 = jax.tree_util.tree_map(lambda p: descent.init_accumulator(p, k), params)
   tdef = jax.tree_util.tree_structure(params)
 
