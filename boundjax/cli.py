@@ -11,6 +11,9 @@
     boundjax verify --batch INSTANCES.csv --timeout 60 [--root DIR] [--json results.json]
                                         a list of instances (columns onnx, vnnlib), with a
                                         progress bar and a results table
+    boundjax reproduce [--quick | --full | --render-only] [--only PAPER ...]
+                                        run the benchmark suite of a clone and write
+                                        report/index.html and report/README.md
 """
 
 from __future__ import annotations
@@ -108,7 +111,24 @@ def main(argv: list[str] | None = None) -> int:
   v.add_argument("--unsound-fp", action="store_true",
                  help="skip the outward rounding of the bounds (faster; unsat then holds up to "
                       "floating-point error)")
+  r = sub.add_parser("reproduce", help="run the benchmarks (from a clone) and write report/")
+  mode = r.add_mutually_exclusive_group()
+  mode.add_argument("--quick", action="store_const", dest="mode", const="quick",
+                    help="small settings, < 20 min on a 2-core CPU (the default)")
+  mode.add_argument("--full", action="store_const", dest="mode", const="full",
+                    help="the documented long runs (resumable)")
+  mode.add_argument("--render-only", action="store_const", dest="mode", const="render",
+                    help="no runs: the report from the results already there")
+  r.add_argument("--only", nargs="*", help="papers: lucid, agt, ptr, sphynx, barron, engine")
   args = parser.parse_args(argv)
+  if args.command == "reproduce":
+    from boundjax.reproduce import NotAClone, reproduce
+    try:
+      path = reproduce(args.mode or "quick", args.only)
+    except (NotAClone, ValueError) as e:
+      raise SystemExit(f"boundjax reproduce: {e}") from None
+    print(f"wrote {path} and {path.with_name('README.md')}")
+    return 0
   if args.command == "demo":
     return demo(args.only, args.json)
   if args.command == "verify":

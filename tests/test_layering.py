@@ -2,8 +2,8 @@
 
 Layers (lowest first): core (`boundjax` itself, interval, validation, errors, rounding, core/,
 domains/, nn, transforms) <- applications (data, models, training, executor, ensembles, hypernet,
-agt, dpsgd, privacy, lipschitz, barron, auditing, io) <- `milp` <- demos and the CLI. Every
-import counts, at module level or inside a function: a cycle hidden in a function is still a cycle.
+agt, dpsgd, privacy, lipschitz, barron, auditing, io) <- `milp` <- demos, the CLI and reproduce.
+Every import counts, at module level or inside a function: a cycle hidden in a function is still a cycle.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ PACKAGES = ("boundjax", "milp")
 CORE = ("boundjax", "boundjax.interval", "boundjax.validation", "boundjax.errors",
         "boundjax.rounding", "boundjax.core", "boundjax.domains", "boundjax.nn",
         "boundjax.transforms")
-TOP = ("boundjax.demos", "boundjax.cli")
+TOP = ("boundjax.demos", "boundjax.cli", "boundjax.reproduce")
 
 
 def layer(module: str) -> int:
-  """0 core, 1 applications, 2 milp, 3 demos and CLI."""
+  """0 core, 1 applications, 2 milp, 3 demos, CLI and reproduce."""
   if module.startswith(TOP) and any(module == t or module.startswith(t + ".") for t in TOP):
     return 3
   if module == "milp" or module.startswith("milp."):
@@ -130,6 +130,7 @@ def test_layer_assignment():
   assert layer("boundjax") == 0 and layer("boundjax.domains.linear.api") == 0
   assert layer("boundjax.agt.train") == 1 and layer("boundjax.privacy") == 1
   assert layer("milp.idpdb") == 2 and layer("boundjax.demos.ldcp") == 3 and layer("boundjax.cli") == 3
+  assert layer("boundjax.reproduce") == 3
 
 
 @pytest.mark.parametrize("entry", ["boundjax", "boundjax.agt", "boundjax.privacy",

@@ -1,0 +1,583 @@
+"""`boundjax reproduce`: run the benchmark suite and write a report of every paper we reproduce.
+
+    boundjax reproduce --quick              small settings (< 20 min on a 2-core CPU), labelled
+    boundjax reproduce --full               the documented long runs, resumable
+    boundjax reproduce --only lucid barron  some papers (lucid, agt, ptr, sphynx, barron, engine)
+    boundjax reproduce --render-only        no runs: the report from the results already there
+
+The benchmark scripts live in the repository's ``benchmarks/`` (not in the installed package), so
+this runs from a clone. ``--quick`` writes its JSONs to ``report/quick/``; ``--full`` writes to
+``benchmarks/results/``. A run is skipped when its JSON already records the same command
+(``provenance.command``), which makes both modes resumable. A script that does not exist yet
+(or cannot redirect its output in quick mode) is shown from its committed result, or as
+"not yet available". The report (``report/index.html`` and ``report/README.md``) puts the
+paper's numbers beside ours, states each setting's differences, and gives the command, commit,
+date and machine of every result, with plots (matplotlib).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import html
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+Row = tuple[str, Any, Any, str]            # quantity, paper, ours, note
+
+PAPERS: dict[str, str] = {
+    "lucid": "LUCID: Guarding the Privacy of Label-Only Access to Neural Network Classifiers via "
+             "iDP Verification",
+    "agt": "AGT: Certification for Differentially Private Prediction in Gradient-Based Training",
+    "ptr": "PTR: Posthoc privacy guarantees for collaborative inference with modified "
+           "Propose-Test-Release",
+    "sphynx": "Sphynx: Verification of Neural Networks' Local Differential Classification Privacy",
+    "barron": "Barron: Theoretical Guarantees for Model Auditing with Finite Adversaries",
+    "engine": "Engine: bound propagation cost and complete verification (VNN-COMP 2021)",
+}
+
+
+class NotAClone(RuntimeError):
+  """`boundjax reproduce` was run outside a clone of the repository (no ``benchmarks/``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One benchmark result: the script, its quick and full arguments, the JSON it writes.
+
+  ``quick`` is None when the script has no small setting that redirects its output (``--out``);
+  quick mode then shows the committed result. ``{out}`` in the arguments is replaced by the JSON
+  path and ``{dir}`` by its folder (both relative to the repository root).
+  """
+  paper: str
+  title: str                      # what it reproduces, e.g. "Table 1 (Adult 2x50)"
+  script: str                     # benchmarks/x.py
+  result: str                     # JSON file name
+  quick: tuple[str, ...] | None
+  full: tuple[str, ...]
+  compare: Callable[[dict], list[Row]] | None = None
+  figures: tuple[str, ...] = ()   # PNGs the script writes beside its JSON
+  paper_rows: tuple[Row, ...] = ()  # paper numbers the JSON does not carry ("Paper, Table N")
+
+
+# ------------------------------------------------------------------ comparisons read from JSONs
+
+
+def _get(doc: dict, *path, default=None):
+  for p in path:
+    if not isinstance(doc, dict) or p not in doc:
+      return default
+    doc = doc[p]
+  return doc
+
+
+def compare_barron(doc: dict) -> list[Row]:
+  """Barron, Figure 1: the ratio lower bound / L_emp over mu (paper: about 89%-97%)."""
+  lo, hi = doc["ratio_range"]
+  plo, phi = doc["paper_ratio_range"]
+  s = doc.get("setting", {})
+  return [("ratio bound / L_emp (range over mu)", f"{plo:.2f}-{phi:.2f}", f"{lo:.3f}-{hi:.3f}",
+           f"{s.get('restarts')} restarts x {s.get('epochs')} epochs (paper: >500 x 30)")]
+
+
+def compare_idpdb(doc: dict) -> list[Row]:
+  """LUCID, Table 1: beta per class and N's accuracy."""
+  paper = doc.get("paper") or {}
+  fam = doc.get("family", {})
+  note = f"family: N + {fam.get('members')} leave-one-out networks" + (
+      " (random subset of D)" if fam.get("subset") else "")
+  rows = [(f"beta_{c}", paper.get(f"beta{c}"), doc["betas"][c], note) for c in doc["betas"]]
+  acc = _get(doc, "n", "test_accuracy")
+  if acc is not None:
+    rows.append(("N test accuracy (%)", paper.get("acc"), round(100 * acc, 2), ""))
+  return rows
+
+
+def compare_idpdb_accuracy(doc: dict) -> list[Row]:
+  """LUCID, Tables 1-3: accuracy of the guarded predictor and the baselines per epsilon."""
+  paper = doc.get("paper_adult_2x50") or {}
+  rows = []
+  for r in doc["table"]["rows"]:
+    eps = r["epsilon"]
+    key = next((k for k in (paper.get(r["mechanism"]) or {}) if _num(k) == eps), None)
+    rows.append((f"{r['mechanism']} accuracy (%), eps={eps:g}",
+                 (paper.get(r["mechanism"]) or {}).get(key) if key else None,
+                 round(100 * r["accuracy"], 2), r.get("guarantee", "")))
+  return rows
+
+
+def compare_hypernet(doc: dict) -> list[Row]:
+  """Sphynx, Table 4 (Adult 2x50): network abstraction rate and overcoverage."""
+  paper = doc.get("paper_table4_adult_2x50") or {}
+  rows = []
+  for variant, vals in paper.items():
+    ours = doc["metrics"].get(variant, {})
+    for k, v in vals.items():
+      rows.append((f"{variant}: {k}", v, _round(ours.get(k)), f"pool of "
+                   f"{_get(doc, 'setting', 'pool')} networks (paper: all 32,562)"))
+  return rows
+
+
+def compare_vnncomp(doc: dict) -> list[Row]:
+  """VNN-COMP 2021: solved and wrong per category (ground truth: the shared verdicts)."""
+  rows = []
+  for cat, s in doc["summary"].items():
+    rows.append((f"{cat}: solved / instances", "-", f"{s['solved']} / {s['instances']}",
+                 f"median {_round(s.get('median_seconds_solved'))} s"))
+    rows.append((f"{cat}: wrong answers", 0, s["wrong"], "must be 0"))
+  return rows
+
+
+def compare_agt_cost(doc: dict) -> list[Row]:
+  """AGT, §4.3: cost of an AGT epoch over plain SGD (paper: 2-4x on a GPU)."""
+  return [(r["setting"], "2-4x", f"{r['agt_cpu_ratio']:.1f}x", "process CPU seconds, CPU")
+          for r in doc["rows"] if "agt_cpu_ratio" in r]
+
+
+def compare_agt_privacy(doc: dict) -> list[Row]:
+  """AGT, Figures 2 and 5: certified fraction at k and the SS/GS privacy ratio."""
+  rows = []
+  for name, r in doc.items():
+    if not isinstance(r, dict) or "certified_fraction" not in r:
+      continue
+    rows.append((f"{name}: nominal accuracy", "-", _round(r.get("nominal_accuracy")), ""))
+    ew = r.get("eps_within_1pt") or {}
+    if ew:
+      rows.append((f"{name}: eps within 1 pt, GS / SS", "-",
+                   f"{_round(ew.get('gs'))} / {_round(ew.get('ss'))}", "stand-in data"))
+  return rows
+
+
+def compare_soundness(doc: dict) -> list[Row]:
+  """AGT: parameters of retrained models outside their certified box (must be 0)."""
+  t = doc["total"]
+  return [("parameter violations", 0, t["param_violations"],
+           f"{t['retrained_models']} retrained models"),
+          ("certified predictions changed", 0, t["prediction_changes"],
+           f"{t['certified_checks']} checks")]
+
+
+def _num(x) -> float | None:
+  try:
+    return float(x)
+  except (TypeError, ValueError):
+    return None
+
+
+def _round(x, digits: int = 4):
+  if isinstance(x, float) and math.isfinite(x):
+    return round(x, digits)
+  return x
+
+
+# --------------------------------------------------------------------------- the table of runs
+
+_Q = "report/quick"
+RUNS: tuple[Run, ...] = (
+    Run("lucid", "Table 1: beta per class (Adult 2x50)", "benchmarks/idpdb.py",
+        "idpdb_adult_2x50.json",
+        ("--members", "6", "--epochs", "2", "--time-limit", "20", "--node-time-limit", "10",
+         "--attack-starts", "16", "--attack-steps", "10", "--attack-members", "6",
+         "--ablation-members", "0", "--checkpoint-dir", "{dir}/ckpt_idpdb",
+         "--family-npz", "{dir}/idpdb_family.npz", "--out", "{out}"),
+        ("--attack-starts", "2048", "--attack-steps", "400"), compare_idpdb),
+    Run("lucid", "Tables 1-3: accuracy of the guarded predictor (Adult 2x50)",
+        "benchmarks/idpdb_accuracy.py", "idpdb_accuracy_adult_2x50.json", None, (),
+        compare_idpdb_accuracy),
+    Run("lucid", "Table 4: ablation (Adult 2x50)", "benchmarks/idpdb.py",
+        "idpdb_ablation_adult_2x50.json", None,
+        ("--members", "200", "--time-limit", "1", "--node-time-limit", "1", "--classes", "0",
+         "--attack-starts", "0", "--ablation-members", "10", "--out",
+         "benchmarks/results/idpdb_ablation_adult_2x50.json")),
+    Run("lucid", "§5.4: difference intervals against IBP(N#) - IBP(N)", "benchmarks/difference.py",
+        "difference_adult_2x50.json",
+        ("--members", "12", "--subsets", "5", "--epochs", "2", "--ckpt", "{dir}/ckpt_difference",
+         "--out", "{out}"), ()),
+    Run("agt", "§4.3: cost of an AGT epoch against SGD", "benchmarks/agt.py", "agt_cost.json",
+        None, (), compare_agt_cost),
+    Run("agt", "Soundness: retraining inside the certified box", "benchmarks/agt.py",
+        "agt_soundness.json", None, ("--soundness",), compare_soundness),
+    Run("agt", "Figures 2 and 5: certified private prediction", "benchmarks/agt_privacy.py",
+        "agt_privacy.json", None, (), compare_agt_privacy,
+        figures=("agt_privacy_certified.png", "agt_privacy_eps.png", "agt_privacy_queries.png")),
+    Run("agt", "Poisoning certificates", "benchmarks/agt_poisoning.py", "agt_poisoning.json",
+        None, ()),
+    Run("agt", "CROWN inside AGT", "benchmarks/agt_crown.py", "agt_crown.json", None, ()),
+    Run("agt", "The paper's settings", "benchmarks/agt_settings.py", "agt_settings.json", None,
+        ()),
+    Run("ptr", "Propose-test-release on a trained encoder", "benchmarks/ptr.py", "ptr.json",
+        None, ()),
+    Run("ptr", "Lipschitz oracles of the PTR test", "benchmarks/ptr_oracles.py",
+        "ptr_oracles.json", None, ()),
+    Run("sphynx", "Tables 3-4: predicted hyper-networks (Adult 2x50)",
+        "benchmarks/hypernet_metrics.py", "hypernet_adult_2x50.json",
+        ("--pool", "41", "--holdout", "8", "--k", "8", "--epochs", "2", "--chunk", "16",
+         "--ckpt", "{dir}/ckpt_pool", "--out", "{out}"), (), compare_hypernet),
+    Run("sphynx", "Tables 1-2: LDCP (Adult)", "benchmarks/ldcp.py", "ldcp.json",
+        ("--archs", "2x50", "--pool", "16", "--k", "8", "--inputs", "2", "--time-limit", "5",
+         "--checkpoint-dir", "{dir}/ckpt_ldcp", "--out", "{out}"), (),
+        paper_rows=(("Adult 2x50: LDCP verification accuracy", "see Sphynx, Table 1", "-",
+                     "93% on average over the paper's settings (Sphynx, abstract)"),)),
+    Run("sphynx", "§6: leave-one-out training throughput", "benchmarks/ensembles.py",
+        "ensembles_cpu.json",
+        ("--members", "32", "--chunk", "16", "--epochs", "1", "--out", "{out}"), ()),
+    Run("barron", "Figure 1: Gaussian example", "benchmarks/barron.py", "barron.json",
+        ("--n", "10000", "--k", "100", "--restarts", "2", "--epochs", "2", "--tp-restarts",
+         "2", "--out", "{out}"), (), compare_barron),
+    Run("barron", "An audit of UCI Adult (Theorems 1-3)", "benchmarks/adult_audit.py",
+        "adult_audit.json",
+        ("--k", "100", "--restarts", "2", "--epochs", "2", "--gammas", "0.5", "--out", "{out}"),
+        ()),
+    Run("engine", "Propagation cost against the forward pass", "benchmarks/propagation.py",
+        "propagation.json",
+        ("--nets", "a", "--reps", "1", "--crown-reps", "1", "--shared", "--out", "{out}"),
+        ("--shared",)),
+    Run("engine", "VNN-COMP 2021 instances (first 8 per category)", "benchmarks/vnncomp.py",
+        "vnncomp.json",
+        ("--limit", "1", "--timeout-acasxu", "20", "--timeout-mnistfc", "20", "--out", "{out}"),
+        ("--limit", "8"), compare_vnncomp, figures=("vnncomp_cactus.png",)),
+    Run("engine", "iDP-DB with 1 and 2 workers", "benchmarks/idpdb_workers.py",
+        "idpdb_workers.json", None,
+        ("--members", "16", "--hidden", "8", "--epochs", "5", "--seconds", "40")),
+)
+
+
+# ------------------------------------------------------------------------------- running
+
+
+def repo_root(start: Path | None = None) -> Path:
+  """The clone's root: the first of ``start`` (default: cwd) and the package's parent folders
+  holding ``benchmarks/provenance.py``. Raises NotAClone otherwise."""
+  here = Path(__file__).resolve().parent
+  for base in ([Path(start)] if start else [Path.cwd()]) + [here]:
+    for d in [base.resolve(), *base.resolve().parents]:
+      if (d / "benchmarks" / "provenance.py").is_file():
+        return d
+  raise NotAClone("boundjax reproduce runs the benchmark scripts of a clone of the repository "
+                  "(benchmarks/*.py); run it from inside a clone (git clone, then "
+                  "`pip install -e .`)")
+
+
+def provenance_of(doc: Any) -> dict | None:
+  """The record of how a result was made: ``doc["provenance"]`` or, in the older layout, the
+  same fields (command, commit, date, machine) at the top level; None when there is none."""
+  if not isinstance(doc, dict):
+    return None
+  if isinstance(doc.get("provenance"), dict):
+    return doc["provenance"]
+  if "command" in doc and "commit" in doc:
+    return {k: doc.get(k) for k in ("command", "commit", "date", "machine")}
+  return None
+
+
+def command_of(run: Run, mode: str, out: str) -> list[str] | None:
+  """The argument list (script first) of ``run`` in ``mode`` writing to ``out`` (relative)."""
+  args = run.quick if mode == "quick" else run.full
+  if args is None:
+    return None
+  return [run.script, *(a.replace("{out}", out).replace("{dir}", str(Path(out).parent))
+                        for a in args)]
+
+
+def output_path(run: Run, mode: str) -> str:
+  """Where ``run`` writes in ``mode``, relative to the repository root."""
+  return f"{_Q}/{run.result}" if mode == "quick" else f"benchmarks/results/{run.result}"
+
+
+def recorded_command(path: Path) -> str | None:
+  try:
+    prov = provenance_of(json.loads(path.read_text()))
+  except (OSError, ValueError):
+    return None
+  return prov.get("command") if prov else None
+
+
+@dataclasses.dataclass
+class Outcome:
+  """What happened to one run: its status, the JSON shown and the log of a failure."""
+  run: Run
+  status: str                  # ran, reused, committed, not yet available, failed, missing
+  json_path: Path | None
+  label: str                   # quick / full / committed
+  seconds: float = 0.0
+  log: str = ""
+
+
+def execute(run: Run, mode: str, root: Path, timeout: float | None = None) -> Outcome:
+  """Runs ``run`` in ``mode`` unless its JSON records the same command; falls back to the
+  committed result when the script cannot run in this mode."""
+  committed = root / "benchmarks" / "results" / run.result
+  if not (root / run.script).is_file():
+    return Outcome(run, "not yet available", committed if committed.is_file() else None,
+                   "committed")
+  out = output_path(run, mode)
+  argv = command_of(run, mode, out) if mode in ("quick", "full") else None
+  if argv is None:
+    status = "committed" if committed.is_file() else "missing"
+    return Outcome(run, status, committed if committed.is_file() else None, "committed")
+  if recorded_command(root / out) == " ".join(["python", *argv]):
+    return Outcome(run, "reused", root / out, mode)
+  (root / out).parent.mkdir(parents=True, exist_ok=True)
+  env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+  t0 = time.perf_counter()
+  try:
+    proc = subprocess.run([sys.executable, *argv], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    ok, log = proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  except subprocess.TimeoutExpired:
+    ok, log = False, f"timed out after {timeout} s"
+  seconds = time.perf_counter() - t0
+  (root / _Q).mkdir(parents=True, exist_ok=True)
+  (root / _Q / (Path(run.result).stem + f".{mode}.log")).write_text(log)
+  if ok and (root / out).is_file():
+    return Outcome(run, "ran", root / out, mode, seconds, log)
+  return Outcome(run, "failed", committed if committed.is_file() else None, "committed",
+                 seconds, log)
+
+
+# ------------------------------------------------------------------------------- rendering
+
+
+@dataclasses.dataclass
+class Section:
+  """One result as the report shows it."""
+  title: str
+  status: str
+  label: str
+  provenance: dict | None
+  rows: list[Row]
+  settings: list[str]
+  figures: list[str]
+  error: str = ""
+
+
+SETTING_KEYS = ("setting", "settings", "deviations", "notes", "note", "subset", "family",
+                "benchmark")
+
+
+def settings_of(doc: dict) -> list[str]:
+  """The JSON's own statement of its setting and of its differences from the paper."""
+  out = []
+  for k in SETTING_KEYS:
+    v = doc.get(k)
+    if v in (None, "", [], {}):
+      continue
+    if isinstance(v, list):
+      out += [f"{k}: {x}" for x in v]
+    elif isinstance(v, dict):
+      out.append(f"{k}: " + ", ".join(f"{a}={_short(b)}" for a, b in v.items()))
+    else:
+      out.append(f"{k}: {v}")
+  return out
+
+
+def _short(v, n: int = 80) -> str:
+  s = json.dumps(v, default=str) if not isinstance(v, str) else v
+  return s if len(s) <= n else s[:n - 3] + "..."
+
+
+def paper_keys_rows(doc: dict) -> list[Row]:
+  """Rows for every ``paper*`` entry of a JSON without a dedicated comparison."""
+  rows = []
+  for k, v in doc.items():
+    if k.startswith("paper") and not isinstance(v, dict):
+      rows.append((k, _short(v), "-", ""))
+    elif k.startswith("paper"):
+      rows += [(f"{k}.{a}", _short(b), "-", "") for a, b in v.items()]
+  return rows
+
+
+def section_of(outcome: Outcome, figure_dir: Path, root: Path) -> Section:
+  """Reads one outcome's JSON into a Section (a layout we cannot read is reported, not fatal)."""
+  run = outcome.run
+  title = f"{run.title} ({run.script})"
+  if outcome.json_path is None or not outcome.json_path.is_file():
+    return Section(title, outcome.status, outcome.label, None, list(run.paper_rows), [], [],
+                   outcome.log[-1500:])
+  doc = json.loads(outcome.json_path.read_text())
+  rows, error = list(run.paper_rows), ""
+  try:
+    rows += run.compare(doc) if run.compare else paper_keys_rows(doc)
+  except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+    error = f"could not read the comparison from this JSON ({type(e).__name__}: {e})"
+    rows += paper_keys_rows(doc)
+  figures = []
+  for name in run.figures:
+    src = outcome.json_path.parent / name
+    if outcome.label == "quick" and name.endswith("_cactus.png"):
+      src = outcome.json_path.with_name(outcome.json_path.stem + "_cactus.png")
+    if src.is_file():
+      dst = figure_dir / f"{outcome.label}_{src.name}"
+      shutil.copyfile(src, dst)
+      figures.append(dst.name)
+  plot = bar_chart(rows, figure_dir / f"{outcome.label}_{Path(run.result).stem}_vs_paper.png",
+                   run.title)
+  if plot:
+    figures.append(plot)
+  if outcome.status == "failed":
+    error = (error + "\n" if error else "") + "the run failed; log tail:\n" + outcome.log[-1500:]
+  return Section(title, outcome.status, outcome.label, provenance_of(doc), rows,
+                 settings_of(doc), figures, error)
+
+
+def bar_chart(rows: list[Row], path: Path, title: str) -> str | None:
+  """Paper against ours for the rows where both are numbers (matplotlib); None when none are."""
+  pairs = [(q, _num(p), _num(o)) for q, p, o, _ in rows]
+  pairs = [(q, p, o) for q, p, o in pairs if p is not None and o is not None
+           and math.isfinite(p) and math.isfinite(o)]
+  if not pairs:
+    return None
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(pairs) + 2), 3.2))
+  xs = range(len(pairs))
+  ax.bar([x - 0.2 for x in xs], [p for _, p, _ in pairs], 0.4, label="paper")
+  ax.bar([x + 0.2 for x in xs], [o for _, _, o in pairs], 0.4, label="ours")
+  ax.set_xticks(list(xs))
+  ax.set_xticklabels([q[:28] for q, _, _ in pairs], rotation=30, ha="right", fontsize=7)
+  ax.set_title(title[:70], fontsize=9)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path.name
+
+
+def _fmt(v) -> str:
+  if v is None:
+    return "-"
+  if isinstance(v, float):
+    return f"{v:.4g}"
+  return str(v)
+
+
+def render_markdown(sections: dict[str, list[Section]], meta: dict) -> str:
+  """The report as Markdown (report/README.md)."""
+  out = ["# boundjax: reproduction report", "",
+         f"Mode: **{meta['mode']}**; written {meta['date']} at commit `{meta['commit']}`. "
+         "Settings marked *quick* are small and are not the papers' settings.", ""]
+  for key, secs in sections.items():
+    out += [f"## {PAPERS[key]}", ""]
+    if not secs:
+      out += ["No result yet.", ""]
+    for s in secs:
+      out += [f"### {s.title}", "", f"Status: {s.status}; setting: *{s.label}*.", ""]
+      if s.provenance:
+        p = s.provenance
+        m = p.get("machine") if isinstance(p.get("machine"), dict) else {}
+        out += [f"- command: `{p.get('command')}`", f"- commit: `{p.get('commit')}`",
+                f"- date: {p.get('date')}; machine: {m.get('cpu_count')} cores, "
+                f"{m.get('device')}", ""]
+      if s.rows:
+        out += ["| quantity | paper | ours | note |", "|---|---|---|---|"]
+        out += [f"| {q} | {_fmt(p)} | {_fmt(o)} | {n} |" for q, p, o, n in s.rows]
+        out.append("")
+      if s.settings:
+        out += ["Setting and differences from the paper:", ""]
+        out += [f"- {x}" for x in s.settings] + [""]
+      out += [f"![{f}](figures/{f})" for f in s.figures]
+      if s.error:
+        out += ["", "```", s.error, "```"]
+      out.append("")
+  return "\n".join(out)
+
+
+def render_html(sections: dict[str, list[Section]], meta: dict) -> str:
+  """The report as one HTML page (report/index.html) with the figures embedded by path."""
+  e = html.escape
+  parts = ["<!doctype html><html><head><meta charset='utf-8'><title>boundjax reproduction"
+           "</title><style>body{font-family:sans-serif;max-width:1000px;margin:auto}"
+           "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}"
+           ".quick{color:#a60}pre{background:#f4f4f4;white-space:pre-wrap}</style></head><body>",
+           "<h1>boundjax: reproduction report</h1>",
+           f"<p>Mode: <b>{e(meta['mode'])}</b>; written {e(meta['date'])} at commit "
+           f"<code>{e(meta['commit'])}</code>. Settings marked <span class='quick'>quick</span> "
+           "are small and are not the papers' settings.</p>", "<ul>"]
+  parts += [f"<li><a href='#{k}'>{e(PAPERS[k])}</a></li>" for k in sections] + ["</ul>"]
+  for key, secs in sections.items():
+    parts.append(f"<h2 id='{key}'>{e(PAPERS[key])}</h2>")
+    if not secs:
+      parts.append("<p>No result yet.</p>")
+    for s in secs:
+      cls = " class='quick'" if s.label == "quick" else ""
+      parts.append(f"<h3>{e(s.title)}</h3><p>Status: {e(s.status)}; setting: "
+                   f"<b{cls}>{e(s.label)}</b>.</p>")
+      if s.provenance:
+        p = s.provenance
+        m = p.get("machine") if isinstance(p.get("machine"), dict) else {}
+        parts.append(f"<p>command: <code>{e(str(p.get('command')))}</code><br>commit: "
+                     f"<code>{e(str(p.get('commit')))}</code><br>date: {e(str(p.get('date')))};"
+                     f" machine: {e(str(m.get('cpu_count')))} cores, "
+                     f"{e(str(m.get('device')))}</p>")
+      if s.rows:
+        parts.append("<table><tr><th>quantity</th><th>paper</th><th>ours</th><th>note</th></tr>")
+        parts += [f"<tr><td>{e(q)}</td><td>{e(_fmt(p))}</td><td>{e(_fmt(o))}</td>"
+                  f"<td>{e(str(n))}</td></tr>" for q, p, o, n in s.rows]
+        parts.append("</table>")
+      if s.settings:
+        parts.append("<p>Setting and differences from the paper:</p><ul>")
+        parts += [f"<li>{e(x)}</li>" for x in s.settings] + ["</ul>"]
+      parts += [f"<p><img src='figures/{e(f)}' alt='{e(f)}' style='max-width:100%'></p>"
+                for f in s.figures]
+      if s.error:
+        parts.append(f"<pre>{e(s.error)}</pre>")
+  parts.append("</body></html>")
+  return "\n".join(parts)
+
+
+def write_report(outcomes: list[Outcome], papers: list[str], root: Path, mode: str,
+                 out_dir: Path | None = None) -> Path:
+  """Writes ``report/index.html``, ``report/README.md`` and the figures; returns the HTML path."""
+  out_dir = Path(out_dir) if out_dir else root / "report"
+  figure_dir = out_dir / "figures"
+  figure_dir.mkdir(parents=True, exist_ok=True)
+  sections: dict[str, list[Section]] = {k: [] for k in papers}
+  for o in outcomes:
+    if o.run.paper in sections:
+      sections[o.run.paper].append(section_of(o, figure_dir, root))
+  meta = {"mode": mode, "commit": _commit(root),
+          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+  (out_dir / "README.md").write_text(render_markdown(sections, meta))
+  path = out_dir / "index.html"
+  path.write_text(render_html(sections, meta))
+  return path
+
+
+def _commit(root: Path) -> str:
+  try:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                          text=True, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+def reproduce(mode: str = "quick", only: list[str] | None = None, root: Path | None = None,
+              runs: tuple[Run, ...] = RUNS, timeout: float | None = None,
+              progress: bool = True) -> Path:
+  """Runs the table ``runs`` for the papers ``only`` (default: all) in ``mode`` (quick, full or
+  render: no runs) and writes the report; returns the path of ``report/index.html``."""
+  if mode not in ("quick", "full", "render"):
+    raise ValueError(f"mode must be 'quick', 'full' or 'render', got {mode!r}")
+  papers = list(only or PAPERS)
+  unknown = [p for p in papers if p not in PAPERS]
+  if unknown:
+    raise ValueError(f"unknown paper(s) {unknown} in only; choose from {list(PAPERS)}")
+  root = repo_root(root)
+  chosen = [r for r in runs if r.paper in papers]
+  from tqdm.auto import tqdm
+  outcomes = []
+  for run in tqdm(chosen, desc=f"reproduce ({mode})", unit="run", disable=not progress):
+    o = execute(run, mode if mode != "render" else "render", root, timeout)
+    if progress:
+      tqdm.write(f"{run.paper:>7} {run.script:<32} {o.status:<18} {o.seconds:7.1f} s")
+    outcomes.append(o)
+  return write_report(outcomes, papers, root, mode)
