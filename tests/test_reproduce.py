@@ -1,0 +1,194 @@
+"""`boundjax reproduce`: finding the clone, running, resuming, falling back and rendering.
+
+The fast tests build a tiny fake clone (a `benchmarks/` folder with scripts written here) so every
+path of `boundjax.reproduce.execute` runs in well under a second per script; the slow test runs
+the real ``boundjax reproduce --quick`` and opens its report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from boundjax import reproduce as R
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = '''
+import json, sys, pathlib
+args = sys.argv[1:]
+out = pathlib.Path(args[args.index("--out") + 1])
+if "--fail" in args:
+  print("something broke", file=sys.stderr); sys.exit(3)
+n = int(args[args.index("--n") + 1])
+counter = pathlib.Path("runs.txt")
+counter.write_text(counter.read_text() + "x" if counter.exists() else "x")
+out.parent.mkdir(parents=True, exist_ok=True)
+out.write_text(json.dumps({"provenance": {"command": "python " + " ".join(sys.argv),
+                                          "commit": "a" * 40, "date": "2026-01-01T00:00:00",
+                                          "machine": {"cpu_count": 2, "device": "cpu"}},
+                           "setting": {"n": n}, "value": 2.0 * n, "paper_value": 7.0}))
+'''
+
+
+def fake_clone(tmp_path: Path) -> Path:
+  (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+  (tmp_path / "benchmarks" / "provenance.py").write_text("")
+  (tmp_path / "benchmarks" / "toy.py").write_text(SCRIPT)
+  return tmp_path
+
+
+def compare_toy(doc):
+  return [("value", doc["paper_value"], doc["value"], "toy")]
+
+
+def toy_run(paper="barron", quick=("--n", "3", "--out", "{out}"), script="benchmarks/toy.py",
+            **kw) -> R.Run:
+  return R.Run(paper, "Toy table", script, "toy.json", quick,
+               ("--n", "5", "--out", "benchmarks/results/toy.json"), compare_toy, **kw)
+
+
+def runs_done(root: Path) -> int:
+  p = root / "runs.txt"
+  return len(p.read_text()) if p.exists() else 0
+
+
+def test_repo_root_finds_the_clone_and_refuses_elsewhere(tmp_path):
+  assert R.repo_root(ROOT / "boundjax") == ROOT
+  root = fake_clone(tmp_path / "clone")
+  assert R.repo_root(root / "benchmarks") == root
+  # outside any clone, the package's own location is tried next: this repository
+  assert R.repo_root(tmp_path) == ROOT
+
+
+def test_repo_root_error_names_the_problem(tmp_path, monkeypatch):
+  monkeypatch.setattr(R, "__file__", str(tmp_path / "site-packages" / "boundjax" / "x.py"))
+  with pytest.raises(R.NotAClone, match="clone of the repository"):
+    R.repo_root(tmp_path)
+
+
+def test_command_substitutes_the_output_path():
+  run = toy_run()
+  assert R.command_of(run, "quick", "report/quick/toy.json") == [
+      "benchmarks/toy.py", "--n", "3", "--out", "report/quick/toy.json"]
+  assert R.command_of(toy_run(quick=None), "quick", "x.json") is None
+  assert R.output_path(run, "full") == "benchmarks/results/toy.json"
+
+
+def test_quick_run_then_resume_skips_the_same_command(tmp_path):
+  root = fake_clone(tmp_path)
+  run = toy_run()
+  first = R.execute(run, "quick", root)
+  assert first.status == "ran" and first.label == "quick"
+  doc = json.loads((root / "report/quick/toy.json").read_text())
+  assert doc["value"] == 6.0 and runs_done(root) == 1
+  again = R.execute(run, "quick", root)
+  assert again.status == "reused" and runs_done(root) == 1
+  # other settings are not the same result: it runs again
+  changed = R.execute(toy_run(quick=("--n", "4", "--out", "{out}")), "quick", root)
+  assert changed.status == "ran" and runs_done(root) == 2
+  full = R.execute(run, "full", root)
+  assert full.status == "ran" and (root / "benchmarks/results/toy.json").is_file()
+  assert R.execute(run, "full", root).status == "reused" and runs_done(root) == 3
+
+
+def test_missing_script_failed_run_and_no_quick_setting(tmp_path):
+  root = fake_clone(tmp_path)
+  missing = R.execute(toy_run(script="benchmarks/not_written_yet.py"), "quick", root)
+  assert missing.status == "not yet available" and missing.json_path is None
+  failed = R.execute(toy_run(quick=("--fail", "--out", "{out}")), "quick", root)
+  assert failed.status == "failed" and "something broke" in failed.log
+  no_quick = R.execute(toy_run(quick=None), "quick", root)
+  assert no_quick.status == "missing"
+  R.execute(toy_run(), "full", root)        # now a committed result exists
+  shown = R.execute(toy_run(quick=None), "quick", root)
+  assert shown.status == "committed" and shown.json_path.name == "toy.json"
+
+
+def test_report_has_every_paper_numbers_side_by_side_and_failures(tmp_path):
+  root = fake_clone(tmp_path)
+  runs = (toy_run("barron"), toy_run("lucid", quick=("--fail", "--out", "{out}")),
+          toy_run("ptr", script="benchmarks/ptr_not_yet.py"))
+  path = R.reproduce("quick", root=root, runs=runs, progress=False)
+  page = path.read_text()
+  for key, title in R.PAPERS.items():
+    assert f"id='{key}'" in page and title.split(":")[0] in page
+  # the paper's number beside ours in one row, the command and the commit
+  assert re.search(r"<td>value</td><td>7</td><td>6</td>", page.replace(".0<", "<"))
+  assert "python benchmarks/toy.py --n 3 --out report/quick/toy.json" in page
+  assert "a" * 40 in page
+  assert "something broke" in page and "not yet available" in page
+  assert "<b class='quick'>quick</b>" in page
+  fig = root / "report" / "figures" / "quick_toy_vs_paper.png"
+  assert fig.is_file() and fig.read_bytes()[:4] == b"\x89PNG"
+  md = (root / "report" / "README.md").read_text()
+  assert "| value | 7 | 6 | toy |" in md.replace(".0 |", " |")
+  assert "## Barron" in md and "## PTR" in md
+
+
+def test_a_json_the_comparison_cannot_read_is_reported_not_fatal(tmp_path):
+  root = fake_clone(tmp_path)
+  (root / "benchmarks/results/toy.json").write_text(json.dumps({"paper_x": 1, "other": 2}))
+  path = R.reproduce("render", root=root, runs=(toy_run(),), progress=False)
+  page = path.read_text()
+  assert "could not read the comparison" in page and "paper_x" in page
+
+
+def test_render_only_runs_nothing(tmp_path):
+  root = fake_clone(tmp_path)
+  R.reproduce("render", root=root, runs=(toy_run(),), progress=False)
+  assert runs_done(root) == 0
+
+
+def test_bad_arguments_raise_naming_them(tmp_path):
+  root = fake_clone(tmp_path)
+  with pytest.raises(ValueError, match="mode"):
+    R.reproduce("fast", root=root, runs=(), progress=False)
+  with pytest.raises(ValueError, match="only"):
+    R.reproduce("quick", only=["lucid", "nope"], root=root, runs=(), progress=False)
+
+
+def test_provenance_of_reads_both_layouts():
+  rec = {"command": "python x.py", "commit": "a" * 40, "date": "d", "machine": {}}
+  assert R.provenance_of({"provenance": rec, "x": 1}) == rec
+  assert R.provenance_of({**rec, "x": 1}) == rec
+  assert R.provenance_of({"x": 1}) is None and R.provenance_of([1]) is None
+
+
+def test_the_table_covers_five_papers_and_existing_scripts_take_its_arguments():
+  assert {r.paper for r in R.RUNS} >= {"lucid", "agt", "ptr", "sphynx", "barron"}
+  for run in R.RUNS:
+    for mode in ("quick", "full"):
+      argv = R.command_of(run, mode, R.output_path(run, mode))
+      if argv is None or not (ROOT / run.script).is_file():
+        continue
+      source = (ROOT / run.script).read_text()
+      for flag in (a for a in argv[1:] if a.startswith("--")):
+        assert f'"{flag}"' in source, f"{run.script} has no option {flag}"
+      if mode == "quick":
+        assert "--out" in argv, f"{run.script}: quick mode must write under report/"
+
+
+def test_cli_reports_a_bad_paper_name():
+  from boundjax.cli import main
+  with pytest.raises(SystemExit, match="unknown paper"):
+    main(["reproduce", "--render-only", "--only", "nope"])
+
+
+@pytest.mark.slow
+def test_quick_reproduction_writes_a_report_with_all_papers():
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, "-m", "boundjax.cli", "reproduce", "--quick"],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  page = (ROOT / "report" / "index.html").read_text()
+  for key in ("lucid", "agt", "ptr", "sphynx", "barron"):
+    assert f"<h2 id='{key}'>" in page
+  assert "failed" not in re.findall(r"Status: (\w+)", page)
+  assert (ROOT / "report" / "README.md").is_file()
