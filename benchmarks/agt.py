@@ -285,13 +285,16 @@ def soundness(n_sets: int) -> dict:
 
 
 def main():
+  global RESULTS
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--quick", action="store_true", help="full-batch settings only")
   ap.add_argument("--reps", type=int, default=3)
   ap.add_argument("--soundness", action="store_true")
   ap.add_argument("--profile", action="store_true", help="per-fragment breakdown of one step")
   ap.add_argument("--n-sets", type=int, default=64)
+  ap.add_argument("--results", default=str(RESULTS), help="folder of the JSONs")
   a = ap.parse_args()
+  RESULTS = pathlib.Path(a.results)
   RESULTS.mkdir(parents=True, exist_ok=True)
   if a.profile:
     profile(a.reps)

@@ -290,9 +290,12 @@ def plot(results: list[dict]):
 
 
 def main():
+  global RESULTS
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--only", default="blobs,fashion,amazon")
+  ap.add_argument("--results", default=str(RESULTS), help="folder of the JSON and figures")
   a = ap.parse_args()
+  RESULTS = pathlib.Path(a.results)
   RESULTS.mkdir(parents=True, exist_ok=True)
   path = RESULTS / "agt_privacy.json"
   old = json.loads(path.read_text()) if path.exists() else {}
