@@ -34,7 +34,7 @@ def _is_iv(x):
     (dict(k_private=10), "k_private"),
     (dict(k_private=1), "clip_gamma must be finite"),
     (dict(loss="hinge"), "loss"),
-    (dict(optimizer="adam"), "optimizer"),
+    (dict(optimizer="rmsprop"), "optimizer"),
     (dict(momentum=0.9), "optimizer='sgdm'"),
     (dict(l1_reg=0.1, l2_reg=0.1), "l1_reg"),
     (dict(l2_reg=5.0), "monotone"),

@@ -13,7 +13,7 @@ vertex mixtures. The descent direction is computed by the stated convention:
 Gradients on a dyadic grid (multiples of 1/64, gamma = 1/2) make every sum exact in float64, so
 the only rounding left is the final division (XLA may divide by b as a product with 1/b, one
 ulp off). Every check is therefore zero-tolerance against the bound widened by its documented
-rounding margin (``fp_margin=True``, `descent.rounding_margin`), and, without the margin, the
+rounding margin (``sound=True``, `descent.rounding_margin`), and, without the margin, the
 largest excess must be at the rounding level (a few ulp), not a real gap: before the fix, the
 fixed-1/b convention left the bound by up to 0.315 in 13,748 of 215,616 grid cases.
 """
@@ -114,7 +114,7 @@ VARIANTS = list(itertools.product(["actual", "nominal"], [False, True], [False, 
 
 
 def _variants(dl, du, k, gamma, neighbourhood="add_remove", variants=tuple(VARIANTS)) -> dict:
-  """Bounds of every (convention, fp_margin, streaming) variant, as numpy arrays.
+  """Bounds of every (convention, sound, streaming) variant, as numpy arrays.
 
   The bounds are per coordinate, so batches of several kinds are stacked along a coordinate
   axis, shape (b, kinds, D): one call per variant covers them all.
@@ -122,7 +122,7 @@ def _variants(dl, du, k, gamma, neighbourhood="add_remove", variants=tuple(VARIA
   out = {}
   dl, du = jnp.asarray(dl), jnp.asarray(du)
   for conv, margin, stream in variants:
-    kw = dict(normalise=conv, neighbourhood=neighbourhood, fp_margin=margin)
+    kw = dict(normalise=conv, neighbourhood=neighbourhood, sound=margin)
     if stream:
       res = descent.descent_bounds(dl, du, k, gamma, fragsize=2, **kw)
     else:
@@ -143,9 +143,9 @@ def _case(b: int, k: int, neighbourhood: str = "add_remove"):
   return dl, du, _variants(dl, du, k, gamma, neighbourhood)
 
 
-def _bounds(dl, du, k, convention, fp_margin=False, stream=False):
+def _bounds(dl, du, k, convention, sound=False, stream=False):
   """One variant for one batch."""
-  kw = dict(normalise=convention, fp_margin=fp_margin)
+  kw = dict(normalise=convention, sound=sound)
   if stream:
     return descent.descent_bounds(jnp.asarray(dl), jnp.asarray(du), k, GAMMA, fragsize=2, **kw)
   return descent.descent_bounds_dense(jnp.asarray(dl), jnp.asarray(du), k, GAMMA, **kw)

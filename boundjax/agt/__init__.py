@@ -7,6 +7,10 @@ Differentially Private Prediction in Gradient-Based Training", AGT).
   `EpochRecord` per validated epoch) and `KGrid`.
 * `certify`, `max_certified_k`, `predict`, `check_shared_nominal` (`boundjax.agt.certify`):
   certified prediction stability from a parameter box.
+* `transform`, `bounded_sgd`, `bounded_sgdm`, `bounded_adam`, `point_box`, `ParamBox`,
+  `Directions`, `BoundedState` (`boundjax.agt.optim`): the interval optimisers as optax-style
+  ``(init, update)`` pairs for a user's own loop (with `descent_directions` per batch);
+  `fit` runs the same pairs.
 * `clip`, `descent_bounds`, `semin`, `semax` (`boundjax.agt.descent`): Thm 4.6's bounds.
 * `retrain` (`boundjax.agt.retrain`): empirical soundness checks by real retraining.
 * `VacuousCertificateWarning`, `BoxOverflowError` (`boundjax.agt.diagnostics`): the box has
@@ -16,8 +20,11 @@ Differentially Private Prediction in Gradient-Based Training", AGT).
 from boundjax.agt.certify import certify, check_shared_nominal, max_certified_k, predict
 from boundjax.agt.config import Config
 from boundjax.agt.descent import clip, descent_bounds, descent_bounds_dense, semax, semin
-from boundjax.agt.train import (EpochRecord, FitResult, KGrid, State, batches, fit, fit_k_grid,
-                                init, make_step, point_optimizer, update)
+from boundjax.agt.optim import (BoundedState, BoundedTransformation, Directions, ParamBox,
+                                bounded_adam, bounded_sgd, bounded_sgdm, point_box, transform)
+from boundjax.agt.train import (EpochRecord, FitResult, KGrid, State, batches,
+                                descent_directions, fit, fit_k_grid, init, make_step,
+                                point_optimizer, update)
 from boundjax.agt import retrain  # noqa: E402
 from boundjax.agt.diagnostics import BoxOverflowError, VacuousCertificateWarning
 from boundjax.training import Schedule
@@ -26,5 +33,7 @@ __all__ = [
     "Config", "Schedule", "State", "FitResult", "EpochRecord", "KGrid", "init", "make_step",
     "update", "fit", "batches", "point_optimizer", "certify", "max_certified_k", "fit_k_grid",
     "check_shared_nominal", "predict", "clip", "descent_bounds", "descent_bounds_dense", "semin",
-    "semax", "retrain", "VacuousCertificateWarning", "BoxOverflowError",
+    "semax", "retrain", "VacuousCertificateWarning", "BoxOverflowError", "transform",
+    "bounded_sgd", "bounded_sgdm", "bounded_adam", "point_box", "ParamBox", "Directions",
+    "BoundedState", "BoundedTransformation", "descent_directions",
 ]

@@ -23,7 +23,7 @@ from typing import Literal, Optional
 from boundjax.training import Schedule
 
 LOSSES = ("cross_entropy", "binary_cross_entropy", "mse")
-OPTIMIZERS = ("sgd", "sgdm")
+OPTIMIZERS = ("sgd", "sgdm", "adam")
 NEIGHBOURHOODS = ("add_remove", "remove")
 NORMALISATIONS = ("actual", "nominal")
 BOUND_METHODS = ("interval", "crown")
@@ -31,7 +31,7 @@ BOUND_METHODS = ("interval", "crown")
 #: "signsplit"; "exact" and "best" need the "ibp" back-end (`boundjax.agt.bounds`).
 MATMULS = ("midrad", "signsplit", "exact", "best")
 _NUMBERS = ("learning_rate", "clip_gamma", "lr_decay", "lr_min", "momentum", "dampening",
-            "l1_reg", "l2_reg")
+            "l1_reg", "l2_reg", "b1", "b2", "eps_adam", "weight_decay")
 _INTS = ("n_epochs", "batch_size", "k_private", "fragsize", "seed")
 #: Poisoning fields, named as in the public code's ``AGTConfig`` (`boundjax.agt.poisoning`).
 _POISON_INTS = ("k_poison", "label_k_poison", "poison_target_idx")
@@ -63,9 +63,14 @@ class Config:
       "add_remove" (each added point contributes up to +-gamma).
     lr_decay: eta in alpha_n = max(alpha / (1 + eta * n), lr_min) (AGT, App. E).
     lr_min: floor of the step size.
-    optimizer: "sgd" or "sgdm" (heavy-ball momentum, torch convention
-      v <- momentum * v + (1 - dampening) * g, Nesterov g <- g + momentum * v).
+    optimizer: "sgd", "sgdm" (heavy-ball momentum, torch convention
+      v <- momentum * v + (1 - dampening) * g, Nesterov g <- g + momentum * v) or "adam"
+      (Adam as ``optax.adam``, AdamW with ``weight_decay``; bounds in `boundjax.agt.optim`).
     momentum, dampening, nesterov: options of "sgdm".
+    b1, b2, eps_adam: options of "adam" (optax's ``b1``, ``b2``, ``eps``): moment decays in
+      [0, 1) and the denominator term eps > 0.
+    weight_decay: AdamW's decoupled weight decay (>= 0; "adam" only; ``optax.adamw``).
+      ``l2_reg`` with "adam" is the coupled penalty added to the gradient before Adam.
     l1_reg: lambda of an L1 penalty lambda * |theta|_1 (SGD only, as in the public code).
     l2_reg: lambda of an L2 penalty (lambda / 2) |theta|^2, i.e. gradient lambda * theta; needs
       learning_rate * l2_reg <= 1 for the interval update to stay monotone.
@@ -127,10 +132,14 @@ class Config:
   clip_gamma: Optional[float] = None
   lr_decay: float = 0.0
   lr_min: float = 0.0
-  optimizer: Literal["sgd", "sgdm"] = "sgd"
+  optimizer: Literal["sgd", "sgdm", "adam"] = "sgd"
   momentum: float = 0.0
   dampening: float = 0.0
   nesterov: bool = False
+  b1: float = 0.9
+  b2: float = 0.999
+  eps_adam: float = 1e-8
+  weight_decay: float = 0.0
   l1_reg: float = 0.0
   l2_reg: float = 0.0
   bound_method: Literal["interval", "crown"] = "interval"
@@ -196,8 +205,16 @@ class Config:
     if not 0 <= self.momentum < 1 or not 0 <= self.dampening <= 1:
       bad(f"need 0 <= momentum < 1 and 0 <= dampening <= 1, got {self.momentum!r}, "
           f"{self.dampening!r}.")
-    if self.optimizer == "sgd" and (self.momentum or self.nesterov):
-      bad("momentum/nesterov given with optimizer='sgd'; use optimizer='sgdm'.")
+    if self.optimizer != "sgdm" and (self.momentum or self.nesterov or self.dampening):
+      bad(f"momentum/dampening/nesterov given with optimizer={self.optimizer!r}; they are "
+          "options of optimizer='sgdm'.")
+    if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
+      bad(f"b1 and b2 must lie in [0, 1), got {self.b1!r}, {self.b2!r}.")
+    if not self.eps_adam > 0:
+      bad(f"eps_adam must be > 0 (it keeps Adam's denominator positive), got {self.eps_adam!r}.")
+    if self.weight_decay < 0 or (self.weight_decay > 0 and self.optimizer != "adam"):
+      bad(f"weight_decay must be >= 0 and is an option of optimizer='adam' (AdamW), got "
+          f"{self.weight_decay!r} with optimizer={self.optimizer!r}; use l2_reg otherwise.")
     if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
       bad("nesterov needs momentum > 0 and dampening == 0 (as in torch.optim.SGD).")
     if self.l1_reg < 0 or self.l2_reg < 0:

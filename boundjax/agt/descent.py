@@ -86,7 +86,7 @@ def semax(values: Array, a: int) -> Array:
 
 def descent_bounds_dense(delta_l: Array, delta_u: Array, k: int, gamma: float,
                          normalise: Normalise = "actual",
-                         neighbourhood: Neighbourhood = "add_remove", fp_margin: bool = False
+                         neighbourhood: Neighbourhood = "add_remove", sound: bool = False
                          ) -> tuple[Array, Array]:
   """Thm 4.6 by sorting the whole batch (reference form; leading axis = batch of size b).
 
@@ -101,7 +101,7 @@ def descent_bounds_dense(delta_l: Array, delta_u: Array, k: int, gamma: float,
                     jnp.moveaxis(s_l[b - k:], 0, -1), jnp.moveaxis(s_u[:k], 0, -1),
                     jnp.sum(jnp.maximum(jnp.abs(delta_l), jnp.abs(delta_u)), 0))
   gam = gamma if neighbourhood == "add_remove" and k else 0.0
-  _, lo, hi = finalize(acc, b, gam, fp_margin, neighbourhood == "remove", normalise)
+  _, lo, hi = finalize(acc, b, gam, sound, neighbourhood == "remove", normalise)
   return lo, hi
 
 
@@ -264,7 +264,7 @@ def _selected_sums(acc: Accumulator, normalise: str) -> tuple[Array, Array]:
   return acc.sum_l - jnp.sum(top_l, -1), acc.sum_u - jnp.sum(bot_u, -1)
 
 
-def finalize(acc: Accumulator, b: int, gamma: float, fp_margin: bool = False,
+def finalize(acc: Accumulator, b: int, gamma: float, sound: bool = False,
              remove_only: bool = False, normalise: Normalise = "actual"
              ) -> tuple[Array, Array, Array]:
   """Returns ``(dtheta_nominal, dtheta_L, dtheta_U)`` from a full batch of size b.
@@ -279,7 +279,7 @@ def finalize(acc: Accumulator, b: int, gamma: float, fp_margin: bool = False,
   * "nominal" (fixed 1/b): `_selected_sums` minus / plus ``k gamma`` (0 when ``remove_only``),
     over b.
 
-  With ``fp_margin`` the bounds are widened by `rounding_margin`.
+  With ``sound`` the bounds are widened by `rounding_margin` (floating-point soundness).
   """
   k = acc.top_l.shape[-1]
   if normalise not in NORMALISATIONS:
@@ -293,7 +293,7 @@ def finalize(acc: Accumulator, b: int, gamma: float, fp_margin: bool = False,
       lo, hi = sum_l / n, sum_u / n
     else:
       lo, hi = (sum_l - k * gamma) / b, (sum_u + k * gamma) / b
-  if fp_margin:
+  if sound:
     m = rounding_margin(acc, b, gamma, remove_only)
     lo, hi = lo - m, hi + m
   return acc.sum_n / b, lo, hi
@@ -301,7 +301,7 @@ def finalize(acc: Accumulator, b: int, gamma: float, fp_margin: bool = False,
 
 def descent_bounds(delta_l: Array, delta_u: Array, k: int, gamma: float,
                    fragsize: int | None = None, normalise: Normalise = "actual",
-                   neighbourhood: Neighbourhood = "add_remove", fp_margin: bool = False
+                   neighbourhood: Neighbourhood = "add_remove", sound: bool = False
                    ) -> tuple[Array, Array]:
   """Bounds on the batch mean under up to k removals and k additions (AGT, Thm 4.6), in
   streaming form (leading axis = batch); equals `descent_bounds_dense`.
@@ -317,7 +317,7 @@ def descent_bounds(delta_l: Array, delta_u: Array, k: int, gamma: float,
       covers both). See the module docstring.
     neighbourhood: "add_remove" (up to k removals and k additions) or "remove" (removals
       only).
-    fp_margin: widen by `rounding_margin` (floating-point soundness).
+    sound: widen by `rounding_margin` (floating-point soundness).
   """
   b = delta_l.shape[0]
   _check(k, b, normalise, neighbourhood)
@@ -329,7 +329,7 @@ def descent_bounds(delta_l: Array, delta_u: Array, k: int, gamma: float,
     sl = slice(s, s + f)
     acc = accumulate(acc, delta_l[sl], delta_l[sl], delta_u[sl], None)
   gam = gamma if neighbourhood == "add_remove" and k else 0.0
-  _, lo, hi = finalize(acc, b, gam, fp_margin, neighbourhood == "remove", normalise)
+  _, lo, hi = finalize(acc, b, gam, sound, neighbourhood == "remove", normalise)
   return lo, hi
 
 

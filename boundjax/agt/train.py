@@ -37,10 +37,10 @@ import numpy as np
 
 from boundjax import training
 from boundjax.agt import bounds as bnd
-from boundjax.agt import descent, diagnostics, losses, mlp, poisoning
+from boundjax.agt import descent, diagnostics, losses, mlp, optim, poisoning
 from boundjax.agt.certify import certify, check_shared_nominal, predict
 from boundjax.agt.config import Config
-from boundjax.interval import Interval, join_tree, split_tree
+from boundjax.interval import Interval
 from boundjax.training import Schedule
 
 Array = jax.Array
@@ -48,29 +48,33 @@ _is_iv = lambda x: isinstance(x, Interval)  # noqa: E731
 
 
 class State(NamedTuple):
-  """AGT training state (a pytree).
+  """AGT training state (a pytree): the parameter box and the bounded optimiser's state.
 
   Attributes:
     params: nominal parameters (the deployed model).
     bounds: pytree like ``params`` with Interval leaves, the valid parameter box.
-    step: number of steps taken (drives the step-size schedule).
-    mom: momentum buffers ``(v_nominal, v_lower, v_upper)`` (pytrees like params) or ``()``.
+    opt: the `boundjax.agt.optim.BoundedState` of ``optim.transform(config)`` (step count,
+      moments and their bounds).
   """
   params: Any
   bounds: Any
-  step: Array
-  mom: Any = ()
+  opt: optim.BoundedState
+
+  @property
+  def step(self) -> Array:
+    """Number of steps taken (drives the step-size schedule)."""
+    return self.opt.count
+
+  @property
+  def box(self) -> optim.ParamBox:
+    """``(params, bounds)`` as the `boundjax.agt.optim` pair takes them."""
+    return optim.ParamBox(self.params, self.bounds)
 
 
 def init(params: Any, config: Config) -> State:
   """State at the initialisation theta': the box is the point ``[theta', theta']``."""
-  params = jax.tree_util.tree_map(jnp.asarray, params)
-  box = jax.tree_util.tree_map(lambda p: Interval(p, p, validate=False), params)
-  mom = ()
-  if config.optimizer == "sgdm":
-    z = jax.tree_util.tree_map(jnp.zeros_like, params)
-    mom = (z, z, z)
-  return State(params, box, jnp.zeros((), jnp.int32), mom)
+  box = optim.point_box(params)
+  return State(box.params, box.bounds, optim.transform(config).init(box.params))
 
 
 def nominal_grad_fn(apply_fn: Callable, loss: str) -> Callable:
@@ -134,70 +138,11 @@ def descent_directions(apply_fn: Callable, config: Config, backend: str,
   return tuple(tdef.unflatten([t[i] for t in fin]) for i in range(3))
 
 
-def _l1_step(t_l, t_u, t_n, lam):
-  """Range of ``theta - lam * sign(theta)`` over ``[t_l, t_u]`` (lam = alpha * l1_reg)."""
-  lo = t_l - lam * jnp.sign(t_l)
-  lo = jnp.where((t_l <= 0) & (t_u > 0), jnp.minimum(lo, -lam), lo)
-  hi = t_u - lam * jnp.sign(t_u)
-  hi = jnp.where((t_l < 0) & (t_u >= 0), jnp.maximum(hi, lam), hi)
-  return lo, hi, t_n - lam * jnp.sign(t_n)
-
-
-def _outward(config: Config, lo: Any, hi: Any, *terms) -> tuple[Any, Any]:
-  """Widens ``[lo, hi]`` by 4 eps (|lo| + sum |terms|) (rounding of the update), if enabled."""
-  if not config.sound:
-    return lo, hi
-  tm = jax.tree_util.tree_map
-
-  def w(l, h, *ts):
-    eps = jnp.finfo(l.dtype).eps
-    mag = jnp.maximum(jnp.abs(l), jnp.abs(h)) + sum(jnp.abs(t) for t in ts)
-    return l - 4 * eps * mag, h + 4 * eps * mag
-  lo = tm(lambda l, h, *ts: w(l, h, *ts)[0], lo, hi, *terms)
-  hi = tm(lambda l, h, *ts: w(l, h, *ts)[1], lo, hi, *terms)
-  return lo, hi
-
-
 def update(config: Config, state: State, d_n: Any, d_l: Any, d_u: Any) -> State:
-  """The interval optimiser step (AGT, Alg. 1 line 10, with the public code's options)."""
-  a = config.lr(state.step).astype(jax.tree_util.tree_leaves(state.params)[0].dtype)
-  t_l, t_u = split_tree(state.bounds)
-  t_n = state.params
-  tm = jax.tree_util.tree_map
-  l2, l1 = config.l2_reg, config.l1_reg
-  if config.optimizer == "sgd":
-    if l1:
-      s_l = tm(lambda l, u, n: _l1_step(l, u, n, a * l1)[0], t_l, t_u, t_n)
-      s_u = tm(lambda l, u, n: _l1_step(l, u, n, a * l1)[1], t_l, t_u, t_n)
-      s_n = tm(lambda l, u, n: _l1_step(l, u, n, a * l1)[2], t_l, t_u, t_n)
-    else:
-      s = 1.0 - a * l2
-      s_l, s_u, s_n = (tm(lambda p: s * p, t) for t in (t_l, t_u, t_n))
-    new_n = tm(lambda p, g: p - a * g, s_n, d_n)
-    new_l = tm(lambda p, g: p - a * g, s_l, d_u)
-    new_u = tm(lambda p, g: p - a * g, s_u, d_l)
-    new_l, new_u = _outward(config, new_l, new_u, t_l, t_u, tm(lambda g: a * g, d_u),
-                            tm(lambda g: a * g, d_l))
-    return State(new_n, join_tree(new_l, new_u), state.step + 1, state.mom)
-  # momentum (torch convention, v_0 = 0): v <- m v + (1 - d) g; nesterov g <- g + m v.
-  m, damp = config.momentum, config.dampening
-  g_n = tm(lambda g, p: g + l2 * p, d_n, t_n)
-  g_l = tm(lambda g, p: g + l2 * p, d_l, t_l)     # lambda * theta is increasing in theta
-  g_u = tm(lambda g, p: g + l2 * p, d_u, t_u)
-  v_n, v_l, v_u = state.mom
-  v_n, v_l, v_u = (tm(lambda v, g: m * v + (1 - damp) * g, v, g)
-                   for v, g in ((v_n, g_n), (v_l, g_l), (v_u, g_u)))
-  if config.nesterov:
-    u_n, u_l, u_u = (tm(lambda g, v: g + m * v, g, v)
-                     for g, v in ((g_n, v_n), (g_l, v_l), (g_u, v_u)))
-  else:
-    u_n, u_l, u_u = v_n, v_l, v_u
-  new_n = tm(lambda p, u: p - a * u, t_n, u_n)
-  new_l = tm(lambda p, u: p - a * u, t_l, u_u)
-  new_u = tm(lambda p, u: p - a * u, t_u, u_l)
-  new_l, new_u = _outward(config, new_l, new_u, t_l, t_u, tm(lambda u: a * u, u_u),
-                          tm(lambda u: a * u, u_l))
-  return State(new_n, join_tree(new_l, new_u), state.step + 1, (v_n, v_l, v_u))
+  """The interval optimiser step (AGT, Alg. 1 line 10, with the public code's options): the
+  ``update`` of ``optim.transform(config)`` (`boundjax.agt.optim`) on the state's box."""
+  box, opt = optim.transform(config).update((d_n, d_l, d_u), state.opt, state.box)
+  return State(box.params, box.bounds, opt)
 
 
 def point_optimizer(config: Config) -> training.Optimizer:
