@@ -269,7 +269,7 @@ RUNS: tuple[Run, ...] = (
         ()),
     Run("engine", "Propagation cost against the forward pass", "benchmarks/propagation.py",
         "propagation.json",
-        ("--nets", "a", "--reps", "1", "--crown-reps", "1", "--shared", "--out", "{out}"),
+        ("--nets", "b", "--reps", "3", "--crown-reps", "1", "--shared", "--out", "{out}"),
         ("--shared",)),
     Run("engine", "VNN-COMP 2021 instances (first 8 per category)", "benchmarks/vnncomp.py",
         "vnncomp.json",
@@ -335,7 +335,7 @@ def recorded_command(path: Path) -> str | None:
 class Outcome:
   """What happened to one run: its status, the JSON shown and the log of a failure."""
   run: Run
-  status: str                  # ran, reused, committed, not yet available, failed, missing
+  status: str                  # ran, reused, committed, not yet available, failed, no result yet
   json_path: Path | None
   label: str                   # quick / full / committed
   seconds: float = 0.0
@@ -352,7 +352,7 @@ def execute(run: Run, mode: str, root: Path, timeout: float | None = None) -> Ou
   out = output_path(run, mode)
   argv = command_of(run, mode, out) if mode in ("quick", "full") else None
   if argv is None:
-    status = "committed" if committed.is_file() else "missing"
+    status = "committed" if committed.is_file() else "no result yet"
     return Outcome(run, status, committed if committed.is_file() else None, "committed")
   if recorded_command(root / out) == " ".join(["python", *argv]):
     return Outcome(run, "reused", root / out, mode)

@@ -105,7 +105,7 @@ def test_missing_script_failed_run_and_no_quick_setting(tmp_path):
   failed = R.execute(toy_run(quick=("--fail", "--out", "{out}")), "quick", root)
   assert failed.status == "failed" and "something broke" in failed.log
   no_quick = R.execute(toy_run(quick=None), "quick", root)
-  assert no_quick.status == "missing"
+  assert no_quick.status == "no result yet"
   R.execute(toy_run(), "full", root)        # now a committed result exists
   shown = R.execute(toy_run(quick=None), "quick", root)
   assert shown.status == "committed" and shown.json_path.name == "toy.json"
