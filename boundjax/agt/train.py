@@ -20,7 +20,9 @@ convention as well, `boundjax.agt.descent`). With ``Config(neighbourhood="remove
 smaller last batch): the box encloses the networks `boundjax.ensembles.train_ensemble` trains on
 the *same* schedule object. Options (from the public code): L2 (monotone
 scaling ``(1 - alpha lambda) theta``), L1 (case split at zero) and momentum (bounds carried for
-the L, nominal and U sequences, valid since momentum and 1 - dampening are >= 0).
+the L, nominal and U sequences, valid since momentum and 1 - dampening are >= 0); and Adam
+(interval moments, `boundjax.agt.optim`). The parameter update is the optax-style pair
+``optim.transform(config)``; `make_step` and `fit` are drivers around it.
 """
 
 from __future__ import annotations
