@@ -110,3 +110,114 @@ def test_milp_oracle_in_radius_search():
                           zeta=0.05, oracle=oracle)
   assert res.feasible and oracle(x, res.lo) <= prop and res.hi - res.lo <= 0.05 + 1e-12
   assert res.hi == pytest.approx(1.0) or oracle(x, res.hi) >= prop
+
+
+def _sampled_norms(params, z, r, n, seed=0):
+  """Brute force: the exact ∞→1 norm of the Jacobian at n uniform points and all box corners
+  (float64 numpy, every sign vector c in {±1}^m tried; one Jacobian per distinct activation
+  pattern among the points)."""
+  W = [np.asarray(l["kernel"], np.float64).T for l in params]
+  b = [np.asarray(l["bias"], np.float64) for l in params]
+  rng = np.random.default_rng(seed)
+  corners = np.array(list(itertools.product((-1.0, 1.0), repeat=z.size)))
+  pts = np.concatenate([z + r * rng.uniform(-1, 1, (n, z.size)), z + r * corners])
+  h, gates = pts, []
+  for Wi, bi in zip(W[:-1], b[:-1]):
+    pre = h @ Wi.T + bi
+    gates.append(pre > 0)
+    h = np.maximum(pre, 0)
+  patterns, inverse = np.unique(np.concatenate(gates, axis=1), axis=0, return_inverse=True)
+  sizes = np.cumsum([0] + [Wi.shape[0] for Wi in W[:-1]])
+  cs = np.array(list(itertools.product((-1.0, 1.0), repeat=W[-1].shape[0])))
+  norms = []
+  for pat in patterns:
+    J = W[-1]
+    for i in range(len(W) - 2, -1, -1):
+      J = (J * pat[sizes[i]:sizes[i + 1]][None, :]) @ W[i]
+    norms.append(np.abs(cs @ J).sum(-1).max())
+  return np.asarray(norms)[inverse.reshape(-1)]
+
+
+def test_fast_milp_equals_enumeration_on_random_boxes():
+  """The MILP (vertex big-M constants, c_0 = 1, constant-Jacobian shortcut) is exact and equals
+  pattern enumeration with LP pruning (exact for one hidden layer) on 24 random boxes of
+  8→10→8 networks; both are >= the Jacobian norms at 10^4 sampled points and the corners."""
+  rng = np.random.default_rng(11)
+  done = 0
+  for seed in range(3):
+    params = random_mlp(20 + seed, (8, 10, 8))
+    W1, b1, W2 = (np.asarray(params[0]["kernel"]).T, np.asarray(params[0]["bias"]),
+                  np.asarray(params[1]["kernel"]).T)
+    net = mlip.network_of(mlp_apply, params, np.zeros(8))
+    for r in (0.02, 0.05, 0.1, 0.1, 0.2, 0.3, 0.4, 0.5):
+      z = rng.normal(size=8)
+      m = mlip.lipschitz_milp(net, z, r)
+      up, low, _ = lip.enumerate_patterns(W1, b1, W2, z, r)
+      assert low == pytest.approx(up, rel=1e-9), "enumeration not exact on this box"
+      assert m.exact and m.lower <= m.upper
+      assert m.upper == pytest.approx(up, rel=2e-6)
+      assert _sampled_norms(params, z, r, 10_000, seed).max() <= m.upper
+      done += 1
+  assert done >= 20
+
+
+def test_backward_bounds_contain_sampled_backward_passes():
+  """`backward_bounds` (hull of per-vertex interval passes) contains q_i and γ = J(z)^T c at
+  10^4 sampled points z and directions c (c_0 = 1, c in [-1, 1]^m for ∞→1; the ℓ1 ball with
+  c_0 >= 0 for the authors' norm), on a deeper net."""
+  params = random_mlp(5, (6, 8, 8, 5))
+  W = [np.asarray(l["kernel"], np.float64).T for l in params]
+  b = [np.asarray(l["bias"], np.float64) for l in params]
+  z0, r = np.random.default_rng(3).normal(size=6), 0.4
+  net = mlip.network_of(mlp_apply, params, z0)
+  from milp import bounds as bounds_lib
+  pre = bounds_lib.compute(net, z0 - r, z0 + r, "crown")
+  rng = np.random.default_rng(4)
+  n = 10_000
+  for out_norm in ("l1", "linf_as_code"):
+    q_bounds, (glo, ghi) = mlip.backward_bounds(W, pre, out_norm)
+    if out_norm == "l1":
+      c = np.concatenate([np.ones((n, 1)), rng.uniform(-1, 1, (n, 4))], 1)
+      c[: n // 2, 1:] = np.sign(c[: n // 2, 1:])
+    else:
+      c = rng.dirichlet(np.ones(5), n) * rng.choice([-1.0, 1.0], (n, 5))
+      c[:, 0] = np.abs(c[:, 0])
+    zs = z0 + r * rng.uniform(-1, 1, (n, 6))
+    zs[: n // 4] = z0 + r * np.sign(zs[: n // 4] - z0)
+    h, gates = zs, []
+    for Wi, bi in zip(W[:-1], b[:-1]):
+      pre_act = h @ Wi.T + bi
+      gates.append(pre_act > 0)
+      h = np.maximum(pre_act, 0)
+    g = c
+    for i in range(len(W) - 2, -1, -1):
+      q = g @ W[i + 1]
+      lq, uq = q_bounds[i]
+      assert np.all(q >= lq) and np.all(q <= uq), (out_norm, i)
+      g = q * gates[i]
+    gamma = g @ W[0]
+    assert np.all(gamma >= glo) and np.all(gamma <= ghi), out_norm
+
+
+def test_time_limited_run_is_sound_not_exact():
+  """A MILP stopped by a time limit is not exact, and its upper (dual bound, or the interval
+  bound if smaller) still dominates the Jacobian norms at 10^4 sampled points and the corners."""
+  params = random_mlp(7, (8, 24, 24, 8))
+  z, r = np.random.default_rng(8).normal(size=8), 0.5
+  net = mlip.network_of(mlp_apply, params, z)
+  fast = mlip.lipschitz_milp(net, z, r, config=SolveConfig(solver="highs", time_limit=0.05))
+  assert not fast.exact and fast.lower <= fast.upper
+  assert _sampled_norms(params, z, r, 10_000).max() <= fast.upper
+
+
+def test_all_stable_box_skips_the_solver(monkeypatch):
+  """A box where every ReLU is stable: the norm of the one Jacobian, by enumeration, exact,
+  without calling the solver (brute force over c in {±1}^m)."""
+  params = random_mlp(9, (8, 10, 8))
+  z = np.random.default_rng(9).normal(size=8)
+  net = mlip.network_of(mlp_apply, params, z)
+  monkeypatch.setattr(mlip, "solve", lambda *a, **k: pytest.fail("solver called"))
+  res = mlip.lipschitz_milp(net, z, 1e-4)
+  want = _sampled_norms(params, z, 1e-4, 16).max()
+  assert res.exact and res.lower == pytest.approx(want, rel=1e-12)
+  assert want <= res.upper <= want * (1 + 2e-6)
