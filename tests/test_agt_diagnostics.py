@@ -56,6 +56,28 @@ def test_vacuous_box_warns_with_the_knobs():
   assert issubclass(agt.VacuousCertificateWarning, UserWarning)
 
 
+def test_tiny_bias_leaves_raise_no_false_alarm():
+  """Zero-initialised biases (the Flax default) stay tiny in a healthy run, so a per-leaf scale
+  flags them although the layer's weights are far wider than the box; the layer-level scale
+  does not (and the run certifies most points)."""
+  x, y = _blobs(400)
+  params = mlp.init(jax.random.PRNGKey(0), [x.shape[1], 32, 1], jnp.float32)
+  params = [{"kernel": l["kernel"], "bias": jnp.zeros_like(l["bias"])} for l in params]
+  cfg = agt.Config(n_epochs=2, batch_size=200, k_private=5, clip_gamma=0.06, learning_rate=0.2)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    res = agt.fit(mlp.apply, params, x, y, cfg, progress=False, x_val=x, y_val=y)
+  assert not [w for w in caught if issubclass(w.category, agt.VacuousCertificateWarning)]
+  rec = res.history[-1]
+  assert rec.val_certified > 0.8
+  # the situation is a real false-alarm case for a per-leaf scale: some bias leaf is wider
+  # than its own mean |w|
+  per_leaf = [float(np.mean(np.abs(np.asarray(p))))
+              for p in jax.tree_util.tree_leaves(res.params)]
+  assert any(w > s for n, w, s in zip(rec.layers, rec.width_mean, per_leaf) if "bias" in n)
+  assert max(rec.width_ratio) < 1
+
+
 def test_overflowing_box_raises_naming_step_and_layer():
   """Unclipped MSE (unlearning needs no clipping), k = 4, batch 16: the box reaches inf/NaN."""
   x, _ = _blobs(64)
@@ -74,6 +96,15 @@ def test_box_stats_and_ratio():
          "z": Interval(jnp.zeros(2), jnp.zeros(2))}
   st = diagnostics.box_stats(params, box)
   assert st.width_mean == (2.0, 0.0) and st.width_max == (2.0, 0.0)
-  assert st.ratio == (2.0, 0.0) and st.vacuous_layers() == ("['w']",)
+  assert st.weight_scale == (0.5, 0.5)                       # one layer: mean of |1,-1,0,0|
+  assert st.ratio == (4.0, 0.0) and st.vacuous_layers() == ("['w']",)
+  # two layers: each leaf against its own layer's scale, kernel and bias together
+  params = [{"kernel": jnp.array([[2.0, -2.0]]), "bias": jnp.array([0.0, 1e-3])},
+            {"kernel": jnp.array([[0.1], [0.1]]), "bias": jnp.array([0.0])}]
+  box = jax.tree_util.tree_map(lambda p: Interval(p - 0.05, p + 0.05), params)
+  st = diagnostics.box_stats(params, box)
+  assert diagnostics.layer_groups(params) == ("[0]", "[0]", "[1]", "[1]")
+  np.testing.assert_allclose(st.weight_scale, [1.00025, 1.00025, 0.2 / 3, 0.2 / 3])
+  assert st.vacuous_layers() == ("[1]['bias']", "[1]['kernel']")   # width 0.1 > 0.067
   assert not np.asarray(diagnostics.finite_flags(
       {"w": Interval(jnp.array([0.0]), jnp.array([jnp.inf]), validate=False)})).all()
