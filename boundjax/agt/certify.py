@@ -4,6 +4,22 @@ Lemma 4.4: if every model in the box ``T^k`` predicts the nominal label at x, th
 stable at distance k (no dataset within k removals/additions per batch changes it). The check is
 one-sided: failing to certify says nothing.
 
+The certificate is about whatever neighbourhood the box was trained for (`boundjax.agt.Config`):
+
+* privacy (``k_private``, "add_remove"): every dataset whose batches differ from the nominal
+  ones by up to k removals and k additions (AGT, Thm 4.5);
+* unlearning (``neighbourhood="remove"``): up to k removals per batch;
+* poisoning (``k_poison``, ``epsilon``, ``label_k_poison``, ``label_epsilon``,
+  ``poison_target_idx``, ``paired_poison``; `boundjax.agt.poisoning`): every dataset in which
+  each batch has at most ``k_poison`` samples with features moved by up to ``epsilon`` in
+  L-infinity and at most ``label_k_poison`` samples with a changed label (Sosnin et al.,
+  "Certified Robustness to Data Poisoning in Gradient-Based Training"). A certified test
+  point's prediction is then the same for every such poisoning of the training data; the
+  test point itself is not perturbed.
+
+In every case the retrained model must follow the same initialisation, schedule, step sizes,
+clipping and optimiser as the run that built the box.
+
 * one output (BCE): certified iff ``1[zL > 0] == 1[zU > 0]``;
 * several outputs: certified iff the lower bound of ``z_c - z_j`` is > 0 for the nominal class c
   and every j != c. With the "mlp" back-end the difference is folded into the last layer
@@ -38,6 +54,11 @@ def certify(apply_fn: Callable, params: Any, param_bounds: Any, x: Any, *,
             backend: str = "auto", matmul: str = "midrad", method: Optional[str] = None
             ) -> np.ndarray:
   """Per test point: True when every model in ``param_bounds`` predicts like ``params``.
+
+  With the box of a poisoning run (`boundjax.agt.fit` with ``Config(k_poison=..., epsilon=...,
+  label_k_poison=...)``) True means: no poisoning of the training data within that budget
+  changes the prediction (module docstring); with a privacy run, no change of up to
+  ``k_private`` points per batch does.
 
   Args:
     apply_fn: ``apply_fn(params, x) -> logits`` (batched).
