@@ -13,6 +13,9 @@ Differentially Private Prediction in Gradient-Based Training", AGT).
   `fit` runs the same pairs.
 * `clip`, `descent_bounds`, `semin`, `semax` (`boundjax.agt.descent`): Thm 4.6's bounds.
 * `retrain` (`boundjax.agt.retrain`): empirical soundness checks by real retraining.
+* `poisoning`, `poison_attacks`: poisoning certificates (``Config(k_poison=..., epsilon=...,
+  label_k_poison=...)``; Sosnin et al., "Certified Robustness to Data Poisoning in
+  Gradient-Based Training") and their soundness checks by retraining on poisoned data.
 * `VacuousCertificateWarning`, `BoxOverflowError` (`boundjax.agt.diagnostics`): the box has
   outgrown the weights / overflowed during `fit`.
 """
@@ -25,7 +28,7 @@ from boundjax.agt.optim import (BoundedState, BoundedTransformation, Directions,
 from boundjax.agt.train import (EpochRecord, FitResult, KGrid, State, batches,
                                 descent_directions, fit, fit_k_grid, init, make_step,
                                 point_optimizer, update)
-from boundjax.agt import retrain  # noqa: E402
+from boundjax.agt import poison_attacks, poisoning, retrain  # noqa: E402
 from boundjax.agt.diagnostics import BoxOverflowError, VacuousCertificateWarning
 from boundjax.training import Schedule
 
@@ -35,5 +38,5 @@ __all__ = [
     "check_shared_nominal", "predict", "clip", "descent_bounds", "descent_bounds_dense", "semin",
     "semax", "retrain", "VacuousCertificateWarning", "BoxOverflowError", "transform",
     "bounded_sgd", "bounded_sgdm", "bounded_adam", "point_box", "ParamBox", "Directions",
-    "BoundedState", "BoundedTransformation", "descent_directions",
+    "BoundedState", "BoundedTransformation", "descent_directions", "poisoning", "poison_attacks",
 ]
