@@ -23,6 +23,7 @@ import html
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -221,6 +222,18 @@ RUNS: tuple[Run, ...] = (
          "--ablation-members", "0", "--checkpoint-dir", "{dir}/ckpt_idpdb",
          "--family-npz", "{dir}/idpdb_family.npz", "--out", "{out}"),
         ("--attack-starts", "2048", "--attack-steps", "400"), compare_idpdb),
+    *(Run("lucid", f"Table 1 on the whole family (32,562 networks), class {c}",
+          "benchmarks/idpdb.py", f"idpdb_adult_2x50_full_screen_c{c}.json", None,
+          ("--members", "0", "--time-limit", "3600", "--node-time-limit", "6", "--screen",
+           "--retry-singletons", "--tightening", "lp-net", "--ablation-members", "0",
+           "--attack-starts", "256", "--attack-steps", "200", "--attack-members", "512",
+           "--family-npz", "benchmarks/results/idpdb_adult_2x50_full_family.npz", "--classes",
+           str(c), "--out", f"benchmarks/results/idpdb_adult_2x50_full_screen_c{c}.json"),
+          compare_idpdb) for c in (0, 1)),
+    Run("lucid", "Table 1: beta per class (Adult 2x100)", "benchmarks/idpdb.py",
+        "idpdb_adult_2x100.json", None,
+        ("--hidden", "100,100", "--out", "benchmarks/results/idpdb_adult_2x100.json"),
+        compare_idpdb),
     Run("lucid", "Tables 1-3: accuracy of the guarded predictor (Adult 2x50)",
         "benchmarks/idpdb_accuracy.py", "idpdb_accuracy_adult_2x50.json", None, (),
         compare_idpdb_accuracy),
@@ -337,7 +350,7 @@ class Outcome:
   run: Run
   status: str                  # ran, reused, committed, not yet available, failed, no result yet
   json_path: Path | None
-  label: str                   # quick / full / committed
+  label: str                   # quick, full, committed or legacy (no provenance)
   seconds: float = 0.0
   log: str = ""
 
@@ -346,14 +359,17 @@ def execute(run: Run, mode: str, root: Path, timeout: float | None = None) -> Ou
   """Runs ``run`` in ``mode`` unless its JSON records the same command; falls back to the
   committed result when the script cannot run in this mode."""
   committed = root / "benchmarks" / "results" / run.result
+  legacy = root / "benchmarks" / "results" / "legacy" / run.result
+  if not committed.is_file() and legacy.is_file():
+    committed = legacy
+  kept = "legacy (no provenance)" if committed.parent.name == "legacy" else "committed"
   if not (root / run.script).is_file():
-    return Outcome(run, "not yet available", committed if committed.is_file() else None,
-                   "committed")
+    return Outcome(run, "not yet available", committed if committed.is_file() else None, kept)
   out = output_path(run, mode)
   argv = command_of(run, mode, out) if mode in ("quick", "full") else None
   if argv is None:
-    status = "committed" if committed.is_file() else "no result yet"
-    return Outcome(run, status, committed if committed.is_file() else None, "committed")
+    status = kept if committed.is_file() else "no result yet"
+    return Outcome(run, status, committed if committed.is_file() else None, kept)
   if recorded_command(root / out) == " ".join(["python", *argv]):
     return Outcome(run, "reused", root / out, mode)
   (root / out).parent.mkdir(parents=True, exist_ok=True)
@@ -370,8 +386,7 @@ def execute(run: Run, mode: str, root: Path, timeout: float | None = None) -> Ou
   (root / _Q / (Path(run.result).stem + f".{mode}.log")).write_text(log)
   if ok and (root / out).is_file():
     return Outcome(run, "ran", root / out, mode, seconds, log)
-  return Outcome(run, "failed", committed if committed.is_file() else None, "committed",
-                 seconds, log)
+  return Outcome(run, "failed", committed if committed.is_file() else None, kept, seconds, log)
 
 
 # ------------------------------------------------------------------------------- rendering
@@ -440,16 +455,16 @@ def section_of(outcome: Outcome, figure_dir: Path, root: Path) -> Section:
   except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
     error = f"could not read the comparison from this JSON ({type(e).__name__}: {e})"
     rows += paper_keys_rows(doc)
-  figures = []
+  figures, tag = [], re.sub(r"\W+", "_", outcome.label).strip("_")
   for name in run.figures:
     src = outcome.json_path.parent / name
     if outcome.label == "quick" and name.endswith("_cactus.png"):
       src = outcome.json_path.with_name(outcome.json_path.stem + "_cactus.png")
     if src.is_file():
-      dst = figure_dir / f"{outcome.label}_{src.name}"
+      dst = figure_dir / f"{tag}_{src.name}"
       shutil.copyfile(src, dst)
       figures.append(dst.name)
-  plot = bar_chart(rows, figure_dir / f"{outcome.label}_{Path(run.result).stem}_vs_paper.png",
+  plot = bar_chart(rows, figure_dir / f"{tag}_{Path(run.result).stem}_vs_paper.png",
                    run.title)
   if plot:
     figures.append(plot)

@@ -111,6 +111,18 @@ def test_missing_script_failed_run_and_no_quick_setting(tmp_path):
   assert shown.status == "committed" and shown.json_path.name == "toy.json"
 
 
+def test_a_result_kept_in_legacy_is_shown_and_labelled(tmp_path):
+  root = fake_clone(tmp_path)
+  (root / "benchmarks/results/legacy").mkdir()
+  (root / "benchmarks/results/legacy/toy.json").write_text(json.dumps(
+      {"paper_value": 7.0, "value": 5.0}))
+  shown = R.execute(toy_run(quick=None), "quick", root)
+  assert shown.status == "legacy (no provenance)" and shown.json_path.parent.name == "legacy"
+  page = R.write_report([shown], ["barron"], root, "quick").read_text()
+  assert "legacy (no provenance)" in page and "<td>value</td><td>7</td><td>5</td>" in page
+  assert (root / "report/figures/legacy_no_provenance_toy_vs_paper.png").is_file()
+
+
 def test_report_has_every_paper_numbers_side_by_side_and_failures(tmp_path):
   root = fake_clone(tmp_path)
   runs = (toy_run("barron"), toy_run("lucid", quick=("--fail", "--out", "{out}")),
