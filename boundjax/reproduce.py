@@ -260,7 +260,7 @@ RUNS: tuple[Run, ...] = (
     Run("agt", "The paper's settings", "benchmarks/agt_settings.py", "agt_settings.json", None,
         ()),
     Run("ptr", "Propose-test-release on a trained encoder", "benchmarks/ptr.py", "ptr.json",
-        None, ()),
+        ("--quick", "--no-attack", "--datasets", "mnist", "--out", "{out}"), ()),
     Run("ptr", "Lipschitz oracles of the PTR test", "benchmarks/ptr_oracles.py",
         "ptr_oracles.json", None, ()),
     Run("sphynx", "Tables 3-4: predicted hyper-networks (Adult 2x50)",
