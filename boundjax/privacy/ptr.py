@@ -260,10 +260,15 @@ def _search_traced(U: Oracle, x, radius: float, radius_max: float, proposal: flo
   cap = U(x, jnp.asarray(radius_max, x.dtype)) <= proposal
   lo = jnp.where(cap, radius_max, radius).astype(x.dtype)
   hi = jnp.asarray(radius_max, x.dtype)
-  for _ in range(bisection_steps(radius, radius_max, zeta)):
+
+  def halve(_, bounds):
+    lo, hi = bounds
     mid = (lo + hi) / 2
     ok = U(x, mid) < proposal                 # strict, as Algorithm 1 and the authors' code
-    lo, hi = jnp.where(cap | ok, jnp.where(cap, lo, mid), lo), jnp.where(cap | ok, hi, mid)
+    return jnp.where(cap | ok, jnp.where(cap, lo, mid), lo), jnp.where(cap | ok, hi, mid)
+
+  # one traced step in a loop of fixed length: compiled once, not once per step
+  lo, hi = jax.lax.fori_loop(0, bisection_steps(radius, radius_max, zeta), halve, (lo, hi))
   return jnp.where(feasible, lo, 0.0), hi, feasible
 
 
