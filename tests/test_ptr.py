@@ -220,9 +220,10 @@ def test_bad_input():
 
 
 def test_traced_bisection_equals_eager_reference():
-  """The jitted search (the halvings in one lax.fori_loop) returns the same (lo, hi, feasible)
-  (hi where feasible) and call count as the eager reference loop (Python control flow, the same oracle) on 20 points
-  of an 8→10→8 network, for proposals that make the test fail, bisect, and pass at R_max."""
+  """The jitted search (the halvings in one lax.fori_loop) returns the same feasible, lo, hi
+  (where feasible) and call count as the eager reference loop (Python control flow, the same
+  oracle) on 20 points of an 8→10→8 network, for proposals that make the test fail, bisect, and
+  pass at R_max."""
   params = random_mlp(3, (8, 10, 8))
   oracle = ptr.make_oracle(mlp_apply, params)
   xs = np.random.default_rng(12).normal(size=(20, 8))
