@@ -20,8 +20,10 @@ from scipy import stats
 from boundjax import data
 from boundjax.ptr_pipeline import (ARLConfig, OutputRange, VAEConfig, adversarial_release,
                                    contrastive_loss, embedding_scale, ldp_embedding_release,
-                                   ldp_image, metrics, noisy_images, ptr_accuracy, train_arl,
+                                   ldp_image, metrics, noisy_images, ptr_accuracy,
+                                   ptr_accuracy_grid, release_from_statistics, train_arl,
                                    train_vae)
+from boundjax.privacy import ptr
 from boundjax.ptr_pipeline.vae import kl_standard_normal
 
 
@@ -120,6 +122,22 @@ def test_arl_end_to_end_above_chance(vae, mnist):
                      epsilon=2.0, delta=0.1, radius=0.5)
   assert 0.0 <= res.answer_rate <= 1.0
   assert res.accuracy_bottom_wrong == pytest.approx(res.answer_rate * res.accuracy_answered)
+  # the one-search grid draws exactly what ptr_release_batch draws for each ε
+  z_q, key, dp = z_te[:64], jax.random.PRNGKey(3), 1e3
+  _, _, stats = ptr.ptr_release_batch(key, model.apply, model.obf_params, z_q, proposal=dp,
+                                      epsilon=math.inf, delta=0.1, radius=0.5)
+  for e in (1.0, 4.0):
+    want_out, want_ans, want_stat = ptr.ptr_release_batch(
+        key, model.apply, model.obf_params, z_q, proposal=dp, epsilon=e, delta=0.1, radius=0.5)
+    got_out, got_ans = release_from_statistics(key, stats, model.obfuscate(z_q), proposal=dp,
+                                               epsilon=e, delta=0.1, radius=0.5)
+    assert np.array_equal(np.asarray(want_stat), np.asarray(stats))
+    assert np.array_equal(np.asarray(want_ans), np.asarray(got_ans))
+    assert np.allclose(np.asarray(want_out), np.asarray(got_out), rtol=1e-6, atol=1e-5)  # f32
+  grid = ptr_accuracy_grid(key, model, z_q, y_te[:64], proposal=dp, epsilons=[1.0, math.inf],
+                           delta=0.1, radius=0.5)
+  assert grid[1].answer_rate == 1.0
+  assert grid[1].accuracy_answered == pytest.approx(model.accuracy(z_q, y_te[:64]))
 
 
 def test_arl_config_validation():

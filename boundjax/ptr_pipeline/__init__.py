@@ -14,14 +14,16 @@ from boundjax.ptr_pipeline.arl import (ARLConfig, Decoder, Predictor, TrainedARL
 from boundjax.ptr_pipeline.attack import AttackResult, attack_grid, metrics
 from boundjax.ptr_pipeline.baselines import (OutputRange, SmallCNN, adversarial_release,
                                              embedding_scale, image_scale, ldp_embedding_release,
-                                             ldp_image, noisy_images)
-from boundjax.ptr_pipeline.evaluate import PTRAccuracy, ptr_accuracy
+                                             ldp_image, ldp_image_grid, noisy_images)
+from boundjax.ptr_pipeline.evaluate import (PTRAccuracy, ptr_accuracy, ptr_accuracy_grid,
+                                            release_from_statistics)
 from boundjax.ptr_pipeline.vae import BetaVAE, TrainedVAE, VAEConfig, elbo_loss, train_vae
 
 __all__ = [
     "ARLConfig", "Decoder", "Predictor", "TrainedARL", "contrastive_loss", "obfuscator_apply",
     "train_arl", "AttackResult", "attack_grid", "metrics", "OutputRange", "SmallCNN",
     "adversarial_release", "embedding_scale", "image_scale", "ldp_embedding_release",
-    "ldp_image", "noisy_images", "PTRAccuracy", "ptr_accuracy", "BetaVAE", "TrainedVAE",
+    "ldp_image", "ldp_image_grid", "noisy_images", "PTRAccuracy", "ptr_accuracy",
+    "ptr_accuracy_grid", "release_from_statistics", "BetaVAE", "TrainedVAE",
     "VAEConfig", "elbo_loss", "train_vae",
 ]

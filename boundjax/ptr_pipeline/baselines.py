@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
@@ -81,11 +81,11 @@ class LDPImageResult:
   epochs: int
 
 
-def ldp_image(key: Array, x_train: Any, y_train: Any, x_test: Any, y_test: Any, epsilon: float,
-              *, epochs: int = 3, batch_size: int = 128, lr: float = 1e-3,
-              classes: int = 10) -> LDPImageResult:
-  """Trains `SmallCNN` on ``noisy_images`` (fresh noise every step) and returns its accuracy on
-  noised test images (one draw per test image)."""
+def ldp_image_grid(key: Array, x_train: Any, y_train: Any, x_test: Any, y_test: Any,
+                   epsilons: Sequence[float], *, epochs: int = 3, batch_size: int = 128,
+                   lr: float = 1e-3, classes: int = 10) -> list[LDPImageResult]:
+  """One `SmallCNN` per ε, all trained in one ``vmap`` on ``noisy_images`` (fresh noise every
+  step); each is scored on one noised release of every test image."""
   x_train, x_test = np.asarray(x_train, np.float32), np.asarray(x_test, np.float32)
   check_rows("ldp_image (train)", x_train, y_train)
   check_rows("ldp_image (test)", x_test, y_test)
@@ -93,30 +93,43 @@ def ldp_image(key: Array, x_train: Any, y_train: Any, x_test: Any, y_test: Any, 
   if side * side != x_train.shape[1]:
     raise ValueError(f"ldp_image: x must be flattened square images, got {x_train.shape[1]} "
                      "pixels.")
-  eps = _check_epsilon(epsilon)
+  eps = [_check_epsilon(e) for e in epsilons]
+  if not eps:
+    raise ValueError("ldp_image_grid: epsilons must not be empty.")
+  scales = jnp.asarray([image_scale(x_train.shape[1], e) for e in eps], jnp.float32)
   model = SmallCNN(classes, side)
   k_init, k_fit, k_test = jax.random.split(key, 3)
-  params = model.init(k_init, jnp.zeros((1, x_train.shape[1])))
+  params = jax.vmap(lambda k: model.init(k, jnp.zeros((1, x_train.shape[1]))))(
+      jax.random.split(k_init, len(eps)))
   tx = optax.adam(lr)
 
-  def loss(p, xb, yb, k):
-    logits = model.apply(p, noisy_images(k, xb, eps))
+  def loss(p, xb, yb, b, k):
+    logits = model.apply(p, xb + b * jax.random.laplace(k, xb.shape, xb.dtype))
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, yb))
 
   one = adam_step(loss, tx)
 
   def step(state, batch, k):
-    p, o, v = one(*state, batch[0], batch[1], k)
+    p, o, v = jax.vmap(one, in_axes=(0, 0, None, None, 0, 0))(
+        *state, batch[0], batch[1], scales, jax.random.split(k, len(eps)))
     return (p, o), v
 
-  (params, _), _ = fit(step, (params, tx.init(params)), (x_train, np.asarray(y_train, np.int32)),
-                       epochs=epochs, batch_size=batch_size, key=k_fit)
-  pred = jax.jit(lambda p, xb: jnp.argmax(model.apply(p, xb), -1))
-  noisy = noisy_images(k_test, x_test, eps)
-  preds = np.concatenate([np.asarray(pred(params, noisy[i:i + 1000]))
-                          for i in range(0, noisy.shape[0], 1000)])
-  return LDPImageResult(eps, image_scale(x_train.shape[1], eps),
-                        float(np.mean(preds == np.asarray(y_test))), epochs)
+  (params, _), _ = fit(step, (params, jax.vmap(tx.init)(params)),
+                       (x_train, np.asarray(y_train, np.int32)), epochs=epochs,
+                       batch_size=batch_size, key=k_fit)
+  pred = jax.jit(jax.vmap(lambda p, xb: jnp.argmax(model.apply(p, xb), -1)))
+  noisy = jnp.asarray(x_test)[None] + scales[:, None, None] * jax.random.laplace(
+      k_test, (len(eps),) + x_test.shape, jnp.float32)
+  preds = np.concatenate([np.asarray(pred(params, noisy[:, i:i + 500]))
+                          for i in range(0, x_test.shape[0], 500)], axis=1)
+  acc = np.mean(preds == np.asarray(y_test)[None], axis=1)
+  return [LDPImageResult(e, float(b), float(a), epochs) for e, b, a in zip(eps, scales, acc)]
+
+
+def ldp_image(key: Array, x_train: Any, y_train: Any, x_test: Any, y_test: Any, epsilon: float,
+              **options: Any) -> LDPImageResult:
+  """`ldp_image_grid` for one ε."""
+  return ldp_image_grid(key, x_train, y_train, x_test, y_test, [epsilon], **options)[0]
 
 
 # ------------------------------------------------------------------------------------------------
