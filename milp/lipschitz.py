@@ -466,17 +466,103 @@ def local_lipschitz(apply_fn: Callable, params: Any, center: Any, radius: float,
   return res
 
 
+def sampled_lower(weights: list[tuple[np.ndarray, np.ndarray]], center: np.ndarray,
+                  radius: float, n: int = 256, seed: int = 0,
+                  out_norm: str = "l1") -> float:
+  """The largest Jacobian norm at the centre, ``n`` uniform points and (for ``q <= 10``) the
+  corners of the box, in float64 numpy (one norm per distinct activation pattern). Points within
+  ``1e-9`` of a kink are skipped, so every value is attained by the Lipschitz constant (PTR,
+  App. A: ``L = sup`` of the Jacobian norm over the differentiable points of the box)."""
+  z = np.asarray(center, np.float64).reshape(-1)
+  pts = [z[None], z + radius * np.random.default_rng(seed).uniform(-1.0, 1.0, (n, z.size))]
+  if z.size <= 10:
+    pts.append(z + radius * (1.0 - 2.0 * ((np.arange(2 ** z.size)[:, None]
+                                            >> np.arange(z.size)) & 1)))
+  h = np.concatenate(pts)
+  gates, tie = [], np.full(len(h), np.inf)
+  for W, b in weights[:-1]:
+    pre = h @ W.T + b
+    tie = np.minimum(tie, np.abs(pre).min(axis=1)) if pre.shape[1] else tie
+    gates.append(pre > 0)
+    h = np.maximum(pre, 0.0)
+  if not weights[:-1]:
+    return operator_norm(weights[-1][0], out_norm)
+  keep = tie > 1e-9
+  best = -math.inf
+  for pattern in np.unique(np.concatenate(gates, axis=1)[keep], axis=0):
+    J, start = weights[-1][0], pattern.size
+    for W, _ in reversed(weights[:-1]):
+      start -= W.shape[0]
+      J = (J * pattern[start:start + W.shape[0]][None, :]) @ W
+    best = max(best, operator_norm(J, out_norm))
+  return best
+
+
+def lipschitz_decide(net: Network, center: Any, radius: float, threshold: float, *,
+                     out_norm: str = "l1", config: SolveConfig = _DEFAULT_CFG,
+                     bounds: str = "crown") -> LipschitzBound:
+  """A sound upper bound on ``L(f, N(center, radius))`` that decides ``L <= threshold`` as
+  ``min(IBP, MILP)`` does, solving the MILP only when cheaper bounds leave it open.
+
+  The PTR radius search (PTR, App. B, Algorithm 1) only compares ``U`` with the proposal ``Δp``.
+  With ``I`` the interval (FastLip) bound of the MILP's own pre-activation bounds and ``ℓ`` the
+  largest Jacobian norm at sampled points (`sampled_lower`): ``I < threshold`` returns ``I``;
+  ``ℓ > threshold`` returns ``I`` (``>= L >= ℓ > threshold``); otherwise ``min(MILP, I)``. In
+  every case the returned value is on the same side of ``threshold`` (for ``<=`` and ``<``) as
+  ``min(I, MILP)``, which is inclusion-monotone when the MILP is solved to optimality, so the
+  search's decisions and result are those of that oracle. ``method`` says which bound decided:
+  ``"milp:ibp"``, ``"milp:sampled"`` or ``"milp"``; ``exact`` only in the last case.
+  """
+  t0 = time.perf_counter()
+  bj_lip._check_out_norm(out_norm)
+  bj_lip._check_radius(radius)
+  if not (isinstance(threshold, (int, float, np.floating)) and math.isfinite(threshold)):
+    raise ValueError(f"lipschitz_decide: threshold must be a finite number, got {threshold!r}.")
+  weights = _check_point_network(net)
+  z = np.asarray(center, np.float64).reshape(-1)
+  if z.size != net.input_size:
+    raise ValueError(f"lipschitz_decide: centre has {z.size} entries, network takes "
+                     f"{net.input_size}.")
+  pre = bounds_lib.compute(net, z - radius, z + radius, bounds)
+  ibp = _interval_bound(weights, pre, out_norm)
+  if ibp < threshold:
+    return LipschitzBound(upper=float(ibp), lower=-math.inf, method="milp:ibp", exact=False,
+                          out_norm=out_norm, seconds=time.perf_counter() - t0)
+  low = sampled_lower(weights, z, float(radius), out_norm=out_norm)
+  if low > threshold:
+    return LipschitzBound(upper=float(ibp), lower=float(low), method="milp:sampled",
+                          exact=False, out_norm=out_norm, seconds=time.perf_counter() - t0)
+  res = lipschitz_milp(net, z, radius, out_norm=out_norm, config=config, bounds=bounds)
+  return dataclasses.replace(res, upper=float(min(res.upper, ibp)),
+                             seconds=time.perf_counter() - t0)
+
+
 def milp_oracle(apply_fn: Callable, params: Any, example: Any, *, out_norm: str = "l1",
                 solver: str = "highs", time_limit: float | None = None,
-                threads: int = 1) -> Callable[[Any, float], float]:
+                threads: int = 1, proposal: float | None = None) -> Callable[[Any, float], float]:
   """``(x, radius) -> upper`` for `boundjax.privacy.ptr` (the network extracted once).
 
   ``time_limit=None`` (default) solves to optimality, which keeps the oracle exact and hence
   inclusion-monotone, as the privacy argument of the PTR test needs (a stopped solve is sound
   but its bound need not be monotone).
+
+  ``proposal``: the ``Δp`` the radius search will compare with; the oracle is then
+  `lipschitz_decide` (the MILP only when the interval bound and sampled Jacobians leave
+  ``U <= Δp`` open), whose comparisons with ``Δp`` are those of ``min(IBP, exact MILP)``. Its
+  values are sound upper bounds, but not the exact constant: use it only with that ``Δp``.
   """
   net = network_of(apply_fn, params, example)
   cfg = _config(solver, time_limit, threads)
+  if proposal is not None:
+    if not (isinstance(proposal, (int, float, np.floating)) and math.isfinite(proposal)
+            and proposal > 0):
+      raise ValueError(f"milp_oracle: proposal must be a finite number > 0, got {proposal!r}.")
+
+    def decide(x: Any, radius: float) -> float:
+      return lipschitz_decide(net, x, float(radius), float(proposal), out_norm=out_norm,
+                              config=cfg).upper
+
+    return decide
 
   def oracle(x: Any, radius: float) -> float:
     return lipschitz_milp(net, x, float(radius), out_norm=out_norm, config=cfg).upper

@@ -221,3 +221,43 @@ def test_all_stable_box_skips_the_solver(monkeypatch):
   want = _sampled_norms(params, z, 1e-4, 16).max()
   assert res.exact and res.lower == pytest.approx(want, rel=1e-12)
   assert want <= res.upper <= want * (1 + 2e-6)
+
+
+def test_decide_oracle_agrees_with_min_ibp_milp():
+  """`lipschitz_decide` (IBP or sampled Jacobians first, the MILP only when they leave it open)
+  is on the same side of the threshold as min(IBP, exact MILP), for <= and <, on 6 boxes x 3
+  thresholds, is >= every sampled Jacobian norm (10^4 points + corners), and the radius search
+  with milp_oracle(proposal=Δp) returns the same result as with the exact oracle."""
+  params = random_mlp(21, (8, 10, 8))
+  net = mlip.network_of(mlp_apply, params, np.zeros(8))
+  W = mlip._check_point_network(net)
+  rng = np.random.default_rng(13)
+  from milp import bounds as bounds_lib
+  methods = set()
+  for r in (0.1, 0.2, 0.3):
+    for _ in range(2):
+      z = rng.normal(size=8)
+      exact = mlip.lipschitz_milp(net, z, r)
+      ibp = mlip._interval_bound(W, bounds_lib.compute(net, z - r, z + r, "crown"), "l1")
+      ref = min(exact.upper, ibp)
+      brute = _sampled_norms(params, z, r, 10_000).max()
+      for t in (0.9 * exact.upper, 1.01 * exact.upper, 1.05 * ibp):
+        d = mlip.lipschitz_decide(net, z, r, t)
+        methods.add(d.method)
+        assert (d.upper <= t) == (ref <= t) and (d.upper < t) == (ref < t), (r, t, d, ref)
+        assert d.upper >= brute
+  assert methods == {"milp", "milp:ibp", "milp:sampled"}
+  x = jnp.asarray(rng.normal(size=8))
+  exact_oracle = mlip.milp_oracle(mlp_apply, params, x)
+  prop = 1.02 * exact_oracle(x, 0.1)
+  kw = dict(radius=0.1, proposal=prop, radius_max=0.5, zeta=0.02)
+  a = ptr.radius_search(mlp_apply, params, x, oracle=lambda z, r: min(
+      exact_oracle(z, r), mlip._interval_bound(W, bounds_lib.compute(
+          net, np.asarray(z) - r, np.asarray(z) + r, "crown"), "l1")), **kw)
+  b = ptr.radius_search(mlp_apply, params, x,
+                        oracle=mlip.milp_oracle(mlp_apply, params, x, proposal=prop), **kw)
+  assert (a.feasible, a.lo, a.hi, a.evaluations) == (b.feasible, b.lo, b.hi, b.evaluations)
+  with pytest.raises(ValueError, match="proposal"):
+    mlip.milp_oracle(mlp_apply, params, x, proposal=-1.0)
+  with pytest.raises(ValueError, match="threshold"):
+    mlip.lipschitz_decide(net, np.zeros(8), 0.1, float("nan"))
