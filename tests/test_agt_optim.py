@@ -135,6 +135,36 @@ def test_nominal_adam_is_optax_bit_for_bit(dtype, variant):
       assert (l <= n).all() and (n <= h).all()
 
 
+@pytest.mark.parametrize("variant", ["sgd", "sgdm", "nesterov_l2"])
+def test_nominal_sgd_and_momentum_are_optax_sgd(variant):
+  """The torch momentum convention with dampening 0 is optax's trace (``g + m v``); equal up
+  to rounding (XLA may fuse ``p - a g`` into one multiply-add in one program and not in the
+  other)."""
+  sched = lambda n: jnp.maximum(0.3 / (1.0 + 0.2 * n), 0.05)  # noqa: E731
+  tx, ref = {
+      "sgd": (agt.bounded_sgd(sched), optax.sgd(sched)),
+      "sgdm": (agt.bounded_sgdm(sched, momentum=0.9), optax.sgd(sched, momentum=0.9)),
+      "nesterov_l2": (agt.bounded_sgdm(sched, momentum=0.8, nesterov=True, l2_reg=0.01),
+                      optax.chain(optax.add_decayed_weights(0.01),
+                                  optax.sgd(sched, momentum=0.8, nesterov=True))),
+  }[variant]
+  params = mlp.init(jax.random.PRNGKey(4), [5, 4, 2], jnp.float64)
+  state, box = tx.init(params), agt.point_box(params)
+  ostate, p = ref.init(params), params
+
+  @jax.jit
+  def optax_step(g, ostate, p):
+    u, ostate = ref.update(g, ostate, p)
+    return optax.apply_updates(p, u), ostate
+
+  update = jax.jit(tx.update)
+  for g in _random_grads(params, 20, 2):
+    box, state = update((g, g, g), state, box)
+    p, ostate = optax_step(g, ostate, p)
+  for a, b in zip(_leaves(box.params), _leaves(p)):
+    np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
+
+
 # ---------------------------------------------------------------------------------------------
 # (b) bounded Adam by real retraining with optax.adam
 # ---------------------------------------------------------------------------------------------
