@@ -32,7 +32,11 @@ and the search stops after 2 calls) and, so that the bisection runs, the median 
 ``--queries`` held-out queries (``--slow-queries`` for the MILP and enumeration): oracle calls
 and ms per query (eager search with early exits for every oracle; plus, for the IBP oracles, the
 whole jitted query ``ptr_query`` — search, test and release in one compiled function with a
-``lax.fori_loop`` bisection — and the vmapped batch ``ptr_release_batch`` per query).
+``lax.fori_loop`` bisection — and the vmapped batch ``ptr_release_batch`` per query). The MILP
+also runs as the Δp-aware oracle ``milp Δp-aware`` (`milp.lipschitz.lipschitz_decide`: the
+interval bound or sampled Jacobian norms decide ``U <= Δp`` when they can, the MILP otherwise),
+with the exact MILP's proposal; its statistics must equal the exact MILP's (``min(IBP, MILP)``
+decides the same way as the MILP unless the IBP bound is below the MILP's padded value).
 
 The paper gives no oracle timings (its main text is not available; the supplement only says the
 LipMIP test "can be heavy"); its code gives each radius search a 20 s wall-clock budget.
@@ -223,9 +227,10 @@ def compare_boxes(oracles: dict, centres: np.ndarray, radii) -> dict:
 RULES = (("mean+3std", 0.95), ("quantile", 0.5))   # the authors' rule; a median proposal
 
 
-def radius_searches(oracles: dict, params, public: np.ndarray, queries: np.ndarray, *, R: float,
-                    R_max: float, zeta: float, n_slow: int) -> dict:
-  """Part 2 (module docstring), for each proposal rule of `RULES`."""
+def radius_searches(oracles: dict, params, net, public: np.ndarray, queries: np.ndarray, *,
+                    R: float, R_max: float, zeta: float, n_slow: int) -> dict:
+  """Part 2 (module docstring), for each proposal rule of `RULES`; the MILP also as the
+  Δp-aware oracle (`milp.lipschitz.lipschitz_decide`, the proposal of the exact MILP)."""
   out = {}
   for name, f in oracles.items():
     memo: dict = {}
@@ -241,18 +246,24 @@ def radius_searches(oracles: dict, params, public: np.ndarray, queries: np.ndarr
     qs = queries if fast else queries[:n_slow]
     for rule, q in RULES:
       prop = ptr.propose_bound(obf_apply, params, pub, radius=R, oracle=U, rule=rule, q=q)
-      calls, ms, cpu_ms, feas, stat = [], [], [], [], []
-      for x in tqdm(qs, desc=f"search {name} {rule}"):
-        res, w, c = _timed(lambda: ptr.radius_search(obf_apply, params, x, radius=R,
-                                                     proposal=prop, radius_max=R_max, zeta=zeta,
-                                                     oracle=lambda z, r: f(z, r)[0]))
-        calls.append(res.evaluations), ms.append(1e3 * w), cpu_ms.append(1e3 * c)
-        feas.append(res.feasible), stat.append(res.statistic)
-      out[f"{name} | {rule}" + (f" {q}" if rule == "quantile" else "")] = {
-          "oracle": name, "rule": rule, "proposal": prop, "public_points": int(len(pub)),
-          "queries": int(len(qs)), "oracle_calls": _stats(calls),
-          "ms_per_query_wall": _stats(ms), "ms_per_query_cpu": _stats(cpu_ms),
-          "feasible_fraction": float(np.mean(feas)), "mean_statistic": float(np.mean(stat))}
+      variants = [(name, lambda z, r, f=f: f(z, r)[0])]
+      if name == "milp":
+        variants.append(("milp Δp-aware", lambda z, r, prop=prop: mlip.lipschitz_decide(
+            net, np.asarray(z), float(r), prop).upper))
+      for label, oracle in variants:
+        calls, ms, cpu_ms, feas, stat = [], [], [], [], []
+        for x in tqdm(qs, desc=f"search {label} {rule}"):
+          res, w, c = _timed(lambda: ptr.radius_search(obf_apply, params, x, radius=R,
+                                                       proposal=prop, radius_max=R_max,
+                                                       zeta=zeta, oracle=oracle))
+          calls.append(res.evaluations), ms.append(1e3 * w), cpu_ms.append(1e3 * c)
+          feas.append(res.feasible), stat.append(res.statistic)
+        out[f"{label} | {rule}" + (f" {q}" if rule == "quantile" else "")] = {
+            "oracle": label, "rule": rule, "proposal": prop, "public_points": int(len(pub)),
+            "queries": int(len(qs)), "oracle_calls": _stats(calls),
+            "ms_per_query_wall": _stats(ms), "ms_per_query_cpu": _stats(cpu_ms),
+            "feasible_fraction": float(np.mean(feas)), "mean_statistic": float(np.mean(stat)),
+            "statistics": [float(v) for v in stat]}
   return out
 
 
@@ -313,6 +324,13 @@ def table(res: dict) -> str:
                  f"{e['oracle_calls']['median']:.0f}, {e['oracle_calls']['max']:.0f} | "
                  f"{e['ms_per_query_wall']['median']:.1f}, {e['ms_per_query_wall']['p90']:.1f} | "
                  f"{e['ms_per_query_cpu']['median']:.1f} | {100 * e['feasible_fraction']:.0f}% |")
+  for rule in {e["rule"] for e in res["search"].values()}:
+    a = [e for e in res["search"].values() if e["rule"] == rule and e["oracle"] == "milp"]
+    b = [e for e in res["search"].values() if e["rule"] == rule and e["oracle"] == "milp Δp-aware"]
+    if a and b:
+      same = int(np.sum(np.asarray(a[0]["statistics"]) == np.asarray(b[0]["statistics"])))
+      lines.append(f"\nΔp-aware MILP vs exact MILP ({rule}): {same}/{len(a[0]['statistics'])} "
+                   "identical statistics")
   lines += ["", "| jitted PTR query | compile s | ms/query (median, p90) | batched ms/query |",
             "|---|---|---|---|"]
   for name, e in res["jitted_query"].items():
@@ -366,7 +384,7 @@ def main(argv=None) -> dict:
   }
   res["boxes"] = compare_boxes(oracles, centres, args.radii)
   res["search"] = radius_searches({k: v for k, v in oracles.items() if k != "milp_before"},
-                                  params, public, queries, R=R, R_max=R_max, zeta=zeta,
+                                  params, net, public, queries, R=R, R_max=R_max, zeta=zeta,
                                   n_slow=args.slow_queries)
   res["jitted_query"] = jitted_queries(params, public, queries, R=R, R_max=R_max, zeta=zeta)
   res["table"] = table(res)
