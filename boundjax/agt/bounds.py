@@ -11,6 +11,12 @@ Two back-ends give the same guarantees:
 
 ``"auto"`` picks ``"mlp"`` when the parameters are a Dense stack that `boundjax.agt.mlp.apply`
 reproduces and the ``matmul`` is one it implements, and ``"ibp"`` otherwise.
+
+``bound_method`` picks the forward bound through the parameter box: "interval" (the paper's
+IBP) or "crown" (`boundjax.agt.crown`: linear bounds with a fixed input, intersected with the
+interval ones, so never looser). "crown" needs the "mlp" back-end: the engine's `boundjax.crown`
+bounds a product of two box-dependent values (``h @ W`` with both in boxes) by intervals, so it
+would gain nothing over "ibp".
 """
 
 from __future__ import annotations
@@ -22,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from boundjax import nn as bnn
-from boundjax.agt import losses, mlp
-from boundjax.agt.config import MATMULS
+from boundjax.agt import crown, losses, mlp
+from boundjax.agt.config import BOUND_METHODS, MATMULS
 from boundjax.interval import Interval
 from boundjax.transforms import ibp
 
@@ -48,6 +54,15 @@ def check_matmul(backend: str, matmul: str) -> None:
   if backend == "mlp" and matmul not in mlp.MATMULS:
     raise ValueError(f"AGT backend 'mlp' implements matmul in {mlp.MATMULS}, not {matmul!r}; "
                      "use backend='ibp' (or 'auto').")
+
+
+def check_bound_method(backend: str, bound_method: str) -> None:
+  """Raises ``ValueError`` unless ``backend`` implements the forward bound ``bound_method``."""
+  if bound_method not in BOUND_METHODS:
+    raise ValueError(f"AGT: bound_method must be one of {BOUND_METHODS}, got {bound_method!r}.")
+  if bound_method == "crown" and backend != "mlp":
+    raise ValueError("AGT: bound_method='crown' needs the 'mlp' back-end (a Dense+ReLU stack "
+                     f"that boundjax.agt.mlp.apply reproduces), got backend {backend!r}.")
 
 
 def is_mlp(apply_fn: Callable, params: Any, x_example: Any) -> bool:
@@ -76,14 +91,19 @@ def resolve(backend: str, apply_fn: Callable, params: Any, x_example: Any,
   return backend
 
 
-def grad_bounds_fn(apply_fn: Callable, loss: str, backend: str, matmul: str = "midrad"
-                   ) -> Callable[[Any, Any, Any], Any]:
+def grad_bounds_fn(apply_fn: Callable, loss: str, backend: str, matmul: str = "midrad",
+                   bound_method: str = "interval") -> Callable[[Any, Any, Any], Any]:
   """``fn(param_bounds, xs, ys)``: per-sample parameter-gradient bounds (leading axis = sample).
 
   Every leaf of the result is an Interval containing ``d loss(apply_fn(theta, x_i), y_i) /
-  d theta`` for every ``theta`` in ``param_bounds``; ``matmul`` is the interval product.
+  d theta`` for every ``theta`` in ``param_bounds``; ``matmul`` is the interval product and
+  ``bound_method`` the forward bound whose logit and activation bounds feed the interval
+  backward pass ("crown": `boundjax.agt.crown.grad_bounds`).
   """
   check_matmul(backend, matmul)
+  check_bound_method(backend, bound_method)
+  if bound_method == "crown":
+    return lambda pb, xs, ys: crown.grad_bounds(pb, xs, ys, loss, matmul)
   if backend == "mlp":
     return lambda pb, xs, ys: mlp.grad_bounds(pb, xs, ys, loss, matmul)
   lf = _engine_loss(loss)
@@ -100,10 +120,13 @@ def grad_bounds_fn(apply_fn: Callable, loss: str, backend: str, matmul: str = "m
   return fn
 
 
-def forward_bounds_fn(apply_fn: Callable, backend: str, matmul: str = "midrad"
-                      ) -> Callable[[Any, Any], Interval]:
+def forward_bounds_fn(apply_fn: Callable, backend: str, matmul: str = "midrad",
+                      bound_method: str = "interval") -> Callable[[Any, Any], Interval]:
   """``fn(param_bounds, x)``: Interval over the outputs of every model in the box (batched x)."""
   check_matmul(backend, matmul)
+  check_bound_method(backend, bound_method)
+  if bound_method == "crown":
+    return lambda pb, x: crown.forward_bounds(pb, x, matmul)
   if backend == "mlp":
     return lambda pb, x: mlp.forward_bounds(pb, x, matmul)
   bounded = ibp(apply_fn, matmul=matmul)
@@ -112,3 +135,17 @@ def forward_bounds_fn(apply_fn: Callable, backend: str, matmul: str = "midrad"
     out = bounded(pb, x)
     return out if isinstance(out, Interval) else Interval(out, out, validate=False)
   return fn
+
+
+def margin_bounds_fn(backend: str, matmul: str = "midrad", bound_method: str = "interval"
+                     ) -> Callable[[Any, Any, Any], Any]:
+  """``fn(param_bounds, x, cls)``: lower bounds of ``z_c - z_j`` for every class j ("mlp"
+  back-end: the last layer folded, `boundjax.agt.mlp.margin_bounds`; with "crown" the tighter
+  of that and `boundjax.agt.crown.margin_bounds`)."""
+  check_matmul(backend, matmul)
+  check_bound_method(backend, bound_method)
+  if backend != "mlp":
+    raise ValueError(f"AGT margin bounds need the 'mlp' back-end, got {backend!r}.")
+  if bound_method == "crown":
+    return lambda pb, x, cls: crown.margin_bounds(pb, x, cls, matmul)
+  return lambda pb, x, cls: mlp.margin_bounds(pb, x, cls, matmul)

@@ -37,7 +37,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from boundjax.agt import bounds as bnd
-from boundjax.agt import mlp
 
 Array = jax.Array
 
@@ -51,8 +50,8 @@ def predict(apply_fn: Callable, params: Any, x: Any, loss: str = "auto") -> Arra
 
 
 def certify(apply_fn: Callable, params: Any, param_bounds: Any, x: Any, *,
-            backend: str = "auto", matmul: str = "midrad", method: Optional[str] = None
-            ) -> np.ndarray:
+            backend: str = "auto", matmul: str = "midrad", method: Optional[str] = None,
+            bound_method: str = "interval") -> np.ndarray:
   """Per test point: True when every model in ``param_bounds`` predicts like ``params``.
 
   With the box of a poisoning run (`boundjax.agt.fit` with ``Config(k_poison=..., epsilon=...,
@@ -69,6 +68,7 @@ def certify(apply_fn: Callable, params: Any, param_bounds: Any, x: Any, *,
     matmul: the interval product, `boundjax.ibp`'s names ("midrad", "signsplit"; "exact" and
       "best" with the "ibp" back-end).
     method: deprecated name of ``matmul`` ("rump" = "midrad", "exact" = "signsplit").
+    bound_method: "interval" or "crown" (`boundjax.agt.crown`, Dense+ReLU stacks; tighter).
 
   Returns:
     bool array of shape (n,).
@@ -83,14 +83,14 @@ def certify(apply_fn: Callable, params: Any, param_bounds: Any, x: Any, *,
   z = apply_fn(params, x)
   if z.ndim == 2 and z.shape[-1] > 1:
     if backend == "mlp":
-      lo = mlp.margin_bounds(param_bounds, x, pred, matmul)
+      lo = bnd.margin_bounds_fn(backend, matmul, bound_method)(param_bounds, x, pred)
     else:
-      out = bnd.forward_bounds_fn(apply_fn, backend, matmul)(param_bounds, x)
+      out = bnd.forward_bounds_fn(apply_fn, backend, matmul, bound_method)(param_bounds, x)
       lc = jnp.take_along_axis(out.lower, pred[:, None], -1)
       lo = lc - out.upper
     lo = jnp.where(jax.nn.one_hot(pred, z.shape[-1], dtype=bool), jnp.inf, lo)
     return np.asarray(jnp.all(lo > 0, -1))
-  out = bnd.forward_bounds_fn(apply_fn, backend, matmul)(param_bounds, x)
+  out = bnd.forward_bounds_fn(apply_fn, backend, matmul, bound_method)(param_bounds, x)
   zl, zu = out.lower.reshape(-1), out.upper.reshape(-1)
   return np.asarray((zl > 0) == (zu > 0))
 

@@ -292,7 +292,7 @@ def empirical_retrain_test(apply_fn: Callable, params: Any, x: Array, y: Array,
   exc = np.max(np.stack([np.asarray(e) for e in excess]), 0)        # (M, steps)
   viol = int(np.sum(exc > tol))
   cert = certify(apply_fn, final_params, final_box, X_test, backend=backend,
-                 matmul=config.matmul)
+                 matmul=config.matmul, bound_method=config.bound_method)
   nominal = np.asarray(predict(apply_fn, final_params, X_test))
   rt_final = jax.tree_util.tree_map(lambda a: a[:, -1], rt)
   preds = np.asarray(jax.vmap(lambda p: predict(apply_fn, p, X_test))(rt_final))

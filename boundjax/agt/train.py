@@ -108,7 +108,7 @@ def descent_directions(apply_fn: Callable, config: Config, backend: str,
     gfn = lambda p, x, y: mlp.per_sample_grads(p, x, y, config.loss)  # noqa: E731
   else:
     gfn = nominal_grad_fn(apply_fn, config.loss)
-  bfn = bnd.grad_bounds_fn(apply_fn, config.loss, backend, config.matmul)
+  bfn = bnd.grad_bounds_fn(apply_fn, config.loss, backend, config.matmul, config.bound_method)
   if config.poisoning:   # bounded modification of samples instead (`boundjax.agt.poisoning`)
     pfn = poisoning.poisoned_grad_bounds_fn(apply_fn, config, backend)
     return poisoning.descent_directions(config, gfn, bfn, pfn, params, box, xs, ys)
@@ -382,7 +382,8 @@ def _epoch_record(apply_fn: Callable, config: Config, backend: str, state: State
   pred = predict(apply_fn, state.params, x_val, config.loss)
   accuracy = float(jnp.mean(pred == jnp.asarray(y_val).astype(pred.dtype)))
   certified = float(jnp.mean(certify(apply_fn, state.params, state.bounds, x_val,
-                                     backend=backend, matmul=config.matmul)))
+                                     backend=backend, matmul=config.matmul,
+                                     bound_method=config.bound_method)))
   return EpochRecord(**done, val_accuracy=accuracy, val_certified=certified)
 
 
