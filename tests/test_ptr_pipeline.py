@@ -250,3 +250,17 @@ def test_metrics_equal_hand_computed_values():
     metrics(x, x[:2])
   with pytest.raises(ValueError, match="square"):
     metrics(np.zeros((2, 10)), np.zeros((2, 10)))
+
+
+@pytest.mark.slow
+def test_demo_section_numbers():
+  """`boundjax demo --only ptr` (about 30 s of CPU): the embedder beats the mean image, the
+  pipeline learns, ε = ∞ answers everything, and the l1 sensitivity is at least the code's."""
+  from boundjax.demos import ptr as demo
+  n = demo.run().numbers
+  assert n["vae_mse"] < 0.5 * n["mean_image_mse"]
+  assert n["noiseless_accuracy"] > 0.5
+  inf = [r for r in n["rows"] if r["epsilon"] == "inf"][0]
+  assert inf["answer_rate"] == 1.0 and inf["accuracy_answered"] == n["noiseless_accuracy"]
+  assert all(0.0 <= r["answer_rate"] <= 1.0 for r in n["rows"])
+  assert n["sensitivity_l1"] >= n["sensitivity_code"]

@@ -1,8 +1,8 @@
 """The sections of ``boundjax demo``: each module's ``run()`` returns a `Section` (report + numbers).
 
 Demo code lives here only; library modules hold none. Sections: ``data``, ``bounds``, ``crown``,
-``ensembles``, ``agt``, ``barron`` (core and applications) and ``ldcp``, ``idp`` (these two use
-``milp``, the layer above the applications).
+``ensembles``, ``agt``, ``barron``, ``ptr`` (core and applications) and ``ldcp``, ``idp`` (these
+two use ``milp``, the layer above the applications).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Callable
 
 from boundjax.demos.common import Section
 
-SECTIONS = ("data", "bounds", "crown", "ensembles", "agt", "ldcp", "barron", "idp")
+SECTIONS = ("data", "bounds", "crown", "ensembles", "agt", "ldcp", "barron", "idp", "ptr")
 
 
 def section(name: str) -> Callable[..., Section]:
