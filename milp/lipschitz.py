@@ -38,7 +38,9 @@ reproduction only).
 
 `local_lipschitz` also offers ``method="auto"`` (pattern enumeration for one hidden layer, else
 the MILP) and the `boundjax.lipschitz` oracles; `milp_oracle` returns ``(x, radius) -> upper`` for
-`boundjax.privacy.ptr`.
+`boundjax.privacy.ptr`. The radius search only compares ``U`` with the proposal ``Δp``;
+`lipschitz_decide` (``milp_oracle(..., proposal=Δp)``) lets the interval bound or sampled Jacobian
+norms settle that comparison when they can and solves the MILP only otherwise.
 """
 
 from __future__ import annotations
