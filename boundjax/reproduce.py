@@ -249,8 +249,7 @@ RUNS: tuple[Run, ...] = (
     Run("agt", "§4.3: cost of an AGT epoch against SGD", "benchmarks/agt.py", "agt_cost.json",
         None, (), compare_agt_cost),
     Run("agt", "Soundness: retraining inside the certified box", "benchmarks/agt.py",
-        "agt_soundness.json", ("--soundness", "--n-sets", "4", "--results", "{dir}"),
-        ("--soundness",), compare_soundness),
+        "agt_soundness.json", None, ("--soundness",), compare_soundness),
     Run("agt", "Figures 2 and 5: certified private prediction", "benchmarks/agt_privacy.py",
         "agt_privacy.json", ("--only", "blobs", "--results", "{dir}"), (), compare_agt_privacy,
         figures=("agt_privacy_certified.png", "agt_privacy_eps.png", "agt_privacy_queries.png")),
@@ -352,6 +351,7 @@ class Outcome:
   json_path: Path | None
   label: str                   # quick, full, committed or legacy (no provenance)
   seconds: float = 0.0
+  cpu_seconds: float = 0.0     # user + system time of the run's process tree
   log: str = ""
 
 
@@ -374,19 +374,28 @@ def execute(run: Run, mode: str, root: Path, timeout: float | None = None) -> Ou
     return Outcome(run, "reused", root / out, mode)
   (root / out).parent.mkdir(parents=True, exist_ok=True)
   env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
-  t0 = time.perf_counter()
+  t0, cpu0 = time.perf_counter(), _children_cpu()
   try:
     proc = subprocess.run([sys.executable, *argv], cwd=root, env=env, capture_output=True,
                           text=True, timeout=timeout)
     ok, log = proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   except subprocess.TimeoutExpired:
     ok, log = False, f"timed out after {timeout} s"
-  seconds = time.perf_counter() - t0
+  seconds, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
   (root / _Q).mkdir(parents=True, exist_ok=True)
   (root / _Q / (Path(run.result).stem + f".{mode}.log")).write_text(log)
   if ok and (root / out).is_file():
-    return Outcome(run, "ran", root / out, mode, seconds, log)
-  return Outcome(run, "failed", committed if committed.is_file() else None, kept, seconds, log)
+    return Outcome(run, "ran", root / out, mode, seconds, cpu, log)
+  return Outcome(run, "failed", committed if committed.is_file() else None, kept, seconds, cpu,
+                 log)
+
+
+def _children_cpu() -> float:
+  """CPU seconds (user + system) of the finished child processes so far: a measure of a run's
+  work that does not grow when other jobs share the machine, unlike its wall time."""
+  import resource
+  r = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return r.ru_utime + r.ru_stime
 
 
 # ------------------------------------------------------------------------------- rendering
@@ -403,6 +412,7 @@ class Section:
   settings: list[str]
   figures: list[str]
   error: str = ""
+  timing: str = ""
 
 
 SETTING_KEYS = ("setting", "settings", "deviations", "notes", "note", "subset", "family",
@@ -445,9 +455,11 @@ def section_of(outcome: Outcome, figure_dir: Path, root: Path) -> Section:
   """Reads one outcome's JSON into a Section (a layout we cannot read is reported, not fatal)."""
   run = outcome.run
   title = f"{run.title} ({run.script})"
+  timing = (f" in {outcome.seconds:.0f} s wall, {outcome.cpu_seconds:.0f} CPU s"
+            if outcome.status in ("ran", "failed") else "")
   if outcome.json_path is None or not outcome.json_path.is_file():
     return Section(title, outcome.status, outcome.label, None, list(run.paper_rows), [], [],
-                   outcome.log[-1500:])
+                   outcome.log[-1500:], timing)
   doc = json.loads(outcome.json_path.read_text())
   rows, error = list(run.paper_rows), ""
   try:
@@ -471,7 +483,7 @@ def section_of(outcome: Outcome, figure_dir: Path, root: Path) -> Section:
   if outcome.status == "failed":
     error = (error + "\n" if error else "") + "the run failed; log tail:\n" + outcome.log[-1500:]
   return Section(title, outcome.status, outcome.label, provenance_of(doc), rows,
-                 settings_of(doc), figures, error)
+                 settings_of(doc), figures, error, timing)
 
 
 def bar_chart(rows: list[Row], path: Path, title: str) -> str | None:
@@ -511,13 +523,14 @@ def render_markdown(sections: dict[str, list[Section]], meta: dict) -> str:
   """The report as Markdown (report/README.md)."""
   out = ["# boundjax: reproduction report", "",
          f"Mode: **{meta['mode']}**; written {meta['date']} at commit `{meta['commit']}`. "
-         "Settings marked *quick* are small and are not the papers' settings.", ""]
+         "Settings marked *quick* are small and are not the papers' settings. "
+         f"{meta['runs']}", ""]
   for key, secs in sections.items():
     out += [f"## {PAPERS[key]}", ""]
     if not secs:
       out += ["No result yet.", ""]
     for s in secs:
-      out += [f"### {s.title}", "", f"Status: {s.status}; setting: *{s.label}*.", ""]
+      out += [f"### {s.title}", "", f"Status: {s.status}{s.timing}; setting: *{s.label}*.", ""]
       if s.provenance:
         p = s.provenance
         m = p.get("machine") if isinstance(p.get("machine"), dict) else {}
@@ -548,7 +561,7 @@ def render_html(sections: dict[str, list[Section]], meta: dict) -> str:
            "<h1>boundjax: reproduction report</h1>",
            f"<p>Mode: <b>{e(meta['mode'])}</b>; written {e(meta['date'])} at commit "
            f"<code>{e(meta['commit'])}</code>. Settings marked <span class='quick'>quick</span> "
-           "are small and are not the papers' settings.</p>", "<ul>"]
+           f"are small and are not the papers' settings. {e(meta['runs'])}</p>", "<ul>"]
   parts += [f"<li><a href='#{k}'>{e(PAPERS[k])}</a></li>" for k in sections] + ["</ul>"]
   for key, secs in sections.items():
     parts.append(f"<h2 id='{key}'>{e(PAPERS[key])}</h2>")
@@ -556,7 +569,7 @@ def render_html(sections: dict[str, list[Section]], meta: dict) -> str:
       parts.append("<p>No result yet.</p>")
     for s in secs:
       cls = " class='quick'" if s.label == "quick" else ""
-      parts.append(f"<h3>{e(s.title)}</h3><p>Status: {e(s.status)}; setting: "
+      parts.append(f"<h3>{e(s.title)}</h3><p>Status: {e(s.status + s.timing)}; setting: "
                    f"<b{cls}>{e(s.label)}</b>.</p>")
       if s.provenance:
         p = s.provenance
@@ -591,7 +604,12 @@ def write_report(outcomes: list[Outcome], papers: list[str], root: Path, mode: s
   for o in outcomes:
     if o.run.paper in sections:
       sections[o.run.paper].append(section_of(o, figure_dir, root))
+  ran = [o for o in outcomes if o.status in ("ran", "failed")]
   meta = {"mode": mode, "commit": _commit(root),
+          "runs": (f"This invocation ran {len(ran)} script(s): "
+                   f"{sum(o.seconds for o in ran) / 60:.1f} min wall, "
+                   f"{sum(o.cpu_seconds for o in ran) / 60:.1f} CPU min; load average "
+                   f"{os.getloadavg()[1]:.1f} (5 min) at the end."),
           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
   (out_dir / "README.md").write_text(render_markdown(sections, meta))
   path = out_dir / "index.html"
@@ -625,6 +643,7 @@ def reproduce(mode: str = "quick", only: list[str] | None = None, root: Path | N
   for run in tqdm(chosen, desc=f"reproduce ({mode})", unit="run", disable=not progress):
     o = execute(run, mode if mode != "render" else "render", root, timeout)
     if progress:
-      tqdm.write(f"{run.paper:>7} {run.script:<32} {o.status:<18} {o.seconds:7.1f} s")
+      tqdm.write(f"{run.paper:>7} {run.script:<32} {o.status:<22} {o.seconds:7.1f} s wall "
+                 f"{o.cpu_seconds:7.1f} s CPU")
     outcomes.append(o)
   return write_report(outcomes, papers, root, mode)

@@ -86,6 +86,7 @@ def test_quick_run_then_resume_skips_the_same_command(tmp_path):
   run = toy_run()
   first = R.execute(run, "quick", root)
   assert first.status == "ran" and first.label == "quick"
+  assert 0 < first.cpu_seconds < 60 and first.seconds > 0
   doc = json.loads((root / "report/quick/toy.json").read_text())
   assert doc["value"] == 6.0 and runs_done(root) == 1
   again = R.execute(run, "quick", root)
@@ -137,6 +138,8 @@ def test_report_has_every_paper_numbers_side_by_side_and_failures(tmp_path):
   assert "a" * 40 in page
   assert "something broke" in page and "not yet available" in page
   assert "<b class='quick'>quick</b>" in page
+  assert re.search(r"Status: ran in \d+ s wall, \d+ CPU s", page)
+  assert "This invocation ran 2 script(s)" in page
   fig = root / "report" / "figures" / "quick_toy_vs_paper.png"
   assert fig.is_file() and fig.read_bytes()[:4] == b"\x89PNG"
   md = (root / "report" / "README.md").read_text()
