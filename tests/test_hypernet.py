@@ -245,6 +245,38 @@ def test_pred_int_variants_cover_and_differ():
       assert out["gaussian"][end][j] == pytest.approx(col.mean() + col.std() * back, rel=1e-4)
 
 
+def test_no_normalize_equals_no_transform_when_the_spread_is_tiny():
+  """Sphynx Table 3's "−Normalize" coincides with "−Transform" on leave-one-out weights, and
+  why: without normalisation Yeo-Johnson sees raw values w0 + s e with s << 1, where T_λ is
+  affine up to a relative error ~ s |T''/T'| (any λ in [0, 2]), and the Laplace-KDE interval
+  is equivariant under increasing affine maps (checked here with scipy's CDF). So the two
+  intervals agree to O(s); with a skewed spread ~1 (as after normalisation) they differ. scipy's
+  unbounded λ MLE on such raw values runs off to |λ| > 30, which PredInt forbids (λ ∈ [0, 2],
+  Sphynx, §4): the paper's huge −Normalize overcoverage fits an unbounded λ."""
+  rng = np.random.default_rng(3)
+  a = 1e-3
+  e = rng.laplace(size=(400, 1))
+  col = (2.0 + 3.0 * e)[:, 0]
+  lo, hi = predint.laplace_kde_interval((2.0 + 3.0 * e), a)
+  h = np.mean(np.abs(col - np.median(col)))
+  cdf = lambda t: np.mean(stats.laplace.cdf(t, loc=col, scale=h))  # noqa: E731
+  assert cdf(lo[0]) == pytest.approx(a / 2, abs=1e-7)
+  assert cdf(hi[0]) == pytest.approx(1 - a / 2, abs=1e-7)
+  lo1, hi1 = predint.laplace_kde_interval(e, a)
+  np.testing.assert_allclose([lo[0], hi[0]], [2.0 + 3.0 * lo1[0], 2.0 + 3.0 * hi1[0]], rtol=1e-9)
+  for w0, s in ((0.3, 1e-4), (-1.2, 3e-4)):
+    v = w0 + s * e
+    nt = H.pred_int(v, a, variant="no_transform")
+    nn = H.pred_int(v, a, variant="no_normalize")
+    width = nt[1][0] - nt[0][0]
+    diff = max(abs(nn[0][0] - nt[0][0]), abs(nn[1][0] - nt[1][0]))
+    assert diff <= 20 * s * width, (w0, s, diff / width)
+    assert abs(stats.yeojohnson_normmax(v[:, 0])) > 30   # far outside [0, 2]
+  v = rng.lognormal(size=(400, 1))          # spread ~1 and skewed: the transform matters
+  nt, nn = H.pred_int(v, a, variant="no_transform"), H.pred_int(v, a, variant="no_normalize")
+  assert abs(nn[1][0] - nt[1][0]) > 0.05 * (nt[1][0] - nt[0][0])
+
+
 def test_pred_int_calibration():
   """Spec §3 property 7 (statistical, fixed seed): miss rate on fresh draws <= α' + margin."""
   rng = np.random.default_rng(7)
