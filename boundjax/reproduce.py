@@ -487,23 +487,27 @@ def section_of(outcome: Outcome, figure_dir: Path, root: Path) -> Section:
 
 
 def bar_chart(rows: list[Row], path: Path, title: str) -> str | None:
-  """Paper against ours for the rows where both are numbers (matplotlib); None when none are."""
+  """Ours divided by the paper's number, one bar per row where both are numbers and the paper's
+  is not 0 (a scale-free view of rows in different units; matplotlib); None when there are none.
+  """
   pairs = [(q, _num(p), _num(o)) for q, p, o, _ in rows]
-  pairs = [(q, p, o) for q, p, o in pairs if p is not None and o is not None
+  pairs = [(q, o / p) for q, p, o in pairs if p is not None and o is not None and p != 0
            and math.isfinite(p) and math.isfinite(o)]
   if not pairs:
     return None
+  import textwrap
+
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(pairs) + 2), 3.2))
-  xs = range(len(pairs))
-  ax.bar([x - 0.2 for x in xs], [p for _, p, _ in pairs], 0.4, label="paper")
-  ax.bar([x + 0.2 for x in xs], [o for _, _, o in pairs], 0.4, label="ours")
-  ax.set_xticks(list(xs))
-  ax.set_xticklabels([q[:28] for q, _, _ in pairs], rotation=30, ha="right", fontsize=7)
-  ax.set_title(title[:70], fontsize=9)
-  ax.legend(fontsize=7)
+  fig, ax = plt.subplots(figsize=(7, 0.9 + 0.32 * len(pairs)))
+  ys = list(range(len(pairs)))[::-1]
+  ax.barh(ys, [r for _, r in pairs], color="tab:orange")
+  ax.axvline(1.0, color="k", lw=1)
+  ax.set_yticks(ys)
+  ax.set_yticklabels([textwrap.shorten(q, 48) for q, _ in pairs], fontsize=7)
+  ax.set_xlabel("ours / paper (1 = the paper's number)", fontsize=8)
+  ax.set_title(title[:80], fontsize=9)
   fig.tight_layout()
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=100)
