@@ -36,6 +36,16 @@ def _bucket(n: int, cap: int) -> int:
   return cap
 
 
+def _pad_rows(C: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """``C, d`` with zero rows appended up to a power of two (>= 4) rows, so that properties with
+  different numbers of rows share one compiled bound; the padding rows lie outside every
+  disjunct's row range and are never read."""
+  R = C.shape[0]
+  size = max(4, 1 << (R - 1).bit_length())
+  return (np.concatenate([C, np.zeros((size - R, C.shape[1]))]),
+          np.concatenate([d, np.zeros(size - R)]))
+
+
 def combined_rows(disjunct: Disjunct, max_rows: int = 8) -> tuple[np.ndarray, np.ndarray]:
   """``(C', d')``: the disjunct's rows followed by sums of pairs of rows and of all rows.
 
@@ -75,7 +85,7 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
                 replay: Any,
                 deadline: Deadline, *, sound: bool = True, batch: int = 1024,
                 intermediate: str = "crown", alpha_steps: int = 0, max_boxes: int = 2_000_000,
-                progress: Any = None, reuse_bounds: bool = True,
+                progress: Any = None, reuse_bounds: bool | str = "post",
                 combine: bool = True) -> tuple[str, Any, int]:
   """Input-splitting BaB for one region and one disjunct, or several at once.
 
@@ -87,15 +97,19 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
   Returns ``(status, counterexample or None, nodes)``; status is ``"unsat"`` (every box
   proven), ``"sat"``, ``"timeout"`` or ``"unknown"`` (frontier over ``max_boxes``).
   ``reuse_bounds``: a box's intermediate bounds are intersected with its parent's (valid on
-  the parent box, hence on the child). ``combine``: also bound sums of rows (`combined_rows`).
+  the parent box, hence on the child): ``"post"`` (default) or ``"layer"``, see
+  `layered.crown_batch`'s ``prior_mode``; False: not at all. ``combine``: also bound sums of rows (`combined_rows`).
   """
+  if reuse_bounds not in (True, False, "layer", "post"):
+    raise ValueError(f"input_split: reuse_bounds must be True, False, 'layer' or 'post', got "
+                     f"{reuse_bounds!r}.")
   disjuncts = (disjunct,) if isinstance(disjunct, Disjunct) else tuple(disjunct)
   parts = [combined_rows(dj) if combine else (dj.C, dj.d) for dj in disjuncts]
   G = len(parts)
   ends = np.cumsum([len(p[1]) for p in parts])
   starts = ends - np.array([len(p[1]) for p in parts])
-  C = jnp.asarray(np.concatenate([p[0] for p in parts]))
-  d = jnp.asarray(np.concatenate([p[1] for p in parts]))
+  C, d = _pad_rows(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+  C, d = jnp.asarray(C), jnp.asarray(d)
   sub = Region(region.lower, region.upper, disjuncts)
   hidden = lay.hidden
   los = [region.lower[None].copy()]
@@ -133,8 +147,9 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
           lay, C, d, lo_p, hi_p, splits, sound, alpha_steps)
     else:
       prior = (tuple(padded(a) for a in pl), tuple(padded(a) for a in pu)) if use_prior else None
-      bound, lam0, _, lbs, ubs = layered.crown_batch(lay, C, d, lo_p, hi_p, splits, sound,
-                                                     intermediate, prior)
+      bound, lam0, _, lbs, ubs = layered.crown_batch(
+          lay, C, d, lo_p, hi_p, splits, sound, intermediate, prior,
+          "post" if reuse_bounds == "post" else "layer")
     bound = np.asarray(bound)[:take]
     lam0 = np.asarray(lam0)[:take]
     nodes += take
