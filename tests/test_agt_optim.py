@@ -170,7 +170,7 @@ def test_nominal_sgd_and_momentum_are_optax_sgd(variant):
 # ---------------------------------------------------------------------------------------------
 
 def _retrain_optax(params, x, y, cfg, nb, tx):
-  """`retrain.retrain` with a plain optax optimiser: parameters after every step, (M, steps, ...)."""
+  """`retrain.retrain` with a plain optax optimiser: parameters after every step (M, steps, ...)."""
   sched = cfg.schedule(x.shape[0])
   idx, w = retrain._extended_steps(x.shape[0], sched, nb)
   m, n_slots, k = nb.w_add.shape
