@@ -147,6 +147,11 @@ def _check_03_agt_private_prediction(nb):
   for q, gs, ss in q_acc:
     assert ss >= gs - 0.02, (q, gs, ss)                     # smooth sensitivity helps
   assert q_acc[0][2] >= q_acc[-1][2]                        # more queries, less accuracy
+  (pviol, pchanges) = _find(r"box_violations=(\d+) certified=\d+ certified_changes=(\d+)", t, int)
+  assert pviol == 0 and pchanges == 0                       # poisoning box sound
+  for cs in _findall(r"poisoning eps=[\d.]+: certified fraction ((?:k=\d+: [\d.]+,? ?)+)", t):
+    fr = [float(v) for v in re.findall(r"k=\d+: ([\d.]+)", cs)]
+    assert fr[0] == 1.0 and fr == sorted(fr, reverse=True)  # k = 0 certifies all; monotone
 
 
 def _check_04_ldcp(nb):
@@ -217,6 +222,20 @@ def _check_08_verify_onnx(nb):
   assert grid == {"near": "False", "cross": "True"}, grid
 
 
+def _check_07_ptr(nb):
+  t = _text(nb)
+  mse, mean_mse = _find(r"held-out MSE ([\d.]+) vs mean image ([\d.]+)", t)
+  assert mse < mean_mse                                     # the embedder carries information
+  (acc,) = _find(r"ARL noiseless test accuracy ([\d.]+)", t)
+  assert acc > 0.3, acc                                     # chance is 0.1
+  assert re.search(r"U\(lo\) = [\d.e+]+ <= Δp: True", t)    # the certified radius is certified
+  ans, acc_ans, acc_bot = _find(r"\n\s*inf\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", t)
+  assert ans == 1.0 and acc_ans == acc_bot == pytest.approx(acc, abs=1e-3)   # ε = ∞: f(z) exactly
+  ssim = {e: float(v) for e, v in re.findall(r"attack ε=(\S+): noise scale [\d.e+]+, SSIM ([\d.]+)",
+                                             t)}
+  assert ssim["∞"] >= ssim["1"], ssim                       # noise can only hurt the attacker
+
+
 #: notebook stem -> a check of its executed outputs (see `_text`).
 CHECKS: dict[str, Callable] = {
     "01_bounds": _check_01_bounds,
@@ -225,6 +244,7 @@ CHECKS: dict[str, Callable] = {
     "04_ldcp": _check_04_ldcp,
     "05_idp_label_only": _check_05_idp_label_only,
     "06_barron_auditing": _check_06_barron_auditing,
+    "07_ptr": _check_07_ptr,
     "08_verify_onnx": _check_08_verify_onnx,
 }
 
