@@ -14,13 +14,16 @@ Threat model (per batch B of size b, `boundjax.agt.Config`):
   target moves by up to ``label_epsilon`` (only output ``poison_target_idx`` when given);
 * ``paired_poison``: the same samples carry both, so at most ``max(k_poison, label_k_poison)``
   samples change (the public code's rule); otherwise the two sets may differ and up to
-  ``k_poison + label_k_poison`` samples change. Call that number ``k``.
+  ``k_poison + label_k_poison`` samples change. Call that number ``k``. (The public code
+  always takes the max, so its box covers only the paired threat: with the feature- and
+  label-poisoned samples distinct it can miss ``min(k_poison, label_k_poison)`` of them.)
 
 Bound on the descent direction. For every sample, with the parameter box ``[theta_L, theta_U]``:
 ``[wp_L, wp_U]`` bounds the clipped gradient at the clean sample (weight perturbation only,
 AGT, App. B) and ``[iwp_L, iwp_U]`` bounds it over the input box ``[x - eps, x + eps]`` and the
 label set as well (input and weight perturbation). A poisoned batch's sum is a sum of b terms,
-at most k of them from the poisoned boxes, so element-wise (Sosnin et al., §4; public code)
+at most k of them from the poisoned boxes, so element-wise (Sosnin et al.; the public code's
+``PoisoningGradientAccumulator``)
 
     dtheta_L = (sum_i wp_L[i] + SEMin_k{min(iwp_L[i] - wp_L[i], 0)}) / b
     dtheta_U = (sum_i wp_U[i] + SEMax_k{max(iwp_U[i] - wp_U[i], 0)}) / b
@@ -66,7 +69,7 @@ def label_logit_grad_bounds(loss: str, logits: Interval, y: Array, label_epsilon
   """Bounds on ``d loss / d logits`` over the logit box and every poisoned label of ``y``.
 
   One sample (no batch axis). The label set and the bounds (exact per coordinate for a fixed
-  logit vector; Sosnin et al., §4, and the public code's bounded losses):
+  logit vector; Sosnin et al. and the public code's bounded losses, tightened for a target):
 
   * "cross_entropy", untargeted (any class y'): ``grad_j = p_j - 1[y' = j]`` lies in
     ``[p_L,j - 1, p_U,j]``; targeted (y' in {y, t}): ``[p_L - max(e_y, e_t), p_U - min(e_y,
