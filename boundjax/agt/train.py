@@ -241,7 +241,8 @@ class FitResult:
   """Result of `fit`: the nominal parameters and the parameter box.
 
   Attributes:
-    params: the nominal parameters (plain SGD with clipping on the schedule's batches).
+    params: the nominal parameters (the config's optimiser on the clipped gradients of the
+      schedule's batches).
     bounds: a pytree like ``params`` with `Interval` leaves: every model the same training
       reaches after up to ``k_private`` removals (and, for ``neighbourhood="add_remove"``,
       additions) per batch lies in it (Thm 4.5).
