@@ -209,8 +209,8 @@ def test_laplace_scales_of_image_and_adversarial_releases():
 
 def test_ldp_image_learns_without_noise_and_is_at_chance_with_it(mnist):
   x_tr, y_tr, x_te, y_te = (a[:800] for a in mnist)
-  clean = ldp_image(jax.random.PRNGKey(0), x_tr, y_tr, x_te, y_te, math.inf, epochs=2,
-                    batch_size=64)
+  clean = ldp_image(jax.random.PRNGKey(0), x_tr, y_tr, x_te, y_te, math.inf, epochs=3,
+                    batch_size=64, lr=3e-3)
   noisy = ldp_image(jax.random.PRNGKey(0), x_tr, y_tr, x_te, y_te, 1.0, epochs=1)
   assert clean.accuracy > 0.6, clean
   assert noisy.accuracy < 0.25, noisy                       # scale 784 per pixel
