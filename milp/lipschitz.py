@@ -98,7 +98,7 @@ def direction_vertices(m: int, out_norm: str) -> np.ndarray | None:
 
   ``"l1"``: ``c_0 = 1``, ``c_{1:} in [-1, 1]^{m-1}`` (the maximum of the convex ``||J^T c||_1``
   is at a vertex of ``[-1, 1]^m``, and ``c -> -c`` leaves it unchanged, so ``c_0 = 1`` loses
-  nothing: LipMIP, Jordan & Dimakis 2020, §4), ``2^(m-1)`` vertices. ``"linf_as_code"``:
+  nothing; LipMIP, Jordan & Dimakis 2020), ``2^(m-1)`` vertices. ``"linf_as_code"``:
   ``{||c||_1 <= 1, c_0 >= 0}`` = conv ``{e_0, ±e_i (i >= 1)}``.
   """
   if out_norm == "linf_as_code":
@@ -119,7 +119,7 @@ def backward_bounds(weights: list[np.ndarray], pre_bounds: list,
   For a fixed point ``z`` (and any activation pattern allowed by the pre-activation bounds) every
   backward quantity is linear in ``c``, so its range over the ``c`` domain is the hull of its
   ranges at the domain's vertices (`direction_vertices`). Each vertex gets the interval backward
-  pass of FastLip (Weng et al. 2018, §3.3: derivative of an unstable ReLU in ``[0, 1]``), all
+  pass of FastLip (Weng et al. 2018: derivative of an unstable ReLU in ``[0, 1]``), all
   vertices in one numpy batch; the hull is intersected with one interval pass over the whole
   ``c`` box. Tighter bounds are tighter big-M constants for the McCormick rows of ``g = δ q`` and
   the sign split of ``|γ_j|``, which is what the solve time depends on. Widened outward for
