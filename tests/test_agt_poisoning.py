@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from boundjax import agt
-from boundjax.agt import descent, mlp, poison_attacks, poisoning, retrain
+from boundjax.agt import mlp, poison_attacks, poisoning, retrain
 from boundjax.interval import Interval
 
 
