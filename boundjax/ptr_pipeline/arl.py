@@ -167,7 +167,7 @@ class TrainedARL:
 
   def accuracy(self, z: Any, y: Any) -> float:
     """Noiseless accuracy ``mean(argmax g(f(z)) == y)``."""
-    return float(jnp.mean(self.predict(self.obfuscate(z)) == jnp.asarray(y)))
+    return float(np.mean(np.asarray(self.predict(self.obfuscate(z))) == np.asarray(y)))
 
 
 @functools.lru_cache(maxsize=32)
