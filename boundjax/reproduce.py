@@ -262,7 +262,8 @@ RUNS: tuple[Run, ...] = (
     Run("agt", "The paper's settings", "benchmarks/agt_settings.py", "agt_settings.json", None,
         ()),
     Run("ptr", "Propose-test-release on a trained encoder", "benchmarks/ptr.py", "ptr.json",
-        ("--quick", "--no-attack", "--datasets", "mnist", "--out", "{out}"), ()),
+        ("--quick", "--no-attack", "--datasets", "mnist", "--out", "{out}"), (),
+        figures=("ptr_reconstructions.png",)),
     Run("ptr", "Lipschitz oracles of the PTR test", "benchmarks/ptr_oracles.py",
         "ptr_oracles.json", None, ()),
     Run("sphynx", "Tables 3-4: predicted hyper-networks (Adult 2x50)",
@@ -416,10 +417,11 @@ class Section:
   figures: list[str]
   error: str = ""
   timing: str = ""
+  markdown: str = ""              # a table the script itself wrote (its "markdown" key)
 
 
-SETTING_KEYS = ("setting", "settings", "deviations", "notes", "note", "subset", "family",
-                "benchmark")
+SETTING_KEYS = ("setting", "settings", "deviations", "differences", "notes", "note", "subset",
+                "family", "benchmark")
 
 
 def settings_of(doc: dict) -> list[str]:
@@ -485,8 +487,9 @@ def section_of(outcome: Outcome, figure_dir: Path, root: Path) -> Section:
     figures.append(plot)
   if outcome.status == "failed":
     error = (error + "\n" if error else "") + "the run failed; log tail:\n" + outcome.log[-1500:]
+  md = doc.get("markdown") if isinstance(doc.get("markdown"), str) else ""
   return Section(title, outcome.status, outcome.label, provenance_of(doc), rows,
-                 settings_of(doc), figures, error, timing)
+                 settings_of(doc), figures, error, timing, md)
 
 
 def bar_chart(rows: list[Row], path: Path, title: str) -> str | None:
@@ -551,6 +554,8 @@ def render_markdown(sections: dict[str, list[Section]], meta: dict) -> str:
       if s.settings:
         out += ["Setting and differences from the paper:", ""]
         out += [f"- {x}" for x in s.settings] + [""]
+      if s.markdown:
+        out += [s.markdown.replace("\n### ", "\n#### "), ""]
       out += [f"![{f}](figures/{f})" for f in s.figures]
       if s.error:
         out += ["", "```", s.error, "```"]
@@ -593,6 +598,8 @@ def render_html(sections: dict[str, list[Section]], meta: dict) -> str:
       if s.settings:
         parts.append("<p>Setting and differences from the paper:</p><ul>")
         parts += [f"<li>{e(x)}</li>" for x in s.settings] + ["</ul>"]
+      if s.markdown:
+        parts.append(f"<pre>{e(s.markdown.strip())}</pre>")
       parts += [f"<p><img src='figures/{e(f)}' alt='{e(f)}' style='max-width:100%'></p>"
                 for f in s.figures]
       if s.error:

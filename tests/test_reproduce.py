@@ -33,7 +33,8 @@ out.parent.mkdir(parents=True, exist_ok=True)
 out.write_text(json.dumps({"provenance": {"command": "python " + " ".join(sys.argv),
                                           "commit": "a" * 40, "date": "2026-01-01T00:00:00",
                                           "machine": {"cpu_count": 2, "device": "cpu"}},
-                           "setting": {"n": n}, "value": 2.0 * n, "paper_value": 7.0}))
+                           "setting": {"n": n}, "value": 2.0 * n, "paper_value": 7.0,
+                           "markdown": "| cell | ours (paper) |"}))
 '''
 
 
@@ -144,7 +145,8 @@ def test_report_has_every_paper_numbers_side_by_side_and_failures(tmp_path):
   assert fig.is_file() and fig.read_bytes()[:4] == b"\x89PNG"
   md = (root / "report" / "README.md").read_text()
   assert "| value | 7 | 6 | toy |" in md.replace(".0 |", " |")
-  assert "## Barron" in md and "## PTR" in md
+  assert "## Barron" in md and "## PTR" in md and "| cell | ours (paper) |" in md
+  assert "<pre>| cell | ours (paper) |</pre>" in page
 
 
 def test_a_json_the_comparison_cannot_read_is_reported_not_fatal(tmp_path):
