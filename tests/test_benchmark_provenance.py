@@ -44,6 +44,16 @@ def script_of(command: str) -> Path | None:
   return None
 
 
+def written_by(key: str, source: str) -> bool:
+  """Whether ``source`` writes ``key``: the whole name as a word, or an f-string that builds it
+  from a literal part of at least 3 characters and a placeholder (``f"logit_width_{method}"``,
+  ``f"{name}_seconds"``)."""
+  if re.search(rf"\b{re.escape(key)}\b", source):
+    return True
+  return any(f"{key[:i]}{{" in source for i in range(3, len(key))) or any(
+      f"}}{key[i:]}" in source for i in range(1, len(key) - 2))
+
+
 def problems(doc, source_of=lambda p: p.read_text()) -> list[str]:
   """Everything wrong with one result document (empty when it passes)."""
   if not isinstance(doc, dict):
@@ -75,7 +85,7 @@ def problems(doc, source_of=lambda p: p.read_text()) -> list[str]:
   if script is not None:
     source = source_of(script)
     for key in doc:
-      if key not in used and not re.search(rf"\b{re.escape(key)}\b", source):
+      if key not in used and not written_by(key, source):
         out.append(f"key {key!r} is not written by {script.name} (hand-edited?)")
   return out
 
@@ -136,6 +146,13 @@ def test_checker_rejects_missing_provenance_and_non_objects():
   assert problems([1, 2]) and "not an object" in problems([1, 2])[0]
   partial = {k: GOOD["provenance"][k] for k in ("command", "commit", "date")}
   assert problems(partial) == ["no provenance (command, commit, date, machine)"]
+
+
+def test_keys_built_by_an_f_string_are_written_by_the_script():
+  src = 'out = {"setting": 0, "rows": 0}; out[f"logit_width_{method}"] = out[f"{name}_seconds"] = 1'
+  assert problems(_with(logit_width_interval=1.0, fit_seconds=2.0), source_of=lambda p: src) == []
+  found = problems(_with(logit_height_x=1.0), source_of=lambda p: src)
+  assert found == ["key 'logit_height_x' is not written by barron.py (hand-edited?)"]
 
 
 def test_keys_are_matched_as_whole_words():
