@@ -1,4 +1,4 @@
-"""CROWN bounds over a parameter box for Dense+ReLU networks with a fixed input (AGT's forward pass).
+"""CROWN bounds over a parameter box for Dense+ReLU networks with a fixed input (AGT forward pass).
 
 AGT bounds the logits of one sample ``x`` for every parameter vector in the box
 ``[theta_L, theta_U]`` (AGT, §4.2 and App. B use interval bound propagation). The public AGT code
