@@ -36,6 +36,14 @@ settings' shapes): Fashion-shaped 786 -> 447 ms (199x -> 124x SGD); Amazon-shape
 3.47 s (471x -> 522x, unchanged within noise: there ``lax.top_k``'s per-row cost over 38,601
 coordinates dominates the merge).
 
+Re-measured with CROWN (``--profile --reps 2``, load average ~27 on 2 cores, CPU ms per fragment,
+Fashion / Amazon-shaped): nominal gradients 17 / 36, interval gradient bounds 21 / 67,
+``bound_method="crown"`` gradient bounds 41 / 153 (one hidden layer: the exact first layer and
+the sign-split second layer, no backward pass; no gain in tightness there over "signsplit"),
+clipping 33 / 117 (separate pass), sums 17 / 59, sums + top-k 42 / 258; whole step 539 / 1046.
+The top-k merge over 38,601 coordinates still dominates the Amazon step; no bit-identical
+speed-up was found in this round.
+
 Why 3x is out of reach on a 2-core CPU: plain SGD is three GEMMs over the batch, about 6 b P
 flops that run at GEMM speed (~50 GFLOP/s here: 5 ms for Fashion's b = 10,000). AGT must
 produce 3 b P per-sample values (nominal, lower, upper: 125 M for Fashion, each a product,
