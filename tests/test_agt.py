@@ -429,9 +429,11 @@ def test_engine_backend_matches_when_available():
   assert np.isfinite(w_ibp) and w_mlp > 0
 
 
-def test_crown_bound_method_is_rejected_at_construction():
-  with pytest.raises(ValueError, match="CROWN parameter bounds are not implemented yet"):
-    agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4, bound_method="crown")
+def test_bound_method_is_checked_at_construction():
+  assert agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4,
+                    bound_method="crown").bound_method == "crown"
+  with pytest.raises(ValueError, match="bound_method"):
+    agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4, bound_method="alpha-crown")
 
 
 @pytest.mark.parametrize("field", ["learning_rate", "lr_decay", "lr_min", "momentum",
