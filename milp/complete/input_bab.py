@@ -10,11 +10,12 @@ interval gradients). Boxes are processed last-in first-out in batches of fixed (
 so the jitted bound is compiled once per size and the frontier stays small.
 
 Two refinements, both sound: a child box's intermediate bounds are intersected with its
-parent's (which hold on the larger box; by default only for a second output pass, the
-branching coefficients stay the box's own: intersecting layer by layer steered the smear
-heuristic badly on ACAS Xu's 2_x networks, whose CROWN bounds grow ~6x per layer — 2_2 prop_1
-took > 30k boxes that way and 1,059 this way), and a conjunction of rows is also bounded through sums
-of its rows (`combined_rows`): ``λ^T (C y - d) > 0`` with ``λ >= 0`` rules the conjunction out
+parent's (which hold on the larger box), layer by layer or, in the "post" mode, only for a
+second output pass so that the branching coefficients stay the box's own. Neither mode wins
+everywhere on ACAS Xu: 2_2 prop_1 takes > 30k boxes layer-wise and 1,059 post, 2_4 prop_1
+takes 449 layer-wise and > 19k post; `milp.complete.api` gives each half the time. And a
+conjunction of rows is also bounded through sums of its rows (`combined_rows`):
+``λ^T (C y - d) > 0`` with ``λ >= 0`` rules the conjunction out
 where no single row does (ACAS Xu's "Y_0 is minimal" properties: 1_1 prop_4 went from a
 timeout at 90 s, 52k boxes, to unsat in 14 s, 121 boxes, on a loaded 2-core machine).
 """
@@ -88,7 +89,7 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
                 replay: Any,
                 deadline: Deadline, *, sound: bool = True, batch: int = 1024,
                 intermediate: str = "crown", alpha_steps: int = 0, max_boxes: int = 2_000_000,
-                progress: Any = None, reuse_bounds: bool | str = "post",
+                progress: Any = None, reuse_bounds: bool | str = True,
                 combine: bool = True) -> tuple[str, Any, int]:
   """Input-splitting BaB for one region and one disjunct, or several at once.
 
@@ -100,8 +101,9 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
   Returns ``(status, counterexample or None, nodes)``; status is ``"unsat"`` (every box
   proven), ``"sat"``, ``"timeout"`` or ``"unknown"`` (frontier over ``max_boxes``).
   ``reuse_bounds``: a box's intermediate bounds are intersected with its parent's (valid on
-  the parent box, hence on the child): ``"post"`` (default) or ``"layer"``, see
-  `layered.crown_batch`'s ``prior_mode``; False: not at all. ``combine``: also bound sums of rows (`combined_rows`).
+  the parent box, hence on the child): ``"layer"`` (or True, default) or ``"post"``, see
+  `layered.crown_batch`'s ``prior_mode``; False: not at all. ``combine``: also bound sums of
+  rows (`combined_rows`).
   """
   if reuse_bounds not in (True, False, "layer", "post"):
     raise ValueError(f"input_split: reuse_bounds must be True, False, 'layer' or 'post', got "
