@@ -13,7 +13,7 @@ Two refinements, both sound: a child box's intermediate bounds are intersected w
 parent's (which hold on the larger box), layer by layer or, in the "post" mode, only for a
 second output pass so that the branching coefficients stay the box's own. Neither mode wins
 everywhere on ACAS Xu: 2_2 prop_1 takes > 30k boxes layer-wise and 1,059 post, 2_4 prop_1
-takes 449 layer-wise and > 19k post; `milp.complete.api` gives each half the time. And a
+takes 449 layer-wise and > 19k post; `milp.complete.api` runs one then the other. And a
 conjunction of rows is also bounded through sums of its rows (`combined_rows`):
 ``λ^T (C y - d) > 0`` with ``λ >= 0`` rules the conjunction out
 where no single row does (ACAS Xu's "Y_0 is minimal" properties: 1_1 prop_4 went from a
