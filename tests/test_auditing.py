@@ -1,4 +1,4 @@
-"""Auditing gaps and finite adversaries (spec 004 §6 items 4-12), each checked against sampling,
+"""Auditing gaps and finite adversaries (Barron), each checked against sampling,
 retraining or an independent formula."""
 
 import math
@@ -16,7 +16,7 @@ from boundjax import barron
 
 MUS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1)
 
-# spec §7.2: mu, L (eq. 50), Hoeffding term, total gap (eq. 49), ratio
+# Barron: mu, L (eq. 50), Hoeffding term, total gap (eq. 49), ratio
 TABLE_72 = [
     (0.0, 1.000000, 0.019194, 0.019194, 0.9808),
     (0.01, 0.999903, 0.020363, 0.027956, 0.9720),

@@ -1,4 +1,4 @@
-"""Barron constants (spec 004 §6 items 1-3): closed forms, FFT, Monte Carlo, invariances, and the
+"""Barron constants (Barron): closed forms, FFT, Monte Carlo, invariances, and the
 network upper bound checked against FFT estimates of random networks."""
 
 import math

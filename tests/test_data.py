@@ -39,7 +39,7 @@ def test_adult_shapes_ranges_labels(enc, d):
   assert ds.x_train.dtype == np.float32 and ds.y_train.dtype == np.int32
   for x in (ds.x_train, ds.x_test):
     assert np.isfinite(x).all() and x.min() >= 0.0 and x.max() <= 1.0
-  # Label counts: train 24,720 / 7,841; test 12,435 / 3,846 (spec 000 §4.2 test counts).
+  # Label counts: train 24,720 / 7,841; test 12,435 / 3,846 (the UCI Adult files).
   assert np.bincount(ds.y_train).tolist() == [24_720, 7_841]
   assert np.bincount(ds.y_test).tolist() == [12_435, 3_846]
   assert ds.num_classes == 2 and len(ds.feature_names) == d

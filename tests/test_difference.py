@@ -1,4 +1,4 @@
-"""Soundness and tightness of the difference domain `bj.difference` (LUCID spec §2.5).
+"""Soundness and tightness of the difference domain `bj.difference` (LUCID, difference intervals).
 
 Every soundness case samples >= 10,000 (input, member) pairs: inputs in the box (uniform and at
 vertices) and members of the parameter box (uniform and at vertices, where interval bounds are

@@ -119,7 +119,7 @@ def test_jaccard_properties():
 
 
 # ---------------------------------------------------------------------------------------------
-# PredInt pieces (Sphynx spec §3, properties 1-8)
+# PredInt pieces (Sphynx, PredInt)
 # ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("lam", [0.0, 0.3, 1.0, 1.7, 2.0])
@@ -396,7 +396,7 @@ def test_pred_hyper_net_real_leave_one_out_coverage():
 
 
 # ---------------------------------------------------------------------------------------------
-# Metrics (spec §4.5) on hand-made examples
+# Metrics (Sphynx, Table 3) on hand-made examples
 # ---------------------------------------------------------------------------------------------
 
 def test_metrics_hand_made():

@@ -295,7 +295,7 @@ def _check_guard_soundness(family):
   ans = L.LabelOnlyGuard(model.apply, params, betas, 0.0, key=jax.random.PRNGKey(0)).query_batch(x)
   disagree = np.any(member_labels != ans.labels[None], axis=0) & ~ans.noised
   assert not disagree.any(), f"{int(disagree.sum())} un-noised answers some member disagrees with"
-  # spec §3 property 12: no disagreeing input has confidence above β of N's class
+  # LUCID's guard: no disagreeing input has confidence above β of N's class
   z = np.asarray(model.apply(params, x))
   pred = z.argmax(1)
   conf = np.abs(z[:, 1] - z[:, 0])

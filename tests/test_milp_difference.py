@@ -1,4 +1,4 @@
-"""Soundness of the difference intervals of `milp.difference` (LUCID spec §2.5, §2.6).
+"""Soundness of the difference intervals of `milp.difference` (LUCID, difference intervals).
 
 Every case samples thousands of (input, member) pairs, members drawn inside the hyper-network's
 box (uniformly and at random vertices, where interval bounds are attained) or taken from a real

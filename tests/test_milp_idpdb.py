@@ -4,7 +4,7 @@ Ground truths: hand-made families whose beta*_c is known in closed form, and sma
 leave-one-out families (breast_cancer, 4 features scaled to [0, 1], a 2x8 MLP, masked SGD as
 LUCID trains) where the per-member MILPs give the exact beta*_c. Every bound is attacked: BaB >=
 exact, incumbents replayed in float64, and a vmapped projected-gradient search for disagreeing
-inputs of high confidence (LUCID spec §3, properties 2, 4, 7, 8, 11, 12).
+inputs of high confidence (LUCID).
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def test_bab_at_least_exact(real, label, md, ris):
   assert res.beta >= exact.beta - TOL, (res.beta, exact.beta)
   assert all(b >= res.beta - 1e-12 for _, b in res.anytime)
   assert res.lower <= exact.beta + TOL  # a confirmed leaking confidence never exceeds beta*
-  if not ris:  # no relaxation, no time-out: BaB is exact (spec §3 property 4; MD is implied, 7)
+  if not ris:  # no relaxation, no time-out: BaB is exact (MD is implied)
     assert res.exact
     assert abs(res.beta - exact.beta) < 1e-4, (res.beta, exact.beta)
 
@@ -274,7 +274,7 @@ def test_betas_from_flax_params(real):
 
 
 # ------------------------------------------------------------------------------------------------
-# Bound tightening (IdpDbConfig.tighten, spec §2.4)
+# Bound tightening (IdpDbConfig.tighten)
 # ------------------------------------------------------------------------------------------------
 
 def _pre_acts(ws, bs, xs):

@@ -1,4 +1,4 @@
-"""Tests of boundjax.privacy: mechanisms (spec §3 checks 11-13), ensembles, accounting (15)."""
+"""Tests of boundjax.privacy: mechanisms, ensembles, accounting."""
 
 import itertools
 import math
