@@ -352,6 +352,59 @@ def soundness(n_sets: int) -> dict:
   return {"rows": out, "total": tot}
 
 
+def memory_floor(reps: int) -> dict:
+  """The per-sample memory floor of one AGT step on Fashion 128-32-1 (full batch), measured.
+
+  Bytes a step must move at least: the three per-sample arrays (nominal gradient, lower and
+  upper bound, ``3 b P`` float32 values) written once and read once by the sums and the top-k
+  selection. Bandwidth: the best of ``reps`` copies of a ``b P`` float32 array into a
+  preallocated one (``numpy.copyto``, read + write), and the same pass as one jitted XLA
+  element-wise map (what XLA's CPU back-end sustains for a fresh output). The step of the
+  setting of ``benchmarks/agt_privacy.py`` (k = 10) is timed in the same process; the ratio
+  step / floor is the remaining gap.
+  """
+  import sys
+  sys.path.insert(0, str(pathlib.Path(__file__).parent))
+  import agt_privacy
+  s = agt_privacy.setting("fashion")
+  cfg = dataclasses.replace(s["cfg"], k_private=10)
+  X, y = jnp.asarray(s["X"]), jnp.asarray(s["y"])
+  batch = cfg.batch_size
+  params = mlp.init(jax.random.PRNGKey(0), s["sizes"])
+  n_params = sum(int(np.size(v)) for v in jax.tree_util.tree_leaves(params))
+  values = batch * n_params
+  src = np.random.default_rng(0).random(values, dtype=np.float32)
+  dst = np.empty_like(src)
+  copy = min(_wall(lambda: np.copyto(dst, src)) for _ in range(reps))
+  fn = jax.jit(lambda x: x * 1.0001 + 0.5)
+  x = jnp.asarray(src)
+  fn(x).block_until_ready()
+  xla = min(_wall(lambda: fn(x).block_until_ready()) for _ in range(reps))
+  moved = 2 * 3 * values * 4                     # 3 b P float32 values, written and read once
+  step = jax.jit(agt.make_step(mlp.apply, cfg, "mlp"))
+  state = agt.init(params, cfg)
+  xb, yb = X[:batch], y[:batch]
+  jax.block_until_ready(step(state, xb, yb))
+  step_s = min(_wall(lambda: jax.block_until_ready(step(state, xb, yb))) for _ in range(reps))
+  bw_copy = 2 * values * 4 / copy
+  bw_xla = 2 * values * 4 / xla
+  return {"setting": f"fashion {'-'.join(map(str, s['sizes']))} b={batch}, k=10, "
+                     f"fragsize {cfg.fragsize}, sound={cfg.sound}",
+          "n_params": n_params, "bytes_per_step_floor": moved,
+          "bandwidth_copy_gb_s": bw_copy / 1e9, "bandwidth_xla_elementwise_gb_s": bw_xla / 1e9,
+          "floor_ms_at_copy_bandwidth": 1e3 * moved / bw_copy,
+          "floor_ms_at_xla_bandwidth": 1e3 * moved / bw_xla,
+          "step_ms": 1e3 * step_s,
+          "step_over_floor_copy": step_s / (moved / bw_copy),
+          "step_over_floor_xla": step_s / (moved / bw_xla)}
+
+
+def _wall(fn) -> float:
+  t = time.perf_counter()
+  fn()
+  return time.perf_counter() - t
+
+
 def main():
   global RESULTS
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -361,6 +414,8 @@ def main():
   ap.add_argument("--profile", action="store_true", help="per-fragment breakdown of one step")
   ap.add_argument("--public-task", action="store_true",
                   help="our side of the public-AGT comparison task (module docstring)")
+  ap.add_argument("--floor", action="store_true",
+                  help="the per-sample memory floor of a Fashion step against the step's time")
   ap.add_argument("--n-sets", type=int, default=64)
   ap.add_argument("--results", default=str(RESULTS), help="folder of the JSONs")
   a = ap.parse_args()
@@ -368,6 +423,11 @@ def main():
   RESULTS.mkdir(parents=True, exist_ok=True)
   if a.profile:
     profile(a.reps)
+    return
+  if a.floor:
+    res = {"provenance": record(), **memory_floor(max(a.reps, 3))}
+    print(json.dumps(res, indent=1))
+    (RESULTS / "agt_memory_floor.json").write_text(json.dumps(res, indent=1))
     return
   if a.public_task:
     res = {"provenance": record(), **public_task(a.reps)}
