@@ -90,3 +90,12 @@ def random_mlp(seed, sizes):
   return [{"kernel": jnp.asarray(rng.uniform(-1, 1, (a, b)) / np.sqrt(a)),
            "bias": jnp.asarray(rng.uniform(-1, 1, b) / np.sqrt(a))}
           for a, b in zip(sizes[:-1], sizes[1:])]
+
+
+def gaussian_blobs(n, d=4, classes=2, seed=0, sep=1.5):
+  """``n`` points of ``classes`` Gaussian blobs in ``d`` dimensions (unit spread, centres ~ N(0, sep^2))."""
+  rng = np.random.default_rng(seed)
+  y = rng.integers(0, classes, n)
+  centres = rng.normal(size=(classes, d)) * sep
+  X = centres[y] + rng.normal(size=(n, d))
+  return jnp.asarray(X), jnp.asarray(y)

@@ -15,6 +15,7 @@ import pytest
 from boundjax import agt
 from boundjax.agt import mlp, poison_attacks, poisoning, retrain
 from boundjax.interval import Interval
+from tests.helpers import gaussian_blobs
 
 
 @pytest.fixture(autouse=True)
@@ -22,13 +23,6 @@ def x64():
   with jax.enable_x64(True):
     yield
 
-
-def _blobs(n, d=4, classes=2, seed=0, sep=1.5):
-  rng = np.random.default_rng(seed)
-  y = rng.integers(0, classes, n)
-  centres = rng.normal(size=(classes, d)) * sep
-  X = centres[y] + rng.normal(size=(n, d))
-  return jnp.asarray(X), jnp.asarray(y)
 
 
 def _widths(bounds):
@@ -67,7 +61,7 @@ CASES = {
 
 def _case_data(case, n=160):
   classes = case["sizes"][-1] if case["loss"] == "cross_entropy" else 2
-  X, y = _blobs(n, classes=classes, sep=3.0 if classes > 2 else 1.5)
+  X, y = gaussian_blobs(n, classes=classes, sep=3.0 if classes > 2 else 1.5)
   if case["loss"] == "mse":
     y = jnp.tanh(X[:, 0] - X[:, 1])
   elif case["loss"] != "cross_entropy":
@@ -255,7 +249,7 @@ def test_mse_label_bounds(target):
 @pytest.mark.parametrize("kw", [dict(k_poison=2, epsilon=0.0), dict(k_poison=0, epsilon=0.1),
                                 dict(k_poison=3, epsilon=0.0, paired_poison=True)])
 def test_zero_budget_gives_the_nominal_box(kw):
-  X, y = _blobs(160)
+  X, y = gaussian_blobs(160)
   y = y.astype(jnp.float64)
   params = mlp.init(jax.random.PRNGKey(2), [4, 8, 1], jnp.float64)
   base = agt.Config(n_epochs=2, batch_size=80, learning_rate=0.5, fragsize=30)
@@ -267,7 +261,7 @@ def test_zero_budget_gives_the_nominal_box(kw):
 
 
 def test_positive_budget_widens_and_grows_with_epsilon():
-  X, y = _blobs(160)
+  X, y = gaussian_blobs(160)
   y = y.astype(jnp.float64)
   params = mlp.init(jax.random.PRNGKey(2), [4, 8, 1], jnp.float64)
   base = agt.Config(n_epochs=2, batch_size=80, learning_rate=0.5, k_poison=2)
@@ -280,7 +274,7 @@ def test_positive_budget_widens_and_grows_with_epsilon():
 def test_mlp_and_ibp_backends_agree_on_the_step():
   """Both back-ends (explicit passes, and the generic engine with the vector-Jacobian product
   for label sets) give boxes containing the shared nominal run after a step."""
-  X, y = _blobs(80, classes=3)
+  X, y = gaussian_blobs(80, classes=3)
   params = mlp.init(jax.random.PRNGKey(3), [4, 6, 3], jnp.float64)
   cfg = agt.Config(n_epochs=1, batch_size=80, learning_rate=0.5, loss="cross_entropy",
                    k_poison=2, epsilon=0.05, label_k_poison=1)
@@ -294,7 +288,7 @@ def test_mlp_and_ibp_backends_agree_on_the_step():
 
 
 def test_fragment_size_does_not_change_the_box():
-  X, y = _blobs(160, classes=3)
+  X, y = gaussian_blobs(160, classes=3)
   params = mlp.init(jax.random.PRNGKey(4), [4, 6, 3], jnp.float64)
   cfg = agt.Config(n_epochs=1, batch_size=80, learning_rate=0.5, loss="cross_entropy",
                    k_poison=2, epsilon=0.05, label_k_poison=1)
@@ -341,7 +335,7 @@ def test_paired_budget_is_the_max():
 
 
 def test_target_index_beyond_the_outputs_is_refused():
-  X, y = _blobs(20, classes=3)
+  X, y = gaussian_blobs(20, classes=3)
   params = mlp.init(jax.random.PRNGKey(0), [4, 5, 3], jnp.float64)
   cfg = agt.Config(n_epochs=1, batch_size=10, learning_rate=0.1, loss="cross_entropy",
                    label_k_poison=1, poison_target_idx=5)

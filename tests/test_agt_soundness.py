@@ -16,6 +16,7 @@ import pytest
 
 from boundjax import agt
 from boundjax.agt import mlp, retrain
+from tests.helpers import gaussian_blobs
 
 
 @pytest.fixture(autouse=True)
@@ -23,13 +24,6 @@ def x64():
   with jax.enable_x64(True):
     yield
 
-
-def _blobs(n, d=4, classes=2, seed=0, sep=1.5):
-  rng = np.random.default_rng(seed)
-  y = rng.integers(0, classes, n)
-  centres = rng.normal(size=(classes, d)) * sep
-  X = centres[y] + rng.normal(size=(n, d))
-  return jnp.asarray(X), jnp.asarray(y)
 
 
 def _check(report, min_certified=1):
@@ -59,7 +53,7 @@ CASES = {
 def test_retrained_models_stay_in_box_and_certificates_hold(name):
   case = CASES[name]
   classes = case["sizes"][-1] if case["loss"] == "cross_entropy" else 2
-  X, y = _blobs(240, classes=classes)
+  X, y = gaussian_blobs(240, classes=classes)
   if case["loss"] != "cross_entropy":
     y = y.astype(jnp.float64)
   params = mlp.init(jax.random.PRNGKey(1), case["sizes"], jnp.float64)
@@ -71,7 +65,7 @@ def test_retrained_models_stay_in_box_and_certificates_hold(name):
 
 def test_check_can_fail_with_a_too_small_box():
   """The k = 0 box (a single trajectory) must be violated by the k = 2 neighbours."""
-  X, y = _blobs(240)
+  X, y = gaussian_blobs(240)
   y = y.astype(jnp.float64)
   params = mlp.init(jax.random.PRNGKey(1), [4, 8, 1], jnp.float64)
   cfg2 = agt.Config(n_epochs=2, batch_size=120, k_private=2, clip_gamma=0.1, learning_rate=1.0)
@@ -87,7 +81,7 @@ def test_check_can_fail_with_a_too_small_box():
 
 def test_nominal_retrain_equals_agt_nominal():
   """Zero changes reproduce AGT's nominal trajectory exactly (the harness itself is right)."""
-  X, y = _blobs(240)
+  X, y = gaussian_blobs(240)
   y = y.astype(jnp.float64)
   params = mlp.init(jax.random.PRNGKey(2), [4, 6, 1], jnp.float64)
   cfg = agt.Config(n_epochs=2, batch_size=120, k_private=1, clip_gamma=0.2, learning_rate=0.5,
@@ -104,7 +98,7 @@ def test_nominal_retrain_equals_agt_nominal():
 @pytest.mark.parametrize("k", [1, 5, 10])
 @pytest.mark.parametrize("opt", [dict(), dict(optimizer="sgdm", momentum=0.9, nesterov=True)])
 def test_retraining_large(k, opt):
-  X, y = _blobs(1200, d=6, seed=k)
+  X, y = gaussian_blobs(1200, d=6, seed=k)
   y = y.astype(jnp.float64)
   params = mlp.init(jax.random.PRNGKey(k), [6, 32, 16, 1], jnp.float64)
   cfg = agt.Config(n_epochs=4, batch_size=400, k_private=k, clip_gamma=0.05, learning_rate=0.5,
@@ -127,7 +121,7 @@ def test_fixed_b_convention_needs_its_own_box():
   one addition at -gamma per batch. Thm 4.6's box (normalise="actual") holds the true-mean
   retraining but not the fixed-1/b one (excess gamma * lr / b per step); `retrain` refuses that
   pairing; the normalise="nominal" box holds both."""
-  X, _ = _blobs(48)
+  X, _ = gaussian_blobs(48)
   y = jnp.full((48,), 5.0)
   params = mlp.init(jax.random.PRNGKey(1), [4, 8, 1], jnp.float64)
   cfg = agt.Config(n_epochs=2, batch_size=8, k_private=1, clip_gamma=0.1, learning_rate=0.1,
