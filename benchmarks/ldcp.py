@@ -32,6 +32,7 @@ frequent). The exact hyper-network is exact for the pool. Timings are CPU wall-c
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pathlib
@@ -84,6 +85,10 @@ def parse(argv=None):
                       "with CROWN big-M, bounds shortcut off")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--full", action="store_true", help="train all |D| + 1 networks, k = 400")
+  p.add_argument("--train-processes", type=int, default=1,
+                 help="worker processes for the family's training (single-threaded XLA each)")
+  p.add_argument("--train-only", action="store_true",
+                 help="train (or resume) the family's checkpoints and stop; a later run loads them")
   p.add_argument("--checkpoint-dir", default=os.path.expanduser("~/.cache/boundjax/ldcp"))
   p.add_argument("--out", default=str(ROOT / "benchmarks/results/ldcp.json"))
   a = p.parse_args(argv)
@@ -117,7 +122,7 @@ def run_arch(name: str, ds, args) -> dict:
   order = np.random.default_rng(args.seed).permutation(n)
   pool = n if args.full else min(args.pool, n)
   pool_idx = order[:pool]
-  opt = ensembles.sgd(0.1, l1=1e-5)
+  opt = functools.partial(ensembles.sgd, 0.1, l1=1e-5)  # a factory: pickles to workers
   epochs = EPOCHS[name]
   suffix = "" if epochs == 10 else f"_e{epochs}"       # 10-epoch checkpoints keep their names
   ckpt = pathlib.Path(args.checkpoint_dir) / f"{name}_s{args.seed}_p{pool}{suffix}"
@@ -126,9 +131,13 @@ def run_arch(name: str, ds, args) -> dict:
   ens = ensembles.train_ensemble(
       model, init, opt, ds.x_train, ds.y_train, ensembles.leave_k_out(pool_idx), epochs=epochs,
       batch_size=1024, seed=args.seed, loss_fn=ensembles.binary_logistic_loss, chunk_size=128,
-      checkpoint_dir=ckpt)
+      checkpoint_dir=ckpt, workers=args.train_processes)
   train_s = time.perf_counter() - t0
   timing = ckpt / "train_seconds.json"
+  if args.train_only:
+    if fresh:
+      timing.write_text(json.dumps({"seconds": train_s}))
+    return dict(arch=name, trained=int(pool + 1), train_s=train_s, checkpoint=str(ckpt))
   if fresh:  # the pool was trained from scratch in this run: remember how long it took
     timing.write_text(json.dumps({"seconds": train_s}))
   elif timing.exists():  # loaded from the checkpoint: report the original training time
@@ -304,6 +313,9 @@ def main(argv=None):
   for name in args.archs.split(","):
     results.append(run_arch(name.strip(), ds, args))
   total = time.perf_counter() - t0
+  if args.train_only:
+    print(json.dumps(results, indent=1))
+    return
   doc = dict(
       provenance=record(),
       benchmark="ldcp (Sphynx Tables 1-2, Adult)", args=vars(args), total_seconds=total,
