@@ -103,7 +103,7 @@ def _check_box(net: Network, lo: np.ndarray, hi: np.ndarray) -> None:
     raise ValueError("bounds: input box must be finite with lower <= upper.")
 
 
-def _relax(L: np.ndarray, U: np.ndarray):
+def relu_relaxation(L: np.ndarray, U: np.ndarray):
   """CROWN ReLU relaxation: ``a_lo z <= relu(z) <= a_up z + c_up`` on ``[L, U]``."""
   act = L >= 0
   dead = U <= 0
@@ -130,7 +130,7 @@ def _crown_layer(net: Network, m: int, lo0, hi0, bounds: Bounds, radii) -> tuple
     A = _rm(lam, wc)  # coefficients on h_{m-1}
     for k in range(m - 1, -1, -1):
       L, U = bounds[k]
-      a_lo, a_up, c_up = _relax(L, U)
+      a_lo, a_up, c_up = relu_relaxation(L, U)
       pos, neg = np.maximum(A, 0), np.minimum(A, 0)
       # lower bound of A relu(z): positive coeffs use lower relaxation, negative the upper.
       coef = pos * a_lo + neg * a_up
