@@ -5,7 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from boundjax.agt import descent, mlp, train
+from boundjax import agt
+from boundjax.agt import descent, mlp, poisoning, train
+from boundjax.interval import Interval
 
 
 @pytest.fixture(autouse=True)
@@ -65,3 +67,43 @@ def test_streaming_sums_equal_dense_with_remainder_fragment(b, frag):
   rl, rh = descent.descent_bounds_dense(jnp.asarray(dl), jnp.asarray(du), 4, 1.0)
   np.testing.assert_allclose(np.asarray(lo), np.asarray(rl), rtol=1e-12, atol=1e-12)
   np.testing.assert_allclose(np.asarray(hi), np.asarray(rh), rtol=1e-12, atol=1e-12)
+
+
+def _fragment_setup(sizes=(3, 5, 3), b=23, seed=5):
+  rng = np.random.default_rng(seed)
+  params = mlp.init(jax.random.PRNGKey(seed), list(sizes), jnp.float64)
+  box = jax.tree_util.tree_map(
+      lambda p: Interval(p - 0.02 * rng.random(p.shape), p + 0.02 * rng.random(p.shape)), params)
+  x = jnp.asarray(rng.normal(size=(b, sizes[0])))
+  y = jnp.asarray(rng.integers(0, sizes[-1], b))
+  return params, box, x, y
+
+
+def _leaves(tree):
+  return jax.tree_util.tree_leaves(tree, is_leaf=lambda a: isinstance(a, Interval))
+
+
+@pytest.mark.parametrize("frag", [23, 5, 1])
+@pytest.mark.parametrize("poison", [False, True])
+def test_descent_directions_equal_the_sorted_batch(frag, poison):
+  """`descent_directions` (fragments through `descent.scan_fragments`: one fragment, a scan
+  with a remainder, single samples) against the dense sorted form of the whole batch: Thm 4.6
+  (`descent.descent_bounds_dense`) or the poisoning bound (`poisoning.descent_bounds_dense`)."""
+  params, box, x, y = _fragment_setup()
+  gamma, k = 0.3, 3
+  kw = dict(k_poison=k, epsilon=0.05) if poison else dict(k_private=k)
+  cfg = agt.Config(n_epochs=1, learning_rate=0.1, batch_size=23, loss="cross_entropy",
+                   clip_gamma=gamma, fragsize=frag, **kw)
+  d_n, d_l, d_u = agt.descent_directions(mlp.apply, cfg, "mlp", params, box, x, y)
+  g = descent.clip(train.nominal_grad_fn(mlp.apply, "cross_entropy")(params, x, y), gamma)
+  wp = mlp.grad_bounds(box, x, y, "cross_entropy")
+  iwp = mlp.grad_bounds(box, poisoning.input_box(x, 0.05), y, "cross_entropy")
+  for i, (gn, w, p) in enumerate(zip(_leaves(g), _leaves(wp), _leaves(iwp))):
+    if poison:
+      lo, hi = poisoning.descent_bounds_dense(w.lower, w.upper, p.lower, p.upper, k, gamma)
+    else:
+      lo, hi = descent.descent_bounds_dense(w.lower, w.upper, k, gamma)
+    np.testing.assert_allclose(_leaves(d_n)[i], jnp.mean(gn, 0), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(_leaves(d_l)[i], lo, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(_leaves(d_u)[i], hi, rtol=1e-12, atol=1e-15)
+    assert np.all(np.asarray(lo) <= np.asarray(hi)) and np.any(np.asarray(lo) < np.asarray(hi))

@@ -46,7 +46,7 @@ exactly by a two-level search (`topk_leading`): group maxima first, then only th
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +56,7 @@ from boundjax.interval import Interval
 Array = jax.Array
 Normalise = Literal["actual", "nominal"]
 Neighbourhood = Literal["add_remove", "remove"]
+_is_iv = lambda x: isinstance(x, Interval)  # noqa: E731
 NORMALISATIONS = ("actual", "nominal")
 NEIGHBOURHOODS = ("add_remove", "remove")
 
@@ -232,6 +233,47 @@ def accumulate(acc: Accumulator, g_n: Array, d_l: Array, d_u: Array, mask: Array
   top_l = topk_leading(cand_l, k, acc.top_l)
   bot_u = topk_leading(cand_u, k, acc.bot_u, largest=False)
   return Accumulator(sum_n, sum_l, sum_u, top_l, bot_u, sum_abs)
+
+
+def scan_fragments(params: Any, xs: Array, ys: Array, fragsize: int,
+                   init_leaf: Callable[[Array], Any],
+                   per_sample: Callable[[Array, Array], tuple[Any, ...]],
+                   merge_leaf: Callable[..., Any],
+                   finalize_leaf: Callable[[Any], tuple[Array, Array, Array]]
+                   ) -> tuple[Any, Any, Any]:
+  """The streaming form of a batch's descent-direction bound (AGT, Thm 4.6 in §4.2; the
+  poisoning bound of `boundjax.agt.poisoning` has the same shape), for any accumulator.
+
+  The batch ``xs, ys`` (leading axis = b samples) is cut into fragments of ``min(fragsize, b)``
+  samples: a ``lax.scan`` over the full fragments, then the remainder on its own (no padding, so
+  no masking is needed). Per fragment, ``per_sample(x, y)`` returns a tuple of pytrees shaped
+  like ``params`` (per-sample gradients and their bounds, leading axis = sample; `Interval`
+  leaves allowed), and ``merge_leaf(acc, *leaves)`` folds one parameter leaf's values into its
+  accumulator (``init_leaf(param_leaf)`` at the start). ``finalize_leaf(acc)`` turns each
+  accumulator into ``(D_n, D_L, D_U)``; the result is that triple as three pytrees like
+  ``params``. Memory is O(fragsize * #params) plus the accumulators, whatever b.
+  """
+  b = xs.shape[0]
+  f = min(fragsize, b)
+  nf, rem = divmod(b, f)
+  tdef = jax.tree_util.tree_structure(params)
+  acc0 = [init_leaf(p) for p in jax.tree_util.tree_leaves(params)]
+
+  def merge(acc: list, x: Array, y: Array) -> list:
+    trees = per_sample(x, y)
+    leaves = [jax.tree_util.tree_leaves(t, is_leaf=_is_iv) for t in trees]
+    return [merge_leaf(a, *ls) for a, *ls in zip(acc, *leaves)]
+
+  xf = xs[: nf * f].reshape((nf, f) + xs.shape[1:])
+  yf = ys[: nf * f].reshape((nf, f) + ys.shape[1:])
+  if nf == 1:
+    acc = merge(acc0, xf[0], yf[0])
+  else:
+    acc, _ = jax.lax.scan(lambda a, xy: (merge(a, *xy), None), acc0, (xf, yf))
+  if rem:
+    acc = merge(acc, xs[nf * f:], ys[nf * f:])
+  fin = [finalize_leaf(a) for a in acc]
+  return tuple(tdef.unflatten([t[i] for t in fin]) for i in range(3))
 
 
 def rounding_margin(acc: Accumulator, b: int, gamma: float, remove_only: bool = False) -> Array:

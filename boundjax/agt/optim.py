@@ -182,6 +182,26 @@ def _l1_step(t_l, t_u, t_n, lam):
   return lo, hi, t_n - lam * jnp.sign(t_n)
 
 
+def _descend(a: Array, sound: bool, start: tuple[Any, Any, Any], step: tuple[Any, Any, Any],
+             t_l: Any, t_u: Any, *extra: Any) -> tuple[Any, Any, Any]:
+  """The interval descent step (AGT, Alg. 1 line 10): from ``start = (s_n, s_L, s_U)`` along
+  ``step = (u_n, u_L, u_U)``,
+
+      theta <- s_n - a u_n,   theta_L <- s_L - a u_U,   theta_U <- s_U - a u_L
+
+  (the lower end moves by the *upper* bound of the direction). With ``sound`` the new box is
+  widened by `_outward` over the old box ``[t_l, t_u]``, the two steps ``a u_U``, ``a u_L``
+  and any ``extra`` terms. Returns ``(theta, theta_L, theta_U)``.
+  """
+  (s_n, s_l, s_u), (u_n, u_l, u_u) = start, step
+  new_n = _tm(lambda p, g: p - a * g, s_n, u_n)
+  new_l = _tm(lambda p, g: p - a * g, s_l, u_u)
+  new_u = _tm(lambda p, g: p - a * g, s_u, u_l)
+  new_l, new_u = _outward(sound, new_l, new_u, t_l, t_u, _tm(lambda g: a * g, u_u),
+                          _tm(lambda g: a * g, u_l), *extra)
+  return new_n, new_l, new_u
+
+
 def _zero_count() -> Array:
   return jnp.zeros((), jnp.int32)
 
@@ -228,11 +248,7 @@ def bounded_sgd(learning_rate: LearningRate, *, l1_reg: float = 0.0, l2_reg: flo
       s_l = _tm(lambda l, u: jnp.where(s >= 0, s * l, s * u), t_l, t_u)
       s_u = _tm(lambda l, u: jnp.where(s >= 0, s * u, s * l), t_l, t_u)
       s_n = _tm(lambda p: s * p, t_n)
-    new_n = _tm(lambda p, g: p - a * g, s_n, d_n)
-    new_l = _tm(lambda p, g: p - a * g, s_l, d_u)
-    new_u = _tm(lambda p, g: p - a * g, s_u, d_l)
-    new_l, new_u = _outward(sound, new_l, new_u, t_l, t_u, _tm(lambda g: a * g, d_u),
-                            _tm(lambda g: a * g, d_l))
+    new_n, new_l, new_u = _descend(a, sound, (s_n, s_l, s_u), (d_n, d_l, d_u), t_l, t_u)
     return (ParamBox(new_n, join_tree(new_l, new_u)),
             state._replace(count=state.count + 1))
   return BoundedTransformation(init, update)
@@ -285,11 +301,7 @@ def bounded_sgdm(learning_rate: LearningRate, *, momentum: float, dampening: flo
                        for g, v in ((g_n, v_n), (g_l, v_l), (g_u, v_u)))
     else:
       u_n, u_l, u_u = v_n, v_l, v_u
-    new_n = _tm(lambda p, u: p - a * u, t_n, u_n)
-    new_l = _tm(lambda p, u: p - a * u, t_l, u_u)
-    new_u = _tm(lambda p, u: p - a * u, t_u, u_l)
-    new_l, new_u = _outward(sound, new_l, new_u, t_l, t_u, _tm(lambda u: a * u, u_u),
-                            _tm(lambda u: a * u, u_l))
+    new_n, new_l, new_u = _descend(a, sound, (t_n, t_l, t_u), (u_n, u_l, u_u), t_l, t_u)
     return (ParamBox(new_n, join_tree(new_l, new_u)),
             BoundedState(state.count + 1, (v_n,), (v_l,), (v_u,)))
   return BoundedTransformation(init, update)
@@ -460,14 +472,11 @@ def bounded_adam(learning_rate: LearningRate, *, b1: float = 0.9, b2: float = 0.
       new_n = _tm(step, t_n, u_n)
       new_l = _tm(lambda l, h, u: jnp.minimum(step(l, u), step(h, u)), t_l, t_u, u_hi)
       new_u = _tm(lambda l, h, u: jnp.maximum(step(l, u), step(h, u)), t_l, t_u, u_lo)
-      extra = (_tm(lambda p: a * wd * p, t_l), _tm(lambda p: a * wd * p, t_u))
+      new_l, new_u = _outward(sound, new_l, new_u, t_l, t_u, _tm(lambda u: a * u, u_hi),
+                              _tm(lambda u: a * u, u_lo), _tm(lambda p: a * wd * p, t_l),
+                              _tm(lambda p: a * wd * p, t_u))
     else:
-      new_n = _tm(lambda p, u: p - a * u, t_n, u_n)
-      new_l = _tm(lambda p, u: p - a * u, t_l, u_hi)
-      new_u = _tm(lambda p, u: p - a * u, t_u, u_lo)
-      extra = ()
-    new_l, new_u = _outward(sound, new_l, new_u, t_l, t_u, _tm(lambda u: a * u, u_hi),
-                            _tm(lambda u: a * u, u_lo), *extra)
+      new_n, new_l, new_u = _descend(a, sound, (t_n, t_l, t_u), (u_n, u_lo, u_hi), t_l, t_u)
     new_state = BoundedState(count, (m_n, v_n),
                              (leaves(lambda r: r.m_lo), leaves(lambda r: r.v_lo)),
                              (leaves(lambda r: r.m_hi), leaves(lambda r: r.v_hi)))

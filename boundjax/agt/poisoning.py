@@ -263,36 +263,20 @@ def descent_directions(config: Config, gfn: Callable, bfn: Callable, pfn: Callab
 
   ``gfn(params, xs, ys)``: nominal per-sample gradients; ``bfn(box, xs, ys)``: clean bounds;
   ``pfn(box, xs, ys)``: poisoned bounds (`poisoned_grad_bounds_fn`). Fragments of
-  ``config.fragsize`` samples as in `boundjax.agt.train.descent_directions`.
+  ``config.fragsize`` samples (`boundjax.agt.descent.scan_fragments`), as in
+  `boundjax.agt.train.descent_directions`.
   """
   b = xs.shape[0]
   k, gamma = config.poison_budget, config.gamma
   if k >= b:
     raise ValueError(f"AGT poisoning step: {k} poisoned samples per batch must be < batch size "
                      f"({b}).")
-  f = min(config.fragsize, b)
-  nf, rem = divmod(b, f)
-  acc0 = jax.tree_util.tree_map(lambda p: init_accumulator(p, k), params)
-  tdef = jax.tree_util.tree_structure(params)
 
-  def merge(acc, x, y):
-    g = descent.clip(gfn(params, x, y), gamma)
-    wp = descent.clip(bfn(box, x, y), gamma)
-    iwp = descent.clip(pfn(box, x, y), gamma)
-    leaves = zip(tdef.flatten_up_to(acc), jax.tree_util.tree_leaves(g),
-                 jax.tree_util.tree_leaves(wp, is_leaf=_is_iv),
-                 jax.tree_util.tree_leaves(iwp, is_leaf=_is_iv))
-    new = [accumulate(a, gn, w.lower, w.upper, p.lower, p.upper, track_abs=config.sound)
-           for a, gn, w, p in leaves]
-    return tdef.unflatten(new)
+  def per_sample(x, y):
+    return (descent.clip(gfn(params, x, y), gamma), descent.clip(bfn(box, x, y), gamma),
+            descent.clip(pfn(box, x, y), gamma))
 
-  xf = xs[: nf * f].reshape((nf, f) + xs.shape[1:])
-  yf = ys[: nf * f].reshape((nf, f) + ys.shape[1:])
-  if nf == 1:
-    acc = merge(acc0, xf[0], yf[0])
-  else:
-    acc, _ = jax.lax.scan(lambda a, xy: (merge(a, *xy), None), acc0, (xf, yf))
-  if rem:
-    acc = merge(acc, xs[nf * f:], ys[nf * f:])
-  fin = [finalize(a, b, config.sound) for a in tdef.flatten_up_to(acc)]
-  return tuple(tdef.unflatten([t[i] for t in fin]) for i in range(3))
+  def merge_leaf(acc, g_n, wp, iwp):
+    return accumulate(acc, g_n, wp.lower, wp.upper, iwp.lower, iwp.upper, track_abs=config.sound)
+  return descent.scan_fragments(params, xs, ys, config.fragsize, lambda p: init_accumulator(p, k),
+                                per_sample, merge_leaf, lambda a: finalize(a, b, config.sound))
