@@ -2,6 +2,7 @@
 
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/vnncomp.py                 # every instance
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/vnncomp.py --category acasxu --limit 10
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/vnncomp.py --match "1_9_batch_2000.onnx acasxu/prop_7."
 
 Runs `milp.complete.run_instances` on ``instances.csv`` of the shared folder (per-category time
 limits: ACAS Xu 60 s, MNIST 120 s, the targets of the issue), then — only after every instance has
@@ -38,19 +39,24 @@ def parse(argv=None) -> argparse.Namespace:
   p.add_argument("--root", default=str(SHARED), help="folder holding instances.csv")
   p.add_argument("--category", nargs="*", default=None, help="acasxu and/or mnistfc (default both)")
   p.add_argument("--limit", type=int, default=None, help="first N instances of each category")
+  p.add_argument("--match", nargs="*", default=None,
+                 help="only instances whose 'onnx vnnlib' contains one of these substrings, "
+                      "e.g. '2_7_batch_2000.onnx acasxu/prop_1.'")
   p.add_argument("--timeout-acasxu", type=float, default=TIMEOUTS["acasxu"])
   p.add_argument("--timeout-mnistfc", type=float, default=TIMEOUTS["mnistfc"])
   p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vnncomp.json"))
   return p.parse_args(argv)
 
 
-def instances(root: Path, categories, limit) -> list[dict]:
+def instances(root: Path, categories, limit, match=None) -> list[dict]:
   """Rows of instances.csv without their verdicts (those are read back only to score)."""
   with open(root / "instances.csv") as f:
     rows = [{"category": r["category"], "onnx": r["onnx"], "vnnlib": r["vnnlib"]}
             for r in csv.DictReader(f)]
   if categories:
     rows = [r for r in rows if r["category"] in categories]
+  if match:
+    rows = [r for r in rows if any(m in f"{r['onnx']} {r['vnnlib']}" for m in match)]
   if limit:
     rows = [r for c in dict.fromkeys(r["category"] for r in rows)
             for r in [q for q in rows if q["category"] == c][:limit]]
@@ -101,7 +107,7 @@ def main(argv=None) -> dict:
   from milp.complete import run_instances
   root = Path(a.root)
   meta = record()
-  rows = instances(root, a.category, a.limit)
+  rows = instances(root, a.category, a.limit, a.match)
   results = []
   for cat in dict.fromkeys(r["category"] for r in rows):
     batch = [r for r in rows if r["category"] == cat]
@@ -127,7 +133,7 @@ def main(argv=None) -> dict:
   meta["machine"]["load_average_after"] = __import__("os").getloadavg()
   doc = {"provenance": meta,
          "timeouts": {"acasxu": a.timeout_acasxu, "mnistfc": a.timeout_mnistfc},
-         "subset": {"category": a.category, "limit": a.limit}, "summary": summary,
+         "subset": {"category": a.category, "limit": a.limit, "match": a.match}, "summary": summary,
          "timing": TIMING, "instances": results}
   out.write_text(json.dumps(doc, indent=2))
   cactus(results, out.with_name(out.stem + "_cactus.png"))

@@ -339,3 +339,63 @@ def test_shared_instances_fast(onnx_path, vnnlib_path):
 @pytest.mark.parametrize("row", _rows(), ids=lambda r: f"{r['onnx']}-{r['vnnlib']}")
 def test_shared_instances_all(row):
   _check_instance(row, timeout=60.0 if row["category"] == "acasxu" else 120.0)
+
+
+def test_jacobians_match_the_network():
+  """`attack.jacobians`: outputs equal the float64 forward pass, and on the linear piece the
+  Jacobian predicts the output at a nearby point (central differences, float64)."""
+  _, _, net = _mlp(11, (3, 16, 16, 4))
+  Ws = [np.asarray(l.w_lower, np.float64) for l in net.layers]
+  bs = [np.asarray(l.b_lower, np.float64) for l in net.layers]
+  xs = np.random.default_rng(0).uniform(-1, 1, size=(200, 3))
+  y, J = attack.jacobians(Ws, bs, xs)
+  np.testing.assert_allclose(y, _fwd(net, xs), rtol=1e-12, atol=1e-12)
+  def pattern(x):
+    h, pat = x, []
+    for w, b in zip(Ws[:-1], bs[:-1]):
+      h = h @ w.T + b
+      pat.append(h > 0)
+      h = np.maximum(h, 0.0)
+    return np.concatenate(pat, axis=1)
+
+  step = 1e-6
+  for k in range(3):
+    e = np.zeros(3)
+    e[k] = step
+    fd = (_fwd(net, xs + e) - _fwd(net, xs - e)) / (2 * step)
+    inside = np.all(pattern(xs + e) == pattern(xs), 1) & np.all(pattern(xs - e) == pattern(xs), 1)
+    assert inside.mean() > 0.9
+    np.testing.assert_allclose(fd[inside], J[inside, :, k], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sample_and_local_search_find_thin_violations(seed):
+  """The sampling + LP falsifier on properties violated only on a thin sliver (threshold just
+  above the true minimum of a dense grid): whatever it returns lies in the box and violates the
+  property in float64; with a threshold below the grid minimum minus the grid's resolution
+  error it returns None (nothing to find); and it finds the sliver of the first kind."""
+  from milp.complete.outcome import Deadline
+  apply_fn, params, net = _mlp(30 + seed, (2, 16, 16, 3))
+  Ws = [np.asarray(l.w_lower, np.float64) for l in net.layers]
+  bs = [np.asarray(l.b_lower, np.float64) for l in net.layers]
+  rng = np.random.default_rng(seed)
+  lo, hi = np.array([-1.0, -1.0]), np.array([1.0, 1.0])
+  g = _grid(lo, hi, 1001)
+  c = rng.normal(size=(2, 3))
+  vals = (_fwd(net, g) @ c.T).max(1)
+  replay = attack.Replayer(apply_fn, params, (2,))
+  found = 0
+  for d0, expect in ((vals.min() + 1e-4, True), (vals.min() - 0.05, False)):
+    region = Region(lo, hi, (Disjunct(c, np.full(2, d0)),))
+    hit = attack.sample_search(Ws, bs, region, replay, Deadline(30.0), samples=20_000,
+                               chunk=10_000, top=8, key=seed)
+    if hit is not None:
+      x, y = hit
+      assert np.all(x >= lo) and np.all(x <= hi)
+      np.testing.assert_allclose(y, _fwd(net, x[None])[0], rtol=1e-12, atol=1e-12)
+      assert np.all(c @ y - d0 <= 0)
+      found += expect
+    if not expect:
+      # the grid's minimum is within (Lipschitz x spacing) of the true minimum; 0.05 is far more
+      assert hit is None
+  assert found == 1

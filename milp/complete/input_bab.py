@@ -85,12 +85,29 @@ def combined_rows(disjunct: Disjunct, max_rows: int = 8) -> tuple[np.ndarray, np
   return np.concatenate([C, np.array(rows)]), np.concatenate([d, np.array(ds)])
 
 
+def _search_records(Wb, region: Region, cand: np.ndarray, y: np.ndarray, best: float,
+                    replay: Any, deadline: Deadline, per_batch: int = 2):
+  """LP local search (`attack.local_search`) from the counterexample candidates whose loss
+  ``min_disjunct max_i C_i y - d_i`` beats every candidate seen so far (at most ``per_batch``
+  of them): the open boxes with the lowest bounds close in on the violations, and a thin
+  violating sliver that their centres and corners miss is found by the LP from a nearby point
+  (ACAS Xu 1_9 prop_7). Returns ``(hit or None, best loss so far)``."""
+  from milp.complete import attack
+  loss = np.min([np.max(y @ dj.C.T - dj.d, axis=1) for dj in region.disjuncts], axis=0)
+  order = np.argsort(loss)[:per_batch]
+  order = order[loss[order] < best]
+  if not order.size:
+    return None, best
+  hit = attack.local_search(Wb[0], Wb[1], region, cand[order], replay, deadline, iters=8)
+  return hit, float(loss[order[0]])
+
+
 def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequence[Disjunct],
                 replay: Any,
                 deadline: Deadline, *, sound: bool = True, batch: int = 1024,
                 intermediate: str = "crown", alpha_steps: int = 0, max_boxes: int = 2_000_000,
                 progress: Any = None, reuse_bounds: bool | str = True,
-                combine: bool = True) -> tuple[str, Any, int]:
+                combine: bool = True, local_search: bool = True) -> tuple[str, Any, int]:
   """Input-splitting BaB for one region and one disjunct, or several at once.
 
   With several disjuncts, every box is bounded on all their rows in one pass (the intermediate
@@ -103,7 +120,7 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
   ``reuse_bounds``: a box's intermediate bounds are intersected with its parent's (valid on
   the parent box, hence on the child): ``"layer"`` (or True, default) or ``"post"``, see
   `layered.crown_batch`'s ``prior_mode``; False: not at all. ``combine``: also bound sums of
-  rows (`combined_rows`).
+  rows (`combined_rows`). ``local_search``: run `_search_records` on the candidates.
   """
   if reuse_bounds not in (True, False, "layer", "post"):
     raise ValueError(f"input_split: reuse_bounds must be True, False, 'layer' or 'post', got "
@@ -126,6 +143,8 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
   pending = 1
   nodes = 0
   use_prior = reuse_bounds and not alpha_steps
+  Wb = ([np.asarray(w) for w in lay.Ws], [np.asarray(b) for b in lay.bs])
+  best_loss = np.inf
   while pending:
     if deadline.expired():
       return "timeout", None, nodes
@@ -184,6 +203,10 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
     viol = np.any([dj.violated_by(y) for dj in disjuncts], axis=0)
     if np.any(viol):
       hit = replay.find(sub, cand[viol])
+      if hit is not None:
+        return "sat", hit, nodes
+    if local_search:
+      hit, best_loss = _search_records(Wb, sub, cand, y, best_loss, replay, deadline)
       if hit is not None:
         return "sat", hit, nodes
     lo1, hi1, lo2, hi2 = split_boxes(lo, hi, lam)
