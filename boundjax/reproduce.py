@@ -148,11 +148,20 @@ def compare_agt_privacy(doc: dict) -> list[Row]:
   for name, r in doc.items():
     if not isinstance(r, dict) or "certified_fraction" not in r:
       continue
-    rows.append((f"{name}: nominal accuracy", "-", _round(r.get("nominal_accuracy")), ""))
+    rows.append((f"{name}: nominal accuracy", (r.get("paper") or {}).get("nominal_accuracy", "-"),
+                 _round(r.get("nominal_accuracy")), ""))
     ew = r.get("eps_within_1pt") or {}
     if ew:
-      rows.append((f"{name}: eps within 1 pt, GS / SS", "-",
+      rows.append((f"{name}: eps within 1 pt, GS / SS", "ratio ~10",
                    f"{_round(ew.get('gs'))} / {_round(ew.get('ss'))}", "stand-in data"))
+    f5 = r.get("fig5_check") or {}
+    if f5:
+      rows.append((f"{name}: Fig. 5, queries where private prediction beats DP-SGD",
+                   "-" if name == "blobs" else "Q < 100",
+                   ", ".join(map(str, f5.get("private_beats_dpsgd_at_Q") or [])) or "none",
+                   f5.get("why", "")))
+    if r.get("stale"):
+      rows.append((f"{name}: stale", "-", "-", r["stale"]))
   return rows
 
 

@@ -1,0 +1,152 @@
+"""benchmarks/agt_privacy.py: merging ``--only`` runs into one JSON, the Fig. 5 check, and the
+stored results (AGT, Figs. 2 and 5).
+
+The JSON checks read `benchmarks/results/agt_privacy.json` and recompute what the script derives
+from its own stored curves (certified fractions from the k_max histogram, the Fig. 5 verdict from
+the budget table), so a hand edit or a stale merge shows up.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import agt_privacy as AP  # noqa: E402
+
+RESULT = ROOT / "benchmarks" / "results" / "agt_privacy.json"
+PROV_A = {"command": "python benchmarks/agt_privacy.py --only blobs,fashion", "commit": "a" * 40}
+PROV_B = {"command": "python benchmarks/agt_privacy.py --only amazon", "commit": "b" * 40}
+
+
+def _entry(name, **kw):
+  return {"setting": name, "nominal_accuracy": 0.5, **kw}
+
+
+def test_merge_keeps_other_entries_and_their_provenance():
+  old = {"blobs": _entry("blobs"), "fashion": _entry("fashion"),
+         "amazon": _entry("amazon", stale="not re-run"), "provenance": PROV_A}
+  new = AP.merge_results(old, "amazon", _entry("amazon", nominal_accuracy=0.7), PROV_B)
+  assert set(new) == {"blobs", "fashion", "amazon", "provenance"}
+  # the regenerated entry: new numbers, own provenance, no stale mark
+  assert new["amazon"]["nominal_accuracy"] == 0.7 and "stale" not in new["amazon"]
+  assert new["amazon"]["provenance"] == PROV_B
+  # the others keep their numbers and get the provenance of the run that made them
+  for name in ("blobs", "fashion"):
+    assert new[name]["nominal_accuracy"] == 0.5 and new[name]["provenance"] == PROV_A
+  assert new["provenance"] == PROV_B
+  # a second merge leaves the per-entry records alone
+  again = AP.merge_results(new, "blobs", _entry("blobs", nominal_accuracy=0.9), PROV_A)
+  assert again["amazon"]["provenance"] == PROV_B and again["fashion"]["provenance"] == PROV_A
+  assert again["blobs"]["nominal_accuracy"] == 0.9
+  assert old["amazon"]["stale"] == "not re-run"          # the input is not mutated
+
+
+def test_merge_keeps_a_stale_mark_it_cannot_vouch_for():
+  old = {"amazon": _entry("amazon", stale="old"), "provenance": PROV_A}
+  new = AP.merge_results(old, "blobs", _entry("blobs"), PROV_B)
+  assert new["amazon"]["stale"] == "old" and "provenance" not in new["amazon"]
+
+
+def test_fig5_check_against_hand_computed_cases():
+  budget = {"Q": [1, 10, 100], "single_gs": [0.80, 0.70, 0.55], "single_ss": [0.82, 0.60, 0.5],
+            "ensemble_gs": [0.79, 0.75, 0.6], "ensemble_ss": [0.70, 0.65, 0.5]}
+  c = AP.fig5_check(budget, nominal=0.83, ensemble_acc=0.80, dpsgd_acc=0.74)
+  assert c["best_private_by_Q"] == [0.82, 0.75, 0.6]
+  assert c["private_beats_dpsgd_at_Q"] == [1, 10]
+  assert c["noise_free_ceiling"] == 0.83 and "below" in c["why"]
+  c = AP.fig5_check(budget, nominal=0.83, ensemble_acc=0.80, dpsgd_acc=0.841)
+  assert c["private_beats_dpsgd_at_Q"] == [] and "cannot beat it at any Q" in c["why"]
+
+
+def test_eps_for_accuracy_needs_the_whole_tail():
+  curve = np.ones(len(AP.EPS_GRID))
+  curve[:5] = 0.0
+  curve[7] = 0.0                      # a dip later on: the tail starts after it
+  assert AP.eps_for_accuracy(curve, 0.5) == pytest.approx(AP.EPS_GRID[8])
+  assert AP.eps_for_accuracy(np.zeros(len(AP.EPS_GRID)), 0.5) is None
+
+
+def test_tuning_rule_picks_the_best_eligible_row():
+  rows = [dict(val_accuracy=0.80, n_epochs=3, learning_rate=2.0, val_certified={0: 0.90, 2: 0.9}),
+          dict(val_accuracy=0.75, n_epochs=2, learning_rate=8.0, val_certified={0: 0.99, 2: 0.4}),
+          dict(val_accuracy=0.72, n_epochs=3, learning_rate=2.0, val_certified={0: 0.96, 2: 0.6}),
+          dict(val_accuracy=0.72, n_epochs=2, learning_rate=8.0, val_certified={0: 0.97, 2: 0.5})]
+  assert AP.choose_amazon(rows) is rows[3]       # tie on accuracy -> fewer epochs
+  assert AP.choose_amazon(rows[:2]) is None
+
+
+@pytest.fixture(scope="module")
+def stored():
+  return json.loads(RESULT.read_text())
+
+
+def test_stored_json_holds_every_setting_with_its_own_provenance(stored):
+  for name in ("blobs", "fashion", "amazon"):
+    r = stored[name]
+    assert "stale" not in r, f"{name} is marked stale"
+    assert r["provenance"]["command"].startswith("python benchmarks/agt_privacy.py"), name
+    assert r["provenance"]["command"].split("--only ")[1].split()[0].count(name) == 1, name
+  assert stored["amazon"]["paper"] == AP.PAPER["amazon"]
+
+
+def test_stored_certified_fractions_match_the_kmax_histogram(stored):
+  """k_max(x) is the largest k of the grid at which x is certified, so P(k_max >= k) is at least
+  the fraction certified at k, with equality at the largest k of the grid (the two are the same
+  data seen twice)."""
+  for name in ("blobs", "fashion", "amazon"):
+    r = stored[name]
+    hist = {int(k): c for k, c in r["kmax_hist"].items()}
+    n = sum(hist.values())
+    assert n == r["n_test"]
+    frac = {int(k): f for k, f in r["certified_fraction"].items()}
+    for k, f in frac.items():
+      if k > 0:
+        assert f <= sum(c for kk, c in hist.items() if kk >= k) / n + 1e-9, (name, k)
+    top = max(frac)
+    assert frac[top] == pytest.approx(hist.get(top, 0) / n, abs=1e-9), name
+
+
+def test_stored_fig5_verdicts_follow_from_the_budget_table(stored):
+  for name in ("blobs", "fashion", "amazon"):
+    r = stored[name]
+    want = AP.fig5_check(r["budget"], r["nominal_accuracy"], r["ensemble_majority_accuracy"],
+                         r["dpsgd"]["accuracy"])
+    assert r["fig5_check"] == want, name
+  f = stored["fashion"]["fig5_check"]
+  assert f["private_beats_dpsgd_at_Q"] == [] and f["dpsgd"] >= f["noise_free_ceiling"]
+
+
+def test_stored_amazon_entry_certifies_and_decays(stored):
+  r = stored["amazon"]
+  frac = {int(k): v for k, v in r["certified_fraction"].items()}
+  ks = sorted(frac)
+  assert frac[0] >= 0.9
+  assert all(frac[a] >= frac[b] for a, b in zip(ks, ks[1:]))   # monotone in k
+  assert frac[ks[-1]] < frac[0]
+  assert r["nominal_accuracy"] > 0.658 + 0.02                    # above the majority class
+  assert r["config"]["batch_size"] == r["n_train"]               # full batch
+  tune = json.loads((RESULT.parent / "agt_privacy_amazon_tuning.json").read_text())
+  chosen = tune["chosen"]
+  assert chosen == AP.choose_amazon(tune["rows"])
+  for key in ("n_epochs", "learning_rate", "clip_gamma", "optimizer"):
+    assert r["config"][key] == chosen[key], key
+  assert r["sizes"][0] == chosen["dim"]
+
+
+def test_reproduce_rows_state_the_fig5_verdict_and_no_stale_note(stored):
+  from boundjax import reproduce
+  rows = {r[0]: r for r in reproduce.compare_agt_privacy(stored)}
+  f5 = stored["fashion"]["fig5_check"]
+  row = rows["fashion: Fig. 5, queries where private prediction beats DP-SGD"]
+  assert row[1] == "Q < 100" and row[3] == f5["why"]
+  beats = stored["amazon"]["fig5_check"]["private_beats_dpsgd_at_Q"]
+  assert rows["amazon: Fig. 5, queries where private prediction beats DP-SGD"][2] == (
+      ", ".join(map(str, beats)) or "none")
+  assert not any(k.endswith(": stale") for k in rows)
+  assert rows["amazon: nominal accuracy"][1] == AP.PAPER["amazon"]["nominal_accuracy"]
