@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 from typing import Any, Callable, Literal, Optional, Union
 
 import jax
@@ -319,22 +318,3 @@ def train(apply_fn: Callable, params: Any, x: Any, y: Any, *, loss: str, learnin
   run = jax.jit(lambda p, b: training.train(grad_fn, tx, p, x, y, b))
   return DPSGDResult(run(params, batches), float(eps), float(delta), float(noise_multiplier),
                      sched, mode, ACCOUNTING[mode])
-
-
-def train_dpsgd(model_apply: Callable, params: Any, X: Any, y: Any, *, loss: str,
-                learning_rate: float, epochs: int, batch_size: int, l2_norm_clip: float,
-                noise_multiplier: float | None = None, target_eps: float | None = None,
-                delta: float = 1e-5, momentum: float | None = None, nesterov: bool = False,
-                seed: int = 0, progress: bool = False) -> tuple[Any, float, float]:
-  """Deprecated: `train` with ``epsilon=target_eps``; returns ``(params, eps, noise_multiplier)``.
-  """
-  del progress
-  warnings.warn("dpsgd.train_dpsgd is deprecated; use dpsgd.train(apply_fn, params, x, y, ..., "
-                "epsilon=...) which returns a DPSGDResult.", DeprecationWarning, stacklevel=2)
-  if (noise_multiplier is None) == (target_eps is None):
-    raise ValueError("train_dpsgd: give exactly one of noise_multiplier and target_eps.")
-  r = train(model_apply, params, X, y, loss=loss, learning_rate=learning_rate,
-            l2_norm_clip=l2_norm_clip, epochs=epochs, batch_size=batch_size,
-            noise_multiplier=noise_multiplier, epsilon=target_eps, delta=delta,
-            momentum=momentum, nesterov=nesterov, seed=seed)
-  return r.params, r.epsilon, r.noise_multiplier

@@ -269,15 +269,10 @@ def test_nested_calls_fanout_clip_and_pytrees():
   assert_inside(out["mean"], ys["mean"], what="mean")
 
 
-def test_sound_fp_is_a_deprecated_alias_of_sound():
-  model = MLP((8,), 2)
-  params = _init(model, (4,), 3)
-  box = bj.Interval.around(jax.random.uniform(jax.random.PRNGKey(3), (2, 4)), 0.1)
-  with pytest.warns(DeprecationWarning, match="sound="):
-    old = crown(model.apply, sound_fp=True)(params, box)
-  new = crown(model.apply, sound=True)(params, box)
-  np.testing.assert_array_equal(old.lower, new.lower)
-  np.testing.assert_array_equal(old.upper, new.upper)
+def test_removed_sound_fp_keyword_fails_clearly():
+  """``sound_fp`` (the old name of ``sound``) was removed: Python's TypeError names it."""
+  with pytest.raises(TypeError, match="sound_fp"):
+    crown(lambda x: x, sound_fp=True)
 
 
 def test_sound_mode_holds_in_exact_arithmetic():

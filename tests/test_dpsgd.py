@@ -104,14 +104,9 @@ def test_train_with_zero_noise_and_huge_clip_is_sgd_on_the_schedule():
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_old_train_dpsgd_warns_and_returns_the_tuple():
-  X, y = _data(40)
-  p0 = mlp.init(jax.random.PRNGKey(0), [3, 2, 1])
-  with pytest.warns(DeprecationWarning, match="dpsgd.train"):
-    p, eps, sigma = dpsgd.train_dpsgd(mlp.apply, p0, X, y, loss="binary_cross_entropy",
-                                      learning_rate=0.1, epochs=1, batch_size=10,
-                                      l2_norm_clip=1.0, noise_multiplier=1.0)
-  assert eps > 0 and sigma == 1.0
+def test_removed_train_dpsgd_is_gone():
+  """``dpsgd.train_dpsgd`` (the old tuple-returning entry point) was removed; use `train`."""
+  assert not hasattr(dpsgd, "train_dpsgd")
 
 
 def test_train_dpsgd_input_errors():

@@ -29,8 +29,7 @@ clipping and optimiser as the run that built the box.
 
 from __future__ import annotations
 
-import warnings
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -50,8 +49,8 @@ def predict(apply_fn: Callable, params: Any, x: Any, loss: str = "auto") -> Arra
 
 
 def certify(apply_fn: Callable, params: Any, param_bounds: Any, x: Any, *,
-            backend: str = "auto", matmul: str = "midrad", method: Optional[str] = None,
-            bound_method: str = "interval") -> np.ndarray:
+            backend: str = "auto", matmul: str = "midrad", bound_method: str = "interval"
+            ) -> np.ndarray:
   """Per test point: True when every model in ``param_bounds`` predicts like ``params``.
 
   With the box of a poisoning run (`boundjax.agt.fit` with ``Config(k_poison=..., epsilon=...,
@@ -67,18 +66,22 @@ def certify(apply_fn: Callable, params: Any, param_bounds: Any, x: Any, *,
     backend: "auto", "mlp" or "ibp" (`boundjax.agt.bounds`).
     matmul: the interval product, `boundjax.ibp`'s names ("midrad", "signsplit"; "exact" and
       "best" with the "ibp" back-end).
-    method: deprecated name of ``matmul`` ("rump" = "midrad", "exact" = "signsplit").
     bound_method: "interval" or "crown" (`boundjax.agt.crown`, Dense+ReLU stacks; tighter).
 
   Returns:
     bool array of shape (n,).
   """
-  if method is not None:
-    warnings.warn("agt.certify(method=...) is deprecated; use matmul= ('rump' -> 'midrad', "
-                  "'exact' -> 'signsplit').", DeprecationWarning, stacklevel=2)
-    matmul = {"rump": "midrad", "exact": "signsplit"}.get(method, method)
   x = jnp.asarray(x)
   backend = bnd.resolve(backend, apply_fn, params, x[:2], matmul)
+  return np.asarray(certified_mask(apply_fn, params, param_bounds, x, backend, matmul,
+                                   bound_method))
+
+
+def certified_mask(apply_fn: Callable, params: Any, param_bounds: Any, x: Array, backend: str,
+                   matmul: str = "midrad", bound_method: str = "interval") -> Array:
+  """The jittable core of `certify` (``backend`` already resolved to "mlp" or "ibp"): a bool
+  array, True where every model in the box predicts the nominal label (Lemma 4.4; the rules
+  of the module docstring)."""
   pred = predict(apply_fn, params, x)
   z = apply_fn(params, x)
   if z.ndim == 2 and z.shape[-1] > 1:
@@ -89,10 +92,10 @@ def certify(apply_fn: Callable, params: Any, param_bounds: Any, x: Any, *,
       lc = jnp.take_along_axis(out.lower, pred[:, None], -1)
       lo = lc - out.upper
     lo = jnp.where(jax.nn.one_hot(pred, z.shape[-1], dtype=bool), jnp.inf, lo)
-    return np.asarray(jnp.all(lo > 0, -1))
+    return jnp.all(lo > 0, -1)
   out = bnd.forward_bounds_fn(apply_fn, backend, matmul, bound_method)(param_bounds, x)
   zl, zu = out.lower.reshape(-1), out.upper.reshape(-1)
-  return np.asarray((zl > 0) == (zu > 0))
+  return (zl > 0) == (zu > 0)
 
 
 def max_certified_k(apply_fn: Callable, params: Any, bounds_by_k: Mapping[int, Any], x: Any,

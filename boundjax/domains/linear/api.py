@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any, Callable
 
 import jax
@@ -75,8 +74,7 @@ def _lambda_bytes(prog: _Program, targets: list[_Var], ancestors: dict) -> int:
 def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None = 0,
           sound: bool = False, chunk_size: int | None = None,
           memory_bytes: int = 1 << 30, patches: bool = True, spec: Any = None,
-          alpha: bool = False, alpha_steps: int = 20, alpha_lr: float = 0.1,
-          sound_fp: bool | None = None) -> Callable:
+          alpha: bool = False, alpha_steps: int = 20, alpha_lr: float = 0.1) -> Callable:
   """CROWN: backward linear bound propagation of ``fn`` over its `Interval` arguments.
 
   Args:
@@ -108,7 +106,6 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       in [0, 1] for the bounds of the outputs with ``alpha_steps`` Adam steps of learning rate
       ``alpha_lr`` (gradients through the bound); never looser than CROWN. Intermediate bounds
       stay CROWN's.
-    sound_fp: deprecated name of ``sound``.
 
   Returns:
     A function with ``fn``'s signature: any pytree leaf may be an `Interval` (the input box;
@@ -120,10 +117,6 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
     UnsupportedPrimitiveError: an operation on box-dependent values with neither a linear
       relaxation nor an interval rule (named, with the source line).
   """
-  if sound_fp is not None:
-    warnings.warn("crown(sound_fp=...) is deprecated; use sound=...", DeprecationWarning,
-                  stacklevel=2)
-    sound = sound_fp
   if intermediate not in INTERMEDIATE_MODES:
     raise ValueError(f"crown: intermediate must be one of {INTERMEDIATE_MODES}, "
                      f"got {intermediate!r}")
