@@ -49,7 +49,9 @@ The smooth-sensitivity figures rely on the assumption documented in `boundjax.pr
 
   JAX_PLATFORMS=cpu .venv/bin/python benchmarks/agt_privacy.py [--only blobs,fashion,amazon]
 
-Results: benchmarks/results/agt_privacy.json and agt_privacy_*.png.
+Results: benchmarks/results/agt_privacy.json and agt_privacy_*.png. A run with ``--only`` merges
+into the JSON: the settings it runs are replaced, the others keep their results, and every
+setting carries the provenance of the run that made it.
 """
 
 from __future__ import annotations
