@@ -380,7 +380,7 @@ def test_fit_history_certify_and_k_grid():
   cfg = agt.Config(n_epochs=2, learning_rate=1.0, batch_size=40, clip_gamma=0.1)
   hist = []
   nominal, grid = agt.fit_k_grid(mlp.apply, params, X, y, cfg, [0, 4],
-                                 X_val=X, y_val=y, history=hist, progress=False)
+                                 x_val=X, y_val=y, history=hist, progress=False)
   assert len(hist) == 4 and all(isinstance(r, agt.EpochRecord) for r in hist)
   assert [(r.epoch, r.step) for r in hist] == [(1, 2), (2, 4)] * 2      # 90 // 40 = 2 steps
   assert 0 <= hist[-1].val_certified <= 1 and 0 <= hist[-1].val_accuracy <= 1
@@ -398,6 +398,8 @@ def test_fit_history_certify_and_k_grid():
   assert set(np.unique(kmax)) <= {0, 4}
   c4 = agt.certify(mlp.apply, nominal, grid[4], X)
   assert np.all(kmax[c4] == 4)
+  with pytest.raises(TypeError, match="method"):    # the removed name of matmul=
+    agt.certify(mlp.apply, nominal, grid[4], X, method="rump")
   bad = {0: nominal, 1: jax.tree_util.tree_map(lambda a: a + 1, nominal)}
   with pytest.raises(ValueError, match="share one nominal"):
     agt.check_shared_nominal(bad)

@@ -39,7 +39,8 @@ def test_healthy_run_records_widths_and_stays_silent():
   assert all(0 <= m <= M for m, M in zip(rec.width_mean, rec.width_max))
   assert all(s > 0 for s in rec.weight_scale) and max(rec.width_ratio) < 1
   assert rec.val_accuracy is None and "width_mean" in rec.as_dict()
-  assert set(agt.train._postfix(rec)) == {"width", "|w|", "max_width"}
+  assert rec.probe_certified > 0.8 and rec.certified == rec.probe_certified
+  assert set(agt.train._postfix(rec)) == {"width", "|w|", "max_width", "cert"}
 
 
 def test_vacuous_box_warns_with_the_knobs():
@@ -108,3 +109,89 @@ def test_box_stats_and_ratio():
   assert st.vacuous_layers() == ("[1]['bias']", "[1]['kernel']")   # width 0.1 > 0.067
   assert not np.asarray(diagnostics.finite_flags(
       {"w": Interval(jnp.array([0.0]), jnp.array([jnp.inf]), validate=False)})).all()
+
+
+def _split_blobs(n_train=400, n_test=2000):
+  """Training points and held-out points of the same two blobs."""
+  x, y = _blobs(n_train + n_test)
+  return x[:n_train], y[:n_train], x[n_train:]
+
+
+def _held_out_certified(res, xt):
+  """Certified fraction on held-out points (ground truth of "certifies most / nothing")."""
+  return float(np.mean(agt.certify(mlp.apply, res.params, res.bounds, xt)))
+
+
+def test_probe_is_the_schedule_s_first_training_points():
+  """Without validation data the record holds the certified fraction of the first n_probe
+  training points in the schedule's order, as `agt.certify` computes it on them."""
+  x, y = _blobs(300)
+  cfg = agt.Config(n_epochs=1, batch_size=100, k_private=3, clip_gamma=0.06, learning_rate=0.3)
+  res, _ = _fit(cfg, x, y, vacuity=diagnostics.VacuityCheck(n_probe=150))
+  order = np.concatenate(cfg.schedule(300).epoch_batches()[0])[:150]
+  ref = agt.certify(mlp.apply, res.params, res.bounds, x[order])
+  assert res.history[0].probe_certified == pytest.approx(float(np.mean(ref)), abs=1e-12)
+  assert 0 < res.history[0].probe_certified < 1                 # a discriminating probe
+
+
+K_BAD, K_MID = 60, 30     # batch 200: certifies (almost) nothing / about a third of the points
+
+
+def test_warns_when_nothing_is_certified_although_the_box_is_narrower_than_the_weights():
+  """The case the old rule (mean width > mean |w|) missed: the box is still narrower than the
+  weights, but certifies (almost) no point; and a run that certifies most points is silent."""
+  x, y, xt = _split_blobs()
+  bad = agt.Config(n_epochs=2, batch_size=200, k_private=K_BAD, clip_gamma=0.06,
+                   learning_rate=0.2)
+  res, vac = _fit(bad, x, y)
+  assert max(res.history[-1].width_ratio) < 1                    # the old rule: silent
+  assert _held_out_certified(res, xt) < 0.1 and len(vac) == 1
+  msg = str(vac[0].message)
+  assert "training probe" in msg and "min_certified=0.25" in msg and "batch_size" in msg
+  good = agt.Config(n_epochs=2, batch_size=200, k_private=2, clip_gamma=0.06, learning_rate=0.2)
+  res, vac = _fit(good, x, y)
+  assert _held_out_certified(res, xt) > 0.8 and not vac
+
+
+def test_vacuity_threshold_is_a_parameter_and_none_turns_the_check_off():
+  x, y, _ = _split_blobs()
+  cfg = agt.Config(n_epochs=2, batch_size=200, k_private=K_MID, clip_gamma=0.06,
+                   learning_rate=0.2)
+  res, vac = _fit(cfg, x, y)
+  c = res.history[-1].probe_certified
+  assert 0.3 < c < 0.95 and not vac                               # default 0.25: silent
+  _, vac = _fit(cfg, x, y, vacuity=diagnostics.VacuityCheck(min_certified=0.97))
+  assert len(vac) == 1 and "min_certified=0.97" in str(vac[0].message)
+  res, vac = _fit(cfg, x, y, vacuity=None)
+  assert not vac and res.history[-1].probe_certified is None
+
+
+def test_mse_uses_the_width_ratio():
+  """Regression has no certificate: "mse" warns when a leaf's width exceeds max_width_ratio
+  times its layer's mean |w| (0.5 by default)."""
+  x, _ = _blobs(200)
+  y = jnp.tanh(x[:, 0])
+  cfg = agt.Config(n_epochs=2, batch_size=100, k_private=2, loss="mse", clip_gamma=0.1,
+                   learning_rate=0.2)
+  res, vac = _fit(cfg, x, y, vacuity=diagnostics.VacuityCheck(max_width_ratio=1e6))
+  r = max(res.history[-1].width_ratio)
+  assert not vac and res.history[-1].probe_certified is None and r > 0
+  _, vac = _fit(cfg, x, y, vacuity=diagnostics.VacuityCheck(max_width_ratio=r / 2))
+  assert len(vac) == 1 and "wider than" in str(vac[0].message)
+
+
+@pytest.mark.parametrize("kw, name", [(dict(min_certified=1.5), "min_certified"),
+                                      (dict(min_certified=-0.1), "min_certified"),
+                                      (dict(n_probe=0), "n_probe"),
+                                      (dict(n_probe=2.5), "n_probe"),
+                                      (dict(max_width_ratio=0.0), "max_width_ratio")])
+def test_vacuity_check_rejects_bad_values(kw, name):
+  with pytest.raises(ValueError, match=name):
+    diagnostics.VacuityCheck(**kw)
+
+
+def test_fit_rejects_a_vacuity_that_is_not_a_check():
+  x, y = _blobs(40)
+  cfg = agt.Config(n_epochs=1, batch_size=20, k_private=1, clip_gamma=0.06, learning_rate=0.1)
+  with pytest.raises(TypeError, match="vacuity"):
+    _fit(cfg, x, y, vacuity=0.25)

@@ -143,17 +143,17 @@ def test_schedule_must_match_the_config_and_the_data():
   assert agt.fit(model.apply, init, x, y, cfg, progress=False).schedule == cfg.schedule(40)
 
 
-def test_schedule_array_is_validated():
-  x, y = _data(40, 3, seed=0, dtype=jnp.float32)
+def test_schedule_must_be_a_schedule_and_removed_keywords_fail():
+  """The index-array schedule and the ``X_val`` keyword were removed (0.x): clear errors."""
+  x, y = _data(41, 3, seed=0, dtype=jnp.float32)
   model = MLP(hidden=(4,), out=2)
   init = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 3)))
   cfg = agt.Config(n_epochs=2, learning_rate=0.1, batch_size=8, loss="cross_entropy",
                    k_private=1, neighbourhood="remove")
-  with pytest.raises(ValueError, match="not a multiple of n_epochs"):
-    agt.fit(model.apply, init, x, y, cfg, schedule=np.zeros((3, 8), np.int32), progress=False)
-  with pytest.raises(ValueError, match="outside"):
-    agt.fit(model.apply, init, x, y, cfg, schedule=np.full((2, 8), 40, np.int32), progress=False)
-  bad = np.full((2, 8), -1, np.int32)
-  bad[:, 0] = 0
+  with pytest.raises(TypeError, match="schedule must be a boundjax.training.Schedule"):
+    agt.fit(model.apply, init, x, y, cfg, schedule=np.zeros((4, 8), np.int32), progress=False)
+  with pytest.raises(TypeError, match="X_val"):
+    agt.fit(model.apply, init, x, y, cfg, X_val=x, progress=False)
+  # Schedule(41, 8, 2) keeps a last batch of 41 mod 8 = 1 point, not more than k_private = 1
   with pytest.raises(ValueError, match="not more than"):
-    agt.fit(model.apply, init, x, y, cfg, schedule=bad, progress=False)
+    agt.fit(model.apply, init, x, y, cfg, schedule=Schedule(41, 8, 2), progress=False)

@@ -16,8 +16,8 @@ Differentially Private Prediction in Gradient-Based Training", AGT).
 * `poisoning`, `poison_attacks`: poisoning certificates (``Config(k_poison=..., epsilon=...,
   label_k_poison=...)``; Sosnin et al., "Certified Robustness to Data Poisoning in
   Gradient-Based Training") and their soundness checks by retraining on poisoned data.
-* `VacuousCertificateWarning`, `BoxOverflowError` (`boundjax.agt.diagnostics`): the box has
-  outgrown the weights / overflowed during `fit`.
+* `VacuousCertificateWarning`, `VacuityCheck`, `BoxOverflowError` (`boundjax.agt.diagnostics`):
+  the box certifies (almost) nothing (and the rule that decides it) / overflowed during `fit`.
 """
 
 from boundjax.agt.certify import certify, check_shared_nominal, max_certified_k, predict
@@ -29,14 +29,16 @@ from boundjax.agt.train import (EpochRecord, FitResult, KGrid, State, batches,
                                 descent_directions, fit, fit_k_grid, init, make_step,
                                 point_optimizer, update)
 from boundjax.agt import poison_attacks, poisoning, retrain  # noqa: E402
-from boundjax.agt.diagnostics import BoxOverflowError, VacuousCertificateWarning
+from boundjax.agt.diagnostics import (BoxOverflowError, VacuityCheck,
+                                      VacuousCertificateWarning)
 from boundjax.training import Schedule
 
 __all__ = [
     "Config", "Schedule", "State", "FitResult", "EpochRecord", "KGrid", "init", "make_step",
     "update", "fit", "batches", "point_optimizer", "certify", "max_certified_k", "fit_k_grid",
     "check_shared_nominal", "predict", "clip", "descent_bounds", "descent_bounds_dense", "semin",
-    "semax", "retrain", "VacuousCertificateWarning", "BoxOverflowError", "transform",
+    "semax", "retrain", "VacuousCertificateWarning", "VacuityCheck", "BoxOverflowError",
+    "transform",
     "bounded_sgd", "bounded_sgdm", "bounded_adam", "point_box", "ParamBox", "Directions",
     "BoundedState", "BoundedTransformation", "descent_directions", "poisoning", "poison_attacks",
 ]

@@ -31,7 +31,7 @@ import dataclasses
 import functools
 import math
 import warnings
-from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -40,13 +40,11 @@ import numpy as np
 from boundjax import training
 from boundjax.agt import bounds as bnd
 from boundjax.agt import descent, diagnostics, losses, mlp, optim, poisoning
-from boundjax.agt.certify import certify, check_shared_nominal, predict
+from boundjax.agt.certify import certified_mask, check_shared_nominal, predict
 from boundjax.agt.config import Config
-from boundjax.interval import Interval
 from boundjax.training import Schedule
 
 Array = jax.Array
-_is_iv = lambda x: isinstance(x, Interval)  # noqa: E731
 
 
 class State(NamedTuple):
@@ -93,17 +91,15 @@ def descent_directions(apply_fn: Callable, config: Config, backend: str,
   """Nominal mean clipped gradient and its Thm 4.6 bounds ``(D_n, D_L, D_U)`` for one batch
   (with ``config.poisoning``, the poisoning bounds of `boundjax.agt.poisoning` instead).
 
-  The batch is processed in fragments of ``config.fragsize`` samples (``lax.scan`` over the
-  full fragments, then the remainder); only running sums and the k extreme bounds per coordinate
-  are kept, so memory does not grow with b. For the "mlp" back-end the nominal per-sample
-  gradients come from the batched passes of `boundjax.agt.mlp.per_sample_grads`.
+  The batch is processed in fragments of ``config.fragsize`` samples
+  (`boundjax.agt.descent.scan_fragments`); only running sums and the k extreme bounds per
+  coordinate are kept, so memory does not grow with b. For the "mlp" back-end the nominal
+  per-sample gradients come from the batched passes of `boundjax.agt.mlp.per_sample_grads`.
   """
   b = xs.shape[0]
   k, gamma = config.k_private, config.gamma
   if k >= b:
     raise ValueError(f"AGT step: k_private ({k}) must be < batch size ({b}).")
-  f = min(config.fragsize, b)
-  nf, rem = divmod(b, f)
   if backend == "mlp":
     gfn = lambda p, x, y: mlp.per_sample_grads(p, x, y, config.loss)  # noqa: E731
   else:
@@ -112,32 +108,17 @@ def descent_directions(apply_fn: Callable, config: Config, backend: str,
   if config.poisoning:   # bounded modification of samples instead (`boundjax.agt.poisoning`)
     pfn = poisoning.poisoned_grad_bounds_fn(apply_fn, config, backend)
     return poisoning.descent_directions(config, gfn, bfn, pfn, params, box, xs, ys)
-  acc0 = jax.tree_util.tree_map(lambda p: descent.init_accumulator(p, k), params)
-  tdef = jax.tree_util.tree_structure(params)
 
-  def merge(acc, x, y):
-    g = descent.clip(gfn(params, x, y), gamma)
-    gb = descent.clip(bfn(box, x, y), gamma)
-    leaves = zip(tdef.flatten_up_to(acc), jax.tree_util.tree_leaves(g),
-                 jax.tree_util.tree_leaves(gb, is_leaf=_is_iv))
-    new = [descent.accumulate(a, gn, iv.lower, iv.upper, None, track_abs=config.sound)
-           for a, gn, iv in leaves]
-    return tdef.unflatten(new)
+  def per_sample(x, y):
+    return descent.clip(gfn(params, x, y), gamma), descent.clip(bfn(box, x, y), gamma)
 
-  # nf full fragments in a scan, then the remainder (no padding, so no masking is needed)
-  xf = xs[: nf * f].reshape((nf, f) + xs.shape[1:])
-  yf = ys[: nf * f].reshape((nf, f) + ys.shape[1:])
-  if nf == 1:
-    acc = merge(acc0, xf[0], yf[0])
-  else:
-    acc, _ = jax.lax.scan(lambda a, xy: (merge(a, *xy), None), acc0, (xf, yf))
-  if rem:
-    acc = merge(acc, xs[nf * f:], ys[nf * f:])
+  def merge_leaf(acc, g_n, iv):
+    return descent.accumulate(acc, g_n, iv.lower, iv.upper, None, track_abs=config.sound)
   gam = gamma if math.isfinite(gamma) else 0.0
-  fin = [descent.finalize(a, b, gam, config.sound, config.neighbourhood == "remove",
-                          config.normalise)
-         for a in tdef.flatten_up_to(acc)]
-  return tuple(tdef.unflatten([t[i] for t in fin]) for i in range(3))
+  return descent.scan_fragments(
+      params, xs, ys, config.fragsize, lambda p: descent.init_accumulator(p, k), per_sample,
+      merge_leaf, lambda a: descent.finalize(a, b, gam, config.sound,
+                                             config.neighbourhood == "remove", config.normalise))
 
 
 def update(config: Config, state: State, d_n: Any, d_l: Any, d_u: Any) -> State:
@@ -210,26 +191,39 @@ class EpochRecord:
     val_certified: fraction of validation points certified stable at ``k_private`` by the
       parameter box (AGT, Lemma 4.4; None for "mse" or without validation data).
     val_mse: mean squared error of the nominal model (for "mse" with validation data).
+    probe_certified: without validation data, the fraction of the probe training points
+      (`diagnostics.VacuityCheck`) certified stable by the box (None for "mse" or when the
+      check is off).
     layers: names of the parameter leaves (``jax.tree_util.keystr`` paths).
     width_mean, width_max: mean and max width ``theta_U - theta_L`` of the box per leaf.
-    weight_scale: mean ``|theta|`` of the nominal parameters per leaf. A leaf whose mean width
-      exceeds it makes the certificate vacuous (`boundjax.agt.diagnostics`).
+    weight_scale: mean ``|w|`` of the nominal parameters over each leaf's layer
+      (`boundjax.agt.diagnostics`).
   """
   epoch: int
   step: int
   val_accuracy: Optional[float] = None
   val_certified: Optional[float] = None
   val_mse: Optional[float] = None
+  probe_certified: Optional[float] = None
   layers: tuple[str, ...] = ()
   width_mean: tuple[float, ...] = ()
   width_max: tuple[float, ...] = ()
   weight_scale: tuple[float, ...] = ()
 
   @property
+  def stats(self) -> diagnostics.BoxStats:
+    """The box widths against the weights as a `diagnostics.BoxStats`."""
+    return diagnostics.BoxStats(self.layers, self.width_mean, self.width_max, self.weight_scale)
+
+  @property
   def width_ratio(self) -> tuple[float, ...]:
-    """``width_mean / weight_scale`` per leaf (> 1: the box has outgrown the weights)."""
-    return diagnostics.BoxStats(self.layers, self.width_mean, self.width_max,
-                                self.weight_scale).ratio
+    """``width_mean / weight_scale`` per leaf (`diagnostics.BoxStats.ratio`)."""
+    return self.stats.ratio
+
+  @property
+  def certified(self) -> Optional[float]:
+    """The certified fraction of the validation points, else of the training probe."""
+    return self.val_certified if self.val_certified is not None else self.probe_certified
 
   def as_dict(self) -> dict[str, Any]:
     """The fields that were measured (not None, not empty), e.g. for a JSON record."""
@@ -262,10 +256,10 @@ class FitResult:
 
 
 def fit(apply_fn: Callable, params: Any, x: Any, y: Any, config: Config, *,
-        schedule: Union[Schedule, np.ndarray, None] = None, x_val: Any = None, y_val: Any = None,
+        schedule: Optional[Schedule] = None, x_val: Any = None, y_val: Any = None,
         backend: str = "auto", progress: bool = True,
-        history: Optional[list[EpochRecord]] = None,
-        jit: bool = True, **deprecated: Any) -> FitResult:
+        history: Optional[list[EpochRecord]] = None, jit: bool = True,
+        vacuity: Optional[diagnostics.VacuityCheck] = diagnostics.VacuityCheck()) -> FitResult:
   """Runs AGT over the steps of ``schedule``; returns a `FitResult` (``params, bounds``).
 
   Args:
@@ -276,8 +270,7 @@ def fit(apply_fn: Callable, params: Any, x: Any, y: Any, config: Config, *,
     schedule: the data order, a `boundjax.training.Schedule` for ``len(x)`` points with
       ``epochs == config.n_epochs`` and ``batch_size == config.batch_size``; default
       ``config.schedule(len(x))`` (one fixed order, last incomplete batch dropped). Give the
-      schedule of a leave-k-out family (``Ensemble.schedule``) for a box that encloses it. A
-      ``(steps, B)`` index array (``-1`` = empty slot) is still accepted (deprecated).
+      schedule of a leave-k-out family (``Ensemble.schedule``) for a box that encloses it.
     x_val, y_val: optional validation data: the `EpochRecord` of each epoch then also holds
       the nominal accuracy or mse and the fraction of validation points certified stable at
       ``config.k_private``.
@@ -287,16 +280,19 @@ def fit(apply_fn: Callable, params: Any, x: Any, y: Any, config: Config, *,
       ``FitResult.history``): the box width per leaf against the weight scale (also on the
       progress bar), and the validation metrics.
     jit: compile the step (turn off only to debug).
-    deprecated: ``X``, ``X_val`` (old names of ``x``, ``x_val``).
+    vacuity: when to warn that the certificates are (nearly) vacuous
+      (`diagnostics.VacuityCheck`: by default when after an epoch the box certifies fewer than
+      25 % of the validation points, or without them of up to 256 training points; for "mse"
+      when a leaf's mean width exceeds 0.5x its layer's mean |w|); None: no check.
 
-  Warns with `diagnostics.VacuousCertificateWarning` (once) when after an epoch the box's mean
-  width exceeds the mean |w| of some leaf, and raises `diagnostics.BoxOverflowError` (naming
-  the step and the leaves) when an endpoint of the box becomes infinite or NaN.
+  Warns with `diagnostics.VacuousCertificateWarning` (once) by the ``vacuity`` rule, and raises
+  `diagnostics.BoxOverflowError` (naming the step and the leaves) when an endpoint of the box
+  becomes infinite or NaN.
   """
   from tqdm.auto import tqdm
-  x_val = _renamed(deprecated, "X_val", x_val)
-  if deprecated:
-    raise TypeError(f"fit: unexpected keyword arguments {sorted(deprecated)}.")
+  if vacuity is not None and not isinstance(vacuity, diagnostics.VacuityCheck):
+    raise TypeError(f"fit: vacuity must be a boundjax.agt.diagnostics.VacuityCheck or None, got "
+                    f"{type(vacuity).__name__}.")
   x, y = jnp.asarray(x), jnp.asarray(y)
   if x.shape[0] != y.shape[0]:
     raise ValueError(f"fit: x has {x.shape[0]} rows but y has {y.shape[0]}.")
@@ -308,6 +304,7 @@ def fit(apply_fn: Callable, params: Any, x: Any, y: Any, config: Config, *,
   records = [] if history is None else history
   total = sum(len(e) for e in epochs)
   bar = tqdm(total=total, desc=f"AGT k={config.k_private}", disable=not progress, leave=False)
+  probe = _probe(x, epochs, config, vacuity, x_val)
   warned = False
   for epoch, rows in enumerate(epochs):
     flags = []          # per step and leaf: all endpoints finite (checked once per epoch)
@@ -316,15 +313,16 @@ def fit(apply_fn: Callable, params: Any, x: Any, y: Any, config: Config, *,
       flags.append(_finite_flags(state.bounds))
       bar.update(1)
     _check_finite(flags, int(state.step) - len(rows), layers, config)
-    rec = _epoch_record(apply_fn, config, backend, state, epoch, x_val, y_val)
+    rec = _epoch_record(apply_fn, config, backend, state, epoch, x_val, y_val, probe)
     records.append(rec)
     bar.set_postfix(_postfix(rec), refresh=False)
-    if not warned and diagnostics.BoxStats(rec.layers, rec.width_mean, rec.width_max,
-                                           rec.weight_scale).vacuous_layers():
+    if not warned and vacuity is not None and vacuity.fires(rec.certified, rec.stats):
       warned = True
-      warnings.warn(diagnostics.vacuous_message(
-          diagnostics.BoxStats(rec.layers, rec.width_mean, rec.width_max, rec.weight_scale),
-          epoch + 1, config), diagnostics.VacuousCertificateWarning, stacklevel=2)
+      where = ("validation" if rec.val_certified is not None
+               else f"{len(probe)} training probe" if probe is not None else "")
+      warnings.warn(diagnostics.vacuous_message(rec.stats, epoch + 1, config, rec.certified,
+                                                where, vacuity),
+                    diagnostics.VacuousCertificateWarning, stacklevel=2)
   bar.close()
   return FitResult(state.params, state.bounds, sched, tuple(records))
 
@@ -351,83 +349,81 @@ def _postfix(rec: EpochRecord) -> dict[str, str]:
   i = int(np.argmax(rec.width_ratio))
   out = {"width": f"{rec.width_mean[i]:.3g}", "|w|": f"{rec.weight_scale[i]:.3g}",
          "max_width": f"{max(rec.width_max):.3g}"}
-  if rec.val_certified is not None:
-    out["cert"] = f"{rec.val_certified:.2f}"
+  if rec.certified is not None:
+    out["cert"] = f"{rec.certified:.2f}"
   return out
 
 
-def _renamed(kw: dict, old: str, value: Any) -> Any:
-  """Pops the deprecated keyword ``old`` from ``kw`` (with a warning) when ``value`` is None."""
-  if old not in kw:
-    return value
-  warnings.warn(f"agt: the keyword {old!r} is deprecated; use {old.lower()!r}.",
-                DeprecationWarning, stacklevel=3)
-  v = kw.pop(old)
-  return v if value is None else value
+def _probe(x: Array, epochs: list[list[np.ndarray]], config: Config,
+           vacuity: Optional[diagnostics.VacuityCheck], x_val: Any) -> Optional[Array]:
+  """The training points `diagnostics.VacuityCheck` certifies after each epoch: the first
+  ``n_probe`` of the first epoch's order; None with validation data, for "mse" or without a
+  check."""
+  if vacuity is None or x_val is not None or config.loss == "mse":
+    return None
+  order = np.concatenate([np.asarray(r) for r in epochs[0]])
+  return x[order[:vacuity.n_probe]]
+
+
+@functools.lru_cache(maxsize=64)
+def _jitted_certified(apply_fn: Callable, backend: str, matmul: str, bound_method: str):
+  """`certify.certified_mask` compiled once per (model, back-end, product, bound method)."""
+  return jax.jit(functools.partial(certified_mask, apply_fn, backend=backend, matmul=matmul,
+                                   bound_method=bound_method))
+
+
+def _certified_fraction(apply_fn: Callable, config: Config, backend: str, state: State,
+                        x: Any) -> float:
+  """Fraction of ``x`` certified stable by the state's box (AGT, Lemma 4.4)."""
+  fn = _jitted_certified(apply_fn, backend, config.matmul, config.bound_method)
+  return float(np.mean(np.asarray(fn(state.params, state.bounds, jnp.asarray(x)))))
 
 
 def _epoch_record(apply_fn: Callable, config: Config, backend: str, state: State, epoch: int,
-                  x_val: Any, y_val: Any) -> EpochRecord:
+                  x_val: Any, y_val: Any, probe: Optional[Array] = None) -> EpochRecord:
   """Box width against the weights and, with validation data, accuracy (or mse) and the
-  certified fraction after one epoch."""
+  certified fraction after one epoch; without, the certified fraction of ``probe``."""
   stats = diagnostics.box_stats(state.params, state.bounds)
   done = dict(epoch=epoch + 1, step=int(state.step), layers=stats.layers,
               width_mean=stats.width_mean, width_max=stats.width_max,
               weight_scale=stats.weight_scale)
   if x_val is None:
-    return EpochRecord(**done)
+    if probe is None:
+      return EpochRecord(**done)
+    return EpochRecord(**done, probe_certified=_certified_fraction(apply_fn, config, backend,
+                                                                   state, probe))
   if config.loss == "mse":
     per_sample = jax.vmap(losses.per_sample_loss("mse"))   # y (n,) against outputs (n, 1)
     mse = float(jnp.mean(per_sample(apply_fn(state.params, x_val), jnp.asarray(y_val))))
     return EpochRecord(**done, val_mse=mse)
   pred = predict(apply_fn, state.params, x_val, config.loss)
   accuracy = float(jnp.mean(pred == jnp.asarray(y_val).astype(pred.dtype)))
-  certified = float(jnp.mean(certify(apply_fn, state.params, state.bounds, x_val,
-                                     backend=backend, matmul=config.matmul,
-                                     bound_method=config.bound_method)))
+  certified = _certified_fraction(apply_fn, config, backend, state, x_val)
   return EpochRecord(**done, val_accuracy=accuracy, val_certified=certified)
 
 
-def _epoch_batches(n: int, config: Config, schedule: Any
-                   ) -> tuple[Optional[Schedule], list[list[np.ndarray]]]:
+def _epoch_batches(n: int, config: Config, schedule: Optional[Schedule]
+                   ) -> tuple[Schedule, list[list[np.ndarray]]]:
   """The schedule and, per epoch, the index arrays of its steps (empty slots dropped)."""
   if schedule is None:
     if n < config.batch_size:
       raise ValueError(f"fit: dataset has {n} points, fewer than batch_size={config.batch_size}.")
     schedule = config.schedule(n)
-  if isinstance(schedule, Schedule):
-    schedule.check_points(n, "agt.fit")
-    if schedule.epochs != config.n_epochs or schedule.batch_size != config.batch_size:
-      raise ValueError(f"fit: the schedule has epochs={schedule.epochs}, batch_size="
-                       f"{schedule.batch_size}; the config has n_epochs={config.n_epochs}, "
-                       f"batch_size={config.batch_size}. They must agree.")
-    epochs = schedule.epoch_batches()
-  else:
-    warnings.warn("agt.fit(schedule=<index array>) is deprecated; pass a "
-                  "boundjax.training.Schedule (e.g. Ensemble.schedule).", DeprecationWarning,
-                  stacklevel=3)
-    epochs = _array_epochs(n, config, schedule)
-    schedule = None
+  if not isinstance(schedule, Schedule):
+    raise TypeError(f"fit: schedule must be a boundjax.training.Schedule (e.g. "
+                    f"Ensemble.schedule) or None, got {type(schedule).__name__}.")
+  schedule.check_points(n, "agt.fit")
+  if schedule.epochs != config.n_epochs or schedule.batch_size != config.batch_size:
+    raise ValueError(f"fit: the schedule has epochs={schedule.epochs}, batch_size="
+                     f"{schedule.batch_size}; the config has n_epochs={config.n_epochs}, "
+                     f"batch_size={config.batch_size}. They must agree.")
+  epochs = schedule.epoch_batches()
   for rows in epochs:
     for r in rows:
       if r.size <= config.k_private:
         raise ValueError(f"fit: a scheduled batch has {r.size} points, not more than "
                          f"k_private={config.k_private}.")
   return schedule, epochs
-
-
-def _array_epochs(n: int, config: Config, sched: Any) -> list[list[np.ndarray]]:
-  sched = np.asarray(sched)
-  if sched.ndim != 2 or not np.issubdtype(sched.dtype, np.integer):
-    raise ValueError(f"fit: schedule must be a 2-D integer array, got {sched.dtype} {sched.shape}.")
-  if sched.shape[0] % config.n_epochs:
-    raise ValueError(f"fit: schedule has {sched.shape[0]} steps, not a multiple of n_epochs="
-                     f"{config.n_epochs}.")
-  if sched.max() >= n or sched.min() < -1:
-    raise ValueError(f"fit: schedule holds an index outside [-1, {n - 1}].")
-  rows = [r[r >= 0] for r in sched]
-  per = sched.shape[0] // config.n_epochs
-  return [rows[e * per:(e + 1) * per] for e in range(config.n_epochs)]
 
 
 @dataclasses.dataclass(frozen=True)
