@@ -92,7 +92,7 @@ def test_stored_json_holds_every_setting_with_its_own_provenance(stored):
     assert "stale" not in r, f"{name} is marked stale"
     assert r["provenance"]["command"].startswith("python benchmarks/agt_privacy.py"), name
     assert r["provenance"]["command"].split("--only ")[1].split()[0].count(name) == 1, name
-  assert stored["amazon"]["paper"] == AP.PAPER["amazon"]
+    assert r["paper"] == AP.PAPER[name], name
 
 
 def test_stored_certified_fractions_match_the_kmax_histogram(stored):
