@@ -281,6 +281,16 @@ _TAPER_TRIGGER = 1e-3
 _TAPERS = ("auto", "none", "gaussian")
 
 
+def _check_grid(N: int, L: float, taper: str, fn: str) -> None:
+  """ValueError (naming ``fn``) unless the FFT grid is N >= 16 points, a power of two, over a
+  half-width L > 0, with a known ``taper``."""
+  if N < 16 or N & (N - 1):
+    raise ValueError(f"{fn}: N must be a power of two >= 16, got {N}.")
+  if not L > 0:
+    raise ValueError(f"{fn}: L must be > 0, got {L}.")
+  _check_taper(taper, fn)
+
+
 def _check_taper(taper: str, fn: str) -> None:
   if taper not in _TAPERS:
     raise ValueError(f"{fn}: taper must be one of {_TAPERS}, got {taper!r}.")
@@ -354,11 +364,7 @@ def fft_1d(h: Callable | None = None, dh: Callable | None = None, *, L: float = 
     raise ValueError("fft_1d: give h or dh.")
   if form not in ("gradient", "direct"):
     raise ValueError(f"fft_1d: form must be 'gradient' or 'direct', got {form!r}.")
-  if N < 16 or N & (N - 1):
-    raise ValueError(f"fft_1d: N must be a power of two >= 16, got {N}.")
-  if not L > 0:
-    raise ValueError(f"fft_1d: L must be > 0, got {L}.")
-  _check_taper(taper, "fft_1d")
+  _check_grid(N, L, taper, "fft_1d")
   with jax.enable_x64(x64):
     fn = jax.jit(lambda L_, p: _fft_1d_single(h, dh, form, L_, N, p, taper))
     L_arr = jnp.asarray(L, dtype=float)
@@ -416,11 +422,7 @@ def fft_2d(h: Callable | None = None, grad_h: Callable | None = None, *, L: floa
   """
   if h is None and grad_h is None:
     raise ValueError("fft_2d: give h or grad_h.")
-  if N < 16 or N & (N - 1):
-    raise ValueError(f"fft_2d: N must be a power of two >= 16, got {N}.")
-  if not L > 0:
-    raise ValueError(f"fft_2d: L must be > 0, got {L}.")
-  _check_taper(taper, "fft_2d")
+  _check_grid(N, L, taper, "fft_2d")
   with jax.enable_x64(x64):
     L_arr = jnp.asarray(L, dtype=float)
     if params is None:

