@@ -18,6 +18,13 @@ import boundjax as bj
 from tests.helpers import assert_inside, sample_box, sample_tree
 
 SAMPLES = {"cases": 0, "points": 0}
+RAN: list[str] = []  # tests of this module run in this process (under xdist, a share of them)
+
+
+@pytest.fixture(autouse=True)
+def _tally_ran(request):
+  yield
+  RAN.append(request.node.originalname)
 
 
 def _check(fn, boxes, n=2000, tol=1e-5, seed=0, what="", **ibp_kw):
@@ -464,12 +471,11 @@ def test_bad_interval_inputs_raise():
 def test_sample_count_reported(request):
   """Runs after the soundness tests: reports how many cases and samples they used, and checks
   that none was vacuous (every case sampled >= 500 points; each network test 10,000 that all
-  lay inside) and that every network test that ran before this one was tallied."""
+  lay inside) and that every network test that ran before this one in this process (under
+  xdist the others run elsewhere) was tallied."""
   print(f"IBP soundness: {SAMPLES['cases']} cases, {SAMPLES['points']} sampled points")
-  items = request.session.items
-  earlier = [i for i in items[:items.index(request.node)] if i.module is request.module]
-  nets = [i for i in earlier if i.originalname == "test_network_bounds_contain_10k_samples"]
-  samplers = [i for i in earlier if i.originalname != "test_bad_interval_inputs_raise"]
+  nets = [n for n in RAN if n == "test_network_bounds_contain_10k_samples"]
+  samplers = [n for n in RAN if n not in ("test_bad_interval_inputs_raise", "_tally_ran")]
   assert SAMPLES["points"] >= 500 * SAMPLES["cases"]
   assert SAMPLES["cases"] >= len(nets) and SAMPLES["points"] >= 10_000 * len(nets)
   if len(nets) == 18:  # the whole module ran: the full tally
