@@ -61,11 +61,11 @@ import numpy as np  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from boundjax import dpsgd  # noqa: E402
 from boundjax import ensembles as E  # noqa: E402
 from boundjax.data import load_adult  # noqa: E402
 from boundjax.models import MLP  # noqa: E402
 from boundjax.privacy import label_only as L  # noqa: E402
+from dpsgd_tuning import train_point  # noqa: E402
 from milp.idpdb import compute_betas  # noqa: E402
 from provenance import record  # noqa: E402
 
@@ -176,23 +176,17 @@ def train_baselines(model, init, x, y, xt, yt, a):
                                      if (lr, c) != (a.dp_lr, a.dp_clip)]
   n = x.shape[0]
   xs, ys = np.asarray(x, np.float32), np.asarray(y)
+  predict = lambda p, v: np.argmax(np.asarray(model.apply(p, v)), -1)  # noqa: E731
   trained, info, grid = {}, {}, []
   bar = tqdm(total=len(L.DP_EPSILONS) * (len(points) + 1), desc="DP-SGD grid / ALIBI")
   for eps in L.DP_EPSILONS:
     runs = []
     for lr, clip in points:
-      t0 = time.perf_counter()
-      r = dpsgd.train(model.apply, init, xs, ys, loss="cross_entropy", learning_rate=lr,
-                      epochs=a.dp_epochs, batch_size=1024, l2_norm_clip=clip, epsilon=eps,
-                      delta=1.0 / n, seed=a.seed, sampling="poisson")
-      acc = float(np.mean(np.argmax(np.asarray(model.apply(r.params, xt)), -1)
-                          == np.asarray(yt)))
-      runs.append((acc, r))
-      grid.append(dict(epsilon=eps, lr=lr, clip=clip, accuracy=acc, epsilon_accounted=r.epsilon,
-                       delta=r.delta, noise_multiplier=r.noise_multiplier,
-                       steps=r.schedule.steps, capacity=r.schedule.capacity,
-                       accounting=r.accounting, seconds=time.perf_counter() - t0,
-                       in_grid=(lr in lrs and clip in clips)))
+      row, r = train_point(model.apply, init, xs, ys, xt, yt, predict, loss="cross_entropy",
+                           lr=lr, clip=clip, epochs=a.dp_epochs, batch_size=1024, epsilon=eps,
+                           delta=1.0 / n, seed=a.seed)
+      runs.append((row["accuracy"], r))
+      grid.append(dict(epsilon=eps, **row, in_grid=(lr in lrs and clip in clips)))
       bar.update()
     in_grid = [run for run, (lr, c) in zip(runs, points) if lr in lrs and c in clips]
     best = max(in_grid, key=lambda t: t[0])[1]

@@ -150,3 +150,106 @@ def test_reproduce_rows_state_the_fig5_verdict_and_no_stale_note(stored):
       ", ".join(map(str, beats)) or "none")
   assert not any(k.endswith(": stale") for k in rows)
   assert rows["amazon: nominal accuracy"][1] == AP.PAPER["amazon"]["nominal_accuracy"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Amazon: DP-SGD tuned like AGT (same validation split, same number of settings)
+# ---------------------------------------------------------------------------------------------
+
+def test_dpsgd_grid_has_as_many_settings_as_the_agt_grid():
+  pts = AP.amazon_dpsgd_points()
+  g = AP.AMAZON_GRID
+  n_agt = (len(g["dim"]) * len(g["learning_rate"]) * len(g["clip_gamma"]) * len(g["optimizer"])
+           * len(g["n_epochs"]))
+  assert len(pts) == n_agt == len(AP.amazon_agt_points()) == 12
+  assert len({tuple(sorted(p.items())) for p in pts}) == len(pts)         # all distinct
+  u = AP.AMAZON_DPSGD_GRID["untuned"]                                     # the public-code rule
+  assert dict(lr=u["learning_rate"], clip=u["l2_norm_clip"], epochs=u["epochs"]) in pts
+  assert AP.AMAZON_DPSGD_GRID["n_val"] == AP.AMAZON_GRID["n_val"]
+
+
+def test_amazon_split_is_the_one_agt_tunes_on():
+  X = np.arange(10.0)[:, None]
+  y = np.arange(10)
+  Xa, ya, Xv, yv = AP.amazon_split(X, y, 3)
+  assert ya.tolist() == list(range(7)) and yv.tolist() == [7, 8, 9]
+  with pytest.raises(ValueError, match="n_val"):
+    AP.amazon_split(X, y, 10)
+
+
+def test_dpsgd_choice_rule_against_hand_picked_rows():
+  def row(acc, lr, clip, ep):
+    return dict(val_accuracy=acc, lr=lr, clip=clip, epochs=ep)
+  rows = [row(0.70, 8.0, 1.0, 30), row(0.72, 8.0, 1.0, 30), row(0.72, 2.0, 1.0, 10),
+          row(0.72, 8.0, 0.2, 10), row(0.64, 2.0, 0.2, 3)]
+  # tie at 0.72 -> fewer epochs (10) -> smaller lr (2.0)
+  assert AP.choose_amazon_dpsgd(rows) is rows[2]
+  assert AP.choose_amazon_dpsgd(rows[3:]) is rows[3]
+  with pytest.raises(ValueError):
+    AP.choose_amazon_dpsgd([])
+
+
+def _toy_task(n, seed, flip=False):
+  rng = np.random.default_rng(seed)
+  X = rng.normal(size=(n, 4)).astype(np.float32)
+  y = (X[:, 0] + 0.3 * rng.normal(size=n) > 0).astype(np.float32)
+  return X, (1 - y if flip else y)
+
+
+def test_dpsgd_selection_never_reads_the_test_set():
+  """By construction: `tune_amazon_dpsgd` takes no test set, and `amazon_dpsgd_baseline` with a
+  label-flipped test set (which ranks the two settings the other way round) keeps the same
+  choice and the same validation rows; only the reported test accuracy changes (to 1 - acc)."""
+  import inspect
+  import jax
+  from boundjax.agt import mlp
+  assert set(inspect.signature(AP.tune_amazon_dpsgd).parameters) == {
+      "params0", "X", "y", "grid", "progress"}
+  X, y = _toy_task(600, 0)
+  Xt, yt = _toy_task(400, 1)
+  grid = dict(AP.AMAZON_DPSGD_GRID, learning_rate=[1e-4, 4.0], l2_norm_clip=[1.0], epochs=[3],
+              n_val=200, untuned=dict(learning_rate=4.0, l2_norm_clip=1.0, epochs=3))
+  p0 = mlp.init(jax.random.PRNGKey(0), [4, 8, 1])
+  real, _ = AP.amazon_dpsgd_baseline(p0, X, y, Xt, yt, grid, progress=False)
+  fake, _ = AP.amazon_dpsgd_baseline(p0, X, y, Xt, 1 - yt, grid, progress=False)
+  assert real["chosen"]["lr"] == 4.0                      # learning beats a frozen init
+  assert real["rows"] == [{**r, "seconds": a["seconds"]} for r, a in zip(fake["rows"],
+                                                                           real["rows"])]
+  assert fake["chosen"]["lr"] == real["chosen"]["lr"]
+  assert real["final"]["test_accuracy"] > 0.8
+  assert fake["final"]["test_accuracy"] == pytest.approx(1 - real["final"]["test_accuracy"])
+  # a selection by the fake test set would have picked the other setting: the frozen-init
+  # model scores higher on the flipped labels than the trained one
+  other = AP._dpsgd_run(p0, X, y, Xt, 1 - yt, dict(lr=1e-4, clip=1.0, epochs=3), grid,
+                        "test_accuracy")[0]
+  assert other["test_accuracy"] > fake["final"]["test_accuracy"]
+
+
+def test_stored_amazon_dpsgd_baseline_is_the_tuned_choice(stored):
+  from boundjax import dpsgd
+  d = stored["amazon"]["dpsgd"]
+  t = d["tuning"]
+  assert t["n_settings"] == len(t["rows"]) == t["n_agt_settings"] == 12
+  pts = [dict(lr=r["lr"], clip=r["clip"], epochs=r["epochs"]) for r in t["rows"]]
+  assert pts == AP.amazon_dpsgd_points()
+  assert t["chosen"] == AP.choose_amazon_dpsgd(t["rows"])
+  assert max(r["val_accuracy"] for r in t["rows"]) == t["chosen"]["val_accuracy"]
+  assert all("test_accuracy" not in r for r in t["rows"])        # validation only
+  c, f = t["chosen"], t["final"]
+  assert (d["lr"], d["l2_norm_clip"], d["epochs"]) == (c["lr"], c["clip"], c["epochs"])
+  assert d["accuracy"] == f["test_accuracy"]
+  assert d["noise_multiplier"] == f["noise_multiplier"] == c["noise_multiplier"]
+  # every setting spends the whole (10, 1e-5) and no more, at its own schedule (the accountant)
+  n_tune = stored["amazon"]["n_train"] - t["grid"]["n_val"]
+  for r in t["rows"]:
+    assert r["batch_size"] == round(t["grid"]["sampling_rate"] * n_tune)
+    eps = dpsgd.dpsgd_epsilon(r["noise_multiplier"], r["batch_size"], n_tune, r["epochs"], 1e-5)
+    assert 9.9 <= eps <= 10.0 + 1e-9, r
+  sig = {e: {r["noise_multiplier"] for r in t["rows"] if r["epochs"] == e}
+         for e in {r["epochs"] for r in t["rows"]}}
+  assert all(len(v) == 1 for v in sig.values()) and len(set().union(*sig.values())) == len(sig)
+  assert sorted(sig, key=lambda e: next(iter(sig[e]))) == sorted(sig)   # more epochs, more noise
+  assert "same validation split" in d["selection"]
+  tune = json.loads((RESULT.parent / "agt_privacy_amazon_tuning.json").read_text())
+  assert {k: v for k, v in tune["dpsgd"].items() if k != "provenance"} == t
+  assert tune["dpsgd"]["provenance"] == stored["amazon"]["provenance"]
