@@ -9,9 +9,9 @@ Pipeline for a property (regions × disjuncts, see `milp.complete.spec`):
 3. **bounds** per (region, disjunct): CROWN / α-CROWN on the whole box (`layered`); a disjunct
    with a row whose certified lower bound is > 0 is done.
 4. **bab**: input splitting when the input has at most ``input_split_dims`` entries
-   (`input_bab`; a third, then the rest, of the time with two ways of reusing parent bounds, see
-   `_input_split_portfolio`), ReLU splitting with β-CROWN otherwise (`relu_bab`, with the
-   MILP fallback).
+   (`input_bab`; a third of the time with the smear branching, then the rest with look-ahead
+   branching, see `_input_split_portfolio`), ReLU splitting with β-CROWN otherwise
+   (`relu_bab`, with the MILP fallback).
 
 ``unsat`` is returned only when every disjunct of every region is proven; with ``sound=True``
 (default) every bound holds in exact arithmetic (see `layered`). Time is wall-clock and checked
@@ -154,16 +154,19 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
 
 def _input_split_portfolio(input_bab, lay, region, disjunct, replay, deadline: Deadline,
                            sample_seconds: float = 10.0, **kwargs: Any):
-  """Input splitting with the parent's bounds met layer by layer for the first third of the
-  time left, then, if that timed out, in the "post" mode (`layered.crown_batch`) for the rest
-  (measured on ACAS Xu at low load: every instance the layer-wise mode solves takes <= 14 s).
+  """Input splitting with the parent's bounds met layer by layer and the smear branching for
+  the first third of the time left, then, if that timed out, in the "post" mode
+  (`layered.crown_batch`) with look-ahead branching (`input_bab`) for the rest.
 
-  The two modes branch differently and neither dominates on ACAS Xu (boxes to finish:
-  2_2 prop_1 > 30k layer-wise vs 1,059 post; 2_4 prop_1 449 layer-wise vs > 19k post), so both
-  get a share. Between the two, a falsifier for thin violations (`attack.sample_search`:
-  10^6 float64 samples and LP local search, at most ``sample_seconds`` or a fifth of the time
-  left; it finds ACAS Xu 1_9 prop_7's counterexample, which PGD and the boxes' centres and
-  corners miss). Returns ``(status, counterexample, nodes of both runs)``."""
+  The two runs branch differently and neither dominates on ACAS Xu: the cheap smear run
+  finishes most instances within seconds and is the faster on those needing many small boxes
+  (1_1 prop_5: 8.7k boxes, 17 s; the look-ahead run times out at 60 s); the look-ahead run
+  finishes the instances where smear's trees explode (2_7 prop_1: 559 boxes vs > 150k, both
+  measured at 90-120 s). Between the two, a falsifier for thin violations
+  (`attack.sample_search`: 10^6 float64 samples and LP local search, at most
+  ``sample_seconds`` or a fifth of the time left; it finds ACAS Xu 1_9 prop_7's
+  counterexample, which PGD and the boxes' centres and corners miss). Returns
+  ``(status, counterexample, nodes of both runs)``."""
   first = Deadline(deadline.remaining() / 3)
   status, cex, nodes = input_bab.input_split(lay, region, disjunct, replay, first,
                                              reuse_bounds="layer", **kwargs)
@@ -175,7 +178,8 @@ def _input_split_portfolio(input_bab, lay, region, disjunct, replay, deadline: D
   if hit is not None:
     return "sat", hit, nodes
   status, cex, more = input_bab.input_split(lay, region, disjunct, replay, deadline,
-                                            reuse_bounds="post", **kwargs)
+                                            reuse_bounds="post", branching="lookahead",
+                                            **kwargs)
   return status, cex, nodes + more
 
 

@@ -288,7 +288,6 @@ def intermediate_batch(lay: Layers, lo, hi, splits, sound: bool):
   return jax.vmap(lambda l, h, s: intermediate_one(lay, l, h, s, sound))(lo, hi, splits)
 
 
-@functools.partial(jax.jit, static_argnames=("sound", "intermediate", "prior_mode"))
 def crown_batch(lay: Layers, C, d, lo, hi, splits, sound: bool, intermediate: str = "crown",
                 prior=None, prior_mode: str = "layer"):
   """Intermediate and output bounds (adaptive α, no β) for a batch of boxes with splits.
@@ -304,37 +303,68 @@ def crown_batch(lay: Layers, C, d, lo, hi, splits, sound: bool, intermediate: st
   ``"forward"`` or ``"both"`` (the intersection of the two).
   Returns ``(bound (B, R), lam0 (B, R, n_0), infeasible (B,), lbs, ubs)`` (``lbs, ubs``: the
   tightest bounds known, to pass on as children's prior); infeasible sub-problems get bound
-  ``+inf``."""
+  ``+inf``.
+
+  The "post" mode is two jitted calls (own bounds, then the second output pass): traced as one
+  program, XLA's CPU backend fused it into code 5x slower on ACAS Xu (2.6 s instead of 0.55 s
+  per 1024 boxes, measured with jax 0.10)."""
   if prior_mode not in ("layer", "post"):
     raise ValueError(f"crown_batch: prior_mode must be 'layer' or 'post', got {prior_mode!r}.")
+  if prior is None or prior_mode == "layer":
+    return _crown_batch(lay, C, d, lo, hi, splits, sound, intermediate, prior)
+  bnd, lam0, inf, lbs, ubs = _crown_batch(lay, C, d, lo, hi, splits, sound, intermediate, None)
+  bnd_met, inf_met, mlbs, mubs = _output_met_batch(lay, C, d, lo, hi, lbs, ubs, prior, sound)
+  return jnp.maximum(bnd, bnd_met), lam0, inf | inf_met, mlbs, mubs
 
-  def own(l, h, s, pr):
+
+@functools.partial(jax.jit, static_argnames=("sound", "intermediate"))
+def _crown_batch(lay: Layers, C, d, lo, hi, splits, sound: bool, intermediate: str, prior):
+  """`crown_batch` without a prior or with the "layer" mode."""
+
+  def one(l, h, s, pr):
     if intermediate == "both":
       lf, uf, inf1 = intermediate_forward_one(lay, l, h, s, sound, pr)
       lbs, ubs, inf = intermediate_one(lay, l, h, s, sound, (lf, uf))
-      return lbs, ubs, inf | inf1
-    inter = intermediate_one if intermediate == "crown" else intermediate_forward_one
-    return inter(lay, l, h, s, sound, pr)
-
-  def one(l, h, s, pr):
-    post = pr is not None and prior_mode == "post"
-    lbs, ubs, inf = own(l, h, s, None if post else pr)
-    out = lambda lb, ub: output_one(lay, C, d, l, h, lb, ub, sound=sound)[:2]
-    if not post:
-      bnd, lam0 = out(lbs, ubs)
-      return jnp.where(inf, jnp.inf, bnd), lam0, inf, lbs, ubs
-    met = [_meet(a, b, pr, k) for k, (a, b) in enumerate(zip(lbs, ubs), start=1)]
-    inf = inf | jnp.any(jnp.stack([jnp.any(a > b) for a, b in met]))
-    mlbs = tuple(a for a, _ in met)
-    mubs = tuple(jnp.maximum(b, a) for a, b in met)
-    # both output passes in one vmap (one traced backward pass: half the compile)
-    both = lambda own_, met_: jnp.stack([own_, met_])
-    bnds, lam0s = jax.vmap(out)(tuple(map(both, lbs, mlbs)), tuple(map(both, ubs, mubs)))
-    bnd = jnp.maximum(bnds[0], bnds[1])
-    return jnp.where(inf, jnp.inf, bnd), lam0s[0], inf, mlbs, mubs
+      inf = inf | inf1
+    else:
+      inter = intermediate_one if intermediate == "crown" else intermediate_forward_one
+      lbs, ubs, inf = inter(lay, l, h, s, sound, pr)
+    bnd, lam0 = output_one(lay, C, d, l, h, lbs, ubs, sound=sound)[:2]
+    return jnp.where(inf, jnp.inf, bnd), lam0, inf, lbs, ubs
   if prior is None:
     return jax.vmap(lambda l, h, s: one(l, h, s, None))(lo, hi, splits)
   return jax.vmap(one)(lo, hi, splits, prior)
+
+
+@functools.partial(jax.jit, static_argnames=("sound",))
+def _output_met_batch(lay: Layers, C, d, lo, hi, lbs, ubs, prior, sound: bool):
+  """The "post" mode's second pass: output bounds on ``(lbs, ubs)`` met with ``prior``.
+  Returns ``(bound (B, R), infeasible (B,), met lbs, met ubs)``."""
+
+  def one(l, h, lb, ub, pr):
+    met = [_meet(a, b, pr, k) for k, (a, b) in enumerate(zip(lb, ub), start=1)]
+    inf = jnp.any(jnp.stack([jnp.any(a > b) for a, b in met]))
+    mlbs = tuple(a for a, _ in met)
+    mubs = tuple(jnp.maximum(b, a) for a, b in met)
+    bnd, _ = output_one(lay, C, d, l, h, mlbs, mubs, sound=sound)[:2]
+    return jnp.where(inf, jnp.inf, bnd), inf, mlbs, mubs
+  return jax.vmap(one)(lo, hi, lbs, ubs, prior)
+
+
+@functools.partial(jax.jit, static_argnames=("intermediate",))
+def estimate_batch(lay: Layers, C, d, lo, hi, prior, intermediate: str = "crown"):
+  """Estimates of the output bounds of ``C y - d`` (B, R) on boxes whose pre-activations are
+  known to lie in ``prior`` (a parent box's bounds): intermediate bounds met with ``prior``
+  layer by layer (CROWN, `intermediate_one`, or forward, `intermediate_forward_one`), then one
+  CROWN output pass, without the rounding allowance (``sound=False``): only for ranking
+  branching choices, never for a verdict."""
+  inter = intermediate_forward_one if intermediate == "forward" else intermediate_one
+
+  def one(l, h, pr):
+    lbs, ubs, inf = inter(lay, l, h, None, False, pr)
+    bnd, _ = output_one(lay, C, d, l, h, lbs, ubs, sound=False)[:2]
+    return jnp.where(inf, jnp.inf, bnd)
+  return jax.vmap(one)(lo, hi, prior)
 
 
 def default_alphas(lbs, ubs, R: int):
