@@ -416,8 +416,7 @@ def test_fit_rejects_small_dataset_and_bad_shapes():
             progress=False)
 
 
-def test_engine_backend_matches_when_available():
-  pytest.importorskip("boundjax.transforms")
+def test_engine_backend_matches():
   X, y = _data(32)
   params = _net(jax.random.PRNGKey(7), [3, 5, 1])
   box = _widen(params, jax.random.PRNGKey(8), 0.05)

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from boundjax import cli
 
-ort = pytest.importorskip("onnxruntime")   # a dev dependency, not part of boundjax
+import onnxruntime as ort  # a dev dependency (pyproject's "dev" extra), not part of boundjax
 
 
 def _network(path: Path, seed: int = 0) -> dict:

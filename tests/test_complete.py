@@ -383,7 +383,7 @@ def test_format_result_round_trip():
   with pytest.raises(ValueError):
     mc.Outcome("sat")
   # the counterexample, written as VNNLIB-style assignments, satisfies the property text
-  vnnlib = pytest.importorskip("boundjax.io.vnnlib")
+  from boundjax.io import vnnlib
   text_prop = ("(declare-const X_0 Real)\n(declare-const X_1 Real)\n(declare-const X_2 Real)\n"
                "(declare-const Y_0 Real)\n(declare-const Y_1 Real)\n"
                "(assert (>= X_0 0.0))\n(assert (<= X_0 1.0))\n(assert (>= X_1 -1.0))\n"
@@ -402,7 +402,6 @@ def _rows(category=None):
 
 
 def _check_instance(row, timeout):
-  pytest.importorskip("boundjax.io.onnx")
   out = mc.verify_instance(SHARED / row["onnx"], SHARED / row["vnnlib"], timeout=timeout)
   assert {out.status, row["verdict"]} != {"sat", "unsat"}, (row, out)
   if out.status == "sat":

@@ -214,7 +214,7 @@ def test_workers_train_the_serial_family_in_a_process_pool(tmp_path, data, setup
 
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")   # Ray starting its processes
 def test_workers_on_a_local_ray_instance(tmp_path, data, setup, ensemble):
-  pytest.importorskip("ray")
+  import ray  # noqa: F401  (a dev dependency)
   x, y = data
   model, params, _ = setup
   removed, ens = ensemble

@@ -306,8 +306,8 @@ def test_grad_with_respect_to_intervals_returns_cotangents():
 
 
 def test_optax_and_flax_tree_ops_over_intervals():
-  optax = pytest.importorskip("optax")
-  nnx = pytest.importorskip("flax.nnx")
+  import optax
+  from flax import nnx
   params = {"w": _box(), "b": jnp.zeros(2)}
   loss = lambda p: jnp.sum(p["w"].lower ** 2) - jnp.sum(p["w"].upper) + jnp.sum(p["b"])
   for opt in (optax.sgd(0.1), optax.adam(0.1)):

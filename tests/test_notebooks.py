@@ -27,9 +27,9 @@ from typing import Callable
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
+import ipykernel  # noqa: F401  (the kernel the notebooks run in; a dev dependency)
+import nbclient
+import nbformat
 
 NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 KERNEL = "boundjax-tests"
