@@ -134,7 +134,7 @@ def _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, groups, parent: np.ndarray
   clo = np.concatenate([clo.reshape(B, 2 * n0, n0), lo[:, None]], axis=1).reshape(-1, n0)
   chi = np.concatenate([chi.reshape(B, 2 * n0, n0), hi[:, None]], axis=1).reshape(-1, n0)
   out = np.empty(len(clo))
-  step = 4 * batch
+  step = batch
   for s in range(0, len(clo), step):
     e = min(s + step, len(clo))
     take = e - s
