@@ -291,7 +291,9 @@ def test_unnoised_labels_are_every_members_label_larger_families(per_class, seed
 def _check_guard_soundness(family):
   model, params, members, betas = (family[k] for k in ("model", "params", "members", "betas"))
   x, member_labels = family["probe"], family["member_labels"]
-  assert family["info"].all_exact
+  # β need not be exact (LUCID's relax-if-similar may leave it above β*, still sound):
+  # what is checked below is the guard's soundness, against every member's label
+  assert all(np.isfinite(b) and b > 0 for b in family["info"].betas.values())
   ans = L.LabelOnlyGuard(model.apply, params, betas, 0.0, key=jax.random.PRNGKey(0)).query_batch(x)
   disagree = np.any(member_labels != ans.labels[None], axis=0) & ~ans.noised
   assert not disagree.any(), f"{int(disagree.sum())} un-noised answers some member disagrees with"
