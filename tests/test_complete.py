@@ -215,12 +215,13 @@ def test_input_split_post_prior_is_a_subtree(seed):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_lookahead_branching_picks_the_best_worse_half(seed):
+def test_lookahead_branching_scores_are_the_product_of_gains(seed):
   """The look-ahead score is strong branching's product of the two halves' estimated gains over
   the box's own estimate: recomputed here child by child (`layered.estimate_batch` on one box
   at a time), the scores match and the best input wins; a box where no input gains keeps
   the smear coefficients."""
   from milp.complete import input_bab
+  from milp.complete.outcome import Deadline
   apply_fn, params, net = _mlp(40 + seed, (3, 12, 12, 2))
   rng = np.random.default_rng(seed)
   B = 5
@@ -237,7 +238,12 @@ def test_lookahead_branching_picks_the_best_worse_half(seed):
     parent = np.full(B, -np.inf)
     score = input_bab._lookahead_scores(lay, jnp.asarray(C), jnp.asarray(d), lo, hi, bl, bu,
                                         lam, groups, parent, np.full(3, 2.0), 64,
+                                        Deadline(60.0),
                                         max_aspect=1e9) * (hi - lo)
+    # out of time: no estimate is computed and the smear coefficients come back unchanged
+    late = input_bab._lookahead_scores(lay, jnp.asarray(C), jnp.asarray(d), lo, hi, bl, bu,
+                                       lam, groups, parent, np.full(3, 2.0), 64, Deadline(0.0))
+    np.testing.assert_array_equal(late, lam)
     prior = (tuple(jnp.full((1, n), -1e300) for n in lay.hidden),
              tuple(jnp.full((1, n), 1e300) for n in lay.hidden))
     est = lambda a, b: np.asarray(layered.estimate_batch(

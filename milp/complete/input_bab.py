@@ -11,10 +11,10 @@ so the jitted bound is compiled once per size and the frontier stays small.
 
 ``branching="lookahead"`` replaces the smear score by a one-step look-ahead: both halves of
 every input's bisection are bounded (CROWN intermediate bounds met with the box's own, one
-output pass, `layered.estimate_batch`) and the input whose worse half has the highest bound is
-split (the "strong branching" of MIP solvers, applied to input splitting). It costs about
-``2 n_0`` extra bounds per box but the trees shrink far more on ACAS Xu: 2_7 prop_1 from
-> 200k boxes (smear, post mode, 120 s) to 559, 1_8 prop_2 from > 189k to 467; on 1_1
+output pass, `layered.estimate_batch`) and the input with the best product of the two halves'
+gains is split (the "strong branching" of MIP solvers, applied to input splitting). It costs
+``2 n_0 + 1`` extra bounds per box but the trees shrink far more on ACAS Xu: 2_7 prop_1 from
+> 200k boxes (smear, post mode, 120 s) to 543, 1_8 prop_2 from > 189k to 463; on 1_1
 prop_5, where smear needs 8.7k boxes, it is slower, hence the portfolio in `milp.complete.api`.
 
 Two refinements, both sound: a child box's intermediate bounds are intersected with its
@@ -111,7 +111,8 @@ def _search_records(Wb, region: Region, cand: np.ndarray, y: np.ndarray, best: f
 
 
 def _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, groups, parent: np.ndarray,
-                      root: np.ndarray, batch: int, max_aspect: float = 1024.0) -> np.ndarray:
+                      root: np.ndarray, batch: int, deadline: Deadline,
+                      max_aspect: float = 1024.0) -> np.ndarray:
   """Per box and input ``j``, a sensitivity whose ``width × |.|`` is the product score of
   strong branching (Achterberg, Koch & Martin 2005, "Branching rules revisited", §3),
   ``max(g_lo, ε) · max(g_hi, ε)``, where ``g`` are the gains of the two halves' bounds over the
@@ -121,7 +122,8 @@ def _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, groups, parent: np.ndarray
   alone is myopic (splitting a vanishing input gains a little on both halves and would win
   for ever). Gains within ``ε = 1e-9 (1 + |parent|)`` count as none, and so do inputs whose
   width relative to the region's (``root``) is below ``1 / max_aspect`` of the box's largest;
-  a box where no input gains keeps ``lam`` (the smear heuristic's coefficients)."""
+  a box where no input gains keeps ``lam`` (the smear heuristic's coefficients), and so does
+  every box when ``deadline`` expires during the estimates (the caller then stops)."""
   B, n0 = lo.shape
   mid = (lo + hi) / 2
   eye = np.eye(n0, dtype=bool)
@@ -136,6 +138,8 @@ def _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, groups, parent: np.ndarray
   out = np.empty(len(clo))
   step = batch
   for s in range(0, len(clo), step):
+    if deadline.expired():  # 2 n_0 + 1 bounds per box: do not overrun the time limit
+      return lam
     e = min(s + step, len(clo))
     take = e - s
     size = _bucket(take, step)
@@ -163,7 +167,7 @@ def _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, groups, parent: np.ndarray
   useful = np.any(gains > eps[..., None], axis=2) & (rel * max_aspect
                                                      >= rel.max(axis=1, keepdims=True))
   score = np.maximum(gains[..., 0], eps) * np.maximum(gains[..., 1], eps)
-  score = np.where(useful & (width > 0), score, 0.0)
+  score = np.where(useful, score, 0.0)
   sens = np.where(width > 0, score / np.where(width > 0, width, 1.0), 0.0)
   flat = ~np.any(useful, axis=1, keepdims=True)  # no input helps: the smear heuristic
   return np.where(flat, lam, sens)
@@ -190,7 +194,7 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
   `layered.crown_batch`'s ``prior_mode``; False: not at all. ``combine``: also bound sums of
   rows (`combined_rows`). ``local_search``: run `_search_records` on the candidates.
   ``branching``: ``"smear"`` (width × |Λ| of the box's own bound) or ``"lookahead"`` (the
-  input whose bisection gives the best worse half, `_lookahead_scores`).
+  input whose bisection gives the best product of the halves' gains, `_lookahead_scores`).
   """
   if reuse_bounds not in (True, False, "layer", "post"):
     raise ValueError(f"input_split: reuse_bounds must be True, False, 'layer' or 'post', got "
@@ -285,7 +289,7 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
     if branching == "lookahead":
       lam = _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, [
           (starts[g], ends[g]) for g in worst[open_]], gbound[open_, worst[open_]],
-          region.upper - region.lower, batch)
+          region.upper - region.lower, batch, deadline)
     lo1, hi1, lo2, hi2 = split_boxes(lo, hi, lam)
     los += [lo1, lo2]
     his += [hi1, hi2]
