@@ -3,12 +3,15 @@ and/or/not semantics against direct evaluation, and error messages with line num
 
 from __future__ import annotations
 
+import csv
+import functools
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from boundjax.io import load_onnx
 from boundjax.io import (Disjunct, VnnlibError, crown_spec, unsafe_rows_lower, parse_vnnlib,
                          read_vnnlib)
 
@@ -31,17 +34,59 @@ def unit_box(n_in: int) -> str:
 # The shared files
 # ----------------------------------------------------------------------------------------------
 
+def _networks_of(path: Path) -> list[Path]:
+  """The networks `instances.csv` pairs with one VNNLIB file (a file can serve several); a file
+  no listed instance uses (ACAS Xu prop_9/10 belong to networks not in the folder) is checked
+  against every network of its category."""
+  rows = csv.DictReader((SHARED / "instances.csv").open())
+  rel = path.relative_to(SHARED).as_posix()
+  listed = sorted({SHARED / r["onnx"] for r in rows if r["vnnlib"] == rel})
+  return listed or sorted(path.parent.glob("*.onnx"))
+
+
+@functools.lru_cache(maxsize=None)
+def _counts(onnx_path: Path) -> tuple[int, int]:
+  """(inputs, outputs) of a network, from the loaded model itself (its traced output shape)."""
+  model = load_onnx(onnx_path)
+  return model.n_inputs, model.n_outputs
+
+
 @needs_shared
 def test_the_shared_folder_has_the_expected_files():
   assert len([f for f in FILES if f.parent.name == "acasxu"]) == 10
   assert len([f for f in FILES if f.parent.name == "mnistfc"]) == 29
+  rows = list(csv.DictReader((SHARED / "instances.csv").open()))
+  for r in rows:  # every instance names files that are there
+    assert (SHARED / r["onnx"]).is_file() and (SHARED / r["vnnlib"]).is_file(), r
+  assert {r["vnnlib"] for r in rows} <= {p.relative_to(SHARED).as_posix() for p in FILES}
+
+
+def _robustness_label(region, n_out: int) -> int:
+  """The class every row of a "some other class wins" property compares against: each row is
+  `±(Y_a - Y_b) <= 0` with one +1 and one -1; returns the index common to all rows."""
+  common = None
+  for dj in region.disjuncts:
+    for row, d in zip(dj.C, dj.d):
+      assert d == 0.0 and row.sum() == 0.0
+      assert sorted(row[row != 0].tolist()) == [-1.0, 1.0]
+      pair = set(np.flatnonzero(row).tolist())
+      common = pair if common is None else common & pair
+  (label,) = common
+  return label
 
 
 @needs_shared
 @pytest.mark.parametrize("path", FILES, ids=[f"{p.parent.name}/{p.stem}" for p in FILES])
 def test_every_shared_file_parses(path):
-  acas = path.parent.name == "acasxu"
-  prop = read_vnnlib(path, n_inputs=5 if acas else 784, n_outputs=5 if acas else 10)
+  """Every shared file parses with the input and output counts of the network it is paired with
+  (taken from the loaded network, not assumed), and its box holds the numbers as written."""
+  networks = _networks_of(path)
+  assert networks, f"no network for {path}"
+  counts = {_counts(n) for n in networks}
+  assert len(counts) == 1, f"{path} serves networks of different sizes: {counts}"
+  ((n_in, n_out),) = counts
+  prop = read_vnnlib(path, n_inputs=n_in, n_outputs=n_out)
+  assert (prop.n_inputs, prop.n_outputs) == (n_in, n_out)
   text = path.read_text()
   assert prop.regions
   for r in prop.regions:
@@ -54,20 +99,36 @@ def test_every_shared_file_parses(path):
   numbers = {float(t) for t in re.findall(r"(?<![\w.])-?\d+\.?\d*(?:e-?\d+)?(?![\w.])", text)}
   for r in prop.regions:
     assert set(r.lower.tolist()) <= numbers and set(r.upper.tolist()) <= numbers
-  if not acas:
-    label = int(re.search(r"label: (\d+)", text).group(1))
-    (region,) = prop.regions
-    assert np.all(region.lower >= 0) and np.all(region.upper <= 1)
-    eps = float(path.stem.split("_")[-1])
-    assert np.all(region.upper - region.lower <= 2 * eps + 1e-7)
-    # "unsafe if some other class scores at least as high": 9 disjuncts Y_label - Y_j <= 0
+  category = path.parent.name
+  if category == "acasxu":
+    return
+  # The image categories are L-inf robustness properties of a 10-class network: one box.
+  (region,) = prop.regions
+  label = _robustness_label(region, n_out)
+  stated = re.search(r"label:? (\d+)", text)
+  if category == "marabou-cifar10":
+    # "the target class beats every other": one conjunction of 9 rows Y_j - Y_target <= 0
+    (dj,) = region.disjuncts
+    assert dj.C.shape == (9, 10) and np.all(dj.C[:, label] == -1.0)
+    assert label == int(re.search(r"target(\d+)", path.stem).group(1))
+  else:
+    # "some other class scores at least as high": 9 disjuncts of one row Y_label - Y_j <= 0
     assert len(region.disjuncts) == 9
-    others = set()
-    for dj in region.disjuncts:
-      (row,) = dj.C
-      assert dj.d.tolist() == [0.0] and row[label] == 1.0 and row.sum() == 0.0
-      others.add(int(np.flatnonzero(row == -1.0)[0]))
-    assert others == set(range(10)) - {label}
+    assert all(dj.C.shape == (1, 10) and dj.C[0, label] == 1.0 for dj in region.disjuncts)
+    if stated is not None:
+      assert label == int(stated.group(1))
+  named = re.search(r"eps_?(\d+(?:\.\d+)?)", path.stem)
+  eps = float(named.group(1)) if named else float(path.stem.split("_")[-1])
+  half_widths = (region.upper - region.lower) / 2
+  if category in ("mnistfc", "eran", "verivital", "marabou-cifar10"):
+    # pixels in [0, 1]; the box is the eps-ball clipped to it
+    assert np.all(region.lower >= 0) and np.all(region.upper <= 1)
+    assert np.all(half_widths <= eps + 1e-7) and np.any(half_widths > eps - 1e-7)
+  else:
+    # normalised CIFAR inputs: the half-width is eps over a per-channel std (CIFAR-10's are
+    # about 0.2-0.26), at most clipped at the edges of the pixel range
+    assert np.all(half_widths > 0) and np.all(half_widths <= eps / 0.2 + 1e-6)
+    assert np.any(half_widths > eps / 0.27)
 
 
 @needs_shared
