@@ -12,6 +12,7 @@ import pytest
 from boundjax import agt
 from boundjax.agt import descent, losses, mlp, retrain
 from boundjax.agt import bounds as bnd
+from boundjax.core import options
 from boundjax.interval import Interval
 from tests.helpers import matmul_precisions
 
@@ -414,6 +415,46 @@ def test_fit_rejects_small_dataset_and_bad_shapes():
   with pytest.raises(ValueError, match="rows"):
     agt.fit(mlp.apply, params, X, y[:5], agt.Config(n_epochs=1, learning_rate=0.1, batch_size=5),
             progress=False)
+
+
+@pytest.mark.parametrize("label", [5, -1, 1.5])
+def test_fit_rejects_cross_entropy_labels_outside_the_logits(label):
+  X, _ = _data(20)
+  y = np.zeros(20, np.int64 if float(label).is_integer() else np.float64)
+  y[3] = label
+  params = _net(jax.random.PRNGKey(0), [3, 4, 2])        # two logits: classes 0 and 1
+  cfg = agt.Config(n_epochs=1, learning_rate=0.1, batch_size=10, loss="cross_entropy")
+  with pytest.raises(options.OptionError,
+                     match=rf"y: label {label!r} at index \(3,\).*2 outputs"):
+    agt.fit(mlp.apply, params, X, y, cfg, progress=False)
+  y_ok = np.zeros(20, np.int64)
+  with pytest.raises(options.OptionError, match=r"y_val: label"):
+    agt.fit(mlp.apply, params, X, y_ok, cfg, x_val=X, y_val=y, progress=False)
+
+
+def test_fit_rejects_binary_labels_other_than_0_and_1():
+  X, y = _data(20)
+  y = np.asarray(y).copy()
+  y[5] = 2.0
+  params = _net(jax.random.PRNGKey(0), [3, 4, 1])
+  cfg = agt.Config(n_epochs=1, learning_rate=0.1, batch_size=10, loss="binary_cross_entropy")
+  with pytest.raises(options.OptionError,
+                     match=r"y: binary cross-entropy labels .*0 or 1, got 2\.0 at index \(5,\)"):
+    agt.fit(mlp.apply, params, X, y, cfg, progress=False)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_fit_names_a_non_finite_input_before_training(bad):
+  X, y = _data(20)
+  X = np.asarray(X).copy()
+  X[7, 1] = bad
+  params = _net(jax.random.PRNGKey(0), [3, 4, 1])
+  cfg = agt.Config(n_epochs=1, learning_rate=0.1, batch_size=10)
+  with pytest.raises(options.OptionError,
+                     match=r"x: 1 entries are NaN or infinite .*index \(7, 1\)"):
+    agt.fit(mlp.apply, params, X, y, cfg, progress=False)
+  with pytest.raises(options.OptionError, match=r"x_val: 1 entries"):
+    agt.fit(mlp.apply, params, _data(20)[0], y, cfg, x_val=X, y_val=y, progress=False)
 
 
 def test_engine_backend_matches():

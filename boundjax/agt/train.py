@@ -39,6 +39,7 @@ import numpy as np
 
 from boundjax import training
 from boundjax.agt import bounds as bnd
+from boundjax.core import options
 from boundjax.agt import descent, diagnostics, losses, mlp, optim, poisoning
 from boundjax.agt.certify import certified_mask, check_shared_nominal, predict
 from boundjax.agt.config import Config
@@ -287,7 +288,9 @@ def fit(apply_fn: Callable, params: Any, x: Any, y: Any, config: Config, *,
 
   Warns with `diagnostics.VacuousCertificateWarning` (once) by the ``vacuity`` rule, and raises
   `diagnostics.BoxOverflowError` (naming the step and the leaves) when an endpoint of the box
-  becomes infinite or NaN.
+  becomes infinite or NaN. Before any step, raises `boundjax.core.options.OptionError` when
+  ``x`` (or ``x_val``) holds NaN or ±inf (naming the first index) or a label does not fit the
+  loss and the network (`check_data`).
   """
   from tqdm.auto import tqdm
   if vacuity is not None and not isinstance(vacuity, diagnostics.VacuityCheck):
@@ -296,6 +299,9 @@ def fit(apply_fn: Callable, params: Any, x: Any, y: Any, config: Config, *,
   x, y = jnp.asarray(x), jnp.asarray(y)
   if x.shape[0] != y.shape[0]:
     raise ValueError(f"fit: x has {x.shape[0]} rows but y has {y.shape[0]}.")
+  check_data(apply_fn, params, x, y, config.loss)
+  if x_val is not None and y_val is not None:
+    check_data(apply_fn, params, x_val, y_val, config.loss, names=("x_val", "y_val"))
   sched, epochs = _epoch_batches(x.shape[0], config, schedule)
   backend = bnd.resolve(backend, apply_fn, params, x[:2], config.matmul)
   step = _jitted_step(apply_fn, config, backend) if jit else make_step(apply_fn, config, backend)
@@ -325,6 +331,29 @@ def fit(apply_fn: Callable, params: Any, x: Any, y: Any, config: Config, *,
                     diagnostics.VacuousCertificateWarning, stacklevel=2)
   bar.close()
   return FitResult(state.params, state.bounds, sched, tuple(records))
+
+
+def check_data(apply_fn: Callable, params: Any, x: Any, y: Any, loss: str,
+               names: tuple[str, str] = ("x", "y")) -> None:
+  """The checks of `fit`'s data before training (`boundjax.core.options`).
+
+  ``x`` must be finite: a NaN input makes every bound through it NaN, and AGT's box would only
+  overflow steps later (`diagnostics.BoxOverflowError`) without naming the input. Labels must
+  fit the loss (AGT, App. B): "cross_entropy" takes integer classes ``0 .. C - 1`` for a
+  network with ``C`` logits (``optax``'s one-hot of a label outside that range is all zeros,
+  so training would go on with a wrong gradient), "binary_cross_entropy" takes 0 or 1 (its
+  logit gradient ``sigmoid(z) - y`` assumes it), and "mse" takes finite targets.
+  """
+  x_name, y_name = names
+  options.finite_array(x_name, x)
+  if loss == "cross_entropy":
+    out = jax.eval_shape(apply_fn, params, jnp.asarray(x)[:1])
+    n_classes = out.shape[-1] if out.ndim > 1 else 1
+    options.class_labels(y_name, y, n_classes)
+  elif loss == "binary_cross_entropy":
+    options.binary_labels(y_name, y)
+  else:
+    options.finite_array(y_name, y)
 
 
 _finite_flags = jax.jit(diagnostics.finite_flags)
