@@ -60,6 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from boundjax import training
+from boundjax.core import options
 from boundjax.executor import check_executor, run_jobs
 from boundjax.training import (OptimizerLike, Schedule, as_schedule, batch_weights,
                                binary_logistic_loss, build_optimizer, l1_regularization,
@@ -94,11 +95,16 @@ def leave_k_out(indices: Any, k: int = 1, include_full: bool = True) -> np.ndarr
   """Removed-index rows for `train_ensemble`: shape ``(members, k)``, ``-1`` meaning "none".
 
   Args:
-    indices: ``(m,)`` point indices (one member each, ``k == 1``) or ``(m, k)`` rows of them.
-    k: points removed per member.
+    indices: ``(m,)`` point indices (one member each, ``k == 1``) or ``(m, k)`` rows of them
+      (integers; ``-1`` for "none" in a row of fewer than k removals).
+    k: points removed per member, an integer >= 1.
     include_full: prepend a row of ``-1`` (row 0 = the network N trained on all of D).
+
+  Raises `boundjax.core.options.OptionError` for ``k < 1`` or a non-integer index (``1.7``
+  would otherwise be truncated to another point).
   """
-  idx = np.asarray(indices, dtype=np.int64)
+  k = options.integer("k", k, minimum=1)
+  idx = options.index_array("indices", indices, minimum=-1)
   if idx.ndim == 1:
     if k != 1:
       if idx.size % k:
@@ -120,8 +126,8 @@ def leave_k_out(indices: Any, k: int = 1, include_full: bool = True) -> np.ndarr
 def epoch_orders(seed: int, n: int, epochs: int, shuffle: bool = True) -> np.ndarray:
   """Visiting order of the n points in every epoch, shape ``(epochs, n)``: a copy of
   ``Schedule(n, 1, epochs, seed, "epoch" if shuffle else "none").orders_np()``."""
-  if n <= 0 or epochs <= 0:
-    raise ValueError(f"epoch_orders: need n > 0 and epochs > 0, got n={n}, epochs={epochs}.")
+  n = options.integer("n", n, minimum=1)
+  epochs = options.integer("epochs", epochs, minimum=1)
   return Schedule(n=n, batch_size=1, epochs=epochs, seed=seed,
                   shuffle="epoch" if shuffle else "none").orders_np().copy()
 
@@ -130,8 +136,7 @@ def batch_schedule(seed: int, n: int, epochs: int, batch_size: int,
                    shuffle: bool = True) -> np.ndarray:
   """Index batches of every SGD step, shape ``(epochs * ceil(n / B), B)``, padded with ``-1``:
   ``Schedule(n, batch_size, epochs, seed, "epoch" if shuffle else "none").batches_np()``."""
-  if batch_size <= 0:
-    raise ValueError(f"batch_schedule: batch_size must be > 0, got {batch_size}.")
+  batch_size = options.integer("batch_size", batch_size, minimum=1)
   return Schedule(n=n, batch_size=batch_size, epochs=epochs, seed=seed,
                   shuffle="epoch" if shuffle else "none").batches_np()
 
@@ -148,10 +153,24 @@ def _apply_fn(model: Any) -> ApplyFn:
   raise ValueError(f"model must be a Flax module or an apply function, got {type(model)!r}.")
 
 
-def _check_data(x: Any, y: Any, removed: Optional[np.ndarray] = None) -> tuple[int, np.ndarray]:
+def _check_data(model: Any, init_params: PyTree, x: Any, y: Any, loss_fn: LossFn,
+                removed: Optional[np.ndarray] = None) -> tuple[int, np.ndarray]:
+  """The number of points and the removed rows, after the checks of `boundjax.core.options`:
+  ``x`` finite (a NaN input would make every member's parameters NaN), labels that the loss
+  takes (classes ``0 .. C - 1`` for `softmax_cross_entropy` on ``C`` logits, whose one-hot of
+  another label is all zeros; -1, 0 or 1 for `binary_logistic_loss`; finite for any other
+  loss), removed indices integers in ``[-1, n - 1]``."""
   n = int(np.shape(x)[0])
   if np.shape(y)[0] != n:
     raise ValueError(f"x has {n} rows but y has {np.shape(y)[0]}.")
+  options.finite_array("x", x)
+  if loss_fn is softmax_cross_entropy:
+    out = jax.eval_shape(_apply_fn(model), init_params, jnp.asarray(x[:1]))
+    options.class_labels("y", y, out.shape[-1] if out.ndim > 1 else 1)
+  elif loss_fn is binary_logistic_loss:
+    options.labels_in("y", y, (-1, 0, 1), "binary_logistic_loss")
+  else:
+    options.finite_array("y", y)
   if removed is None:
     return n, np.zeros((0, 0), np.int32)
   removed = np.asarray(removed)
@@ -159,11 +178,7 @@ def _check_data(x: Any, y: Any, removed: Optional[np.ndarray] = None) -> tuple[i
     removed = removed[:, None]
   if removed.ndim != 2:
     raise ValueError(f"removed must have shape (members, k), got {removed.shape}.")
-  if not np.issubdtype(removed.dtype, np.integer):
-    raise ValueError(f"removed must hold integer indices (-1 for none), got {removed.dtype}.")
-  if removed.size and (removed.max() >= n or removed.min() < -1):
-    bad = removed[(removed >= n) | (removed < -1)][0]
-    raise ValueError(f"removed index {int(bad)} is outside [-1, {n - 1}] (n = {n}).")
+  removed = options.index_array("removed", removed, minimum=-1, maximum=n - 1)
   return n, removed.astype(np.int32)
 
 
@@ -176,14 +191,14 @@ def train_single(model: Any, init_params: PyTree, optimizer: OptimizerLike,
 
   Same schedule and arithmetic as one row of `train_ensemble`; it is the baseline the benchmark
   loops over. ``removed_row=None`` trains N on all of D. Give ``schedule`` or ``epochs``,
-  ``batch_size`` (and ``seed``, ``shuffle``).
+  ``batch_size`` (and ``seed``, ``shuffle``). ``removed_row`` holds integer row indices in
+  ``[-1, n - 1]`` (``-1``: none); data and labels are checked as in `train_ensemble`.
   """
-  n, _ = _check_data(x, y)
+  n, _ = _check_data(model, init_params, x, y, loss_fn)
   sched = as_schedule(schedule, n, epochs=epochs, batch_size=batch_size, seed=seed,
                       shuffle=shuffle, who="train_single")
-  row = np.asarray([] if removed_row is None else removed_row, np.int32).reshape(-1)
-  if row.size and (row.max() >= n or row.min() < -1):
-    raise ValueError(f"removed_row has an index outside [-1, {n - 1}]: {row}.")
+  row = options.index_array("removed_row", [] if removed_row is None else removed_row,
+                            minimum=-1, maximum=n - 1).astype(np.int32).reshape(-1)
   fn = _jitted_single(_apply_fn(model), build_optimizer(optimizer), loss_fn)
   return fn(init_params, jnp.asarray(row), jnp.asarray(x), jnp.asarray(y), sched.batches())
 
@@ -383,8 +398,13 @@ def train_ensemble(model: Any, init_params: PyTree, optimizer: OptimizerLike,
   Returns:
     `Ensemble` with ``params`` stacked along a leading member axis (row order = ``removed``;
     with ``chunk_ids``, the rows of those chunks in that order) and the schedule.
+
+  Raises `boundjax.core.options.OptionError` before any training when ``x`` holds NaN or ±inf,
+  a label is not one the loss takes (a class of the network's logits for
+  `softmax_cross_entropy`), a removed index is not an integer in ``[-1, n - 1]``, or a count
+  (``chunk_size``, ``workers``, ``chunk_ids``) is not an integer in range.
   """
-  n, removed = _check_data(x, y, removed)
+  n, removed = _check_data(model, init_params, x, y, loss_fn, removed)
   if removed.shape[0] == 0:
     raise ValueError("removed has no rows: nothing to train.")
   sched = as_schedule(schedule, n, epochs=epochs, batch_size=batch_size, seed=seed,
@@ -420,8 +440,7 @@ class _Chunking:
 def _chunking(n_members: int, chunk_size: int, shard: Optional[bool]) -> _Chunking:
   """Chunks of ``chunk_size`` members (at most all of them), a multiple of the device count
   when the member axis is sharded."""
-  if chunk_size <= 0:
-    raise ValueError(f"chunk_size must be > 0, got {chunk_size}.")
+  chunk_size = options.integer("chunk_size", chunk_size, minimum=1)
   n_dev = jax.device_count()
   shard = (n_dev > 1) if shard is None else bool(shard)
   step = n_dev if shard else 1
@@ -435,8 +454,9 @@ def _selected_chunks(chunks: _Chunking, chunk_ids: Optional[Sequence[int]],
     return list(range(chunks.count))
   if checkpoint_dir is None:
     raise ValueError("chunk_ids needs checkpoint_dir (the chunks are collected there).")
-  ids = [int(c) for c in chunk_ids]
-  if not ids or min(ids) < 0 or max(ids) >= chunks.count:
+  ids = [options.integer(f"chunk_ids[{i}]", c, minimum=0, maximum=chunks.count - 1)
+         for i, c in enumerate(chunk_ids)]
+  if not ids:
     raise ValueError(f"chunk_ids must be a non-empty list of ids in [0, {chunks.count}), got "
                      f"{list(chunk_ids)[:5]}.")
   return ids
@@ -571,8 +591,7 @@ def _single_threaded_xla() -> None:
 def _wants_workers(workers: int, executor: str, address: Optional[str], checkpoint_dir: Any,
                    shard: Optional[bool]) -> bool:
   """True when the chunks go to worker processes; checks the options that come with it."""
-  if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-    raise ValueError(f"workers must be an integer >= 1, got {workers!r}.")
+  workers = options.integer("workers", workers, minimum=1)
   check_executor(executor, address)
   if workers == 1:
     if address is not None:

@@ -13,6 +13,7 @@ import optax
 import pytest
 
 from boundjax import ensembles as E
+from boundjax.core import options
 from boundjax.models import MLP, Conv1dNet
 
 N, D, B, EPOCHS = 70, 4, 16, 2
@@ -183,7 +184,7 @@ def test_chunk_ids_fill_one_checkpoint_from_several_calls(tmp_path, data, setup,
   with pytest.raises(ValueError, match="needs checkpoint_dir"):
     E.train_ensemble(model, params, opt, x, y, removed, epochs=EPOCHS, batch_size=B, seed=7,
                      chunk_size=2, progress=False, chunk_ids=[0])
-  with pytest.raises(ValueError, match="chunk_ids must be"):
+  with pytest.raises(options.OptionError, match=r"chunk_ids\[0\]=3: expected an integer in"):
     E.train_ensemble(model, params, opt, x, y, removed, chunk_ids=[3], **kw)
 
 
@@ -237,7 +238,7 @@ def test_workers_options_are_checked(tmp_path, data, setup):
                      workers=2, loss_fn=lambda z, t: E.softmax_cross_entropy(z, t), **kw)
   with pytest.raises(ValueError, match="needs checkpoint_dir"):
     E.train_ensemble(model, params, _SGD_FACTORY, x, y, removed, workers=2, **kw)
-  with pytest.raises(ValueError, match="workers must be"):
+  with pytest.raises(options.OptionError, match="workers=0: expected an integer >= 1"):
     E.train_ensemble(model, params, opt, x, y, removed, workers=0, **kw)
   with pytest.raises(ValueError, match="executor must be"):
     E.train_ensemble(model, params, opt, x, y, removed, executor="threads", **kw)
@@ -292,10 +293,70 @@ def test_leave_k_out_and_validation(data, setup):
     E.leave_k_out(np.arange(6), k=4)
   x, y = data
   model, params, opt = setup
-  with pytest.raises(ValueError, match="outside"):
+  with pytest.raises(options.OptionError, match=r"removed: index 70 .* out of range"):
     E.train_ensemble(model, params, opt, x, y, [[N]], epochs=1, batch_size=B, progress=False)
   with pytest.raises(ValueError, match="rows"):
     E.train_ensemble(model, params, opt, x, y[:-1], [[0]], epochs=1, batch_size=B,
+                     progress=False)
+
+
+def test_bad_data_and_labels_fail_before_training(data, setup):
+  """NaN inputs and labels outside the logits (or the logistic loss's -1/0/1) are named."""
+  x, y = data
+  model, params, opt = setup
+  kw = dict(epochs=1, batch_size=B, progress=False)
+  xn = x.copy()
+  xn[4, 2] = np.nan
+  with pytest.raises(options.OptionError, match=r"x: 1 entries are NaN .*index \(4, 2\)"):
+    E.train_ensemble(model, params, opt, xn, y, E.leave_k_out([1]), **kw)
+  kw1 = dict(epochs=1, batch_size=B)
+  with pytest.raises(options.OptionError, match=r"x: 1 entries are NaN"):
+    E.train_single(model, params, opt, xn, y, **kw1)
+  y7 = y.copy()
+  y7[2] = 7                                             # the MLP has 2 logits
+  with pytest.raises(options.OptionError, match=r"y: label 7 at index \(2,\).*2 outputs"):
+    E.train_ensemble(model, params, opt, x, y7, E.leave_k_out([1]), **kw)
+  with pytest.raises(options.OptionError, match=r"y: label 7 at index \(2,\)"):
+    E.train_single(model, params, opt, x, y7, **kw1)
+  apply = lambda p, xb: (xb @ p["w"] + p["b"])[:, None]
+  w0 = {"w": jnp.zeros((D,)), "b": jnp.zeros(())}
+  with pytest.raises(options.OptionError, match=r"binary_logistic_loss labels .* got 7"):
+    E.train_ensemble(apply, w0, E.sgd(1.0), x, y7, E.leave_k_out([0]), **kw,
+                     loss_fn=E.binary_logistic_loss)
+
+
+@pytest.mark.parametrize("row, msg", [
+    ([1.7], r"removed_row: expected integer indices in \[-1, 69\], got 1.7"),
+    ([2.0], r"removed_row: expected integer indices .* got 2.0"),
+    ([N], r"removed_row: index 70 at position \(0,\) is out of range"),
+    ([-2], r"removed_row: index -2 at position \(0,\) is out of range")])
+def test_train_single_removed_row_must_be_integer_indices_in_range(data, setup, row, msg):
+  x, y = data
+  model, params, opt = setup
+  with pytest.raises(options.OptionError, match=msg):
+    E.train_single(model, params, opt, x, y, removed_row=row, epochs=1, batch_size=B)
+
+
+def test_leave_k_out_and_chunk_counts_are_checked(data, setup):
+  with pytest.raises(options.OptionError, match="k=0: expected an integer >= 1"):
+    E.leave_k_out([1, 2], k=0)              # was ZeroDivisionError
+  with pytest.raises(options.OptionError, match="k=-1: expected an integer >= 1"):
+    E.leave_k_out([1, 2], k=-1)
+  with pytest.raises(options.OptionError, match="k=1.5: expected an integer"):
+    E.leave_k_out([1, 2], k=1.5)
+  with pytest.raises(options.OptionError, match=r"indices: expected integer indices .* got 1.5"):
+    E.leave_k_out([1.5, 2])                 # was truncated to point 1
+  with pytest.raises(options.OptionError, match=r"n=0: expected an integer >= 1"):
+    E.epoch_orders(0, 0, 1)
+  with pytest.raises(options.OptionError, match=r"batch_size=0: expected an integer >= 1"):
+    E.batch_schedule(0, 10, 1, 0)
+  x, y = data
+  model, params, opt = setup
+  with pytest.raises(options.OptionError, match="chunk_size=2.5: expected an integer >= 1"):
+    E.train_ensemble(model, params, opt, x, y, E.leave_k_out([1]), epochs=1, batch_size=B,
+                     progress=False, chunk_size=2.5)
+  with pytest.raises(options.OptionError, match=r"removed: expected integer indices"):
+    E.train_ensemble(model, params, opt, x, y, [[1.5]], epochs=1, batch_size=B,
                      progress=False)
 
 

@@ -141,6 +141,54 @@ def binary_labels(name: str, y: Any) -> Any:
   return y
 
 
+
+def labels_in(name: str, y: Any, allowed: Iterable[float], loss: str) -> Any:
+  """Labels of a loss that takes a fixed set of values (e.g. ``{-1, 0, 1}`` for a logistic
+  loss whose sign decides the class): each label is one of ``allowed``. Returns ``y``."""
+  if not is_concrete_array(y) and not isinstance(y, (list, tuple)):
+    return y
+  allowed = tuple(allowed)
+  a = np.asarray(y)
+  bad = ~np.isin(a, allowed)
+  if np.any(bad):
+    i = tuple(int(k) for k in np.argwhere(np.atleast_1d(bad))[0])
+    raise OptionError(f"{name}: {loss} labels must be one of "
+                      f"{', '.join(repr(v) for v in allowed)}, got "
+                      f"{np.atleast_1d(a)[i].item()!r} at index {i} ({int(np.sum(bad))} such "
+                      f"labels){at_user_frame()}")
+  return y
+
+
+def index_array(name: str, value: Any, *, minimum: int | None = None,
+                maximum: int | None = None) -> np.ndarray:
+  """An array of integer indices (row numbers), each with ``minimum <= i <= maximum`` where
+  given. As with `integer`, a float such as ``1.7`` (or ``1.0``) is refused rather than
+  truncated to another row. An empty list passes. Returns it as a numpy ``int64`` array."""
+  a = np.asarray(value)
+  if a.size == 0:
+    return a.astype(np.int64)
+  if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
+    flat = a.reshape(-1)
+    i = 0
+    if np.issubdtype(a.dtype, np.number) and a.dtype != np.bool_:
+      i = int(np.argmax(~np.isfinite(flat) | (flat != np.round(flat))))
+    v = flat[i].item() if isinstance(flat[i], np.generic) else flat[i]
+    raise OptionError(f"{name}: expected integer indices{_range_text(minimum, maximum)}, got "
+                      f"{v!r} at position {tuple(int(k) for k in np.unravel_index(i, a.shape))} "
+                      f"(dtype {a.dtype})"
+                      f"{at_user_frame()}")
+  bad = np.zeros(a.shape, bool)
+  if minimum is not None:
+    bad |= a < minimum
+  if maximum is not None:
+    bad |= a > maximum
+  if bad.any():
+    i = tuple(int(k) for k in np.argwhere(bad)[0])
+    raise OptionError(f"{name}: index {a[i].item()!r} at position {i} is out of range "
+                      f"(expected an integer{_range_text(minimum, maximum)}; {int(bad.sum())} "
+                      f"such indices){at_user_frame()}")
+  return a.astype(np.int64)
+
 def one_of(name: str, value: Any, choices: Iterable[Any]) -> Any:
   """``value`` is one of ``choices``."""
   choices = tuple(choices)
@@ -149,12 +197,15 @@ def one_of(name: str, value: Any, choices: Iterable[Any]) -> Any:
   return value
 
 
-def no_unknown_keywords(function: str, given: Mapping[str, Any], known: Iterable[str]) -> None:
+def no_unknown_keywords(function: str, given: Mapping[str, Any], known: Iterable[str], *,
+                        case: str = "") -> None:
   """Raises ``TypeError`` naming the first keyword of ``given`` that ``function`` does not take
-  (instead of ignoring it silently), with the keywords it does take."""
+  (instead of ignoring it silently), with the keywords it does take. ``case`` names the mode
+  whose keywords ``known`` are, when they depend on one (e.g. ``"kind='tanh'"``)."""
   known = tuple(known)
   unknown = [k for k in given if k not in known]
   if unknown:
     raise TypeError(f"{function}() got unexpected keyword argument(s) "
-                    f"{', '.join(repr(k) for k in unknown)}; it takes "
+                    f"{', '.join(repr(k) for k in unknown)}"
+                    f"{' with ' + case if case else ''}; it takes "
                     f"{', '.join(known) if known else 'none'}{at_user_frame()}")
