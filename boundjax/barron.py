@@ -44,6 +44,9 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.special
 
+from boundjax.core import options
+from boundjax.validation import at_user_frame
+
 Array = jax.Array
 
 CATALAN = 0.915965594177219015054603514932384110774
@@ -135,11 +138,67 @@ def closed_form(kind: str, **p: Any) -> Array:
     ``profile_constant``: ``||w||_2 C_g``.
 
   Translation (``b``, centres) never changes the constant.
+
+  Each kind takes only the keywords listed above (`CLOSED_FORM_KEYWORDS`): another one (e.g.
+  ``mu`` for ``"tanh"``, whose ``tanh(mu t)`` of §5.2 is ``a=mu`` here) raises ``TypeError``
+  naming it and the accepted ones, instead of being ignored. Concrete values are checked
+  (`boundjax.core.options.OptionError`): NaN or ±inf anywhere; ``s > 0``; the dimension ``q``
+  of ``R^q`` an integer >= 1 (``q=2.5`` is no dimension; it is not truncated to 2);
+  ``profile_constant >= 0``.
   """
+  _check_closed_form(kind, p)
   if _concrete(p):
     with jax.enable_x64(True):
       return _closed_form(kind, **p)
   return _closed_form(kind, **p)
+
+
+#: The keywords `closed_form` takes for each kind (the first of a tuple in `_REQUIRED` must be
+#: given).
+CLOSED_FORM_KEYWORDS: dict[str, tuple[str, ...]] = {
+    **{k: ("a", "b", "A") for k in ("tanh", "tanh_half", "logistic", "erf", "sech")},
+    "gaussian": ("s", "q", "A"),
+    "gaussian_cov": ("cov", "A"),
+    "ridge": ("w", "b", "profile", "profile_constant", "A"),
+}
+_REQUIRED = {"gaussian_cov": ("cov",), "ridge": ("w",)}
+
+
+def _check_closed_form(kind: str, p: dict[str, Any]) -> None:
+  """The kind, its keywords and their concrete values (tracers pass unchecked)."""
+  if kind not in CLOSED_FORM_KEYWORDS:
+    raise ValueError(
+        f"closed_form: unknown kind {kind!r}; expected tanh, tanh_half, logistic, erf, sech, "
+        "gaussian, gaussian_cov or ridge.")
+  options.no_unknown_keywords("closed_form", p, CLOSED_FORM_KEYWORDS[kind], case=f"kind={kind!r}")
+  for name in _REQUIRED.get(kind, ()):
+    if name not in p:
+      raise TypeError(f"closed_form() with kind={kind!r} needs the keyword {name!r}"
+                      f"{at_user_frame()}")
+  for name in ("a", "b", "A", "w", "cov"):
+    if name in p:
+      _finite(name, p[name])
+  if "s" in p:
+    _finite("s", p["s"], positive=True)
+  if "q" in p:
+    options.integer("q", p["q"], minimum=1)
+  if "profile_constant" in p:
+    _finite("profile_constant", p["profile_constant"], nonnegative=True)
+
+
+def _finite(name: str, value: Any, positive: bool = False, nonnegative: bool = False) -> None:
+  """A finite scalar or array (each entry ``> 0`` / ``>= 0`` if asked); tracers pass."""
+  if isinstance(value, jax.core.Tracer):
+    return
+  if np.ndim(value) == 0:
+    options.number(name, value, positive=positive, nonnegative=nonnegative)
+    return
+  options.finite_array(name, value)
+  if positive or nonnegative:
+    flat = np.ravel(np.asarray(value))
+    for i in np.flatnonzero(flat <= 0 if positive else flat < 0)[:1]:
+      options.number(f"{name}[{int(i)}]", flat[i].item(), positive=positive,
+                     nonnegative=nonnegative)
 
 
 def _closed_form(kind: str, **p: Any) -> Array:
@@ -150,10 +209,6 @@ def _closed_form(kind: str, **p: Any) -> Array:
   if kind == "gaussian":
     s = p.get("s", 1.0)
     q = int(p.get("q", 1))
-    if q < 1:
-      raise ValueError(f"gaussian: dimension q must be >= 1, got {q}.")
-    if np.any(np.asarray(s) <= 0):
-      raise ValueError(f"gaussian: scale s must be > 0, got {s}.")
     ratio = math.exp(math.lgamma((q + 1) / 2) - math.lgamma(q / 2))
     return amp * math.sqrt(2.0) * ratio / jnp.asarray(s, dtype=float)
   if kind == "gaussian_cov":
@@ -170,9 +225,7 @@ def _closed_form(kind: str, **p: Any) -> Array:
     else:
       cg = profile(p.get("profile", "tanh"))[1]
     return amp * jnp.linalg.norm(w) * cg
-  raise ValueError(
-      f"closed_form: unknown kind {kind!r}; expected tanh, tanh_half, logistic, erf, sech, "
-      "gaussian, gaussian_cov or ridge.")
+  raise AssertionError(kind)   # unreachable: `_check_closed_form` knows every kind
 
 
 def network_upper_bound(w1: Any, w2: Any, activation: str = "tanh_half", b1: Any = None) -> Array:
@@ -700,6 +753,8 @@ def barron_constant(h: Callable | None = None, *, q: int = 1,
   if method == "closed":
     if kind is None:
       raise ValueError("barron_constant: method='closed' needs kind=... (see closed_form).")
+    if kind == "gaussian" and "q" not in closed_params:
+      closed_params = dict(closed_params, q=q)     # the dimension of R^q given to this call
     return Estimate(closed_form(kind, **closed_params), jnp.zeros(()), "closed")
   if method == "fft":
     if q == 1:
@@ -726,7 +781,8 @@ def barron_constant(h: Callable | None = None, *, q: int = 1,
 
 
 __all__ = [
-    "CATALAN", "PROFILES", "profile", "closed_form", "gaussian_norm_mean", "network_upper_bound",
+    "CATALAN", "PROFILES", "profile", "closed_form", "CLOSED_FORM_KEYWORDS",
+    "gaussian_norm_mean", "network_upper_bound",
     "staircase_network_1d", "fft_1d", "fft_2d", "fft_grid", "posdef_shortcut", "Estimate", "monte_carlo", "GaussianMixture",
     "gaussian_mixture_mc", "barron_constant",
 ]

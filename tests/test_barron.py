@@ -11,6 +11,7 @@ import pytest
 
 from boundjax import barron
 from boundjax.auditing import adversary_apply
+from boundjax.core import options
 
 G = barron.CATALAN
 
@@ -228,6 +229,54 @@ def test_barron_constant_dispatch():
   assert abs(float(e.value) - _gauss_q(q)) <= 4 * float(e.stderr)
 
 
+@pytest.mark.parametrize("q", [2.5, 0, -1, 2.0, True])
+def test_closed_form_gaussian_dimension_is_an_integer_ge_1(q):
+  """q is the dimension of R^q (Diaz et al., §2): 2.5 was truncated to 2, not refused."""
+  with pytest.raises(options.OptionError, match=rf"q={q!r}: expected an integer >= 1"):
+    barron.closed_form("gaussian", q=q)
+
+
+@pytest.mark.parametrize("kind, kw, msg", [
+    ("tanh", dict(a=float("nan")), r"a=nan: expected a number, not NaN"),
+    ("tanh", dict(a=float("inf")), r"a=inf: expected a finite number"),
+    ("erf", dict(a=[1.0, float("nan")]), r"a: 1 entries are NaN .*index \(1,\)"),
+    ("tanh", dict(A=float("nan")), r"A=nan"),
+    ("tanh", dict(b=float("-inf")), r"b=-inf"),
+    ("gaussian", dict(s=float("nan")), r"s=nan"),
+    ("gaussian", dict(s=np.array([1.0, -2.0])), r"s\[1\]=-2.0: expected a number > 0"),
+    ("gaussian_cov", dict(cov=[[1.0, np.nan], [np.nan, 1.0]]), r"cov: 2 entries are NaN"),
+    ("ridge", dict(w=[1.0, np.inf]), r"w: 1 entries"),
+    ("ridge", dict(w=[1.0], profile_constant=-0.5), r"profile_constant=-0.5: .* >= 0")])
+def test_closed_form_rejects_nan_inf_and_out_of_range_values(kind, kw, msg):
+  with pytest.raises(options.OptionError, match=msg):
+    barron.closed_form(kind, **kw)
+
+
+@pytest.mark.parametrize("kind, kw, bad", [
+    ("tanh", dict(mu=2), "mu"), ("tanh", dict(bogus=5), "bogus"),
+    ("gaussian", dict(a=2.0), "a"), ("gaussian_cov", dict(cov=np.eye(2), s=2.0), "s"),
+    ("ridge", dict(w=[1.0], q=3), "q")])
+def test_closed_form_rejects_keywords_its_kind_does_not_take(kind, kw, bad):
+  """closed_form(kind="tanh", mu=2) returned 1.0 (mu ignored): the keyword is named with the
+  ones the kind takes."""
+  takes = ", ".join(barron.CLOSED_FORM_KEYWORDS[kind])
+  with pytest.raises(TypeError, match=rf"'{bad}' with kind='{kind}'; it takes {takes}"):
+    barron.closed_form(kind, **kw)
+
+
+def test_closed_form_accepts_every_documented_keyword_and_traced_values():
+  assert float(barron.closed_form("tanh", a=[3.0, 4.0], b=0.3, A=-2.0)) == pytest.approx(10.0)
+  assert float(barron.closed_form("gaussian", s=2.0, q=np.int64(2), A=1.0)) == pytest.approx(
+      _gauss_q(2, 2.0), rel=1e-12)
+  assert float(barron.closed_form("ridge", w=[3.0, 4.0], b=1.0, profile_constant=0.5,
+                                  A=1.0)) == pytest.approx(2.5)
+  traced = jax.jit(lambda a: barron.closed_form("tanh", a=a))(jnp.array([3.0, 4.0]))
+  assert float(traced) == pytest.approx(5.0, rel=1e-6)
+  # barron_constant's own q is the Gaussian's dimension (it was dropped: q=1 was used)
+  assert float(barron.barron_constant(kind="gaussian", q=3).value) == pytest.approx(
+      _gauss_q(3), rel=1e-12)
+
+
 def test_errors():
   with pytest.raises(ValueError, match="power of two"):
     barron.fft_1d(jnp.tanh, N=1000)
@@ -235,8 +284,10 @@ def test_errors():
     barron.fft_1d()
   with pytest.raises(ValueError, match="unknown kind"):
     barron.closed_form("relu")
-  with pytest.raises(ValueError, match="s must be > 0"):
+  with pytest.raises(options.OptionError, match=r"s=-1.0: expected a number > 0"):
     barron.closed_form("gaussian", s=-1.0)
+  with pytest.raises(TypeError, match="kind='ridge' needs the keyword 'w'"):   # was a KeyError
+    barron.closed_form("ridge", profile="tanh")
   with pytest.raises(ValueError, match="positive definite"):
     barron.closed_form("gaussian_cov", cov=[[1.0, 0.0], [0.0, -1.0]])
   with pytest.raises(ValueError, match="q=3 > 2"):
