@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from boundjax.core import options
 from milp import bounds as bounds_lib
 from milp.encode import Encoding, reconstruct_member
 from milp.network import Network, classify, forward_batch, margins
@@ -139,7 +140,8 @@ def verify(net: Network, nbhd: Neighbourhood, label: int, cfg: SolveConfig = Sol
   Args:
     net: a concrete network or a hyper-network (`milp.network.Network`).
     nbhd: the neighbourhood (`milp.neighbourhoods`).
-    label: the class index that must hold (0/1 for a ``"sign"`` network).
+    label: the class index that must hold, an integer in ``0 .. num_classes - 1`` (0/1 for a
+      ``"sign"`` network); a float such as ``1.5`` is refused, not truncated to class 1.
     cfg: solver settings (``cfg.tol`` is the margin tolerance, finite and ``>= 0``; re-checked
       here, `ValueError` otherwise). Only a bound ``> tol`` or an ``INFEASIBLE`` answer to
       ``margin <= tol`` for every class counts as VERIFIED; any other solver status
@@ -149,8 +151,12 @@ def verify(net: Network, nbhd: Neighbourhood, label: int, cfg: SolveConfig = Sol
     replay: real networks (concrete `Network`s or callables ``X -> outputs``) that counterexamples
       are replayed through; for a hyper-network these are its known members.
     samples: random points (and as many corners) tried before the MILP (0 disables).
+    seed: the seed of those points (an integer).
     use_bounds_shortcut: allow step 1 to answer VERIFIED without a MILP.
     point_rows_as_equalities: see `Encoding.add_network`.
+
+  Raises `boundjax.core.options.OptionError` (naming the option and value) for a label that is
+  not a class of ``net``, ``samples < 0``, a non-integer ``seed`` or an unknown ``bounds``.
   """
   t0 = time.perf_counter()
   # re-checked here: VERIFIED below reads "margin > tol" as a proof, so a config whose
@@ -158,9 +164,10 @@ def verify(net: Network, nbhd: Neighbourhood, label: int, cfg: SolveConfig = Sol
   check_nonneg_finite(cfg.tol, "verify: cfg.tol")
   if nbhd.size != net.input_size:
     raise ValueError(f"verify: neighbourhood has {nbhd.size} inputs, network takes {net.input_size}.")
-  if not 0 <= int(label) < net.num_classes:
-    raise ValueError(f"verify: label {label} out of range for {net.num_classes} classes.")
-  label = int(label)
+  label = options.integer("label", label, minimum=0, maximum=net.num_classes - 1)
+  samples = options.integer("samples", samples, minimum=0)
+  seed = options.integer("seed", seed)
+  options.one_of("bounds", bounds, ("ibp", "crown"))
   lo, hi = nbhd.lower.reshape(-1), nbhd.upper.reshape(-1)
   bnds = bounds_lib.compute(net, lo, hi, bounds)
   n_unst = bounds_lib.count_unstable(bnds)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from boundjax.core import options
 from boundjax.interval import Interval
 from milp import bounds as B
 from milp import network as N
@@ -199,6 +200,34 @@ def test_membership_and_sensitive_discrete_neighbourhoods():
       assert (r.status == V.Status.VERIFIED) == ok
       if r.status == V.Status.FALSIFIED:
         assert nbhd.contains(r.counterexample)
+
+
+@pytest.mark.parametrize("label, msg", [
+    (1.5, r"label=1.5: expected an integer in \[0, 2\]"),      # was truncated to class 1
+    (3, r"label=3: expected an integer in \[0, 2\]"),
+    (-1, r"label=-1: expected an integer in \[0, 2\]"),
+    (1.0, r"label=1.0: expected an integer"),
+    (True, r"label=True: expected an integer")])
+def test_verify_label_must_be_a_class_index_of_the_network(label, msg):
+  rng = np.random.default_rng(0)
+  net = rand_net(rng, [4, 6, 3])
+  nbhd = NB.linf_ball(rng.random(4), 0.05)
+  with pytest.raises(options.OptionError, match=msg):
+    V.verify(net, nbhd, label)
+  with pytest.raises(options.OptionError, match=r"label=2: expected an integer in \[0, 1\]"):
+    V.verify(rand_net(rng, [4, 6, 1], out="sign"), nbhd, 2)     # a sign network: 0 or 1
+
+
+def test_verify_checks_samples_seed_and_bounds():
+  rng = np.random.default_rng(0)
+  net = rand_net(rng, [4, 6, 3])
+  nbhd = NB.linf_ball(rng.random(4), 0.05)
+  with pytest.raises(options.OptionError, match=r"samples=-1: expected an integer >= 0"):
+    V.verify(net, nbhd, 0, samples=-1)
+  with pytest.raises(options.OptionError, match=r"seed=0.5: expected an integer"):
+    V.verify(net, nbhd, 0, seed=0.5)
+  with pytest.raises(options.OptionError, match=r"bounds='lp': expected one of 'ibp', 'crown'"):
+    V.verify(net, nbhd, 0, bounds="lp")
 
 
 def test_unknown_on_tiny_time_limit():
@@ -420,7 +449,7 @@ def test_bad_inputs_raise_clear_errors():
   net = rand_net(rng, [2, 4, 2])
   with pytest.raises(ValueError, match="neighbourhood has 3 inputs"):
     V.verify(net, NB.membership(np.zeros(3)), 0)
-  with pytest.raises(ValueError, match="label 5"):
+  with pytest.raises(options.OptionError, match=r"label=5: expected an integer in \[0, 1\]"):
     V.verify(net, NB.membership(np.zeros(2)), 5)
   with pytest.raises(ValueError, match="radius"):
     NB.linf_ball(np.zeros(2), -0.1)
