@@ -27,9 +27,17 @@ What makes it fast (every step keeps the optimum and the dual bound exact):
 * stable ReLUs get no ``δ`` (CROWN pre-activation bounds), and when every ReLU is stable the
   Jacobian is one matrix on the box and its norm is enumerated without a solve.
 
-The solver's proven dual bound is the sound ``upper`` (as LipMIP's ``ObjBound``); the incumbent's
-point ``z*`` gives ``lower`` as the Jacobian norm recomputed there. A time limit gives a sound but
-non-exact answer (and an inclusion-monotone oracle only when solved to optimality).
+The solver's proven dual bound, padded by ``1e-6`` relative for the solver's feasibility
+tolerances (`SOLVER_PAD`), is the sound ``upper`` (as LipMIP's ``ObjBound``); the incumbent's
+point ``z*`` gives ``lower`` as the Jacobian norm recomputed there, and ``argmax`` is that point
+(``lower`` is always the Jacobian norm at ``argmax``: a value the constant attains). A time limit
+gives a sound answer (and an inclusion-monotone oracle only when solved to optimality).
+
+``exact`` keeps the meaning of `boundjax.lipschitz.LipschitzBound`: the returned ``upper`` and
+``lower`` agree to ``1e-9`` relative (`EXACT_RTOL`). A solve, even to optimality, brackets the
+constant only to the pad (``upper - lower`` about ``1e-6`` relative), so it is not exact; a box on
+which every ReLU is stable is (one Jacobian, its norm computed in float64 with a bound on the
+rounding, no solver).
 
 The PTR authors' code calls LipMIP with ``c`` in the ℓ1 unit ball, which maximises the ∞→∞ norm
 ``max_i ||J_{i,:}||_1`` — up to ``m`` times below the ∞→1 constant the ℓ1 Laplace release needs;
@@ -62,6 +70,18 @@ from milp.solve import SolveConfig, solve
 
 _DEFAULT_CFG = SolveConfig(solver="highs", time_limit=60.0, threads=1, relative_gap=1e-9,
                            absolute_gap=1e-9)
+
+#: ``exact`` means ``upper - lower <= EXACT_RTOL * max(1, |upper|)`` (the tolerance documented by
+#: `boundjax.lipschitz.LipschitzBound`, and used by `boundjax.lipschitz.local_lipschitz`).
+EXACT_RTOL = 1e-9
+
+#: Relative pad of a solver's dual bound (its feasibility tolerances, ~1e-6 for HiGHS' MIP).
+SOLVER_PAD = 1e-6
+
+
+def _agree(upper: float, lower: float) -> bool:
+  """``upper`` and ``lower`` agree to `EXACT_RTOL` (the meaning of ``exact``)."""
+  return bool(upper - lower <= EXACT_RTOL * max(1.0, abs(upper)))
 
 
 def _dense(m: Any) -> np.ndarray:
@@ -286,6 +306,24 @@ def _constant_jacobian(weights, pre) -> np.ndarray | None:
   return J
 
 
+def _rounding_bound(weights, pre) -> float:
+  """An upper bound on ``sum |J~ - J|`` for the Jacobian ``J~`` that `_constant_jacobian`
+  computes in float64 (Higham, "Accuracy and Stability of Numerical Algorithms", §3.5: a product
+  of inner dimension ``k`` is off by at most ``gamma_k |A| |B|``, so a chain of ``L`` products by
+  at most ``((1 + gamma)^L - 1) |W_L| D |W_(L-1)| ... |W_1|``), doubled for the rounding of this
+  bound itself. ``sum |E|`` bounds ``max_c ||E^T c||_1`` and the largest row sum of ``|E|``."""
+  u = float(np.finfo(np.float64).eps) / 2
+  A = np.abs(weights[-1][0])
+  ks = []
+  for (W, _), (L, _) in zip(reversed(weights[:-1]), reversed(pre[:-1])):
+    A = (A * (L >= 0)[None, :]) @ np.abs(W)
+    ks.append(W.shape[0])
+  if not ks:
+    return 0.0
+  gamma = max(ks) * u / (1 - max(ks) * u)
+  return 2.0 * float(np.sum(A)) * ((1 + gamma) ** len(ks) - 1)
+
+
 def _pattern_point(weights, gates: list[np.ndarray], lo, hi) -> tuple[float, np.ndarray]:
   """``max t`` s.t. every hidden pre-activation has the sign of ``gates`` with margin ``t``
   (normalised), over the box; with the pattern fixed each pre-activation is affine in ``z``."""
@@ -341,10 +379,19 @@ def lipschitz_milp(net: Network, center: Any, radius: float, *, out_norm: str = 
                    config: SolveConfig = _DEFAULT_CFG, bounds: str = "crown") -> LipschitzBound:
   """The LipMIP bound of ``net`` over ``N(center, radius)`` (module docstring).
 
-  Returns a `LipschitzBound` with ``upper`` the proven dual bound (padded by ``1e-6`` relative for
-  the solver's tolerances), ``lower`` the Jacobian norm at the incumbent's point, ``exact`` when
-  the solve is optimal and the two agree (``1e-5`` relative).
+  Returns a `LipschitzBound` with ``upper`` the proven dual bound (padded by `SOLVER_PAD`
+  relative for the solver's tolerances), ``lower`` the Jacobian norm at ``argmax`` (the
+  incumbent's point, or a point inside its activation pattern), ``exact`` when the two agree to
+  `EXACT_RTOL` (never after a solve, whose pad is larger; see the module docstring).
   """
+  return _lipschitz_milp(net, center, radius, out_norm, config, bounds)[0]
+
+
+def _lipschitz_milp(net: Network, center: Any, radius: float, out_norm: str,
+                    config: SolveConfig, bounds: str) -> tuple[LipschitzBound, bool]:
+  """`lipschitz_milp` and whether the bracket is as tight as the solver can make it: no solve
+  was needed, or the solve is optimal and its witness meets the dual bound (``1e-5`` relative,
+  before the pad). Then intersecting with other bounds cannot improve it."""
   t0 = time.perf_counter()
   bj_lip._check_out_norm(out_norm)
   bj_lip._check_radius(radius)
@@ -358,10 +405,10 @@ def lipschitz_milp(net: Network, center: Any, radius: float, *, out_norm: str = 
   J = _constant_jacobian(weights, pre)
   if J is not None:   # no unstable ReLU: one linear piece, its norm by enumeration (no solve)
     value = operator_norm(J, out_norm)
-    upper = value * bj_lip._outward_sum_factor(J.size, np.float64)
-    return LipschitzBound(upper=float(upper + 1e-6 * max(1.0, abs(upper))), lower=value,
-                          method="milp", exact=True, argmax=z, out_norm=out_norm,
-                          seconds=time.perf_counter() - t0)
+    factor = bj_lip._outward_sum_factor(J.size, np.float64)
+    upper = float((value + _rounding_bound(weights, pre)) * factor)
+    return LipschitzBound(upper=upper, lower=value, method="milp", exact=_agree(upper, value),
+                          argmax=z, out_norm=out_norm, seconds=time.perf_counter() - t0), True
   enc = Encoding("lipschitz")
   x = enc.add_variables(lo, hi)
   nv = enc.add_network(net, x, lo, hi, bounds=pre)
@@ -383,10 +430,11 @@ def lipschitz_milp(net: Network, center: Any, radius: float, *, out_norm: str = 
     upper = _interval_bound(weights, pre, out_norm)
   elif out.reason != "OPTIMAL":    # a time limit: the interval bound may be the better one
     upper = min(upper, _interval_bound(weights, pre, out_norm))
-  exact = out.reason == "OPTIMAL" and trusted and lower >= upper - tol
-  upper = upper + 1e-6 * max(1.0, abs(upper))
-  return LipschitzBound(upper=float(upper), lower=float(lower), method="milp", exact=bool(exact),
-                        argmax=point, out_norm=out_norm, seconds=time.perf_counter() - t0)
+  solved = out.reason == "OPTIMAL" and trusted and lower >= upper - tol
+  upper = float(upper + SOLVER_PAD * max(1.0, abs(upper)))
+  return LipschitzBound(upper=upper, lower=float(lower), method="milp",
+                        exact=_agree(upper, float(lower)), argmax=point, out_norm=out_norm,
+                        seconds=time.perf_counter() - t0), bool(solved)
 
 
 def _interval_bound(weights, pre, out_norm) -> float:
@@ -436,10 +484,15 @@ def local_lipschitz(apply_fn: Callable, params: Any, center: Any, radius: float,
                     method: str = "milp", out_norm: str = "l1", solver: str = "highs",
                     time_limit: float | None = 60.0, threads: int = 1,
                     network: Network | None = None, **kwargs: Any) -> LipschitzBound:
-  """`boundjax.lipschitz.local_lipschitz` plus the MILP: ``method="milp"`` (LipMIP, exact when
-  solved) or ``"auto"`` (exact pattern enumeration for a one-hidden-layer Dense network when its
-  unstable units are few, else the MILP; a non-exact MILP answer is intersected with the IBP
+  """`boundjax.lipschitz.local_lipschitz` plus the MILP: ``method="milp"`` (LipMIP, the constant
+  to the solver's tolerance when solved) or ``"auto"`` (exact pattern enumeration for a
+  one-hidden-layer Dense network when its unstable units are few, else the MILP; a MILP answer
+  that is not solved to optimality is intersected with the IBP bound and its sampled lower
   bound). Other methods are passed to `boundjax.lipschitz.local_lipschitz` with ``kwargs``.
+
+  The result's ``lower`` is always the Jacobian norm at its ``argmax`` (from whichever of the
+  MILP's point and the sampled point is larger), and ``exact`` means ``upper`` and ``lower``
+  agree to `EXACT_RTOL`.
 
   ``network``: the `Network` of ``apply_fn`` if already extracted (skips `network_of`).
   """
@@ -456,14 +509,16 @@ def local_lipschitz(apply_fn: Callable, params: Any, center: Any, radius: float,
     except ValueError:
       pass
   net = network if network is not None else network_of(apply_fn, params, center)
-  res = lipschitz_milp(net, center, radius, out_norm=out_norm,
-                       config=_config(solver, time_limit, threads))
+  res, solved = _lipschitz_milp(net, center, radius, out_norm,
+                                _config(solver, time_limit, threads), "crown")
   if method == "auto":
-    if not res.exact:
+    if not solved:
       ibp_res = bj_lip.local_lipschitz(apply_fn, params, center, radius, method="ibp",
                                        out_norm=out_norm, **kwargs)
-      res = dataclasses.replace(res, upper=min(res.upper, ibp_res.upper),
-                                lower=max(res.lower, ibp_res.lower))
+      upper = min(res.upper, ibp_res.upper)
+      if ibp_res.lower > res.lower and ibp_res.argmax is not None:   # lower and its point
+        res = dataclasses.replace(res, lower=ibp_res.lower, argmax=ibp_res.argmax)
+      res = dataclasses.replace(res, upper=upper, exact=_agree(upper, res.lower))
     res = dataclasses.replace(res, method="auto:milp")
   return res
 
@@ -513,7 +568,8 @@ def lipschitz_decide(net: Network, center: Any, radius: float, threshold: float,
   every case the returned value is on the same side of ``threshold`` (for ``<=`` and ``<``) as
   ``min(I, MILP)``, which is inclusion-monotone when the MILP is solved to optimality, so the
   search's decisions and result are those of that oracle. ``method`` says which bound decided:
-  ``"milp:ibp"``, ``"milp:sampled"`` or ``"milp"``; ``exact`` only in the last case.
+  ``"milp:ibp"``, ``"milp:sampled"`` or ``"milp"``; ``exact`` (``upper`` and ``lower`` agree to
+  `EXACT_RTOL`) only in the last case, as in `lipschitz_milp`.
   """
   t0 = time.perf_counter()
   bj_lip._check_out_norm(out_norm)
@@ -535,7 +591,8 @@ def lipschitz_decide(net: Network, center: Any, radius: float, threshold: float,
     return LipschitzBound(upper=float(ibp), lower=float(low), method="milp:sampled",
                           exact=False, out_norm=out_norm, seconds=time.perf_counter() - t0)
   res = lipschitz_milp(net, z, radius, out_norm=out_norm, config=config, bounds=bounds)
-  return dataclasses.replace(res, upper=float(min(res.upper, ibp)),
+  upper = float(min(res.upper, ibp))
+  return dataclasses.replace(res, upper=upper, exact=_agree(upper, res.lower),
                              seconds=time.perf_counter() - t0)
 
 
