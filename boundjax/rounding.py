@@ -20,6 +20,7 @@ Element-wise library functions: their error budgets are measured, not assumed; s
 
 API (used by the interval and linear domains):
   gamma(n, dtype) -> float                      γ_n for the dtype
+  flush_error(n, dtype) -> float                2n·λ: what an n-term sum may lose to flushing
   sum_error(n, magnitude, dtype)                γ_{2n+2}·magnitude + 2n·λ (sums, dots, convs)
   outward(lo, hi, ulps=1, abs_err=None) -> (lo', hi')
   snap_outward(lo, hi) -> (lo', hi')            subnormal ends to 0 / ±λ, outward
@@ -37,15 +38,17 @@ import numpy as np
 
 def unit_roundoff(dtype: Any) -> float:
   """u = 2^-(p) for a binary floating type with p-bit significand (float32: 2^-24)."""
-  return float(np.finfo(np.dtype(dtype)).eps) / 2
+  return float(jnp.finfo(dtype).eps) / 2
 
 
 def gamma(n: int, dtype: Any) -> float:
-  """γ_n = n·u / (1 − n·u): the relative error bound of an n-term floating-point sum."""
+  """γ_n = n·u / (1 − n·u): the relative error bound of an n-term floating-point sum; +inf
+  when ``n·u >= 1`` (e.g. more than 255 terms in bfloat16), where the analysis gives no finite
+  bound (the bound it multiplies becomes infinite, which is sound)."""
   u = unit_roundoff(dtype)
   nu = n * u
   if nu >= 1:
-    raise ValueError(f"gamma: n={n} too large for {np.dtype(dtype)} error analysis")
+    return float("inf")
   return nu / (1 - nu)
 
 
@@ -57,7 +60,15 @@ def underflow_threshold(dtype: Any) -> float:
   Higham, *Accuracy and Stability of Numerical Algorithms*, §2.1, ``fl(x op y) = (x op y)(1 + δ)
   + η`` with ``|η| ≤ λ`` for flush-to-zero arithmetic.
   """
-  return float(np.finfo(np.dtype(dtype)).tiny)
+  return float(jnp.finfo(dtype).tiny)
+
+
+def flush_error(n: int, dtype: Any) -> float:
+  """``2n·λ``: the absolute error an n-term sum of products may take from flushed results (each
+  of its n products and n − 1 additions may lose up to λ = finfo.tiny, Higham §2.1), on top of
+  its relative error ``γ_n Σ|a_k b_k|``. A thousand products of 1e-40 each are all flushed to
+  zero in float32, so their exact sum 1e-37 is only covered by this term."""
+  return 2 * max(int(n), 1) * underflow_threshold(dtype)
 
 
 def sum_error(n: int, magnitude, dtype: Any, terms: int = 1):
@@ -85,7 +96,7 @@ def is_subnormal(x):
   significand nonzero): XLA CPU compares subnormals as if they were 0 (DAZ), so ``x != 0`` and
   ``|x| < tiny`` cannot be trusted for them."""
   dtype = jnp.result_type(x)
-  info = np.finfo(np.dtype(dtype))
+  info = jnp.finfo(dtype)
   width = np.dtype(dtype).itemsize
   bits = jax.lax.bitcast_convert_type(jnp.asarray(x), _UINT[width])
   mant_bits = int(info.nmant)

@@ -376,28 +376,70 @@ def expand(eqn: Eqn, box_inputs: Sequence[bool], *, precision_highest: bool = Fa
   return program
 
 
-def check_outputs(outs: list, *, where: str) -> list:
-  """No NaN in a returned bound: a concrete NaN endpoint raises `BoundError`; under tracing
-  (values unknown) NaN endpoints are widened to ``-inf`` / ``+inf``, which is sound."""
+def output_origin(program: Program | None, i: int) -> str:
+  """Where output ``i`` of ``program`` comes from: ``" (primitive 'add' at model.py:12 (f))"``,
+  or ``""`` when unknown (an input passed through, or no program)."""
+  if program is None or i >= len(program.outvars):
+    return ""
+  v = program.outvars[i]
+  for e in reversed(program.eqns):
+    if any(o is v for o in e.outvars):
+      return f" (primitive '{e.name}' at {e.where()})"
+  return ""
+
+
+def _nan_free(iv: Interval, check: Callable[[Any], Any], describe: Callable[[], str]) -> Interval:
+  """One returned box through the NaN check: under tracing (values unknown) NaN ends widen to
+  ``-inf`` / ``+inf``, which is sound; a concrete NaN raises `BoundError` (``describe()``)."""
   from boundjax.errors import BoundError
+  lo, hi = iv.lower, iv.upper
+  if isinstance(lo, jax.core.Tracer) or isinstance(hi, jax.core.Tracer):
+    return Interval(jnp.where(jnp.isnan(lo), -jnp.inf, lo), jnp.where(jnp.isnan(hi), jnp.inf, hi),
+                    validate=False)
+  bad = jnp.isnan(lo) | jnp.isnan(hi)
+  if bool(jnp.any(bad)):
+    first = tuple(int(k) for k in np.argwhere(np.asarray(bad))[0])
+    raise BoundError(f"{describe()} has a NaN bound at index {first} ({int(jnp.sum(bad))} NaN "
+                     "entries). No rule may return NaN: this is a boundjax bug, please report it "
+                     "with the function.")
+  check(iv)
+  return iv
+
+
+def check_outputs(outs: list, *, where: str, program: Program | None = None) -> list:
+  """The last line of defence of every transformation: no NaN in a returned bound.
+
+  A concrete NaN endpoint raises `BoundError` naming the output, the primitive that produced it
+  and the user's line (`output_origin`); under tracing (values unknown) NaN endpoints are
+  widened to ``-inf`` / ``+inf``, which is sound. `Interval` leaves and the `Interval` fields of
+  other returned objects (e.g. a `DiffInterval`'s ``ref``, ``other``, ``delta``) are checked.
+  A bound wider than `WIDE` on a finite box warns."""
   checked = []
   for i, o in enumerate(outs):
-    if isinstance(o, Interval) and jnp.issubdtype(jnp.result_type(o.lower), jnp.floating):
-      lo, hi = o.lower, o.upper
-      if isinstance(lo, jax.core.Tracer) or isinstance(hi, jax.core.Tracer):
-        o = Interval(jnp.where(jnp.isnan(lo), -jnp.inf, lo), jnp.where(jnp.isnan(hi), jnp.inf, hi),
-                     validate=False)
-      else:
-        if bool(jnp.any(jnp.isnan(lo)) | jnp.any(jnp.isnan(hi))):
-          raise BoundError(
-              f"{where}: output {i} has a NaN bound; a rule produced NaN, which is a boundjax bug "
-              "(please report it with the function).")
-        width = float(jnp.max(hi - lo)) if jnp.size(lo) else 0.0
-        if width > WIDE:
-          warnings.warn(
-              f"{where}: output {i} has bounds up to {width:.3g} wide (> {WIDE:.0e}) on a finite "
-              "box; the box may be too large for this function, or a step is bounded loosely "
-              "(bj.crown is tighter for networks).", stacklevel=3)
+    origin = output_origin(program, i)
+
+    def warn_wide(iv: Interval, i=i, origin=origin):
+      width = float(jnp.max(iv.upper - iv.lower)) if jnp.size(iv.lower) else 0.0
+      if width > WIDE:
+        warnings.warn(
+            f"{where}: output {i}{origin} has bounds up to {width:.3g} wide (> {WIDE:.0e}) on a "
+            "finite box; the box may be too large for this function, or a step is bounded "
+            "loosely (bj.crown is tighter for networks).", stacklevel=6)
+
+    def one(iv: Interval, field: str = "") -> Interval:
+      if not jnp.issubdtype(jnp.result_type(iv.lower), jnp.floating):
+        return iv
+      return _nan_free(iv, warn_wide if not field else (lambda _: None),
+                       lambda: f"{where}: output {i}{field}{origin}")
+
+    if isinstance(o, Interval):
+      o = one(o)
+    elif o is not None and not is_array_like(o) and hasattr(o, "tree_flatten"):
+      children, aux = o.tree_flatten()
+      names = getattr(type(o), "__slots__", ())
+      children = [one(c, f".{names[k]}" if k < len(names) else f"[{k}]")
+                  if isinstance(c, Interval) else c for k, c in enumerate(children)]
+      o = type(o).tree_unflatten(aux, children)
     checked.append(o)
   return checked
 

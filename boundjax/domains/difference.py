@@ -636,6 +636,8 @@ def difference(fn: Callable, *, matmul: str = "best", form: str = "both") -> Cal
     program = prog_lib.trace(fn, arguments)
     prog_lib.mark_dependence(program, [_is_dv(v) for v in values])
     outs = prog_lib.evaluate(program, values, functools.partial(abstract_eqn, ctx))
-    return jax.tree_util.tree_unflatten(program.out_tree, [_output(o) for o in outs])
+    outs = prog_lib.check_outputs([_output(o) for o in outs], where="bj.difference",
+                                  program=program)
+    return jax.tree_util.tree_unflatten(program.out_tree, outs)
 
   return bounded

@@ -468,14 +468,31 @@ def _compare(strict: bool, flip: bool):
 
 
 def _eq(ctx, x, y, **_):
+  """x == y: ``[single equal value, overlapping boxes]``. One variable against itself (``x == x``,
+  ``jnp.isnan``'s ``x != x``; the program layer passes the same box object for both operands)
+  is true unless it may be NaN: ``[not may-be-NaN, True]``; with two different boxes a NaN makes
+  the comparison false, which only lowers a possibly-true."""
+  if x is y and isinstance(x, Interval) and jnp.issubdtype(x.dtype, jnp.floating):
+    nan = _may_be_nan_wide(x)
+    return _iv(~nan, jnp.ones_like(nan))
   overlap = (lo_(x) <= hi_(y)) & (lo_(y) <= hi_(x))
   single = (lo_(x) == hi_(x)) & (lo_(y) == hi_(y)) & (lo_(x) == lo_(y))
+  single = single & ~_may_be_nan(x) & ~_may_be_nan(y)
   return _iv(single, overlap)
 
 
 def _ne(ctx, x, y, **_):
   e = _eq(ctx, x, y)
   return _iv(~e.upper, ~e.lower)
+
+
+def _may_be_nan_wide(x: Interval):
+  """Where a float box may hold a NaN as far as a NaN test is concerned: any infinite end. The
+  NaN marker of `_no_nan` is the full line, but a marked box loses one infinite end through
+  ``max``/``min`` (``max(NaN, 0)`` is NaN in JAX, ``max([−inf, inf], 0) = [0, inf]``), so a NaN
+  test reads every box with an infinite end as "may be NaN". (An exact zero times a marked box,
+  ``0 · [−inf, inf] = 0``, still hides it: see the module docstring's weak points.)"""
+  return ~(jnp.isfinite(x.lower) & jnp.isfinite(x.upper))
 
 
 def _smear(v):
@@ -555,23 +572,110 @@ def _reduce_bitwise(is_and: bool):
   return rule
 
 
+def _dtype_extreme(dtype, shape, high: bool):
+  """The largest (``high``) or smallest value of ``dtype``, filled into ``shape``: +inf/−inf
+  for floats, the integer range's ends, True/False for bool."""
+  dtype = jnp.dtype(dtype)
+  if jnp.issubdtype(dtype, jnp.floating):
+    return jnp.full(shape, jnp.inf if high else -jnp.inf, dtype)
+  if dtype == jnp.bool_:
+    return jnp.full(shape, high, dtype)
+  info = jnp.iinfo(dtype)
+  return jnp.full(shape, info.max if high else info.min, dtype)
+
+
 def _select_n(ctx, pred, *cases, **_):
+  """``select_n(pred, *cases)``: with a box-dependent predicate ``[p_lo, p_hi]`` the hull of the
+  cases it may pick (``p_lo <= i <= p_hi``); any case dtype (float, integer, bool)."""
   if _point(pred):
     return _iv(lax.select_n(pred, *[lo_(c) for c in cases]),
                lax.select_n(pred, *[hi_(c) for c in cases]))
   plo, phi = pred.lower.astype(jnp.int32), pred.upper.astype(jnp.int32)
-  big = jnp.asarray(jnp.inf, dtype=jnp.result_type(lo_(cases[0])))
-  lo = jnp.broadcast_to(big, jnp.shape(plo))
-  hi = jnp.broadcast_to(-big, jnp.shape(plo))
-  if not jnp.issubdtype(lo.dtype, jnp.floating):
-    info = jnp.iinfo(lo.dtype) if not jnp.issubdtype(lo.dtype, jnp.bool_) else None
-    lo = jnp.ones(jnp.shape(plo), lo.dtype) if info is None else jnp.full(jnp.shape(plo), info.max)
-    hi = jnp.zeros(jnp.shape(plo), lo.dtype) if info is None else jnp.full(jnp.shape(plo), info.min)
+  dtype = jnp.result_type(lo_(cases[0]))
+  shape = jnp.shape(plo)
+  lo = _dtype_extreme(dtype, shape, high=True)
+  hi = _dtype_extreme(dtype, shape, high=False)
   for i, c in enumerate(cases):
     may = (plo <= i) & (i <= phi)
     lo = jnp.where(may, jnp.minimum(lo, lo_(c)), lo)
     hi = jnp.where(may, jnp.maximum(hi, hi_(c)), hi)
   return _iv(lo, hi)
+
+
+# ----------------------------------------------------------------------------------------------
+# gathers and slices at box-dependent indices
+# ----------------------------------------------------------------------------------------------
+
+def _hull_into(lo_src, hi_src, keep_axes: tuple, out_shape, out_axes: tuple):
+  """``[min lo_src, max hi_src]`` over every axis but ``keep_axes``, broadcast to ``out_shape``
+  with the kept axes (in their order) at ``out_axes``."""
+  drop = tuple(d for d in range(jnp.ndim(lo_src)) if d not in keep_axes)
+  order = tuple(sorted(range(len(keep_axes)), key=lambda k: keep_axes[k]))
+  lo, hi = jnp.min(lo_src, axis=drop), jnp.max(hi_src, axis=drop)  # kept axes, sorted order
+  inverse = tuple(order.index(k) for k in range(len(keep_axes)))
+  lo, hi = jnp.transpose(lo, inverse), jnp.transpose(hi, inverse)  # in keep_axes' order
+  bcast = lambda a: lax.broadcast_in_dim(a, tuple(out_shape), tuple(out_axes))  # noqa: E731
+  return bcast(lo), bcast(hi)
+
+
+def _gather_bounded_index(ctx, x, idx: Interval, *, dimension_numbers, slice_sizes, mode,
+                          fill_value, **params):
+  """``gather`` at box-dependent indices ``[i_lo, i_hi]`` (``x[argmax(x)]``,
+  ``take_along_axis``): where an output's index box is one point, the gather itself; elsewhere
+  the hull of the operand over every entry the output may read (the whole operand, within the
+  same batch for batched gathers). Out-of-bounds indices in ``FILL_OR_DROP`` mode read the fill
+  value: if an index may be out of bounds the result widens to the dtype's whole range (NaN fill
+  for floats)."""
+  dn = dimension_numbers
+  xl, xu = lo_(x), hi_(x)
+  i_lo, i_hi = idx.lower, idx.upper
+  bind = lambda a, i: lax.gather_p.bind(  # noqa: E731
+      a, i, dimension_numbers=dn, slice_sizes=slice_sizes, mode=mode, fill_value=fill_value,
+      **params)
+  point = jnp.all(i_lo == i_hi, axis=-1)  # per gathered slice (the batch shape of the indices)
+  exact_lo, exact_hi = bind(xl, i_lo), bind(xu, i_lo)
+  out_shape = exact_lo.shape
+  batch_pos = tuple(d for d in range(len(out_shape)) if d not in dn.offset_dims)
+  point_out = lax.broadcast_in_dim(point, out_shape, batch_pos)
+  keep = tuple(dn.operand_batching_dims)
+  out_axes = tuple(batch_pos[d] for d in dn.start_indices_batching_dims)
+  hull_lo, hull_hi = _hull_into(xl, xu, keep, out_shape, out_axes)
+  lo = jnp.where(point_out, exact_lo, hull_lo)
+  hi = jnp.where(point_out, exact_hi, hull_hi)
+  if mode == lax.GatherScatterMode.FILL_OR_DROP:
+    bounds = jnp.asarray([jnp.shape(xl)[d] - slice_sizes[d] for d in dn.start_index_map],
+                         i_lo.dtype)
+    may_oob = jnp.any(i_lo < 0) | jnp.any(i_hi > bounds)
+    lo = jnp.where(may_oob, _dtype_extreme(lo.dtype, out_shape, high=False), lo)
+    hi = jnp.where(may_oob, _dtype_extreme(hi.dtype, out_shape, high=True), hi)
+  return _iv(lo, hi)
+
+
+def _dynamic_slice_bounded_index(ctx, x, *starts, slice_sizes, **params):
+  """``dynamic_slice`` at box-dependent start indices (JAX clamps them into range, so every
+  read is in bounds): the slice itself where every start index is one point, else the hull of
+  the whole operand."""
+  xl, xu = lo_(x), hi_(x)
+  s_lo = [lo_(s) for s in starts]
+  point = functools.reduce(jnp.logical_and, [lo_(s) == hi_(s) for s in starts], jnp.bool_(True))
+  bind = lambda a: lax.dynamic_slice_p.bind(a, *s_lo, slice_sizes=slice_sizes, **params)  # noqa: E731
+  exact_lo, exact_hi = bind(xl), bind(xu)
+  hull_lo = jnp.broadcast_to(jnp.min(xl), exact_lo.shape)
+  hull_hi = jnp.broadcast_to(jnp.max(xu), exact_hi.shape)
+  return _iv(jnp.where(point, exact_lo, hull_lo), jnp.where(point, exact_hi, hull_hi))
+
+
+def _indexed(prim, bounded_index_rule):
+  """A structural rule (`_structural`) whose index operands may also be boxes."""
+  plain = _structural(prim)
+
+  def rule(ctx, x, *rest, **params):
+    if any(isinstance(r, Interval) for r in rest):
+      return bounded_index_rule(ctx, x, *rest, **params)
+    if not isinstance(x, Interval):  # only the indices are boxes: handled above
+      x = _iv(x, x)
+    return plain(ctx, x, *rest, **params)
+  return rule
 
 
 # ----------------------------------------------------------------------------------------------
@@ -858,6 +962,8 @@ def _build_rules() -> dict[str, Callable]:
           _iv(a, b) for a, b in zip(lax.split_p.bind(x.lower, **p), lax.split_p.bind(x.upper, **p))]
     else:
       r[name] = _structural(prim)
+  r["gather"] = _indexed(lax.gather_p, _gather_bounded_index)
+  r["dynamic_slice"] = _indexed(lax.dynamic_slice_p, _dynamic_slice_bounded_index)
   r["sort"] = _sort
   return r
 
@@ -898,8 +1004,10 @@ def abstract_eqn(ctx: IntervalContext, eqn: prog_lib.Eqn, invals: list) -> list:
   rule = RULES.get(eqn.name)
   if rule is None:
     raise prog_lib.unsupported("interval", eqn, RULES)
-  if ctx.sound:
-    invals = [_snap(v) for v in invals]
+  if ctx.sound:  # one snapped box per object: a variable read twice stays one variable
+    snapped = {}
+    invals = [snapped.setdefault(id(v), _snap(v)) if isinstance(v, Interval) else _snap(v)
+              for v in invals]
   try:
     out = rule(ctx, *invals, **eqn.params)
   except UnsupportedPrimitiveError as e:

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from boundjax.core import options
 from boundjax.core import program as prog_lib
 from boundjax.core.program import Var as _Var
 from boundjax.errors import BoundError
@@ -48,7 +49,7 @@ def _targets(prog: _Program, intermediate: str) -> list[_Var]:
     for e in prog.eqns:
       if e.kind == "relu":
         add(e.invars[e.abstract_pos[0]])
-      elif e.kind == "nonlinear":
+      elif e.kind == "nonlinear" and e.mode != "select":
         for x in e.relax_in:
           add(x)
       elif e.kind == "fallback":
@@ -130,13 +131,15 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
     raise ValueError(f"crown: chunk_size must be a positive int, got {chunk_size!r}")
   if not isinstance(alpha, bool):
     raise ValueError(f"crown: alpha must be a bool, got {alpha!r}")
-  if alpha and (not isinstance(alpha_steps, int) or alpha_steps < 1 or not alpha_lr > 0):
-    raise ValueError("crown: alpha_steps must be a positive int and alpha_lr positive")
+  alpha_steps = options.integer("crown: alpha_steps", alpha_steps, minimum=1)
+  alpha_lr = options.number("crown: alpha_lr", alpha_lr, positive=True)
+  memory_bytes = options.integer("crown: memory_bytes", memory_bytes, minimum=1)
   if spec is not None:
     spec = jnp.asarray(spec)
     if not jnp.issubdtype(spec.dtype, jnp.floating) or spec.ndim not in (2, 3):
       raise ValueError(f"crown: spec must be a float matrix (k, m) or (batch, k, m), got "
                        f"shape {spec.shape} and dtype {spec.dtype}")
+    options.finite_array("crown: spec", spec)
     if spec.ndim == 3 and batch_axis != 0:
       raise ValueError("crown: a per-example spec (batch, k, m) needs batch_axis=0")
     if batch_axis not in (0, None):
@@ -167,9 +170,11 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
 
     key = _cache_key(leaves, treedef, dyn)
     if key is not None and key in cache:
-      jitted, out_tree = cache[key]
+      jitted, out_tree, core = cache[key]
       with _precision(sound):
-        return jax.tree_util.tree_unflatten(out_tree, jitted([leaves[i] for i in dyn], spec))
+        results = jitted([leaves[i] for i in dyn], spec)
+      results = prog_lib.check_outputs(results, where="bj.crown", program=core)
+      return jax.tree_util.tree_unflatten(out_tree, results)
     if axes is not None and n_batch > 1 and key is not None:
       _check_examples_independent(fn, arguments, axes, batch_axis)
     core = prog_lib.trace(fn, arguments, box_shape=one_example, precision_highest=sound)
@@ -203,9 +208,10 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
 
     jitted = jax.jit(compute)
     if key is not None and len(cache) < 16:
-      cache[key] = (jitted, out_tree)
+      cache[key] = (jitted, out_tree, core)
     with _precision(sound):  # the backward pass's own products too, not only fn's
       results = jitted([leaves[i] for i in dyn], spec)
+    results = prog_lib.check_outputs(results, where="bj.crown", program=core)
     return jax.tree_util.tree_unflatten(out_tree, results)
 
   return bounded

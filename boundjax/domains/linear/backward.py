@@ -19,7 +19,8 @@ from boundjax.interval import Interval
 
 from boundjax.domains.linear.rules import (
     _Eqn, _Lines, _Program, _bind1, _endpoint_check, _finite_or_constant, _is_float,
-    _leaky_lines, _low_precision, _mccormick, _read, _reciprocal_lines, _relu_lines,
+    _leaky_lines, _low_precision, _mccormick, _read, _reciprocal_lines, _relu_argument,
+    _relu_lines,
     _relu_parts, _unary_fn, _unary_relaxation)
 from boundjax.domains.linear import windows as _windows
 from boundjax.domains.linear.prefix import (  # noqa: F401  (names used by the windowed pass too)
@@ -44,6 +45,15 @@ class _Ctx:
 
 def _mag(iv: Interval):
   return jnp.maximum(jnp.abs(iv.lower), jnp.abs(iv.upper))
+
+
+def _coefficient_slack(n: int, dtype, absdot, iv: Interval):
+  """Rounding slack of coefficients ``Λ_x`` computed as n-term sums (γ_n times ``absdot``, the
+  sum of |terms| weighted by ``|x|``), plus what flushing may take from each entry (``2nλ``)
+  weighted by ``Σ_j max|x_j|``: the error of an entry of ``Λ_x`` reaches the bound multiplied by
+  the value of ``x``."""
+  flush = rounding.flush_error(n, dtype) * jnp.sum(_mag(iv))
+  return rounding.gamma(n, dtype) * absdot + flush
 
 
 def _gather_mu(lam: dict, pending: dict, y, m: int):
@@ -91,16 +101,18 @@ def _relaxed_step(ln: _Lines, e: _Eqn, mu, m: int, lam: dict, bias, sound_terms=
     n_y = e.outvars[0].size
     absb = (_safe_rowdot(jnp.abs(lo_rows), jnp.abs(ln.b_lo))
             + _safe_rowdot(jnp.abs(up_rows), jnp.abs(ln.b_up))).reshape((2, m))
-    slack = rounding.gamma(2 * n_y + n_eq, dtype) * absb
+    n = 2 * n_y + n_eq
+    slack = rounding.gamma(n, dtype) * absb + rounding.flush_error(n, dtype)
   for x, t_lo, t_up in zip(e.relax_in, ln.lo, ln.up):
     parts = [q for q in (_apply_map(t_lo, lo_rows), _apply_map(t_up, up_rows)) if q is not None]
     if parts:
       contrib = sum(parts[1:], parts[0]).reshape((2, m, *x.shape))
       _add_to(lam, x, contrib)
       if slack is not None:
-        g = rounding.gamma(e.outvars[0].size + uses.get(x, 1) + 2, dtype)
-        slack = slack + g * _safe_rowdot(jnp.abs(contrib).reshape((2 * m, -1)),
-                                         _mag(ivs[x]).reshape(-1)).reshape((2, m))
+        absdot = _safe_rowdot(jnp.abs(contrib).reshape((2 * m, -1)),
+                              _mag(ivs[x]).reshape(-1)).reshape((2, m))
+        slack = slack + _coefficient_slack(e.outvars[0].size + uses.get(x, 1) + 2, dtype,
+                                           absdot, ivs[x])
   return bias if sound_terms is None else (bias, slack)
 
 
@@ -147,9 +159,10 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
   lam: dict = {}  # var -> (2, m, *shape): [0] for the lower bound, [1] for the upper bound
   bias = jnp.stack([px.bias, px.bias])
   slack = jnp.zeros((2, m), dtype) + px.slack_const
-  for (abs_lam, e, p, g) in px.steps:
+  for (abs_lam, e, p, n) in px.steps:
     x = e.invars[p]
-    slack = slack + g * _rowdot(abs_lam, _abs_linear(e, cenv, p, _mag(ivs[x])))
+    slack = slack + _coefficient_slack(n, dtype, _rowdot(abs_lam, _abs_linear(
+        e, cenv, p, _mag(ivs[x]))), ivs[x])
   fb_abs, n_fb = jnp.zeros((2, m), dtype), 0
   if px.pending:
     for i in reversed(ctx.ancestors[target]):
@@ -180,9 +193,12 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
         x, c, sigma = _relu_parts(e, cenv)
         c_zero = _is_zero(e.invars[1 - e.abstract_pos[0]])
         l, u = pre[x]
-        lt, ut = (l - c, u - c) if sigma > 0 else (c - u, c - l)
-        if sound:
-          lt, ut = rounding.round_down(lt), rounding.round_up(ut)
+        if c_zero:
+          lt, ut = (l, u) if sigma > 0 else (-u, -l)
+          if sound:
+            lt, ut = rounding.round_down(lt), rounding.round_up(ut)
+        else:
+          lt, ut, c, pinned = _relu_argument(l, u, c, sigma, sound)
         a_lo, a_up, b_up = _relu_lines(lt, ut, sound)
         n = x.size
         flat = lambda a: a.reshape(a.shape[:a.ndim - len(x.shape)] + (n,))  # noqa: E731
@@ -193,6 +209,9 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
           if shared is not None:
             own = own + shared[None]
           mu = flat(own)  # (2, m, n)
+        if not c_zero:  # y = c where c is ±inf (see `_relu_argument`): Λ·c, with 0·inf = 0
+          pinned_rows = _safe_rowdot(mu.reshape((-1, n)), flat(pinned))
+          bias = bias + pinned_rows.reshape((mu.shape[0], m))
         if sigma < 0:
           mu = -mu
         # lower bound: positive coefficients take the lower line, negative the upper line;
@@ -216,13 +235,15 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
         _add_to(lam, x, nu if sigma > 0 else -nu)
         if sound:
           k = prog.uses.get(x, 1) + 1
-          slack = slack + rounding.gamma(1 + k, dtype) * _rowdot(jnp.abs(nu), _mag(ivs[x]), 2)
+          slack = slack + _coefficient_slack(1 + k, dtype, _rowdot(jnp.abs(nu), _mag(ivs[x]), 2),
+                                             ivs[x])
           amu = jnp.abs(jnp.stack([mu_lo, mu_hi]))
           absum = _rowdot(amu, b_up, 2)
           if not c_zero:
             absum = (absum + _rowdot(amu, jnp.abs(flat(c)), 2)
                      + _rowdot(jnp.abs(nu), jnp.abs(c), 2))
-          slack = slack + rounding.gamma(3 * x.size + n_eq, dtype) * absum
+          n = 3 * x.size + n_eq
+          slack = slack + rounding.gamma(n, dtype) * absum + rounding.flush_error(n, dtype)
         continue
       if y not in lam:
         continue
@@ -232,14 +253,16 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
       if _has_offset(e):
         bias = bias + _rowdot(lam_y, y0, 2)
       if sound and _has_offset(e):
-        slack = slack + rounding.gamma(y.size + n_eq, dtype) * _rowdot(jnp.abs(lam_y),
-                                                                       jnp.abs(y0), 2)
+        n = y.size + n_eq
+        slack = slack + rounding.gamma(n, dtype) * _rowdot(jnp.abs(lam_y), jnp.abs(y0), 2) \
+            + rounding.flush_error(n, dtype)
       for p, cb in zip(e.abstract_pos, contribs):
         x = e.invars[p]
         _add_to(lam, x, cb.reshape((2, m, *x.shape)))
         if sound:
-          g = rounding.gamma(_transpose_terms(e, p) + prog.uses.get(x, 1) + 1, dtype)
-          slack = slack + g * _rowdot(jnp.abs(lam_y), _abs_linear(e, cenv, p, _mag(ivs[x])), 2)
+          absdot = _rowdot(jnp.abs(lam_y), _abs_linear(e, cenv, p, _mag(ivs[x])), 2)
+          slack = slack + _coefficient_slack(_transpose_terms(e, p) + prog.uses.get(x, 1) + 1,
+                                             dtype, absdot, ivs[x])
   # concretise at the input boxes
   lower, upper = bias[0], bias[1]
   absum = jnp.abs(bias[0]) + jnp.abs(bias[1]) + fb_abs[0] + fb_abs[1]
@@ -261,7 +284,8 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
       ac = jnp.abs(c) + r
       absum = absum + _rowdot(jnp.abs(tot[0]), ac) + _rowdot(jnp.abs(tot[1]), ac)
   if sound:
-    err = rounding.gamma(2 * n_in + 3 + n_eq, dtype) * absum
+    n = 2 * n_in + 3 + n_eq
+    err = rounding.gamma(n, dtype) * absum + rounding.flush_error(n, dtype)
     lower = lower - 2 * (slack[0] + err)
     upper = upper + 2 * (slack[1] + err)
     lower, upper = rounding.outward(lower, upper, ulps=1)
@@ -349,11 +373,44 @@ def _leaky_slopes(e: _Eqn, cenv: dict, x: _Var):
   return jnp.maximum(alpha, 1.0), jnp.minimum(alpha, 1.0)
 
 
+def _select_lines(e: _Eqn, cenv: dict, pred: Any, y_iv: Interval) -> _Lines:
+  """``y = select_n(p, c_0, c_1, ...)`` with a box-dependent predicate ``p ∈ [p_lo, p_hi]``:
+  where the predicate is decided (``p_lo = p_hi = k``) ``y = c_k`` exactly (slope 1 on ``c_k``
+  if it is box-dependent, its value as offset if concrete); elsewhere the constant lines of the
+  interval hull ``y_lo <= y <= y_hi``. (A NaN test ``x != x`` of a value whose interval is finite
+  is decided, so ``jnp.logaddexp``'s and ``jnp.nan_to_num``'s guards cost nothing.)"""
+  y_lo, y_hi = y_iv.lower, y_iv.upper
+  p_lo = jnp.broadcast_to(jnp.asarray(pred.lower if isinstance(pred, Interval) else pred),
+                          y_lo.shape).astype(jnp.int32)
+  p_hi = jnp.broadcast_to(jnp.asarray(pred.upper if isinstance(pred, Interval) else pred),
+                          y_lo.shape).astype(jnp.int32)
+  decided = p_lo == p_hi
+  zero = jnp.zeros_like(y_lo)
+  b = zero
+  slopes = []
+  for k, c in enumerate(e.invars[1:]):
+    chosen = decided & (p_lo == k)
+    if isinstance(c, _Var) and c in e.relax_in:
+      slopes.append(jnp.where(chosen, 1.0, 0.0).astype(y_lo.dtype))
+    else:
+      value = jnp.broadcast_to(jnp.asarray(_read(cenv, c), y_lo.dtype), y_lo.shape)
+      b = jnp.where(chosen, value, b)
+  # one slope per relaxed operand, in the order of relax_in (an operand used twice: once)
+  by_var = {}
+  for c, sl in zip([c for c in e.invars[1:] if isinstance(c, _Var) and c in e.relax_in], slopes):
+    by_var[c] = sl if c not in by_var else by_var[c] + sl
+  lines = [by_var.pop(x) if x in by_var else jnp.zeros_like(y_lo) for x in e.relax_in]
+  return _Lines(lines, jnp.where(decided, b, y_lo), list(lines), jnp.where(decided, b, y_hi))
+
+
 def _relax_lines(e: _Eqn, cenv: dict, bounds: list, y_iv: Interval,
-                 sound: bool = False) -> _Lines:
-  """The lines of a nonlinear equation on this example's input bounds (see `_Lines`)."""
+                 sound: bool = False, pred: Any = None) -> _Lines:
+  """The lines of a nonlinear equation on this example's input bounds (see `_Lines`); ``pred``:
+  the predicate's value or interval (``select`` mode)."""
   y_lo, y_hi = y_iv.lower, y_iv.upper
   zeros = jnp.zeros_like(y_lo)
+  if e.mode == "select":
+    return _select_lines(e, cenv, pred, y_iv)
   if e.mode in ("unary", "reciprocal", "leaky"):
     (l, u), = bounds
     if e.mode == "unary":
@@ -430,7 +487,7 @@ def _final_bounds(ctx: _Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec):
     if x in init:
       continue
     l, u = pre[x]
-    lt, ut = (l - c, u - c) if sigma > 0 else (c - u, c - l)
+    lt, ut, _, _ = _relu_argument(l, u, c, sigma, False)
     a_lo = _relu_lines(lt, ut, False)[0].reshape(-1)
     init[x] = jnp.stack([a_lo, a_lo])
   if not init:
@@ -483,7 +540,7 @@ def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None) -> list:
     return pre[x]
 
   for i, e in enumerate(prog.eqns):
-    if e.kind in ("concrete", "const"):
+    if e.kind == "concrete":
       continue
     if e.kind == "relu":
       x, c, sigma = _relu_parts(e, cenv)
@@ -491,8 +548,8 @@ def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None) -> list:
       op = jnp.maximum if sigma > 0 else jnp.minimum
       ivs[e.outvars[0]] = Interval(op(ivs[x].lower, c), op(ivs[x].upper, c), validate=False)
       continue
-    if e.kind == "nonlinear":
-      bounds = [tighten(x) for x in e.relax_in]
+    if e.kind == "nonlinear":  # (a selection's lines need its predicate, not its cases)
+      bounds = [] if e.mode == "select" else [tighten(x) for x in e.relax_in]
     elif e.kind == "fallback":
       for p in e.abstract_pos:
         if e.invars[p] in ctx.prefixes:
@@ -514,7 +571,11 @@ def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None) -> list:
     for v, o in zip(e.outvars, outs):
       ivs[v] = o
     if e.kind == "nonlinear":
-      rel[i] = _relax_lines(e, cenv, bounds, ivs[e.outvars[0]], ctx.sound)
+      pred = None
+      if e.mode == "select":
+        a = e.invars[0]
+        pred = ivs[a] if isinstance(a, _Var) and a in prog.abstract else _read(cenv, a)
+      rel[i] = _relax_lines(e, cenv, bounds, ivs[e.outvars[0]], ctx.sound, pred)
   results = []
   for v in prog.outvars:
     if isinstance(v, _Var) and v in prog.abstract:

@@ -128,7 +128,7 @@ class _Prefix:
   at_input: dict  # abstract input var -> Λ
   bias: Any  # (m,)
   slack_const: Any  # (m,) example-independent rounding slack (sound mode)
-  steps: list  # (|Λ_y|, eqn, pos, gamma) for the example-dependent slack (sound mode)
+  steps: list  # (|Λ_y|, eqn, pos, n) for the example-dependent slack (sound mode): γ_n, 2nλ
 
 
 def _ancestors(prog: _Program, target: _Var) -> list[int]:
@@ -194,20 +194,26 @@ def _prefix(prog: _Program, cenv: dict, target: _Var, anc: list[int], sound: boo
     if _has_offset(e):
       bias = bias + _rowdot(lam_y, y0)
     if sound and _has_offset(e):
-      slack = slack + rounding.gamma(y.size + n_eq, dtype) * _rowdot(jnp.abs(lam_y), jnp.abs(y0))
+      n = y.size + n_eq
+      slack = slack + rounding.gamma(n, dtype) * _rowdot(jnp.abs(lam_y), jnp.abs(y0)) \
+          + rounding.flush_error(n, dtype)
     for p, c in zip(e.abstract_pos, contribs):
       x = e.invars[p]
       _add_to(lam, x, c)
       if sound:
-        g = rounding.gamma(_transpose_terms(e, p) + prog.uses.get(x, 1) + 1, dtype)
-        steps.append((jnp.abs(lam_y), e, p, g))
+        steps.append((jnp.abs(lam_y), e, p, _transpose_terms(e, p) + prog.uses.get(x, 1) + 1))
   at_input = {v: l for v, l in lam.items()}
   return _Prefix(m, pending, at_input, bias, slack, steps)
 
 
 def _center_radius(iv: Interval, sound: bool):
+  """Centre and radius of a box; in sound mode the radius covers both ends exactly: rounded up,
+  and at least λ = finfo.tiny unless the box is a point (a difference of two close tiny ends may
+  be subnormal, which the next operation reads as 0)."""
   c = (iv.lower + iv.upper) / 2
   if not sound:
     return c, (iv.upper - iv.lower) / 2
   r = jnp.maximum(rounding.round_up(c - iv.lower), rounding.round_up(iv.upper - c))
-  return c, rounding.round_up(r)
+  r = rounding.round_up(r)
+  tiny = rounding.underflow_threshold(r.dtype)
+  return c, jnp.where(iv.lower == iv.upper, jnp.zeros_like(r), jnp.maximum(r, tiny))

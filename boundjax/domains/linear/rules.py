@@ -380,8 +380,7 @@ class CrownFallbackWarning(UserWarning):
 class _Eqn:
   """CROWN's record of one equation of the flat program.
 
-  ``kind``: "concrete" (no box-dependent operand), "const" (box-dependent but statically known,
-  e.g. ``x != x`` of finite values), "affine", "relu" (``max(x, c)`` / ``min(x, c)``),
+  ``kind``: "concrete" (no box-dependent operand), "affine", "relu" (``max(x, c)`` / ``min(x, c)``),
   "nonlinear" (relaxed by lines in the variables ``relax_in``; ``mode`` names the relaxation)
   or "fallback" (its outputs are bounded by the forward interval pass and enter the backward
   pass as fresh box variables; ``reason`` says why).
@@ -485,7 +484,7 @@ def _scaled_copy(v, x, abstract: set, made_by: dict):
 
 # Relaxations whose slopes are exact floats (box bounds, 0, 1) and whose offsets are box bounds
 # or one rounded product: kept in sound mode (the rest falls back to intervals there).
-_SOUND_MODES = frozenset({"product", "pool", "max2", "min2"})
+_SOUND_MODES = frozenset({"product", "pool", "max2", "min2", "select"})
 
 
 def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool) -> None:
@@ -504,10 +503,6 @@ def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool) -> None:
                       "are not exact in floating point)")
     e.kind, e.mode, e.relax_in, e.aux = "nonlinear", mode, tuple(relax_in), aux
 
-  if name in ("ne", "eq") and len(e.invars) == 2 and e.invars[0] is e.invars[1] \
-      and _is_float(e.invars[0].aval):
-    e.kind = "const"  # x != x is False for the finite reals of a box (NaN tests)
-    return
   if any(_low_precision(v.aval) for v in ins) or any(_low_precision(o.aval) for o in e.outvars):
     return fallback("bfloat16/float16 arithmetic (its rounding is not a linear map)")
   if name == "select_n":
@@ -523,6 +518,11 @@ def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool) -> None:
     if idx is None:
       idx = tuple(range(1, len(e.invars)))
     if any(p in idx for p in pos):
+      if name == "select_n" and pos[0] == 0 and all(
+          _is_float(v.aval) and v.shape == e.outvars[0].shape for v in e.invars[1:]) \
+          and _is_float(e.outvars[0].aval):
+        # a box-dependent predicate: relaxed per entry once its interval is known
+        return nonlinear("select", [e.invars[p] for p in pos[1:]])
       return fallback("a box-dependent index or predicate")
     if not all(_is_float(v.aval) for v in ins):
       return fallback("a non-float box-dependent operand")
@@ -553,6 +553,11 @@ def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool) -> None:
       return nonlinear(name + "2", ins)
     return fallback("max/min of box-dependent operands of different shapes")
   if rec.relax == "pool":
+    dilated = any(d != 1 for key in ("window_dilation", "base_dilation")
+                  for d in e.params.get(key, ()))
+    if dilated:  # the selection map is a VJP, and JAX has none for dilated max windows
+      return fallback("a max/min pooling window with dilation (its selection map is not "
+                      "available)")
     return nonlinear("pool", ins)
   if _unary_relaxation(name, e.params) is None:
     return fallback("no linear relaxation for these parameters")
@@ -585,8 +590,7 @@ def _classify(prog: _Program, abstract_in: Sequence[bool], sound: bool = False) 
         raise UnsupportedPrimitiveError(
             f"CROWN (linear domain) cannot bound primitive '{e.name}' at {e.where()}: no "
             "interval rule for the forward pass.")
-      if e.kind != "const":
-        abstract.update(e.outvars)
+      abstract.update(e.outvars)
     for o in e.outvars:
       made_by[o] = e
     eqns.append(e)
@@ -640,7 +644,7 @@ def upstream(prog: _Program, starts: Sequence[_Var], *, through_fallback: bool) 
       continue
     seen.add(v)
     i = prog.producer.get(v)
-    if i is None or prog.eqns[i].kind in ("concrete", "const"):
+    if i is None or prog.eqns[i].kind == "concrete":
       continue
     idx.add(i)
     e = prog.eqns[i]
@@ -675,10 +679,6 @@ def _eval_concrete(prog: _Program, args: Sequence[Any]) -> dict:
     if v not in prog.abstract:
       env[v] = a
   for e in prog.eqns:
-    if e.kind == "const":  # x != x / x == x of finite values
-      o = e.outvars[0]
-      env[o] = np.full(o.shape, e.name == "eq", o.aval.dtype)
-      continue
     if e.kind != "concrete":
       continue
     out = _bind(e, [_read(env, a) for a in e.invars])
@@ -702,6 +702,28 @@ def _relu_parts(e: _Eqn, cenv: dict):
   x = e.invars[p]
   c = jnp.broadcast_to(jnp.asarray(_read(cenv, e.invars[1 - p]), x.aval.dtype), x.shape)
   return x, c, (1.0 if e.name == "max" else -1.0)
+
+
+def _relu_argument(l, u, c, sigma: float, sound: bool):
+  """The bounds ``[lt, ut]`` of the ReLU argument ``t = σ(x − c)`` for ``x ∈ [l, u]`` in
+  ``y = max(x, c) = c + σ relu(t)`` (σ = 1; ``min``: σ = −1), rounded outward in sound mode.
+
+  Infinite constants are exact, never ``inf − inf``: where ``σc = −inf`` (``max(x, −inf)``,
+  ``min(x, +inf)``, e.g. ``jnp.clip(x, -inf, inf)``) the equation is ``y = x``, and where
+  ``σc = +inf`` it is the constant ``y = c``. Returns ``(lt, ut, c_finite, pinned)``: such
+  entries get ``c_finite = 0`` and a box ``[0, 1]`` (active: slope 1, so ``y = x``) or
+  ``[−1, 0]`` (inactive: slope 0), and ``pinned`` holds the constant ``c`` where ``y = c``
+  (0 elsewhere), which the caller adds as an offset."""
+  sc = sigma * c
+  through, fixed = sc == -jnp.inf, sc == jnp.inf
+  c_fin = jnp.where(through | fixed, jnp.zeros_like(c), c)
+  lt, ut = (l - c_fin, u - c_fin) if sigma > 0 else (c_fin - u, c_fin - l)
+  if sound:
+    lt, ut = rounding.round_down(lt), rounding.round_up(ut)
+  one = jnp.ones_like(lt)
+  lt = jnp.where(through, 0 * one, jnp.where(fixed, -one, lt))
+  ut = jnp.where(through, one, jnp.where(fixed, 0 * one, ut))
+  return lt, ut, c_fin, jnp.where(fixed, c, jnp.zeros_like(c))
 
 
 def _relu_lines(l, u, sound: bool):
