@@ -100,7 +100,7 @@ def _sample_leaf(rng, box: bj.Interval, n: int) -> np.ndarray:
   vals = lo64 + (hi64 - lo64) * rng.random(size)
   vals = np.where(u < 0.125, lo64, np.where(u < 0.25, hi64, vals))
   vals = np.where((u >= 0.25) & (u < 0.3), np.clip(0.0, lo64, hi64), vals)  # x = 0 if inside
-  return np.clip(vals.astype(lo.dtype), lo, hi)
+  return np.clip(vals.astype(lo.dtype), lo, hi).astype(lo.dtype)  # (bfloat16 clips to float32)
 
 
 def _corners(boxes: list[bj.Interval]) -> list[np.ndarray] | None:
@@ -138,18 +138,20 @@ def _vmapped(fn, args, samples):
 
 def _to64(x):
   x = np.asarray(x)
-  return x.astype(np.float64) if x.dtype.kind == "f" else x
+  return x.astype(np.float64) if x.dtype.kind in "fV" else x  # V: bfloat16
 
 
 def _check_inside(bound, values, tol: float, what: str) -> None:
   lo = np.asarray(bj.interval.lower_of(bound))
   hi = np.asarray(bj.interval.upper_of(bound))
   v = np.asarray(values)
+  # bfloat16 (numpy kind "V") compares through float64, where it is exact
+  lo, hi, v = [a.astype(np.float64) if a.dtype.kind == "V" else a for a in (lo, hi, v)]
   if lo.dtype.kind == "f":
     assert not np.isnan(lo).any() and not np.isnan(hi).any(), f"{what}: NaN in a bound"
   if v.dtype.kind == "f":
     lo64, hi64, v64 = lo.astype(np.float64), hi.astype(np.float64), v.astype(np.float64)
-    slack = tol * (1.0 + np.abs(v64)) if tol else 0.0
+    slack = tol * (1.0 + np.where(np.isfinite(v64), np.abs(v64), 0.0)) if tol else 0.0
     bad = ~np.isnan(v64) & ((v64 < lo64 - slack) | (v64 > hi64 + slack))
   else:
     bad = (v < lo) | (v > hi)
@@ -295,8 +297,8 @@ INTERVAL_CASES: dict[str, Case] = {
     "dynamic_update_slice": Case(lambda x, u: lax.dynamic_update_slice(x, u, (0, 0)),
                                  lambda r: (fbox(r, (3, 3)), fbox(r, (1, 2)))),
     "gather": _unary(lambda x: (x[jnp.array([0, 0])], x[:, jnp.array([0])])),
-    "concatenate": _binary(lambda a, b: jnp.concatenate([a, b, a * 0.5], axis=1)),
-    "pad": _unary(lambda x: lax.pad(x, 0.5, [(1, 0, 0), (0, 2, 1)])),
+    "concatenate": _binary(lambda a, b: jnp.concatenate([a, b, a * 2], axis=1)),
+    "pad": _unary(lambda x: lax.pad(x, jnp.asarray(0.5, x.dtype), [(1, 0, 0), (0, 2, 1)])),
     "rev": _unary(lambda x: x[::-1]),
     "split": _unary(lambda x: jnp.split(x, [1], axis=1)),
     "boundjax_softmax": _unary(lambda x: bj.nn.softmax(x, axis=-1), -3, 3, 1),
@@ -533,3 +535,196 @@ def test_difference_rule_sound(name):
     assert not bad.any(), f"{name}/delta: {int(bad.sum())} sampled differences outside the bound"
   jax.tree_util.tree_map(check, out, ref, oth, delta,
                          is_leaf=lambda v: isinstance(v, bj.DiffInterval))
+
+
+# ----------------------------------------------------------------------------------------------
+# Special inputs for every interval rule: low precision, integers, infinite and NaN values
+# ----------------------------------------------------------------------------------------------
+#
+# Each case of `INTERVAL_CASES` is re-run in variants derived from it:
+#
+# * low precision: every float32 argument cast to bfloat16 and to float16; ``bj.ibp(fn)`` must
+#   enclose the low-precision program's values (relative tolerance 4 eps of the format) and
+#   ``bj.ibp(fn, sound=True)`` the float64 values at the same points (zero tolerance);
+# * integers: every float box replaced by an int32 box of the integers it holds; where the
+#   primitive is then reached with an integer operand the bound must enclose every value exactly
+#   (rules that take no integers are listed in `NO_INTEGER_FORM`, which is checked both ways);
+# * infinite constants: entries of the first float box pinned to +inf and -inf (``jnp.where``
+#   with a constant mask), so the rule sees boxes with infinite ends;
+# * NaN-producing branches: the first float box replaced by ``where(s > 0, x, sqrt(s))`` with a
+#   box ``s`` reaching below 0, so the rule sees the "may be NaN" full line.
+#
+# The infinite and NaN variants run eagerly in both modes: a NaN bound raises `BoundError` there
+# (under jit it would be widened silently). Sampled values that are NaN are not real and skipped.
+
+LOW_PRECISION = (jnp.bfloat16, jnp.float16)
+
+NO_FLOAT_FORM = frozenset({"and", "or", "not", "reduce_and", "reduce_or", "eq"})
+"""Cases with no float box (bitwise and boolean rules, integer equality): no float variants."""
+
+NO_INTEGER_FORM = frozenset({
+    # functions defined on reals only: jnp converts an integer operand to float first
+    "acos", "asinh", "atan", "atanh", "cbrt", "erf", "erfc", "erf_inv", "exp", "exp2", "expm1",
+    "log", "log1p", "logistic", "sinh", "sqrt", "rsqrt", "tanh", "reduce_precision",
+    "is_finite", "floor", "ceil", "round", "div", "cumlogsumexp",
+    "boundjax_softmax", "boundjax_log_softmax", "boundjax_logsumexp",
+    "boundjax_softmax_cross_entropy", "boundjax_sigmoid_binary_cross_entropy",
+    # cases that are already integer or boolean (their main case is the integer case)
+    *NO_FLOAT_FORM,
+})
+"""Rules that bound no integer operands: their case does not reach them with integers once its
+boxes are integers, or they refuse integers with `UnsupportedPrimitiveError` (checked)."""
+
+
+def _float_box(a) -> bool:
+  return isinstance(a, bj.Interval) and jnp.issubdtype(a.dtype, jnp.floating)
+
+
+def _cast_args(args, dtype):
+  out = []
+  for a in args:
+    if _float_box(a):
+      out.append(bj.Interval(a.lower.astype(dtype), a.upper.astype(dtype)))
+    elif isinstance(a, jax.Array) and jnp.issubdtype(a.dtype, jnp.floating):
+      out.append(a.astype(dtype))
+    else:
+      out.append(a)
+  return out
+
+
+def _int_args(args):
+  out = []
+  for a in args:
+    if _float_box(a):
+      lo, hi = jnp.ceil(a.lower), jnp.floor(a.upper)
+      lo = jnp.minimum(lo, hi)  # a box holding no integer: the integer below its upper end
+      out.append(bj.Interval(lo.astype(jnp.int32), hi.astype(jnp.int32)))
+    elif isinstance(a, jax.Array) and jnp.issubdtype(a.dtype, jnp.floating):
+      out.append(jnp.round(a).astype(jnp.int32))
+    else:
+      out.append(a)
+  return out
+
+
+def _abstract_operand_dtypes(fn, args, name) -> set:
+  """dtypes of the box-dependent operands of ``name``'s equations when bj.ibp traces fn."""
+  from boundjax.core import program as prog_lib
+  program = prog_lib.trace(fn, prog_lib.split_arguments(tuple(args), {}))
+  found = set()
+  for e in program.eqns:
+    if e.name == name and e.abstract:
+      found.update(np.dtype(e.invars[p].aval.dtype) for p in e.abstract_pos)
+  return found
+
+
+def _check_tree(bound, values, tol, what):
+  jax.tree_util.tree_map(lambda b, v: _check_inside(b, v, tol, what), bound, values,
+                         is_leaf=bj.is_interval)
+
+
+def _check_both_modes(fn, args, rng, what, tol, *, eager):
+  """``bj.ibp(fn)`` against fn at the points (tolerance ``tol``), ``bj.ibp(fn, sound=True)``
+  against fn in float64 at the same points (zero tolerance)."""
+  run = (lambda f: f) if eager else jax.jit
+  samples = sample_args(rng, args)
+  values = _vmapped(fn, args, samples)
+  _check_tree(run(bj.ibp(fn))(*args), values, tol, what)
+  bound = run(bj.ibp(fn, sound=True))(*args)
+  with enable_x64():
+    args64 = [a if isinstance(a, bj.Interval) else (jnp.asarray(_to64(a)) if isinstance(
+        a, (jax.Array, np.ndarray)) else a) for a in args]
+    s64 = [None if s is None else jnp.asarray(_to64(s)) for s in samples]
+    values64 = jax.tree_util.tree_map(np.asarray, _vmapped(fn, args64, s64))
+  _check_tree(bound, values64, 0.0, what + " (sound, float64)")
+
+
+@pytest.mark.parametrize("name", sorted(INTERVAL_CASES))
+@pytest.mark.parametrize("dtype", LOW_PRECISION, ids=lambda d: jnp.dtype(d).name)
+def test_interval_rule_low_precision_both_modes(name, dtype):
+  case = INTERVAL_CASES[name]
+  rng = _rng(name, 4)
+  args = case.make(rng)
+  if not any(_float_box(a) for a in args):
+    assert name in NO_FLOAT_FORM, f"'{name}': a case without float boxes must be listed"
+    return
+  assert name not in NO_FLOAT_FORM, f"'{name}' has float boxes: remove it from NO_FLOAT_FORM"
+  low = _cast_args(args, dtype)
+  assert name in _trace_names(case.fn, low) or name in DROPPED_BY_PROGRAM, name
+  _check_both_modes(case.fn, low, rng, f"{name} ({jnp.dtype(dtype).name})",
+                    4 * float(jnp.finfo(dtype).eps), eager=False)
+
+
+INTEGER_CASES: dict[str, Case] = {
+    # jnp's ``**`` of an integer array goes through other primitives; bind integer_pow itself
+    "integer_pow": _unary(lambda x: (lax.integer_pow(x, 3), lax.integer_pow(x, 2)), -4, 4, 3),
+}
+"""Integer cases where the float case does not carry over (the float boxes are made integer)."""
+
+
+@pytest.mark.parametrize("name", sorted(INTERVAL_CASES))
+def test_interval_rule_integer_operands(name):
+  case = INTEGER_CASES.get(name, INTERVAL_CASES[name])
+  rng = _rng(name, 5)
+  args = _int_args(case.make(rng))
+  try:
+    dtypes = _abstract_operand_dtypes(case.fn, args, name)
+  except (TypeError, ValueError):
+    dtypes = set()
+  if name in DROPPED_BY_PROGRAM:  # never reaches a rule; its soundness is what follows it
+    dtypes = {np.dtype(np.int32)}
+  integer = any(jnp.issubdtype(d, jnp.integer) for d in dtypes)
+  if name in NO_INTEGER_FORM:
+    if integer and name not in NO_FLOAT_FORM:  # reached with integers: refused clearly
+      with pytest.raises(bj.UnsupportedPrimitiveError, match=name):
+        bj.ibp(case.fn)(*args)
+    return
+  assert integer, f"'{name}' is not reached with an integer operand: list it in NO_INTEGER_FORM"
+  bound = jax.jit(bj.ibp(case.fn))(*args)
+  values = _vmapped(case.fn, args, sample_args(rng, args))
+  _check_tree(bound, values, 0.0, name + " (int32)")
+  sound = jax.jit(bj.ibp(case.fn, sound=True))(*args)
+  _check_tree(sound, values, 0.0, name + " (int32, sound)")
+
+
+def _pin_infinities(box: bj.Interval):
+  """A constant mask pinning the first entry to +inf and the last to -inf."""
+  n = int(np.prod(box.shape))
+  pos = np.zeros(n, bool)
+  neg = np.zeros(n, bool)
+  pos[0] = True
+  if n > 1:
+    neg[-1] = True
+  return jnp.asarray(pos.reshape(box.shape)), jnp.asarray(neg.reshape(box.shape))
+
+
+def _first_float_box(args) -> int:
+  return next(i for i, a in enumerate(args) if _float_box(a))
+
+
+@pytest.mark.parametrize("name", sorted(INTERVAL_CASES))
+def test_interval_rule_infinite_constants_and_nan_branches(name):
+  case = INTERVAL_CASES[name]
+  rng = _rng(name, 6)
+  args = case.make(rng)
+  if not any(_float_box(a) for a in args):
+    assert name in NO_FLOAT_FORM, name
+    return
+  k = _first_float_box(args)
+  pos, neg = _pin_infinities(args[k])
+
+  def with_inf(*a):
+    a = list(a)
+    a[k] = jnp.where(pos, jnp.inf, jnp.where(neg, -jnp.inf, a[k]))
+    return case.fn(*a)
+
+  _check_both_modes(with_inf, args, rng, name + " (±inf entries)", 1e-5, eager=False)
+
+  s = bj.Interval(jnp.full(args[k].shape, -1.0, args[k].dtype),
+                  jnp.full(args[k].shape, 1.0, args[k].dtype))
+
+  def nan_branch(s_, *a):
+    a = list(a)
+    a[k] = jnp.where(s_ > 0, a[k], jnp.sqrt(s_))  # NaN where s < 0
+    return case.fn(*a)
+
+  _check_both_modes(nan_branch, [s, *args], rng, name + " (NaN branch)", 1e-5, eager=False)

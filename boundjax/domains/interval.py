@@ -774,6 +774,9 @@ def _cumlogsumexp_error(x: Interval, axis: int):
 def _cumlogsumexp(ctx, x, **params):
   """Prefix log-sum-exp is increasing in every entry: ``[f(l), f(u)]``, outward by
   `_cumlogsumexp_error` in sound mode."""
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise UnsupportedPrimitiveError(f"'cumlogsumexp' of {x.dtype} values is not supported (a "
+                                    "log-sum-exp is real-valued: convert to float first)")
   bind = lambda a: lax.cumlogsumexp_p.bind(a, **params)
   lo, hi = bind(x.lower), bind(x.upper)
   if not ctx.sound:
@@ -849,6 +852,8 @@ def _bilinear(prim_bind, exact_fn=None, count=None):
     op = lambda a, b: prim_bind(a, b, **params)
     both = isinstance(x, Interval) and isinstance(y, Interval)
     mode = ctx.matmul if both else "midrad"
+    if not jnp.issubdtype(jnp.result_type(lo_(x)), jnp.floating):
+      mode = "signsplit"  # integers: exact corner products (the midpoint is not an integer)
     if mode == "midrad":
       lo, hi = _midrad_safe(op, x, y)
     elif mode == "signsplit":
@@ -865,7 +870,7 @@ def _bilinear(prim_bind, exact_fn=None, count=None):
         raise UnsupportedPrimitiveError("matmul='exact' is only available for dot_general")
       lo, hi = exact_fn(x, y, **params)
     err = None
-    if ctx.sound:
+    if ctx.sound and jnp.issubdtype(jnp.result_type(lo), jnp.floating):  # integers are exact
       n = count(jnp.shape(lo_(x)), jnp.shape(lo_(y)), params)
       err = rounding.sum_error(n, op(_mag(x), _mag(y)), jnp.result_type(lo), terms=12)
     return _finish(ctx, lo, hi, 1, err)
@@ -998,9 +1003,68 @@ def _snap(v):
   return v
 
 
+def _is_low(dtype) -> bool:
+  """bfloat16 / float16 (and other floats narrower than 32 bits)."""
+  try:
+    return jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32
+  except TypeError:
+    return False
+
+
+def _raise_low(v):
+  """A low-precision float box or array raised to float32 (exactly: every bfloat16/float16
+  number is a float32 number); other values unchanged."""
+  if isinstance(v, Interval):
+    if _is_low(v.dtype):
+      return _iv(v.lower.astype(jnp.float32), v.upper.astype(jnp.float32))
+    return v
+  if hasattr(v, "dtype") and _is_low(jnp.result_type(v)):
+    return jnp.asarray(v).astype(jnp.float32)
+  return v
+
+
+def _round_outward_to(iv: Interval, dtype) -> Interval:
+  """A float32 box rounded outward to ``dtype`` (rounding to nearest is monotone; one step of
+  ``nextafter`` where it went inward), its subnormal ends snapped outward."""
+  lo, hi = iv.lower.astype(dtype), iv.upper.astype(dtype)
+  lo = jnp.where(lo.astype(jnp.float32) > iv.lower, jnp.nextafter(lo, jnp.asarray(-jnp.inf, dtype)),
+                 lo)
+  hi = jnp.where(hi.astype(jnp.float32) < iv.upper, jnp.nextafter(hi, jnp.asarray(jnp.inf, dtype)),
+                 hi)
+  return _iv(*rounding.snap_outward(lo, hi))
+
+
+_NATIVE_LOW = frozenset({"convert_element_type", "reduce_precision"})
+"""Rules whose meaning is the rounding to a format itself: evaluated in their own dtypes."""
+
+
+def _sound_low_precision(ctx, rule, eqn: prog_lib.Eqn, invals: list):
+  """Sound mode with bfloat16/float16 operands or outputs: the rule runs in float32 (its error
+  budgets are float32's; XLA's own low-precision library functions can be several of their ulps
+  off, e.g. bfloat16 ``exp2``) and the result is rounded outward to the equation's dtype. The
+  exact real-number value of the operation lies in the float32 bound, hence in the rounded one."""
+  params = {k: (np.dtype(np.float32) if not isinstance(v, bool) and _is_low_param(v) else v)
+            for k, v in eqn.params.items()}
+  out = rule(ctx, *[_raise_low(v) for v in invals], **params)
+  if out is NotImplemented:
+    return out
+  outs = list(out) if eqn.prim.multiple_results else [out]
+  res = [_round_outward_to(o, var.aval.dtype) if isinstance(o, Interval) and _is_low(
+      var.aval.dtype) else o for o, var in zip(outs, eqn.outvars)]
+  return res if eqn.prim.multiple_results else res[0]
+
+
+def _is_low_param(v) -> bool:
+  try:
+    return isinstance(v, (np.dtype, type)) and _is_low(v)
+  except Exception:  # pragma: no cover - exotic parameter values
+    return False
+
+
 def abstract_eqn(ctx: IntervalContext, eqn: prog_lib.Eqn, invals: list) -> list:
   """Bounds one box-dependent equation with its rule (a composite whose rule declines is
-  bounded through its body)."""
+  bounded through its body). A NaN end of a rule's result (an operation outside its real
+  domain, ``inf − inf`` on boxes with infinite ends) becomes the full line (`_no_nan`)."""
   rule = RULES.get(eqn.name)
   if rule is None:
     raise prog_lib.unsupported("interval", eqn, RULES)
@@ -1008,15 +1072,21 @@ def abstract_eqn(ctx: IntervalContext, eqn: prog_lib.Eqn, invals: list) -> list:
     snapped = {}
     invals = [snapped.setdefault(id(v), _snap(v)) if isinstance(v, Interval) else _snap(v)
               for v in invals]
+  low = ctx.sound and eqn.name not in _NATIVE_LOW and (
+      any(_is_low(v.aval.dtype) for v in eqn.outvars)
+      or any(_is_low(jnp.result_type(lo_(v))) for v in invals if hasattr(lo_(v), "dtype")))
   try:
-    out = rule(ctx, *invals, **eqn.params)
+    out = _sound_low_precision(ctx, rule, eqn, invals) if low else \
+        rule(ctx, *invals, **eqn.params)
   except UnsupportedPrimitiveError as e:
     raise UnsupportedPrimitiveError(f"{e} (at {eqn.where()})") from None
   if out is NotImplemented:
     body = prog_lib.expand(eqn, [isinstance(v, Interval) for v in invals],
                            precision_highest=ctx.sound)
     return evaluate(body, invals, ctx)
-  return list(out) if eqn.prim.multiple_results else [out]
+  outs = list(out) if eqn.prim.multiple_results else [out]
+  return [_iv(*_no_nan(o.lower, o.upper)) if isinstance(o, Interval) and jnp.issubdtype(
+      o.dtype, jnp.floating) else o for o in outs]
 
 
 def evaluate(program: prog_lib.Program, inputs: list, ctx: IntervalContext) -> list:

@@ -449,6 +449,11 @@ def _low_precision(aval) -> bool:
   return _is_float(aval) and jnp.finfo(aval.dtype).bits < 32
 
 
+def _aval(a):
+  """The abstract value of a variable or a literal."""
+  return a.aval if isinstance(a, _Var) else jax.typeof(a.val)
+
+
 def _is_literal_zero(a) -> bool:
   return isinstance(a, _Lit) and np.ndim(a.val) == 0 and float(a.val) == 0.0
 
@@ -519,7 +524,7 @@ def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool) -> None:
       idx = tuple(range(1, len(e.invars)))
     if any(p in idx for p in pos):
       if name == "select_n" and pos[0] == 0 and all(
-          _is_float(v.aval) and v.shape == e.outvars[0].shape for v in e.invars[1:]) \
+          _is_float(_aval(v)) and _aval(v).shape == e.outvars[0].shape for v in e.invars[1:]) \
           and _is_float(e.outvars[0].aval):
         # a box-dependent predicate: relaxed per entry once its interval is known
         return nonlinear("select", [e.invars[p] for p in pos[1:]])
