@@ -21,7 +21,8 @@ from boundjax.domains.linear import rules
 from jax._src.ad_util import add_any_p  # the primitive gradients accumulate with
 
 W = jax.random.normal(jax.random.PRNGKey(7), (4, 3))
-K = jax.random.normal(jax.random.PRNGKey(8), (2, 1, 2, 2))  # OIHW
+# OIHW; rounded to bfloat16 (exact in float16 too) so that casting it to a box's dtype keeps it
+K = jax.random.normal(jax.random.PRNGKey(8), (2, 1, 2, 2)).astype(jnp.bfloat16).astype(jnp.float32)
 
 
 def _box(lo=-1.0, hi=1.0, shape=(1, 4)):
@@ -45,7 +46,7 @@ CASES = {
     "reduce_window_sum": lambda x: lax.reduce_window(x, 0.0, lax.add, (1, 2), (1, 1), "VALID"),
     "concatenate": lambda x: jnp.concatenate([x, 2 * x], -1),
     "slice": lambda x: x[:, 1:3],
-    "pad": lambda x: lax.pad(x, 0.5, [(0, 0, 0), (1, 2, 1)]),
+    "pad": lambda x: lax.pad(x, jnp.asarray(0.5, x.dtype), [(0, 0, 0), (1, 2, 1)]),
     # a widening conversion of a float16 box (float16 equations are bounded in float32 and
     # rounded outward, so the fallback warning is allowed here)
     "convert_element_type": (lambda x: x.astype(jnp.float32) * 1.5, (1, 4), -1.0, 1.0,
@@ -61,9 +62,10 @@ CASES = {
     "div": lambda x: x / jnp.array([3.0, -2.0, 0.5, 4.0]),
     "dot_general": lambda x: x @ W,
     "conv_general_dilated": (lambda x: lax.conv_general_dilated(
-        x, K, (1, 1), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW")), (1, 1, 3, 3)),
+        x, K.astype(x.dtype), (1, 1), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW")),
+        (1, 1, 3, 3)),
     "max": lambda x: jnp.maximum(x, 0.0),
-    "min": lambda x: jnp.minimum(x, 0.3),
+    "min": lambda x: jnp.minimum(x, 0.25),  # dyadic: the float64 check evaluates the same fn
     "exp": lambda x: jnp.exp(x),
     "expm1": lambda x: jnp.expm1(x),
     "tanh": lambda x: jnp.tanh(x),
@@ -138,3 +140,79 @@ def test_memory_budget_that_cannot_fit_one_example_raises_with_the_size():
     bj.crown(f, memory_bytes=1024)(box)
   out = bj.crown(f)(box)
   assert out.shape == (2, 64)
+
+
+# ----------------------------------------------------------------------------------------------
+# Special inputs for every record: low precision, infinite entries, NaN-producing branches
+# ----------------------------------------------------------------------------------------------
+#
+# Each float32 case is re-run (10,000 samples plus corners, both modes: ``bj.crown(fn)`` against
+# fn's own values, ``bj.crown(fn, sound=True)`` against fn in float64 with zero tolerance):
+# * with its box in bfloat16 and in float16 (low-precision equations are bounded by intervals);
+# * with the first entry of the box pinned to +inf and the last to -inf by a constant mask;
+# * behind ``where(s > 0, x, sqrt(s))`` with a box ``s`` reaching below 0 (NaN for s < 0).
+# No bound may be NaN; sampled values that are NaN are not real numbers and are skipped.
+
+def _samples(boxes, n=10_000):
+  r = np.random.default_rng(1)
+  out = []
+  for b in boxes:
+    lo, hi = np.asarray(b.lower, np.float64), np.asarray(b.upper, np.float64)
+    pts = lo + (hi - lo) * r.random((n, *lo.shape))
+    if lo.size <= 10:
+      corners = np.asarray(list(itertools.product(*zip(lo.ravel(), hi.ravel()))))
+      pts = np.concatenate([pts, corners.reshape(-1, *lo.shape)])
+    out.append(pts)
+  m = min(len(p) for p in out)
+  return [p[:m] for p in out]
+
+
+def _inside(out, ys, tol, what):
+  lo = np.asarray(out.lower, np.float64)
+  hi = np.asarray(out.upper, np.float64)
+  assert not np.isnan(lo).any() and not np.isnan(hi).any(), f"{what}: NaN in a bound"
+  ys = np.asarray(ys, np.float64)
+  slack = tol * (1 + np.where(np.isfinite(ys), np.abs(ys), 0.0))
+  bad = ~np.isnan(ys) & ((ys < lo - slack) | (ys > hi + slack))
+  assert not bad.any(), f"{what}: {int(bad.sum())} sampled values outside the bound"
+
+
+def _check_crown_both_modes(fn, boxes, tol, what):
+  pts = _samples(boxes)
+  dtypes = [b.dtype for b in boxes]
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", rules.CrownFallbackWarning)
+    out = bj.crown(fn)(*boxes)
+    sound = bj.crown(fn, sound=True)(*boxes)
+  ys = jax.vmap(fn)(*[jnp.asarray(p, d) for p, d in zip(pts, dtypes)])
+  _inside(out, ys, tol, what)
+  with jax.enable_x64(True):
+    ys64 = np.asarray(jax.vmap(fn)(*[jnp.asarray(np.asarray(p, d).astype(np.float64))
+                                     for p, d in zip(pts, dtypes)]))
+  _inside(sound, ys64, 0.0, what + " (sound, float64)")
+
+
+FLOAT32_CASES = sorted(k for k in CASES if _case(k)[4] == jnp.float32)
+
+
+@pytest.mark.parametrize("name", FLOAT32_CASES)
+@pytest.mark.parametrize("low", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
+def test_crown_op_low_precision_both_modes(name, low):
+  fn, shape, lo, hi, _ = _case(name)
+  box = _box(lo, hi, shape)
+  box = bj.Interval(box.lower.astype(low), box.upper.astype(low))
+  _check_crown_both_modes(fn, [box], 4 * float(jnp.finfo(low).eps), f"{name} ({jnp.dtype(low)})")
+
+
+@pytest.mark.parametrize("name", FLOAT32_CASES)
+def test_crown_op_infinite_entries_and_nan_branches(name):
+  fn, shape, lo, hi, _ = _case(name)
+  box = _box(lo, hi, shape)
+  n = int(np.prod(shape))
+  pos = jnp.asarray((np.arange(n) == 0).reshape(shape))
+  neg = jnp.asarray((np.arange(n) == n - 1).reshape(shape))
+  with_inf = lambda x: fn(jnp.where(pos, jnp.inf, jnp.where(neg, -jnp.inf, x)))  # noqa: E731
+  _check_crown_both_modes(with_inf, [box], 1e-5, f"{name} (±inf entries)")
+  s = bj.Interval(-jnp.ones(shape), jnp.ones(shape))
+  nan_branch = lambda s_, x: fn(jnp.where(s_ > 0, x, jnp.sqrt(s_)))  # noqa: E731
+  _check_crown_both_modes(nan_branch, [s, box], 1e-5, f"{name} (NaN branch)")

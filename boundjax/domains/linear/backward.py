@@ -295,6 +295,11 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
 
 
 def _intersect(a: Interval, lo, hi, sound: bool) -> Interval:
+  """The forward interval ``a`` met with CROWN's bounds ``[lo, hi]``. A NaN in CROWN's bounds
+  (``0 · inf`` of a coefficient and an infinite offset or box end) carries no information: the
+  interval bound stands there."""
+  lo = jnp.where(jnp.isnan(lo), -jnp.inf, lo)
+  hi = jnp.where(jnp.isnan(hi), jnp.inf, hi)
   lo2, hi2 = jnp.maximum(a.lower, lo), jnp.minimum(a.upper, hi)
   if not sound:  # both bounds are float approximations; never return an empty box
     lo2, hi2 = jnp.minimum(lo2, hi2), jnp.maximum(lo2, hi2)
@@ -307,13 +312,23 @@ def _interval_of(e: _Eqn, vals: list, sound: bool) -> list:
   outward rounding covers the float error of evaluating the operation in that precision."""
   low = any(_low_precision(o.aval) for o in e.outvars) or any(
       isinstance(v, Interval) and _low_precision(jax.typeof(v.lower)) for v in vals)
-  if low and e.name in interval_domain.RULES:
-    return _interval_low_precision(e, vals)
   ivctx = interval_domain.IntervalContext(sound=sound)
+  if low and e.name in interval_domain.RULES:
+    if sound:  # the real-number value: the float32 rule, sound, rounded outward
+      out = interval_domain._sound_low_precision(ivctx, interval_domain.RULES[e.name], e, vals)
+      return _no_nan_all(list(out) if e.prim.multiple_results else [out])
+    return _no_nan_all(_interval_low_precision(e, vals))
   if e.prim is e.orig.prim:
     return interval_domain.abstract_eqn(ivctx, e.orig, vals)
   out = interval_domain.RULES[e.name](ivctx, *vals, **e.params)
-  return list(out) if isinstance(out, (list, tuple)) else [out]
+  return _no_nan_all(list(out) if isinstance(out, (list, tuple)) else [out])
+
+
+def _no_nan_all(outs: list) -> list:
+  """NaN ends of float boxes become the full line (see `interval_domain._no_nan`)."""
+  return [Interval(*interval_domain._no_nan(o.lower, o.upper), validate=False)
+          if isinstance(o, Interval) and jnp.issubdtype(o.dtype, jnp.floating) else o
+          for o in outs]
 
 
 def _is_low_dtype(d) -> bool:
@@ -565,7 +580,7 @@ def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None) -> list:
     elif e.kind == "affine":
       out = interval_domain.RULES[e.name](interval_domain.IntervalContext(sound=ctx.sound),
                                           *vals, **e.params)
-      outs = out if isinstance(out, (list, tuple)) else [out]
+      outs = _no_nan_all(list(out) if isinstance(out, (list, tuple)) else [out])
     else:
       outs = _interval_of(e, vals, ctx.sound)
     for v, o in zip(e.outvars, outs):
