@@ -32,8 +32,15 @@ negative box, ``inf − inf``), JAX returns NaN for some points; the rule then r
 ``[−inf, +inf]``, which also marks "may be NaN": comparisons with such an operand are never
 *definitely* true (a comparison with NaN is False in JAX). A NaN never appears in a bound.
 
+Low precision. In sound mode an equation with bfloat16/float16 operands or outputs is bounded by
+its rule in float32 (every such number is a float32 number) and rounded outward to its dtype:
+XLA's own low-precision library functions can be several of their ulps off (bfloat16 ``exp2``
+by 4 %), so the real value, not the low-precision program's, is what the bound holds.
+
 Known weak points: the NaN marker is propagated through element-wise monotone functions and
-comparisons, but not through ``max``/``min``/products with an exact 0 (``0 · [−inf, inf] = 0``);
+comparisons, but not through ``max``/``min``/products with an exact 0 (``0 · [−inf, inf] = 0``;
+a NaN test ``x != x`` therefore reads any box with an infinite end as "may be NaN", which covers
+``max``/``min``, but not a product with an exact 0);
 sound mode relies on XLA CPU flushing to *signed* zeros (x86 FTZ); a concrete operand holding a
 subnormal is widened only when its value is known (not under ``jit``); the function budgets
 are measured on XLA CPU (x86-64) and hold for that backend.
