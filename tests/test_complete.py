@@ -496,3 +496,35 @@ def test_sample_and_local_search_find_thin_violations(seed):
       # the grid's minimum is within (Lipschitz x spacing) of the true minimum; 0.05 is far more
       assert hit is None
   assert found == 1
+
+
+def test_milp_fallback_with_a_sparse_last_layer():
+  """The exact MILP of ReLU splitting on a network whose last layer is a scipy.sparse matrix
+  (as the ONNX import builds for some layers): once a crash (``np.maximum`` of a sparse matrix)
+  that ended a whole batch; now the same answer as the MILP on the dense network."""
+  import scipy.sparse as sp
+  from milp.complete import relu_bab
+  from milp.complete.outcome import Deadline
+  from milp.property import check_property
+  apply_fn, params, net = _mlp(3, (3, 8, 8, 2))
+  last = net.layers[-1]
+  sparse_net = Network(net.layers[:-1] + (AffineLayer.point(sp.csr_matrix(last.w_lower),
+                                                            last.b_lower),), net.input_shape)
+  lo, hi = -np.ones(3) * 0.5, np.ones(3) * 0.5
+  lbs, ubs, l_in, u_in = [], [], lo, hi  # interval bounds of every hidden pre-activation
+  for layer in net.layers[:-1]:
+    w, b = layer.w_lower, layer.b_lower
+    wp, wn = np.maximum(w, 0), np.minimum(w, 0)
+    l, u = wp @ l_in + wn @ u_in + b, wp @ u_in + wn @ l_in + b
+    lbs.append(l)
+    ubs.append(u)
+    l_in, u_in = np.maximum(l, 0), np.maximum(u, 0)
+  replay = attack.Replayer(apply_fn, params, (3,))
+  y = _fwd(net, _grid(lo, hi, 21))
+  C = np.array([[1.0, -1.0]])
+  for margin in (-0.2, 0.05):
+    d = np.array([(y @ C.T).min() + margin])
+    region = Region(lo, hi, (Disjunct(C, d),))
+    status, _ = relu_bab._milp(sparse_net, region, region.disjuncts[0], lbs, ubs,
+                               Deadline(30.0), replay)
+    assert status == check_property(net, lo, hi, C, d, time_limit=30.0).status

@@ -59,6 +59,7 @@ def _milp(net, region: Region, disjunct: Disjunct, lbs, ubs, deadline: Deadline,
   if left <= 1.0:
     return "timeout", None
   w, b = net.layers[-1].w_lower, net.layers[-1].b_lower
+  w = w.toarray() if hasattr(w, "toarray") else np.asarray(w)  # a scipy.sparse layer, too
   hl, hu = np.maximum(lbs[-1], 0.0), np.maximum(ubs[-1], 0.0)
   wp, wn = np.maximum(w, 0.0), np.minimum(w, 0.0)
   yl, yu = wp @ hl + wn @ hu + b, wp @ hu + wn @ hl + b
