@@ -46,6 +46,8 @@ def ibp(fn: Callable, *, matmul: str = "midrad", sound: bool = False) -> Callabl
       concrete argument, named with the caller's line.
     UnsupportedPrimitiveError: a primitive without an interval rule, with the user's source line.
   """
+  if not isinstance(sound, bool):
+    raise ValueError(f"ibp: sound must be a bool, got {sound!r}")
   ctx = interval_domain.IntervalContext(matmul=matmul, sound=sound)
   cache: dict = {}
 
