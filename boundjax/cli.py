@@ -80,7 +80,11 @@ def verify(net: str | None, prop: str | None, timeout: float, out: str | None,
   with open(batch) as f:
     rows = [{"onnx": r["onnx"], "vnnlib": r["vnnlib"]} for r in csv.DictReader(f)]
   base = Path(root) if root else Path(batch).resolve().parent
-  results = run_instances(rows, timeout, progress=True, root=base, sound=sound)
+  from boundjax.io import OnnxImportError, VnnlibError
+  try:
+    results = run_instances(rows, timeout, progress=True, root=base, sound=sound)
+  except (OnnxImportError, VnnlibError, OSError) as e:
+    raise SystemExit(f"boundjax verify: {e}") from None
   print(f"{'onnx':<40} {'vnnlib':<28} {'result':<8} {'seconds':>8}")
   for r in results:
     print(f"{Path(r['onnx']).name:<40} {Path(r['vnnlib']).name:<28} {r['status']:<8} "

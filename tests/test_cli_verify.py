@@ -111,3 +111,52 @@ def test_unreadable_files_give_a_message_not_a_traceback(files, tmp_path):
   bad.write_text("(declare-const X_0 Real)\n(assert (<= X_0 1.0)\n")
   with pytest.raises(SystemExit, match="boundjax verify"):
     cli.main(["verify", str(d / "net.onnx"), str(bad)])
+
+
+def _sized_property(path: Path, n_in: int, n_out: int) -> None:
+  lines = [f"(declare-const X_{i} Real)" for i in range(n_in)] + \
+          [f"(declare-const Y_{j} Real)" for j in range(n_out)]
+  for i in range(n_in):
+    lines += [f"(assert (>= X_{i} -1.0))", f"(assert (<= X_{i} 1.0))"]
+  lines.append(f"(assert (>= Y_{n_out - 1} 1000000.0))")
+  path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("n_in, n_out, message", [
+    (4, 2, r"x4\.vnnlib: 4 X variables declared, expected 3 \(paired with .*net\.onnx, whose "
+           r"input has 3 entries, shape \(1, 3\), and whose output has 2\)"),
+    (3, 3, r"y3\.vnnlib: 3 Y variables declared, expected 2 \(paired with .*net\.onnx")])
+def test_a_property_of_another_size_names_both_files_and_counts(files, tmp_path, n_in, n_out,
+                                                                message):
+  """A VNNLIB file whose input or output count is not the network's failed with a raw numpy
+  reshape (inputs) or matmul (outputs) error; now the reader is given the network's counts."""
+  d, _ = files
+  name = "x4.vnnlib" if n_in == 4 else "y3.vnnlib"
+  _sized_property(tmp_path / name, n_in, n_out)
+  from boundjax.io import VnnlibError
+  from milp.complete import verify_instance
+  with pytest.raises(VnnlibError, match=message):
+    verify_instance(d / "net.onnx", tmp_path / name, timeout=30)
+  with pytest.raises(SystemExit, match="boundjax verify: .*" + message):
+    cli.main(["verify", str(d / "net.onnx"), str(tmp_path / name), "--timeout", "30"])
+  (tmp_path / "batch.csv").write_text(f"onnx,vnnlib\n{d / 'net.onnx'},{tmp_path / name}\n")
+  with pytest.raises(SystemExit, match="boundjax verify: .*" + message):
+    cli.main(["verify", "--batch", str(tmp_path / "batch.csv"), "--timeout", "30"])
+
+
+def test_complete_verify_refuses_a_property_of_another_size(files):
+  """`milp.complete.verify` with regions or output rows of the wrong size: an OptionError
+  naming both counts before any work."""
+  from boundjax.core.options import OptionError
+  from boundjax.io import load_onnx
+  from milp.complete import verify
+  d, _ = files
+  model = load_onnx(str(d / "net.onnx"))
+  box4 = (-np.ones(4), np.ones(4))
+  with pytest.raises(OptionError, match=r"prop: region 0 bounds 4 inputs, the network takes 3 "
+                                        r"\(input_shape \(1, 3\)\)"):
+    verify(model.apply_fn, model.params, model.input_shape, [(box4, [(np.eye(2), np.zeros(2))])])
+  box3 = (-np.ones(3), np.ones(3))
+  with pytest.raises(OptionError, match=r"disjunct 0 of region 0 constrains 3 outputs, the "
+                                        r"network gives 2"):
+    verify(model.apply_fn, model.params, model.input_shape, [(box3, [(np.eye(3), np.zeros(3))])])

@@ -20,6 +20,7 @@ between batches; compilation counts.
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -28,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from boundjax.core.options import OptionError
 from milp.complete import attack, layered
 from milp.complete.outcome import Deadline, Outcome
 from milp.complete.spec import Disjunct, Region, as_regions
@@ -43,6 +45,30 @@ def _extract(apply_fn: Callable, params: Any, input_shape: Sequence[int]):
     return mnet.from_params(params)
   except Exception:  # not a chain the extractor understands: the generic path handles it
     return None
+
+
+def _check_sizes(apply_fn: Callable, params: Any, input_shape: Sequence[int],
+                 regions: Sequence[Region]) -> None:
+  """Every region's box has ``prod(input_shape)`` inputs and every disjunct's ``C`` one column
+  per output of ``apply_fn`` (else `OptionError` naming both counts, before any work: a raw
+  reshape or matmul error would come out of the attack otherwise)."""
+  n_in = math.prod(input_shape)
+  for i, r in enumerate(regions):
+    if r.dim != n_in:
+      raise OptionError(f"prop: region {i} bounds {r.dim} inputs, the network takes {n_in} "
+                        f"(input_shape {tuple(input_shape)})")
+  try:
+    out = jax.eval_shape(apply_fn, params,
+                         jax.ShapeDtypeStruct(tuple(input_shape), jnp.float32))
+  except Exception:  # pylint: disable=broad-except  (the attack reports a failing function)
+    return
+  out = out[0] if isinstance(out, (tuple, list)) else out
+  n_out = math.prod(out.shape)
+  for i, r in enumerate(regions):
+    for j, c in enumerate(r.disjuncts):
+      if c.C.shape[1] != n_out:
+        raise OptionError(f"prop: disjunct {j} of region {i} constrains {c.C.shape[1]} "
+                          f"outputs, the network gives {n_out}")
 
 
 def _matches(lay: layered.Layers, replay: attack.Replayer, regions: Sequence[Region],
@@ -82,9 +108,14 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
 
   Returns:
     an `Outcome`; ``sat`` carries ``(x, y)`` replayed in float64.
+
+  Raises:
+    boundjax.core.options.OptionError: the property's input or output count is not the
+      network's (both counts named).
   """
   deadline = Deadline(timeout)
   regions = as_regions(prop)
+  _check_sizes(apply_fn, params, input_shape, regions)
   stats: dict[str, Any] = {"nodes": 0, "phase": None}
 
   def done(status, cex=None, phase=None):
@@ -194,15 +225,29 @@ def _bar(progress: bool, desc: str):
   return tqdm(desc=desc, unit="box", leave=False)
 
 
+def read_property(model: Any, onnx_path: str | Path, vnnlib_path: str | Path) -> Any:
+  """The VNNLIB property of ``vnnlib_path`` read for the network ``model`` loaded from
+  ``onnx_path``: `boundjax.io.vnnlib.read_vnnlib` with the network's ``n_inputs`` and
+  ``n_outputs``, so that a property declaring other counts fails with a `VnnlibError` naming
+  both files and both counts (not a reshape error inside the verifier)."""
+  from boundjax.io.vnnlib import VnnlibError, read_vnnlib
+  try:
+    return read_vnnlib(str(vnnlib_path), n_inputs=model.n_inputs, n_outputs=model.n_outputs)
+  except VnnlibError as e:
+    raise VnnlibError(f"{e} (paired with {onnx_path}, whose input has {model.n_inputs} entries, "
+                      f"shape {tuple(model.input_shape)}, and whose output has "
+                      f"{model.n_outputs})") from None
+
+
 def verify_instance(onnx_path: str | Path, vnnlib_path: str | Path, *, timeout: float = 60.0,
                     **kwargs: Any) -> Outcome:
-  """Loads the ONNX network and the VNNLIB property (`boundjax.io`) and runs `verify`; loading
-  counts against ``timeout``."""
+  """Loads the ONNX network and the VNNLIB property (`boundjax.io`; the property's counts
+  checked against the network's, `read_property`) and runs `verify`; loading counts against
+  ``timeout``."""
   start = time.monotonic()
   from boundjax.io.onnx import load_onnx
-  from boundjax.io.vnnlib import read_vnnlib
   model = load_onnx(str(onnx_path))
-  prop = read_vnnlib(str(vnnlib_path))
+  prop = read_property(model, onnx_path, vnnlib_path)
   left = timeout - (time.monotonic() - start)
   if left <= 0:
     return Outcome("timeout", None, time.monotonic() - start, {"nodes": 0, "phase": "load"})
