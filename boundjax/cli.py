@@ -80,17 +80,16 @@ def verify(net: str | None, prop: str | None, timeout: float, out: str | None,
   with open(batch) as f:
     rows = [{"onnx": r["onnx"], "vnnlib": r["vnnlib"]} for r in csv.DictReader(f)]
   base = Path(root) if root else Path(batch).resolve().parent
-  from boundjax.io import OnnxImportError, VnnlibError
-  try:
-    results = run_instances(rows, timeout, progress=True, root=base, sound=sound)
-  except (OnnxImportError, VnnlibError, OSError) as e:
-    raise SystemExit(f"boundjax verify: {e}") from None
+  results = run_instances(rows, timeout, progress=True, root=base, sound=sound)
   print(f"{'onnx':<40} {'vnnlib':<28} {'result':<8} {'seconds':>8}")
   for r in results:
     print(f"{Path(r['onnx']).name:<40} {Path(r['vnnlib']).name:<28} {r['status']:<8} "
           f"{r['seconds']:>8.2f}")
+  for r in results:  # a row that failed is reported, and the batch went on
+    if r["status"] == "error":
+      print(f"boundjax verify: {Path(r['vnnlib']).name}: {r['error']}")
   counts = {s: sum(r["status"] == s for r in results) for s in ("sat", "unsat", "timeout",
-                                                                "unknown")}
+                                                                "unknown", "error")}
   print(", ".join(f"{v} {k}" for k, v in counts.items()))
   if json_path:
     rows_out = [{k: v for k, v in r.items() if k != "outcome"} for r in results]

@@ -6,6 +6,7 @@ command writes; the properties are chosen so the right answer is known without a
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,9 +140,16 @@ def test_a_property_of_another_size_names_both_files_and_counts(files, tmp_path,
     verify_instance(d / "net.onnx", tmp_path / name, timeout=30)
   with pytest.raises(SystemExit, match="boundjax verify: .*" + message):
     cli.main(["verify", str(d / "net.onnx"), str(tmp_path / name), "--timeout", "30"])
-  (tmp_path / "batch.csv").write_text(f"onnx,vnnlib\n{d / 'net.onnx'},{tmp_path / name}\n")
-  with pytest.raises(SystemExit, match="boundjax verify: .*" + message):
-    cli.main(["verify", "--batch", str(tmp_path / "batch.csv"), "--timeout", "30"])
+  # in a batch the row is reported as an error and the rows after it still get their answers
+  (tmp_path / "batch.csv").write_text(
+      f"onnx,vnnlib\n{d / 'net.onnx'},{tmp_path / name}\n{d / 'net.onnx'},{d / 'unsat.vnnlib'}\n")
+  from milp.complete import run_instances
+  rows = [{"onnx": str(d / "net.onnx"), "vnnlib": str(tmp_path / name)},
+          {"onnx": str(d / "net.onnx"), "vnnlib": str(d / "unsat.vnnlib")}]
+  results = run_instances(rows, 30, progress=False)
+  assert results[0]["status"] == "error" and re.search(message, results[0]["error"])
+  assert results[1]["status"] in ("sat", "unsat")
+  assert cli.main(["verify", "--batch", str(tmp_path / "batch.csv"), "--timeout", "30"]) == 0
 
 
 def test_complete_verify_refuses_a_property_of_another_size(files):

@@ -259,7 +259,11 @@ def run_instances(rows: Iterable[Any], timeout: float, progress: bool = True,
                   root: str | Path | None = None, **kwargs: Any) -> list[dict[str, Any]]:
   """Runs `verify_instance` on rows ``(onnx, vnnlib[, ...])`` or dicts with ``onnx`` and
   ``vnnlib`` keys (paths relative to ``root`` if given) and returns one dict per row:
-  ``onnx, vnnlib, status, seconds, phase, nodes`` (plus ``outcome``). Never reads verdicts."""
+  ``onnx, vnnlib, status, seconds, phase, nodes`` (plus ``outcome``). Never reads verdicts.
+
+  A row that raises (an unreadable file, a property of another size, an unsupported operator,
+  any failure inside the verifier) gets ``status="error"`` with the exception in ``error`` and
+  the batch goes on: one instance never costs the rows after it their answers."""
   rows = list(rows)
   results = []
   bar = None
@@ -270,13 +274,22 @@ def run_instances(rows: Iterable[Any], timeout: float, progress: bool = True,
     onnx_p, vnn_p = (row["onnx"], row["vnnlib"]) if isinstance(row, dict) else (row[0], row[1])
     if root is not None:
       onnx_p, vnn_p = Path(root) / onnx_p, Path(root) / vnn_p
-    out = verify_instance(onnx_p, vnn_p, timeout=timeout, **kwargs)
-    results.append({"onnx": str(onnx_p), "vnnlib": str(vnn_p), "status": out.status,
-                    "seconds": out.seconds, "phase": out.stats.get("phase"),
-                    "nodes": out.stats.get("nodes"), "outcome": out})
+    start = time.monotonic()
+    try:
+      out = verify_instance(onnx_p, vnn_p, timeout=timeout, **kwargs)
+    except Exception as e:  # noqa: BLE001  (reported per row; never a verdict)
+      row_out = {"onnx": str(onnx_p), "vnnlib": str(vnn_p), "status": "error",
+                 "seconds": time.monotonic() - start, "phase": None, "nodes": None,
+                 "error": f"{type(e).__name__}: {e}", "outcome": None}
+    else:
+      row_out = {"onnx": str(onnx_p), "vnnlib": str(vnn_p), "status": out.status,
+                 "seconds": out.seconds, "phase": out.stats.get("phase"),
+                 "nodes": out.stats.get("nodes"), "outcome": out}
+    results.append(row_out)
     if bar is not None:
       bar.update(1)
-      bar.set_postfix_str(f"{Path(str(vnn_p)).name}: {out.status} {out.seconds:.1f}s")
+      bar.set_postfix_str(f"{Path(str(vnn_p)).name}: {row_out['status']} "
+                          f"{row_out['seconds']:.1f}s")
   if bar is not None:
     bar.close()
   return results
