@@ -29,7 +29,7 @@ import numpy as np
 
 
 # Packages whose frames are not "user code" (also Python's own library, see `_is_library_file`).
-LIBRARY_PACKAGES = ("boundjax", "jax", "jaxlib", "flax", "optax", "numpy")
+LIBRARY_PACKAGES = ("boundjax", "milp", "jax", "jaxlib", "flax", "optax", "numpy")
 
 
 # ----------------------------------------------------------------------------------------------

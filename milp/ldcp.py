@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from boundjax.core import options
 from boundjax.executor import Executor
 from boundjax.models import dense_layers
 from milp import network as net_lib
@@ -283,7 +284,9 @@ def verify(model: Any, params: PyTree, hyper: PyTree, neighbourhood: Neighbourho
   t0 = time.perf_counter()
   n_net = _network(model, params, input_shape, output)
   h_net = hyper if isinstance(hyper, Network) else _network(model, hyper, input_shape, output)
-  label = predicted_label(n_net, neighbourhood.center.reshape(-1)) if label is None else int(label)
+  n_classes = 2 if n_net.output == "sign" else n_net.layers[-1].shape[0]
+  label = predicted_label(n_net, neighbourhood.center.reshape(-1)) if label is None else \
+      options.integer("label", label, minimum=0, maximum=n_classes - 1)
   fam = members if (members is None or isinstance(members, Family)) else family_from_stacked(
       members, output)
 

@@ -251,3 +251,15 @@ def test_margin_lower_bounds_rejects_unknown_method():
   fam = _random_family(np.random.default_rng(0), 2, 3, 1)
   with pytest.raises(ValueError, match="unknown method 'lp'"):
     fam.margin_lower_bounds(np.zeros(3), np.ones(3), 1, method="lp")
+
+
+def test_verify_label_must_be_a_class_index():
+  """``label=1.5`` was truncated to class 1 by ``int``; now refused, as a class out of range is."""
+  from boundjax.core.options import OptionError
+  model, ens, x = trained_family()
+  member = ens.member(3)
+  hyper = jax.tree_util.tree_map(lambda a: Interval(a, a), member)
+  nb = NB.linf_ball(x[0].astype(np.float64), 0.1)
+  for bad in (1.5, -1, 99):
+    with pytest.raises(OptionError, match=f"label={bad!r}"):
+      ldcp.verify(None, member, hyper, nb, label=bad, samples=0)
