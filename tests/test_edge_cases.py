@@ -61,6 +61,20 @@ def test_nan_test_of_a_finite_value_stays_exact():
       assert float(jnp.max(out.upper)) <= 2.0 + 1e-5, (name, sound)
 
 
+def test_the_same_box_passed_twice_is_two_variables_for_equality():
+  """``a == b`` of two independent arguments is undecided even when one `Interval` object is
+  passed for both (only one variable compared with itself is decided)."""
+  box = bj.Interval(jnp.array([0.0, 1.0]), jnp.array([1.0, 1.0]))
+  fn = lambda a, b: jnp.where(a == b, 1.0, 0.0) + a  # noqa: E731
+  for sound in (False, True):
+    out = bj.ibp(fn, sound=sound)(box, box)
+    assert float(out.lower[0]) <= 0.0 and float(out.upper[0]) >= 2.0, (sound, out)
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", CrownFallbackWarning)
+      out = bj.crown(fn, batch_axis=None, sound=sound)(box, box)
+    assert float(out.lower[0]) <= 0.0 and float(out.upper[0]) >= 2.0, (sound, out)
+
+
 def test_nan_test_after_max_still_sees_the_nan():
   """``max(NaN, 0)`` is NaN in JAX: the marker box [0, inf] is not "never NaN"."""
   fn = lambda x: jnp.where(jnp.isnan(jnp.maximum(jnp.sqrt(x), 0.0)), -5.0, 0.0)  # noqa: E731

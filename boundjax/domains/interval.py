@@ -1097,5 +1097,8 @@ def abstract_eqn(ctx: IntervalContext, eqn: prog_lib.Eqn, invals: list) -> list:
 
 
 def evaluate(program: prog_lib.Program, inputs: list, ctx: IntervalContext) -> list:
-  """Interval bounds of every output of ``program`` (inputs: arrays and Intervals)."""
+  """Interval bounds of every output of ``program`` (inputs: arrays and Intervals). Each box
+  input gets its own object, so the same `Interval` passed twice stays two variables for the
+  rules that compare operands by identity (``x == x``)."""
+  inputs = [_iv(v.lower, v.upper) if isinstance(v, Interval) else v for v in inputs]
   return prog_lib.evaluate(program, inputs, functools.partial(abstract_eqn, ctx))

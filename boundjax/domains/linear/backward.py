@@ -541,8 +541,9 @@ def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None) -> list:
   ivs = {}
   it = iter(boxes)
   for v in prog.invars:
-    if v in prog.abstract:
-      ivs[v] = next(it)
+    if v in prog.abstract:  # one object per input: the same box passed twice is two variables
+      b = next(it)
+      ivs[v] = Interval(b.lower, b.upper, validate=False)
   pre: dict = {}
   rel: dict = {}
 
