@@ -99,3 +99,13 @@ def gaussian_blobs(n, d=4, classes=2, seed=0, sep=1.5):
   centres = rng.normal(size=(classes, d)) * sep
   X = centres[y] + rng.normal(size=(n, d))
   return jnp.asarray(X), jnp.asarray(y)
+
+
+def fast_subset(names, fast, always_slow: bool = False) -> list:
+  """``names`` as pytest parameters, those outside ``fast`` (all of them if ``always_slow``)
+  marked ``slow``: a variant test (low precision, integer operands, infinite entries) runs in
+  CI on a few representative rules of every family and on every rule in the slow suite
+  (``bash scripts/test.sh --slow``), which keeps CI within its time budget."""
+  import pytest
+  return [n if (n in fast and not always_slow) else pytest.param(n, marks=pytest.mark.slow)
+          for n in names]

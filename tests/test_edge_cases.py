@@ -165,7 +165,9 @@ def _nnx_block(attention_only: bool):
   return (lambda s, x: nnx.merge(graphdef, s)(x)), state
 
 
-@pytest.mark.parametrize("attention_only", [True, False], ids=["attention", "block"])
+@pytest.mark.parametrize("attention_only",
+                         [True, pytest.param(False, marks=pytest.mark.slow)],
+                         ids=["attention", "block"])  # the whole block: ~40 s, slow suite
 def test_nnx_attention_and_transformer_block_bounds_are_finite_and_sound(attention_only):
   """NNX's attention takes ``max(-inf, reduce_max(scores))``: once inf − inf, all-NaN bounds."""
   fn, state = _nnx_block(attention_only)
