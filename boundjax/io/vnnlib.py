@@ -70,6 +70,11 @@ class Disjunct:
     y = np.asarray(y, dtype=np.float64).reshape(-1)
     return bool(np.all(self.C @ y - self.d <= tol))
 
+  def violated_by(self, y: Any, tol: float = 0.0) -> np.ndarray:
+    """True where every row holds, ``C y - d <= tol``, for outputs ``y`` of shape
+    (..., n_outputs): `holds` for a batch."""
+    return np.all(np.asarray(y) @ self.C.T - self.d <= tol, axis=-1)
+
 
 def outward(lower: Any, upper: Any, dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:
   """``lower``, ``upper`` rounded to ``dtype`` outward: the smallest box of ``dtype`` numbers
@@ -88,6 +93,11 @@ class Region:
   lower: np.ndarray
   upper: np.ndarray
   disjuncts: tuple[Disjunct, ...]
+
+  @property
+  def dim(self) -> int:
+    """The number of inputs the box bounds."""
+    return int(np.size(self.lower))
 
   def interval(self, shape: Sequence[int] | None = None, dtype: Any = np.float32) -> Interval:
     """The box as a `boundjax.Interval` of ``shape`` (e.g. ``model.input_shape``; ``X_i`` fill it

@@ -13,40 +13,14 @@ attributes, and returns a tuple of `Region`.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Sequence
 
 import numpy as np
 
-
-@dataclasses.dataclass(frozen=True)
-class Disjunct:
-  """One unsafe conjunction ``C y <= d``: ``C`` (rows, outputs), ``d`` (rows,), float64."""
-
-  C: np.ndarray
-  d: np.ndarray
-
-  def violated_by(self, y: np.ndarray, tol: float = 0.0) -> np.ndarray:
-    """True where every row holds, ``C y - d <= tol``, for outputs ``y`` of shape (..., outputs)."""
-    return np.all(np.asarray(y) @ self.C.T - self.d <= tol, axis=-1)
-
-
-@dataclasses.dataclass(frozen=True)
-class Region:
-  """An input box ``[lower, upper]`` (flattened, float64) with its unsafe disjuncts."""
-
-  lower: np.ndarray
-  upper: np.ndarray
-  disjuncts: tuple[Disjunct, ...]
-
-  @property
-  def dim(self) -> int:
-    return int(self.lower.size)
+from boundjax.io.vnnlib import Disjunct, Region  # the one property type (the VNNLIB reader's)
 
 
 def _disjunct(item: Any) -> Disjunct:
-  if isinstance(item, Disjunct):
-    return item
   if hasattr(item, "C") and hasattr(item, "d"):
     C, d = item.C, item.d
   else:
@@ -59,8 +33,6 @@ def _disjunct(item: Any) -> Disjunct:
 
 
 def _region(item: Any) -> Region:
-  if isinstance(item, Region):
-    return item
   if hasattr(item, "disjuncts"):
     lower, upper = (item.lower, item.upper) if hasattr(item, "lower") else item.box
     disjuncts = item.disjuncts
@@ -79,9 +51,10 @@ def _region(item: Any) -> Region:
 
 
 def as_regions(prop: Any) -> tuple[Region, ...]:
-  """Normalises a property (see the module docstring) to a tuple of `Region`."""
+  """Normalises a property (see the module docstring) to a tuple of `Region` (flattened float64
+  boxes with finite, ordered bounds; float64 ``C``, ``d`` of matching rows)."""
   if isinstance(prop, Region):
-    return (prop,)
+    prop = (prop,)
   if hasattr(prop, "regions"):
     prop = prop.regions
   regions = tuple(_region(r) for r in prop)
