@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
 
+from boundjax.core import primitives
 from boundjax.interval import split_tree
 from boundjax.models import dense_layers
 
@@ -370,27 +371,11 @@ def interval_network(layers_lo: Sequence[tuple[Any, Any]],
 #
 # Between boundaries, segments of affine equations are evaluated in float64 to build the layers.
 
-# Primitives that are linear in their floating-point operands jointly, provided every other
-# operand (indices, predicates, shapes) does not depend on the input.
-_LINEAR_PRIMITIVES = frozenset({
-    "add", "add_any", "sub", "neg", "reshape", "transpose", "broadcast_in_dim", "squeeze",
-    "expand_dims", "concatenate", "slice", "dynamic_slice", "dynamic_update_slice", "gather",
-    "scatter", "scatter-add", "scatter_add", "pad", "rev", "select_n", "reduce_sum", "cumsum",
-    "reduce_window_sum", "copy", "copy_p", "convert_element_type", "split", "stack", "unstack",
-    "tile", "scatter-sub", "device_put", "sharding_constraint", "layout_constraint",
-    "optimization_barrier",
-})
-# Linear in each operand when the others are constant: affine iff exactly one depends on x.
-_BILINEAR_PRIMITIVES = frozenset({"mul", "dot_general", "conv_general_dilated"})
-# Order statistics that are not a max/min (not encodable).
-_ORDER_PRIMITIVES = frozenset({"argmax", "argmin", "cummax", "cummin", "sort", "reduce_window",
-                               "reduce_precision", "round", "floor", "ceil", "sign"})
-# Affine primitives that keep non-negative operands non-negative (every float operand >= 0).
-_KEEPS_NONNEG = frozenset({
-    "reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims", "concatenate", "slice",
-    "dynamic_slice", "gather", "pad", "rev", "reduce_sum", "reduce_window_sum", "copy", "copy_p",
-    "convert_element_type", "add", "add_any", "mul", "dot_general", "conv_general_dilated",
-    "cumsum", "stack", "unstack", "tile", "device_put", "sharding_constraint"})
+# What each primitive computes is classified once, in `boundjax.core.primitives`, for every table.
+_LINEAR_PRIMITIVES = primitives.LINEAR  # affine once index and predicate operands are concrete
+_BILINEAR_PRIMITIVES = primitives.BILINEAR  # affine iff exactly one operand depends on x
+_ORDER_PRIMITIVES = primitives.PIECEWISE_CONSTANT  # order statistics, roundings: not encodable
+_KEEPS_NONNEG = primitives.KEEPS_NONNEG  # non-negative operands give a non-negative result
 
 
 def _is_float(a: Any) -> bool:

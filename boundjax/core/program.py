@@ -27,7 +27,9 @@ through it. ``trace(fn, args, kwargs)`` produces a `Program`:
   an accelerator (the error model of `boundjax.rounding` assumes float32 products).
 
 Rewrites that keep the exact semantics: ``mul(a, a)`` of one variable becomes
-``integer_pow(a, 2)`` (the bound of a square is tighter than that of a product of two boxes).
+``integer_pow(a, 2)`` (the bound of a square is tighter than that of a product of two boxes);
+``stack``, ``unstack`` and ``tile`` become the concatenations, slices and broadcasts they are
+(`DECOMPOSED`).
 """
 
 from __future__ import annotations
@@ -64,6 +66,38 @@ CALL_PRIMITIVES = {
     "custom_lin": (),
 }
 BILINEAR = frozenset({"dot_general", "conv_general_dilated"})
+
+
+def _stack_as_concatenate(*xs: Any, axis: int) -> Any:
+  """``stack``: a new axis on each operand, then one ``concatenate``."""
+  return lax.concatenate([lax.expand_dims(x, (axis,)) for x in xs], axis)
+
+
+def _unstack_as_slices(x: Any, *, axis: int) -> list:
+  """``unstack``: one slice per index of ``axis``, the axis squeezed."""
+  return [lax.index_in_dim(x, i, axis, keepdims=False) for i in range(x.shape[axis])]
+
+
+def _tile_as_broadcast(x: Any, *, reps: Sequence[int]) -> Any:
+  """``tile``: ``x`` broadcast to shape ``(r_0, s_0, r_1, s_1, ...)`` and reshaped to
+  ``(r_0 s_0, r_1 s_1, ...)`` (row-major order repeats the whole block along each axis)."""
+  shape = [d for r, n in zip(reps, x.shape) for d in (int(r), n)]
+  wide = lax.broadcast_in_dim(x, shape, tuple(range(1, 2 * x.ndim, 2)))
+  return lax.reshape(wide, tuple(int(r) * n for r, n in zip(reps, x.shape)))
+
+
+DECOMPOSED = {"stack": _stack_as_concatenate, "unstack": _unstack_as_slices,
+              "tile": _tile_as_broadcast}
+"""Primitives that the program layer replaces by the same function written with older
+primitives (``jnp.stack``, ``jnp.unstack`` and ``jnp.tile`` bind these since JAX 0.7), so every
+domain and the MILP encoder handle them with the rules they already have: data movement, exact."""
+
+
+def _decomposition(e) -> Any:
+  """The closed jaxpr of `DECOMPOSED`'s function for the equation ``e`` (its operands' avals)."""
+  fn = functools.partial(DECOMPOSED[e.primitive.name], **e.params)
+  args = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in e.invars]
+  return jax.make_jaxpr(fn)(*args)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -190,6 +224,9 @@ def flatten(closed: jcore.ClosedJaxpr, *, recognise: Callable | None = None) -> 
           sj, sc = (sub.jaxpr, sub.consts) if isinstance(sub, jcore.ClosedJaxpr) else (sub, ())
           extra = len(ins) - len(sj.invars)
           outs = inline(sj, sc, ins[extra:] if extra > 0 else ins, info)
+        elif e.primitive.name in DECOMPOSED:
+          sub = _decomposition(e)
+          outs = inline(sub.jaxpr, sub.consts, ins, info)
         elif e.primitive.name == "stop_gradient":
           # the identity on values (any differentiation inside fn is already traced); dropping
           # it keeps domains that transpose equations (CROWN's vjp) from reading its zero

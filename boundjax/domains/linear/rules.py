@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src.lax import lax as lax_internal  # copy_p is not exported by jax.lax
 
 from boundjax import rounding
 from boundjax.core import program as prog_lib
@@ -301,8 +302,9 @@ class OpRecord:
       conv; a product of two box-dependent operands is relaxed or bounded by intervals),
       "relu" (``max(x, c)`` / ``min(x, c)`` with concrete ``c``; two box-dependent operands are
       relaxed) or "nonlinear" (relaxed by lines on the input box, `_Lines`).
-    index_operands: operands that must be concrete (indices, predicates); None: all but the
-      first.
+    index_operands: operands that must be concrete (indices, predicates); None: every operand
+      from position ``index_from`` on (the start indices of dynamic_slice and
+      dynamic_update_slice, whose number is the operand's rank).
     additive: a concrete float operand is an offset added to the result, not a coefficient.
     exact_transpose: pure data movement: the transpose is exact in floating point (sound mode
       needs no γ_n for it).
@@ -314,6 +316,7 @@ class OpRecord:
   """
   kind: str
   index_operands: tuple | None = ()
+  index_from: int = 1
   additive: bool = False
   exact_transpose: bool = False
   pattern_safe: bool = False
@@ -331,7 +334,6 @@ def _build_ops() -> dict[str, OpRecord]:
       "broadcast_in_dim": aff(pattern_safe=True),
       "transpose": aff(exact_transpose=True, pattern_safe=True),
       "squeeze": aff(exact_transpose=True, pattern_safe=True),
-      "expand_dims": aff(exact_transpose=True, pattern_safe=True),
       "reduce_sum": aff(exact_transpose=True, pattern_safe=True),
       "reduce_window_sum": aff(pattern_safe=True),
       "concatenate": aff(additive=True, exact_transpose=True),
@@ -344,6 +346,8 @@ def _build_ops() -> dict[str, OpRecord]:
       "cumsum": aff(),
       "select_n": aff(index_operands=(0,), additive=True, exact_transpose=True),
       "dynamic_slice": aff(index_operands=None, exact_transpose=True),
+      "dynamic_update_slice": aff(index_operands=None, index_from=2, additive=True,
+                                  exact_transpose=True),
       "gather": aff(index_operands=(1,)),
       "mul": OpRecord("bilinear", pattern_safe=True),
       "div": OpRecord("bilinear", pattern_safe=True),
@@ -362,6 +366,33 @@ def _build_ops() -> dict[str, OpRecord]:
 OPS: dict[str, OpRecord] = _build_ops()
 SUPPORTED = sorted(OPS)
 _NO_RECORD = OpRecord("none")
+
+
+def _split_as_slices(e: _Eqn) -> list[_Eqn]:
+  """``split`` (several results) as one ``slice`` per result: the same values, and every
+  result an affine equation of its own (the backward pass handles one result per equation)."""
+  axis, start, parts = e.params["axis"], 0, []
+  shape = e.invars[0].aval.shape
+  for size, out in zip(e.params["sizes"], e.outvars):
+    lo = [0] * len(shape)
+    hi = list(shape)
+    lo[axis], hi[axis] = start, start + int(size)
+    start += int(size)
+    parts.append(_Eqn(lax.slice_p, {"start_indices": tuple(lo), "limit_indices": tuple(hi),
+                                    "strides": None}, [e.invars[0]], [out], e.orig))
+  return parts
+
+
+def _barrier_as_copies(e: _Eqn) -> list[_Eqn]:
+  """``optimization_barrier`` (the identity on a tuple, a scheduling hint) as one ``copy`` per
+  value."""
+  return [_Eqn(lax_internal.copy_p, {}, [x], [out], e.orig)
+          for x, out in zip(e.invars, e.outvars)]
+
+
+_ONE_PER_OUTPUT = {"split": _split_as_slices, "optimization_barrier": _barrier_as_copies}
+"""Primitives with several results rewritten as one equation per result before CROWN's pass
+(both are data movement, `boundjax.core.primitives.DATA_MOVEMENT`)."""
 
 
 def _op(name: str) -> OpRecord:
@@ -521,7 +552,7 @@ def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool) -> None:
   if rec.kind == "affine":
     idx = rec.index_operands
     if idx is None:
-      idx = tuple(range(1, len(e.invars)))
+      idx = tuple(range(rec.index_from, len(e.invars)))
     if any(p in idx for p in pos):
       if name == "select_n" and pos[0] == 0 and all(
           _is_float(_aval(v)) and _aval(v).shape == e.outvars[0].shape for v in e.invars[1:]) \
@@ -602,6 +633,10 @@ def _classify(prog: _Program, abstract_in: Sequence[bool], sound: bool = False) 
 
   for e in prog.eqns:
     ab = [isinstance(a, _Var) and a in abstract for a in e.invars]
+    if any(ab) and e.name in _ONE_PER_OUTPUT:
+      for part in _ONE_PER_OUTPUT[e.name](e):
+        add(part)
+      continue
     if e.name == "div" and len(ab) == 2 and all(ab) and e.invars[1].shape == e.outvars[0].shape \
         and e.invars[0].shape == e.outvars[0].shape and _is_float(e.outvars[0].aval) \
         and not _low_precision(e.outvars[0].aval):
