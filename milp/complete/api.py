@@ -3,19 +3,25 @@
 Pipeline for a property (regions × disjuncts, see `milp.complete.spec`):
 
 1. **attack** (`milp.complete.attack`): sampling and PGD; a float64-replayed hit is ``sat``.
-2. **network**: the function is extracted to an affine/ReLU chain (`milp.network`); the
-   extraction is checked against the float64 replay on random points. Functions that are not
-   such chains go to the generic path (`milp.complete.generic`: `bj.crown` on sub-boxes).
-3. **bounds** per (region, disjunct): CROWN / α-CROWN on the whole box (`layered`); a disjunct
-   with a row whose certified lower bound is > 0 is done.
-4. **bab**: input splitting when the input has at most ``input_split_dims`` entries
-   (`input_bab`; a third of the time with the smear branching, then the rest with look-ahead
-   branching, see `_input_split_portfolio`), ReLU splitting with β-CROWN otherwise
-   (`relu_bab`, with the MILP fallback).
+2. **bounds** (`milp.complete.engine`): the engine (`bj.crown`, sound mode) on every region's
+   whole box, the specification composed into the function: CROWN-IBP, CROWN, then α-CROWN
+   while disjuncts stay open, within a share of the time and ``memory_bytes``. A disjunct with
+   a row whose certified lower bound is > 0 is done; all done is ``unsat`` ("bounds").
+3. **network**: if the dense path's memory estimate (`engine.dense_plan`, read from the traced
+   program before anything is built) fits ``dense_memory_bytes``, the function is extracted to
+   an affine/ReLU chain (`milp.network`), checked against the float64 replay on random points,
+   and densified (`layered`). Otherwise, or if it is not such a chain, the generic path
+   (`milp.complete.generic`: `bj.crown` on sub-boxes within ``memory_bytes``) takes the open
+   disjuncts.
+4. **bab** on the open disjuncts: input splitting when the input has at most
+   ``input_split_dims`` entries (`input_bab`; a third of the time with the smear branching,
+   then the rest with look-ahead branching, see `_input_split_portfolio`), ReLU splitting with
+   β-CROWN otherwise (`relu_bab`, with the MILP fallback).
 
 ``unsat`` is returned only when every disjunct of every region is proven; with ``sound=True``
-(default) every bound holds in exact arithmetic (see `layered`). Time is wall-clock and checked
-between batches; compilation counts.
+(default) every bound holds in exact arithmetic (see `engine` and `layered`). Time is
+wall-clock and checked between batches; compilation counts (an engine bound still compiling
+when its budget ends is left behind, `engine.call_with_budget`).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from boundjax.core.options import OptionError
-from milp.complete import attack, layered
+from milp.complete import attack, engine, layered
 from milp.complete.outcome import Deadline, Outcome
 from milp.complete.spec import Disjunct, Region, as_regions
 
@@ -85,12 +91,34 @@ def _matches(lay: layered.Layers, replay: attack.Replayer, regions: Sequence[Reg
   return True
 
 
+def _dense_plan(apply_fn: Callable, params: Any, input_shape: Sequence[int], budget: int,
+                batch: int) -> int:
+  """The ReLU-splitting batch the dense path may use within ``budget`` bytes, 0 to skip it
+  (`engine.dense_plan`; a function whose widths cannot be read is left to the extractor)."""
+  try:
+    widths = engine.layer_widths(apply_fn, params, input_shape)
+  except Exception:  # pylint: disable=broad-except  (the attack already ran the function)
+    return batch
+  return engine.dense_plan(widths, budget, batch=batch)
+
+
+def _open_part(regions: Sequence[Region], proven: Sequence[np.ndarray]) -> tuple[Region, ...]:
+  """The regions with their disjuncts not yet proven (regions with none left dropped)."""
+  out = []
+  for r, p in zip(regions, proven):
+    left = tuple(dj for dj, ok in zip(r.disjuncts, p) if not ok)
+    if left:
+      out.append(Region(r.lower, r.upper, left))
+  return tuple(out)
+
+
 def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: Any, *,
            timeout: float = 60.0, sound: bool = True, key: int = 0,
            input_split_dims: int = 10, batch: int = 1024, progress: bool = False,
            intermediate: str = "crown", alpha_steps: int = 0,
            attack_restarts: int = 64, attack_steps: int = 50,
-           milp: bool = True) -> Outcome:
+           milp: bool = True, engine_bounds: bool = True, memory_bytes: int = 1 << 30,
+           dense_memory_bytes: int = 2 << 30, engine_share: float | None = None) -> Outcome:
   """Decides a property of ``apply_fn(params, x)`` (x of shape ``input_shape``).
 
   Args:
@@ -105,6 +133,11 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
     alpha_steps: α-CROWN steps on the output rows of each input-split box (0: CROWN).
     batch: sub-problems per jitted bound call.
     milp: allow the MILP fallback (`milp.property.check_property`) in ReLU splitting.
+    engine_bounds: bound every region with the engine first (`engine.prove_with_engine`).
+    memory_bytes: the engine's budget for one box's backward state (``bj.crown``).
+    dense_memory_bytes: the dense path runs only if its estimate fits (`engine.dense_plan`).
+    engine_share: the share of the time left after the attack for the engine bounds; default
+      1/3 when the dense path runs after them, 0.8 when it does not.
 
   Returns:
     an `Outcome`; ``sat`` carries ``(x, y)`` replayed in float64.
@@ -129,7 +162,20 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
     return done("sat", hit, "attack")
   if deadline.expired():
     return done("timeout", phase="attack")
-  net = _extract(apply_fn, params, input_shape)
+  plan = _dense_plan(apply_fn, params, input_shape, dense_memory_bytes, min(batch, 256))
+  stats["dense_batch"] = plan
+  if engine_bounds:
+    share = engine_share if engine_share is not None else (1 / 3 if plan else 0.8)
+    eng = engine.prove_with_engine(apply_fn, params, input_shape, regions, deadline,
+                                   share * deadline.remaining(), sound=sound,
+                                   memory_bytes=memory_bytes)
+    stats["engine"] = eng.modes
+    if eng.all_proven:
+      return done("unsat", phase="bounds")
+    regions = _open_part(regions, eng.proven)
+    if deadline.expired():
+      return done("timeout", phase="bounds")
+  net = _extract(apply_fn, params, input_shape) if plan else None
   lay = None
   if net is not None:
     with jax.enable_x64(True):
@@ -140,7 +186,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
     from milp.complete import generic
     status, cex, nodes = generic.input_split_generic(
         apply_fn, params, input_shape, regions, replay, deadline, sound=sound,
-        progress=progress)
+        progress=progress, memory_bytes=memory_bytes)
     stats["nodes"] += nodes
     stats["method"] = "generic"
     return done(status, cex, "bab" if status in ("sat", "unsat") else None)
@@ -172,7 +218,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
           stats["method"] = "relu-split"
           status, cex, nodes, how = relu_bab.relu_split(
               lay, net, region, disjunct, replay, deadline, sound=sound,
-              batch=min(batch, 256), progress=progress, use_milp=milp)
+              batch=plan, progress=progress, use_milp=milp)
           stats["nodes"] += nodes
           if how != "bounds":
             phase = how
