@@ -106,7 +106,12 @@ def input_split_generic(apply_fn: Callable, params: Any, input_shape: Sequence[i
         lo_p = np.concatenate([lo, np.repeat(lo[-1:], pad, 0)])
         hi_p = np.concatenate([hi, np.repeat(hi[-1:], pad, 0)])
         l32, h32 = engine.box_f32(lo_p, hi_p)  # float32 box containing the float64 box
-        low = bound_rows(l32, h32, dj.C, dj.d)[:take]
+        # a first call compiles (minutes for a big CNN on a loaded CPU): never past the deadline
+        finished, low = engine.call_with_budget(
+            lambda: bound_rows(l32, h32, dj.C, dj.d), deadline.remaining())
+        if not finished:
+          return "timeout", None, nodes
+        low = low[:take]
         nodes += take
         open_ = ~(np.max(low, axis=1) > 0)
         if not np.any(open_):
