@@ -152,7 +152,7 @@ def _leave_if_compiling(code: int) -> None:
   from pathlib import Path
   if Path(sys.argv[0]).name not in ("boundjax", "cli.py"):
     return
-  if any(t.name == "boundjax-engine-bound" and t.is_alive() for t in threading.enumerate()):
+  if any(t.name == "boundjax-worker" and t.is_alive() for t in threading.enumerate()):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

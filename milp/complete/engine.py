@@ -202,7 +202,7 @@ def call_with_budget(fn: Callable[[], Any], seconds: float) -> tuple[bool, Any]:
     except BaseException as e:  # noqa: BLE001  (re-raised in the caller's thread)
       result["error"] = e
 
-  t = threading.Thread(target=work, daemon=True, name="boundjax-engine-bound")
+  t = threading.Thread(target=work, daemon=True, name="boundjax-worker")
   t.start()
   t.join(max(float(seconds), 0.0))
   if t.is_alive():
