@@ -121,7 +121,11 @@ def input_split_generic(apply_fn: Callable, params: Any, input_shape: Sequence[i
         hit = replay.find(sub, centre)
         if hit is not None:
           return "sat", hit, nodes
-        gr = np.asarray(grad(jnp.asarray(centre, jnp.float32)), np.float64)
+        finished, gr = engine.call_with_budget(  # compiles on the first call
+            lambda: np.asarray(grad(jnp.asarray(centre, jnp.float32)), np.float64),
+            deadline.remaining())
+        if not finished:
+          return "timeout", None, nodes
         lo1, hi1, lo2, hi2 = split_boxes(lo, hi, gr)
         los += [lo1, lo2]
         his += [hi1, hi2]
