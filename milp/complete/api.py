@@ -10,7 +10,7 @@ Pipeline for a property (regions × disjuncts, see `milp.complete.spec`):
    (`milp.network`), checked against the float64 replay on random points, and densified in
    float64 (`layered`).
 4. **bounds** (`milp.complete.engine`): the engine (`bj.crown`, sound mode) on every region's
-   whole box with the specification composed into the function: CROWN-IBP, CROWN, then
+   whole box with the specification composed into the function: CROWN (CROWN-IBP where CROWN does not fit), then
    α-CROWN while disjuncts stay open, within a share of the time and ``memory_bytes``. A
    disjunct with a row whose certified lower bound is > 0 is done; all done is ``unsat``
    ("bounds"). By default (``engine_bounds="auto"``) this runs when there is no dense chain

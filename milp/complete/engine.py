@@ -16,11 +16,13 @@ instead and combined with ``C, d`` by outward-rounded interval arithmetic
 float32; with ``sound=True`` every bound holds in exact arithmetic for the network's (float32)
 weights. A disjunct is proven when one of its rows has a certified lower bound ``> 0``.
 
-Modes are tried cheapest first and only on regions left open: CROWN-IBP (``intermediate=
-"ibp"``: exact for one ReLU layer behind an affine map of the box, e.g. VeriVital's
-Convnet_avgpool), CROWN (``"crown"``), then α-CROWN (Xu et al., ICLR 2021, ``alpha=True``) on
-the tightest intermediate mode that fits ``memory_bytes``. A mode whose backward state exceeds
-``memory_bytes`` is skipped (the engine raises ``MemoryError`` before allocating).
+Modes run in turn, only on regions left open: CROWN (``intermediate="crown"``); CROWN-IBP
+(``"ibp"``) only if CROWN's backward state of one box exceeds ``memory_bytes`` (the engine
+raises ``MemoryError`` while tracing, before allocating or compiling; CROWN-IBP is exact for
+one ReLU layer behind an affine map of the box, e.g. VeriVital's Convnet_avgpool, whose CROWN
+state would be 12 GB); then α-CROWN (Xu et al., ICLR 2021, ``alpha=True``) on the tightest
+intermediate mode that fitted. Each compilation costs tens of seconds on a loaded CPU, hence
+no CROWN-IBP pass before CROWN.
 
 **Deadline.** XLA compilation of a sound bound can take minutes on a loaded CPU (ACAS Xu's
 6×50 network: 90 s for CROWN, measured with a load of 8 on 2 cores), and it cannot be
@@ -54,7 +56,7 @@ import numpy as np
 from milp.complete.outcome import Deadline
 from milp.complete.spec import Region
 
-MODES = ("ibp", "crown", "alpha")
+MODES = ("crown", "ibp", "alpha")
 
 # primitives that become layers of the dense chain (`milp.network.from_function`)
 _LAYER_PRIMITIVES = frozenset({"max", "min", "clamp", "reduce_window_max", "reduce_window_min",
@@ -191,9 +193,10 @@ def _interval(lo: np.ndarray, hi: np.ndarray):
 
 
 def call_with_budget(fn: Callable[[], Any], seconds: float) -> tuple[bool, Any]:
-  """Runs ``fn()`` in a daemon thread and waits at most ``seconds``: ``(True, value)``, or
-  ``(False, None)`` when the budget ran out (the thread is left to finish on its own). An
-  exception of ``fn`` is raised here."""
+  """Runs ``fn()`` in a worker thread and waits at most ``seconds``: ``(True, value)``, or
+  ``(False, None)`` when the budget ran out (the thread is left to finish on its own; the
+  interpreter waits for it at exit, which `boundjax verify` skips, see
+  `boundjax.cli._leave_if_compiling`). An exception of ``fn`` is raised here."""
   result: dict[str, Any] = {}
 
   def work():
@@ -202,7 +205,9 @@ def call_with_budget(fn: Callable[[], Any], seconds: float) -> tuple[bool, Any]:
     except BaseException as e:  # noqa: BLE001  (re-raised in the caller's thread)
       result["error"] = e
 
-  t = threading.Thread(target=work, daemon=True, name="boundjax-worker")
+  # not a daemon: the interpreter's shutdown waits for it (a daemon thread stopped inside XLA's
+  # compiler aborts the process: "terminate called ... FATAL: exception not rethrown")
+  t = threading.Thread(target=work, daemon=False, name="boundjax-worker")
   t.start()
   t.join(max(float(seconds), 0.0))
   if t.is_alive():
@@ -243,8 +248,9 @@ def prove_with_engine(apply_fn: Callable, params: Any, input_shape: Sequence[int
     if phase.expired():
       status[mode] = "budget"
       continue
-    if mode == "alpha" and not fits:
-      status[mode] = "skipped"
+    if (mode == "alpha" and not fits) or (mode == "ibp" and status.get("crown") != "memory"
+                                          and "crown" in modes):
+      status[mode] = "skipped"  # CROWN-IBP only where CROWN does not fit the memory budget
       continue
     # α-CROWN on the tightest intermediate bounds that fit the memory budget
     run_mode = ("alpha" if "crown" in fits else "alpha-ibp") if mode == "alpha" else mode
