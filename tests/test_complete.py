@@ -709,3 +709,25 @@ def test_dense_plan_estimates_and_skips():
   assert engine.dense_plan(widths, full - 1) == 128
   assert engine.dense_plan(widths, 0) == 0
   assert engine.dense_bytes(widths, 64, 0) == 8 * (2 * (64 * 144 + 144 * 5) + 64 * 2 * 64 * 144)
+
+
+def test_engine_refuses_parameters_that_are_not_float32_numbers():
+  """The engine bounds float32 weights: float64 parameters that are not float32 numbers would
+  be a different network, so no bound of the engine is used (nothing proven, generic path
+  ``unknown``), while float64 arrays holding float32 numbers are accepted."""
+  from milp.complete import engine, generic
+  from milp.complete.outcome import Deadline
+  from milp.complete.spec import as_regions
+  apply_fn, params = _cnn(0)
+  assert engine.params_exact_f32(params)
+  p64 = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
+  assert engine.params_exact_f32(p64)
+  p64["b"] = p64["b"] + 1e-12  # no longer float32 numbers
+  assert not engine.params_exact_f32(p64)
+  x0 = np.full(64, 0.5)
+  regions = as_regions([((x0 - 1e-3, x0 + 1e-3), [(np.eye(5)[:1], np.array([-1e6]))])])
+  res = engine.prove_with_engine(apply_fn, p64, (1, 8, 8), regions, Deadline(60.0), 60.0)
+  assert not res.all_proven and set(res.modes.values()) == {"params not float32"}
+  status, _, _ = generic.input_split_generic(apply_fn, p64, (1, 8, 8), regions, None,
+                                             Deadline(60.0))
+  assert status == "unknown"

@@ -181,6 +181,19 @@ def region_lower(apply_fn: Callable, params: Any, input_shape: Sequence[int], ke
   return np.where(np.isnan(low), -np.inf, low)
 
 
+def params_exact_f32(params: Any) -> bool:
+  """True iff every floating parameter equals its float32 rounding (ONNX weights do): the
+  engine then bounds the very network the float64 replay evaluates. Otherwise casting would
+  bound another network, and no engine bound is used."""
+  for a in jax.tree_util.tree_leaves(params):
+    arr = np.asarray(a)
+    if np.issubdtype(arr.dtype, np.floating) and arr.dtype.itemsize > 4:
+      with np.errstate(over="ignore"):
+        if not np.array_equal(arr.astype(np.float32).astype(arr.dtype), arr, equal_nan=True):
+          return False
+  return True
+
+
 def _to_f32(a: Any) -> Any:
   if isinstance(a, (np.ndarray, jax.Array)) and jnp.issubdtype(a.dtype, jnp.floating):
     return jnp.asarray(a, jnp.float32)
@@ -239,6 +252,8 @@ def prove_with_engine(apply_fn: Callable, params: Any, input_shape: Sequence[int
   phase = Deadline(min(budget, deadline.remaining()))
   proven = [np.zeros(len(r.disjuncts), bool) for r in regions]
   status: dict[str, str] = {}
+  if not params_exact_f32(params):
+    return EngineResult(proven, {m: "params not float32" for m in modes})
   key = fingerprint(apply_fn, params, input_shape)
   fits: set[str] = set()
   for mode in modes:

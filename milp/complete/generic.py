@@ -5,7 +5,8 @@ Each batch of sub-boxes is bounded by the engine's bound of ``g(x) = C' y(x) - d
 (`milp.complete.engine`: ``bj.crown(batch_axis=0, sound=sound)`` with the disjunct's rows
 composed into the function, ``C' = C`` exact in float32 and ``d' >= d``; CROWN, Zhang et al.
 2018, §3.3), or, when ``C`` is not exact in float32, of the outputs combined with ``C, d`` by
-outward-rounded interval arithmetic. Intermediate bounds are CROWN's, or CROWN-IBP's when
+outward-rounded interval arithmetic. Parameters must be float32 numbers (float64 arrays
+holding them are fine; otherwise ``unknown``). Intermediate bounds are CROWN's, or CROWN-IBP's when
 CROWN's backward state of one box exceeds ``memory_bytes`` (the engine's memory check). A box is proven when a row's lower bound of ``C_i y - d_i`` is > 0;
 open boxes are checked at their centre and split in half along ``width_j · |∂g/∂x_j|`` at the
 centre (``g`` the best row's margin).
@@ -49,6 +50,8 @@ def input_split_generic(apply_fn: Callable, params: Any, input_shape: Sequence[i
   def g(xb):
     return jax.vmap(lambda x: jnp.reshape(apply_fn(params, jnp.reshape(x, shape)), (-1,)))(xb)
 
+  if not engine.params_exact_f32(params):  # the engine bounds float32 weights: not this network
+    return "unknown", None, 0
   key = engine.fingerprint(apply_fn, params, shape)
   p32 = jax.tree_util.tree_map(engine._to_f32, params)
   modes = ["crown", "ibp"]
