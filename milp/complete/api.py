@@ -10,12 +10,12 @@ Pipeline for a property (regions × disjuncts, see `milp.complete.spec`):
    (`milp.network`), checked against the float64 replay on random points, and densified in
    float64 (`layered`).
 4. **bounds** (`milp.complete.engine`): the engine (`bj.crown`, sound mode) on every region's
-   whole box with the specification composed into the function: CROWN (CROWN-IBP where CROWN does not fit), then
-   α-CROWN while disjuncts stay open, within a share of the time and ``memory_bytes``. A
-   disjunct with a row whose certified lower bound is > 0 is done; all done is ``unsat``
-   ("bounds"). By default (``engine_bounds="auto"``) this runs when there is no dense chain
-   (skipped, or not a ReLU chain) and an input has more than ``input_split_dims`` entries;
-   with ``engine_bounds=True`` it runs before step 3.
+   whole box with the specification composed into the function: CROWN (CROWN-IBP where CROWN
+   does not fit), then α-CROWN while disjuncts stay open, within a share of the time and
+   ``memory_bytes``. A disjunct with a row whose certified lower bound is > 0 is done; all
+   done is ``unsat`` ("bounds"). By default (``engine_bounds="auto"``) this runs when there is
+   no dense chain (skipped, or not a ReLU chain) and an input has more than
+   ``input_split_dims`` entries; with ``engine_bounds=True`` it runs before step 3.
 5. without a dense chain: (high-dimensional inputs) the attack again on the open disjuncts for
    half the time left, then the generic path (`milp.complete.generic`: the engine on
    sub-boxes within ``memory_bytes``).
@@ -245,42 +245,49 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
     stats["method"] = "generic"
     return done(status, cex, "bab" if status in ("sat", "unsat") else None)
 
-  phase = "bounds"
-  with jax.enable_x64(True):
-    for region in regions:
-      # input splitting bounds all of a region's disjuncts together (shared intermediate bounds)
-      split_inputs = region.dim <= input_split_dims
-      for disjunct in ((region.disjuncts,) if split_inputs else region.disjuncts):
-        if deadline.expired():
-          return done("timeout")
-        if split_inputs:
-          from milp.complete import input_bab
-          stats["method"] = "input-split"
-          bar = _bar(progress, "input split")
-          status, cex, nodes = _input_split_portfolio(
-              input_bab, lay, region, disjunct, replay, deadline, sound=sound, batch=batch,
-              progress=bar, intermediate=intermediate, alpha_steps=alpha_steps)
-          if bar is not None:
-            bar.close()
-          stats["nodes"] += nodes
-          if nodes > 1:
-            phase = "bab"
-          if status == "sat":
-            return done("sat", cex, "bab")
-        else:
-          from milp.complete import relu_bab
-          stats["method"] = "relu-split"
-          status, cex, nodes, how = relu_bab.relu_split(
-              lay, net, region, disjunct, replay, deadline, sound=sound,
-              batch=plan, progress=progress, use_milp=milp)
-          stats["nodes"] += nodes
-          if how != "bounds":
-            phase = how
-          if status == "sat":
-            return done("sat", cex, how)
-        if status != "unsat":
-          return done(status)
-  return done("unsat", phase=phase)
+  def dense() -> Outcome:
+    """Bounds and branch and bound on the dense chain (in a worker thread, see below)."""
+    phase = "bounds"
+    with jax.enable_x64(True):  # thread-local: set in the worker
+      for region in regions:
+        # input splitting bounds all of a region's disjuncts together (shared intermediate bounds)
+        split_inputs = region.dim <= input_split_dims
+        for disjunct in ((region.disjuncts,) if split_inputs else region.disjuncts):
+          if deadline.expired():
+            return done("timeout")
+          if split_inputs:
+            from milp.complete import input_bab
+            stats["method"] = "input-split"
+            bar = _bar(progress, "input split")
+            status, cex, nodes = _input_split_portfolio(
+                input_bab, lay, region, disjunct, replay, deadline, sound=sound, batch=batch,
+                progress=bar, intermediate=intermediate, alpha_steps=alpha_steps)
+            if bar is not None:
+              bar.close()
+            stats["nodes"] += nodes
+            if nodes > 1:
+              phase = "bab"
+            if status == "sat":
+              return done("sat", cex, "bab")
+          else:
+            from milp.complete import relu_bab
+            stats["method"] = "relu-split"
+            status, cex, nodes, how = relu_bab.relu_split(
+                lay, net, region, disjunct, replay, deadline, sound=sound,
+                batch=plan, progress=progress, use_milp=milp)
+            stats["nodes"] += nodes
+            if how != "bounds":
+              phase = how
+            if status == "sat":
+              return done("sat", cex, how)
+          if status != "unsat":
+            return done(status)
+    return done("unsat", phase=phase)
+
+  # the dense path checks the deadline between batches, but a compilation (seconds to minutes
+  # on a loaded CPU) cannot be interrupted: it runs in a worker joined until the deadline
+  finished, out = engine.call_with_budget(dense, deadline.remaining() + 1.0)
+  return out if finished else done("timeout")
 
 
 def _input_split_portfolio(input_bab, lay, region, disjunct, replay, deadline: Deadline,

@@ -124,10 +124,10 @@ _CACHE_SIZE = 8
 
 def _bound_function(apply_fn: Callable, key: str, input_shape: tuple[int, ...], sound: bool,
                     mode: str, memory_bytes: int) -> _Entry:
-  """``bound(params, C, d, box) -> Interval`` (``mode``: ``"ibp"``, ``"crown"``, ``"alpha"``
-  or ``"alpha-ibp"``, α-CROWN on CROWN-IBP's intermediate bounds) of ``C flatten(apply_fn(params, x)) - d`` for a
-  batch of boxes (``bj.crown`` with ``batch_axis=0``, whose memory check guards the backward
-  state; a batch of one box here), cached per architecture ``key`` and mode."""
+  """``bound(params, C, d, box) -> Interval`` of ``C flatten(apply_fn(params, x)) - d`` for a
+  batch of boxes (``mode``: ``"ibp"``, ``"crown"``, ``"alpha"`` or ``"alpha-ibp"``, α-CROWN on
+  CROWN-IBP's intermediate bounds; ``bj.crown`` with ``batch_axis=0``, whose memory check
+  guards the backward state), cached per architecture ``key`` and mode."""
   import boundjax as bj
   ck = (key, input_shape, sound, mode, memory_bytes)
   with _CACHE_LOCK:

@@ -6,10 +6,11 @@ Each batch of sub-boxes is bounded by the engine's bound of ``g(x) = C' y(x) - d
 composed into the function, ``C' = C`` exact in float32 and ``d' >= d``; CROWN, Zhang et al.
 2018, §3.3), or, when ``C`` is not exact in float32, of the outputs combined with ``C, d`` by
 outward-rounded interval arithmetic. Parameters must be float32 numbers (float64 arrays
-holding them are fine; otherwise ``unknown``). Intermediate bounds are CROWN's, or CROWN-IBP's when
-CROWN's backward state of one box exceeds ``memory_bytes`` (the engine's memory check). A box is proven when a row's lower bound of ``C_i y - d_i`` is > 0;
-open boxes are checked at their centre and split in half along ``width_j · |∂g/∂x_j|`` at the
-centre (``g`` the best row's margin).
+holding them are fine; otherwise ``unknown``). Intermediate bounds are CROWN's, or CROWN-IBP's
+when CROWN's backward state of one box exceeds ``memory_bytes`` (the engine's memory check).
+A box is proven when a row's lower bound of ``C_i y - d_i`` is > 0; open boxes are checked at
+their centre and split in half along ``width_j · |∂g/∂x_j|`` at the centre (``g`` the best
+row's margin).
 """
 
 from __future__ import annotations
