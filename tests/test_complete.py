@@ -621,7 +621,7 @@ def test_engine_region_bounds_are_sound_on_a_cnn(sound):
     region = as_regions([((x0 - 0.05, x0 + 0.05), [(CC[:2], d[:2]), (CC[2:], d[2:])])])[0]
     true_min = (y @ CC.T - d).min(axis=0)
     lows = {}
-    for mode in ("ibp", "crown", "alpha"):
+    for mode in ("ibp", "crown", "alpha", "alpha-ibp"):
       low = engine.region_lower(apply_fn, params, (1, 8, 8), key, region, sound=sound,
                                 mode=mode, memory_bytes=1 << 28)
       assert not np.any(np.isnan(low)) and low.shape == (5,)
@@ -630,6 +630,7 @@ def test_engine_region_bounds_are_sound_on_a_cnn(sound):
       lows[mode] = low
     assert np.all(lows["crown"] >= lows["ibp"] - 1e-4)
     assert np.all(lows["alpha"] >= lows["crown"] - 1e-4)
+    assert np.all(lows["alpha-ibp"] >= lows["ibp"] - 1e-4)
 
 
 def test_cnn_with_average_pooling_unsat_by_engine_bounds():
