@@ -1,11 +1,15 @@
-"""VNN-COMP 2021 instances (ACAS Xu, MNIST 256x2) through `boundjax verify`'s verifier.
+"""VNN-COMP 2021 instances (ACAS Xu, MNIST 256x2, and with --category the CNN categories:
+verivital, oval21, cifar10_resnet, marabou-cifar10, eran) through `boundjax verify`'s verifier.
 
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/vnncomp.py                 # every instance
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/vnncomp.py --category acasxu --limit 10
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/vnncomp.py --match "1_9_batch_2000.onnx acasxu/prop_7."
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/vnncomp.py --category verivital oval21 --limit 2 \
+        --timeout 120          # one limit for every category (or --csv-timeouts: the competition's)
 
 Runs `milp.complete.run_instances` on ``instances.csv`` of the shared folder (per-category time
-limits: ACAS Xu 60 s, MNIST 120 s, the targets of the issue), then — only after every instance has
+limits: ACAS Xu 60 s, MNIST 120 s, the targets of the issue, 120 s for the other categories;
+``--timeout`` sets one limit for all, ``--csv-timeouts`` the competition's per instance), then — only after every instance has
 run — reads the competition's verdicts to score: solved, wrong answers (must be 0), time per
 instance. Writes ``benchmarks/results/vnncomp.json`` (command, commit, machine, date, one row per
 instance, under ``provenance``) and a cactus plot ``benchmarks/results/vnncomp_cactus.png``
@@ -44,6 +48,10 @@ def parse(argv=None) -> argparse.Namespace:
                       "e.g. '2_7_batch_2000.onnx acasxu/prop_1.'")
   p.add_argument("--timeout-acasxu", type=float, default=TIMEOUTS["acasxu"])
   p.add_argument("--timeout-mnistfc", type=float, default=TIMEOUTS["mnistfc"])
+  p.add_argument("--timeout", type=float, default=None,
+                 help="one time limit (s) for every category, overriding the two above")
+  p.add_argument("--csv-timeouts", action="store_true",
+                 help="each instance's limit from instances.csv's timeout column")
   p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vnncomp.json"))
   return p.parse_args(argv)
 
@@ -51,7 +59,8 @@ def parse(argv=None) -> argparse.Namespace:
 def instances(root: Path, categories, limit, match=None) -> list[dict]:
   """Rows of instances.csv without their verdicts (those are read back only to score)."""
   with open(root / "instances.csv") as f:
-    rows = [{"category": r["category"], "onnx": r["onnx"], "vnnlib": r["vnnlib"]}
+    rows = [{"category": r["category"], "onnx": r["onnx"], "vnnlib": r["vnnlib"],
+             "csv_timeout": float(r["timeout"]) if r.get("timeout") else None}
             for r in csv.DictReader(f)]
   if categories:
     rows = [r for r in rows if r["category"] in categories]
@@ -111,11 +120,16 @@ def main(argv=None) -> dict:
   results = []
   for cat in dict.fromkeys(r["category"] for r in rows):
     batch = [r for r in rows if r["category"] == cat]
-    timeout = getattr(a, f"timeout_{cat}", 120.0)
-    for r, res in zip(batch, run_instances(batch, timeout, progress=True, root=root)):
-      results.append({"category": cat, "onnx_rel": r["onnx"], "vnnlib_rel": r["vnnlib"],
-                      "status": res["status"], "seconds": res["seconds"], "phase": res["phase"],
-                      "nodes": res["nodes"], "timeout": timeout})
+    timeout = a.timeout or getattr(a, f"timeout_{cat}", 120.0)
+    groups = ([[r] for r in batch] if a.csv_timeouts else [batch])
+    for group in groups:
+      t = group[0]["csv_timeout"] if a.csv_timeouts and group[0]["csv_timeout"] else timeout
+      for r, res in zip(group, run_instances(group, t, progress=True, root=root)):
+        results.append({"category": cat, "onnx_rel": r["onnx"], "vnnlib_rel": r["vnnlib"],
+                        "status": res["status"], "seconds": res["seconds"],
+                        "phase": res["phase"], "nodes": res["nodes"], "timeout": t,
+                        "engine": (res["outcome"].stats.get("engine")
+                                   if res.get("outcome") is not None else None)})
   truth = verdicts(root)                       # read only now, to score
   for r in results:
     r["verdict"] = truth[(r["onnx_rel"], r["vnnlib_rel"])]
@@ -132,7 +146,8 @@ def main(argv=None) -> dict:
   out.parent.mkdir(parents=True, exist_ok=True)
   meta["machine"]["load_average_after"] = __import__("os").getloadavg()
   doc = {"provenance": meta,
-         "timeouts": {"acasxu": a.timeout_acasxu, "mnistfc": a.timeout_mnistfc},
+         "timeouts": {"acasxu": a.timeout_acasxu, "mnistfc": a.timeout_mnistfc,
+                      "all": a.timeout, "csv": a.csv_timeouts},
          "subset": {"category": a.category, "limit": a.limit, "match": a.match}, "summary": summary,
          "timing": TIMING, "instances": results}
   out.write_text(json.dumps(doc, indent=2))

@@ -135,9 +135,27 @@ def main(argv: list[str] | None = None) -> int:
   if args.command == "demo":
     return demo(args.only, args.json)
   if args.command == "verify":
-    return verify(args.net, args.prop, args.timeout, args.out, args.batch, args.root, args.json,
+    code = verify(args.net, args.prop, args.timeout, args.out, args.batch, args.root, args.json,
                   not args.unsound_fp)
+    _leave_if_compiling(code)
+    return code
   return 1
+
+
+def _leave_if_compiling(code: int) -> None:
+  """Run as the ``boundjax`` command: if a bound is still compiling in a worker thread
+  (`milp.complete.engine.call_with_budget` leaves it behind at the deadline), exit at once with
+  ``code`` after flushing the output; the interpreter's normal shutdown would abort in the
+  middle of XLA's compilation (SIGABRT). In-process callers (tests) are left alone."""
+  import os
+  import threading
+  from pathlib import Path
+  if Path(sys.argv[0]).name not in ("boundjax", "cli.py"):
+    return
+  if any(t.name == "boundjax-worker" and t.is_alive() for t in threading.enumerate()):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -528,3 +528,207 @@ def test_milp_fallback_with_a_sparse_last_layer():
     status, _ = relu_bab._milp(sparse_net, region, region.disjuncts[0], lbs, ubs,
                                Deadline(30.0), replay)
     assert status == check_property(net, lo, hi, C, d, time_limit=30.0).status
+
+
+# ------------------------------------------------------------------------------------------------
+# engine bounds first (milp.complete.engine): a CNN with average pooling
+# ------------------------------------------------------------------------------------------------
+
+def _cnn(seed: int, channels: int = 4, side: int = 8, n_out: int = 5):
+  """A small CNN: conv 3x3 (``channels``) -> ReLU -> 2x2 average pooling (``reduce_window``,
+  as the ONNX importer's AveragePool) -> dense; float32 weights; input (1, side, side)."""
+  from jax import lax
+  rng = np.random.default_rng(seed)
+  k = (rng.normal(size=(channels, 1, 3, 3)) / 3).astype(np.float32)
+  kb = (0.1 * rng.normal(size=channels)).astype(np.float32)
+  pooled = channels * ((side - 2) // 2) ** 2
+  w = (rng.normal(size=(n_out, pooled)) / np.sqrt(pooled)).astype(np.float32)
+  b = (0.1 * rng.normal(size=n_out)).astype(np.float32)
+  params = {"k": k, "kb": kb, "w": w, "b": b}
+
+  def apply_fn(p, x):
+    h = lax.conv_general_dilated(jnp.reshape(x, (1, 1, side, side)), p["k"], (1, 1), "VALID")
+    h = jax.nn.relu(h + p["kb"][None, :, None, None])
+    h = lax.reduce_window(h, np.array(0, h.dtype), lax.add, (1, 1, 2, 2), (1, 1, 2, 2),
+                          "VALID") / 4.0
+    return p["w"] @ jnp.reshape(h, (-1,)) + p["b"]
+
+  return apply_fn, params
+
+
+def _f64_outputs(apply_fn, params, xs):
+  """Outputs of ``apply_fn`` in float64 (the float32 weights cast exactly) for points ``xs``."""
+  with jax.enable_x64(True):
+    p64 = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), params)
+    return np.asarray(jax.vmap(lambda x: apply_fn(p64, x))(jnp.asarray(xs, jnp.float64)))
+
+
+def _samples(lo, hi, n, rng):
+  """``n`` uniform points of the box, its centre, and 64 random corners."""
+  u = rng.uniform(lo, hi, size=(n, lo.size))
+  corners = np.where(rng.random((64, lo.size)) < 0.5, lo, hi)
+  return np.concatenate([u, corners, ((lo + hi) / 2)[None]])
+
+
+def _margin_property(apply_fn, params, x0, eps, shift=0.0):
+  """Region ``[x0 - eps, x0 + eps]`` with one unsafe disjunct per other class ``j``:
+  ``y_j - y_c >= -shift`` (``c`` the class at ``x0``), written ``(y_c - y_j) <= shift``."""
+  y0 = _f64_outputs(apply_fn, params, x0[None])[0]
+  c = int(np.argmax(y0))
+  disjuncts = []
+  for j in range(y0.size):
+    if j != c:
+      row = np.zeros((1, y0.size))
+      row[0, c], row[0, j] = 1.0, -1.0
+      disjuncts.append((row, np.array([shift])))
+  return [((x0 - eps, x0 + eps), disjuncts)]
+
+
+def test_engine_rounding_helpers_are_sound():
+  """``box_f32`` contains the float64 box; ``spec_f32``'s rows never exceed ``C y - d``."""
+  from milp.complete import engine
+  rng = np.random.default_rng(3)
+  lo = rng.normal(size=5000) * 10.0 ** rng.integers(-8, 3, 5000)
+  hi = lo + np.abs(rng.normal(size=5000)) * 10.0 ** rng.integers(-12, 1, 5000)
+  l32, h32 = engine.box_f32(lo, hi)
+  assert l32.dtype == np.float32 and np.all(l32 <= lo) and np.all(h32 >= hi)
+  C = rng.integers(-2, 3, size=(7, 4)).astype(np.float64)
+  d = rng.normal(size=7) / 3.0  # not float32 numbers
+  C32, d32 = engine.spec_f32(C, d)
+  assert np.array_equal(C32.astype(np.float64), C) and np.all(d32.astype(np.float64) >= d)
+  assert np.any(d32.astype(np.float64) > d)  # rounded up where d is not a float32
+  assert engine.spec_f32(np.array([[0.1, -1.0]]), np.zeros(1)) is None  # 0.1 is not exact
+
+
+@pytest.mark.parametrize("sound", [True, False])
+def test_engine_region_bounds_are_sound_on_a_cnn(sound):
+  """Every engine mode's row bounds of ``C y - d`` (composed spec) on an average-pooling CNN
+  lie below the float64 minimum over 10^4 samples and corners of the box; α never looser than
+  CROWN, and the bound is not vacuous (within a bounded gap of the sampled minimum)."""
+  from milp.complete import engine
+  from milp.complete.spec import as_regions
+  apply_fn, params = _cnn(0)
+  rng = np.random.default_rng(0)
+  x0 = rng.uniform(0, 1, 64)
+  # 5 rows, as many as outputs: both paths share one compiled bound per mode
+  C = rng.normal(size=(5, 5)).round(2) * 4  # not float32 numbers: the outputs' path
+  Cexact = rng.integers(-2, 3, size=(5, 5)).astype(np.float64)
+  d = rng.normal(size=5) / 3.0
+  xs = _samples(x0 - 0.05, x0 + 0.05, 10_000, rng)
+  y = _f64_outputs(apply_fn, params, xs)
+  key = engine.fingerprint(apply_fn, params, (1, 8, 8))
+  for CC in (C, Cexact):
+    region = as_regions([((x0 - 0.05, x0 + 0.05), [(CC[:2], d[:2]), (CC[2:], d[2:])])])[0]
+    true_min = (y @ CC.T - d).min(axis=0)
+    lows = {}
+    for mode in ("ibp", "crown", "alpha", "alpha-ibp"):
+      low = engine.region_lower(apply_fn, params, (1, 8, 8), key, region, sound=sound,
+                                mode=mode, memory_bytes=1 << 28)
+      assert not np.any(np.isnan(low)) and low.shape == (5,)
+      assert np.all(low <= true_min), (mode, low - true_min)
+      assert np.all(true_min - low < 10.0), (mode, true_min - low)
+      lows[mode] = low
+    assert np.all(lows["crown"] >= lows["ibp"] - 1e-4)
+    assert np.all(lows["alpha"] >= lows["crown"] - 1e-4)
+    assert np.all(lows["alpha-ibp"] >= lows["ibp"] - 1e-4)
+
+
+def test_cnn_with_average_pooling_unsat_by_engine_bounds():
+  """A robustness property of an average-pooling CNN that the engine proves on the whole box:
+  ``unsat`` in the "bounds" phase, before any dense extraction (the dense path is also
+  disabled by a zero memory budget, so no other phase could have answered), and the property
+  really holds on 10^4 float64 samples."""
+  apply_fn, params = _cnn(1)
+  rng = np.random.default_rng(1)
+  x0 = rng.uniform(0, 1, 64)
+  prop = _margin_property(apply_fn, params, x0, 0.002)
+  (lo, hi), disjuncts = prop[0]
+  y = _f64_outputs(apply_fn, params, _samples(lo, hi, 10_000, rng))
+  assert not any(np.any(np.all(y @ C.T - d <= 0, axis=1)) for C, d in disjuncts)
+  out = mc.verify(apply_fn, params, (1, 8, 8), prop, timeout=120.0, dense_memory_bytes=0)
+  assert out.status == "unsat" and out.stats["phase"] == "bounds", out
+  assert out.stats["dense_batch"] == 0 and "method" not in out.stats
+  assert "proved" in out.stats["engine"].values()
+
+
+def test_cnn_sat_found_by_the_attack_where_bounds_cannot_prove():
+  """A violated property of the CNN: the engine's sound bounds cannot prove any disjunct the
+  samples violate, and the verifier answers ``sat`` with a counterexample inside the box that
+  satisfies the unsafe condition when replayed in float64."""
+  from milp.complete import engine
+  from milp.complete.spec import as_regions, violates
+  apply_fn, params = _cnn(2)
+  rng = np.random.default_rng(2)
+  x0 = rng.uniform(0, 1, 64)
+  prop = _margin_property(apply_fn, params, x0, 0.3)
+  (lo, hi), disjuncts = prop[0]
+  y = _f64_outputs(apply_fn, params, _samples(lo, hi, 10_000, rng))
+  hit = [bool(np.any(np.all(y @ C.T - d <= 0, axis=1))) for C, d in disjuncts]
+  assert any(hit)  # the instance is sat (a sample crosses the decision boundary)
+  region = as_regions(prop)[0]
+  low = engine.region_lower(apply_fn, params, (1, 8, 8), engine.fingerprint(
+      apply_fn, params, (1, 8, 8)), region, sound=True, mode="crown", memory_bytes=1 << 28)
+  assert not np.any(low[np.array(hit)] > 0)
+  out = mc.verify(apply_fn, params, (1, 8, 8), prop, timeout=120.0)
+  assert out.status == "sat", out
+  x, yx = out.counterexample
+  assert np.all(x >= lo) and np.all(x <= hi)
+  np.testing.assert_allclose(yx, _f64_outputs(apply_fn, params, x[None])[0], rtol=1e-12,
+                             atol=1e-12)
+  assert violates(as_regions(prop), x, yx)
+
+
+def test_engine_bounds_keep_the_deadline():
+  """A CNN too wide for the dense path (estimate over the budget), a property the whole-box
+  bounds cannot prove and the attack cannot falsify (unsat by a margin CROWN does not see):
+  with a 4 s limit the verifier answers ``timeout`` (or ``unsat``) within a few seconds of it,
+  although the engine's compilation alone takes longer (the worker thread is left behind)."""
+  apply_fn, params = _cnn(3, channels=16, side=16)
+  rng = np.random.default_rng(3)
+  x0 = rng.uniform(0, 1, 256)
+  y0 = _f64_outputs(apply_fn, params, x0[None])[0]
+  c = int(np.argmax(y0))
+  j = int(np.argsort(y0)[-2])
+  row = np.zeros((1, y0.size))
+  row[0, c], row[0, j] = 1.0, -1.0
+  prop = [((x0 - 0.2, x0 + 0.2), [(row, np.array([-50.0]))])]  # y_c - y_j <= -50: far away
+  out = mc.verify(apply_fn, params, (1, 16, 16), prop, timeout=4.0, attack_restarts=4,
+                  attack_steps=5, dense_memory_bytes=0)
+  assert out.status in ("timeout", "unsat"), out
+  assert out.seconds < 4.0 + 5.0, out.seconds
+
+
+def test_dense_plan_estimates_and_skips():
+  """`engine.layer_widths` reads the CNN's widths from the traced program; `dense_plan` halves
+  the batch until the estimate fits and gives 0 (skip) when nothing fits."""
+  from milp.complete import engine
+  apply_fn, params = _cnn(0)
+  widths = engine.layer_widths(apply_fn, params, (1, 8, 8))
+  assert widths == (64, 4 * 6 * 6, 5)
+  full = engine.dense_bytes(widths, 256, 20_000)
+  assert engine.dense_plan(widths, full) == 256
+  assert engine.dense_plan(widths, full - 1) == 128
+  assert engine.dense_plan(widths, 0) == 0
+  assert engine.dense_bytes(widths, 64, 0) == 8 * (2 * (64 * 144 + 144 * 5) + 64 * 2 * 64 * 144)
+
+
+def test_engine_refuses_parameters_that_are_not_float32_numbers():
+  """The engine bounds float32 weights: float64 parameters that are not float32 numbers would
+  be a different network, so no bound of the engine is used (nothing proven, generic path
+  ``unknown``), while float64 arrays holding float32 numbers are accepted."""
+  from milp.complete import engine, generic
+  from milp.complete.outcome import Deadline
+  from milp.complete.spec import as_regions
+  apply_fn, params = _cnn(0)
+  assert engine.params_exact_f32(params)
+  p64 = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
+  assert engine.params_exact_f32(p64)
+  p64["b"] = p64["b"] + 1e-12  # no longer float32 numbers
+  assert not engine.params_exact_f32(p64)
+  x0 = np.full(64, 0.5)
+  regions = as_regions([((x0 - 1e-3, x0 + 1e-3), [(np.eye(5)[:1], np.array([-1e6]))])])
+  res = engine.prove_with_engine(apply_fn, p64, (1, 8, 8), regions, Deadline(60.0), 60.0)
+  assert not res.all_proven and set(res.modes.values()) == {"params not float32"}
+  status, _, _ = generic.input_split_generic(apply_fn, p64, (1, 8, 8), regions, None,
+                                             Deadline(60.0))
+  assert status == "unknown"

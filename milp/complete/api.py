@@ -2,20 +2,32 @@
 
 Pipeline for a property (regions × disjuncts, see `milp.complete.spec`):
 
-1. **attack** (`milp.complete.attack`): sampling and PGD; a float64-replayed hit is ``sat``.
-2. **network**: the function is extracted to an affine/ReLU chain (`milp.network`); the
-   extraction is checked against the float64 replay on random points. Functions that are not
-   such chains go to the generic path (`milp.complete.generic`: `bj.crown` on sub-boxes).
-3. **bounds** per (region, disjunct): CROWN / α-CROWN on the whole box (`layered`); a disjunct
-   with a row whose certified lower bound is > 0 is done.
-4. **bab**: input splitting when the input has at most ``input_split_dims`` entries
-   (`input_bab`; a third of the time with the smear branching, then the rest with look-ahead
-   branching, see `_input_split_portfolio`), ReLU splitting with β-CROWN otherwise
-   (`relu_bab`, with the MILP fallback).
+1. **attack** (`milp.complete.attack`): sampling and PGD, at most ``attack_share`` of the time;
+   a float64-replayed hit is ``sat``.
+2. **dense plan** (`engine.dense_plan`): the memory of the dense path estimated from the traced
+   program's widths before anything is built; over ``dense_memory_bytes`` it is skipped.
+3. **network**: within the budget, the function is extracted to an affine/ReLU chain
+   (`milp.network`), checked against the float64 replay on random points, and densified in
+   float64 (`layered`).
+4. **bounds** (`milp.complete.engine`): the engine (`bj.crown`, sound mode) on every region's
+   whole box with the specification composed into the function: CROWN (CROWN-IBP where CROWN
+   does not fit), then α-CROWN while disjuncts stay open, within a share of the time and
+   ``memory_bytes``. A disjunct with a row whose certified lower bound is > 0 is done; all
+   done is ``unsat`` ("bounds"). By default (``engine_bounds="auto"``) this runs when there is
+   no dense chain (skipped, or not a ReLU chain) and an input has more than
+   ``input_split_dims`` entries; with ``engine_bounds=True`` it runs before step 3.
+5. without a dense chain: (high-dimensional inputs) the attack again on the open disjuncts for
+   half the time left, then the generic path (`milp.complete.generic`: the engine on
+   sub-boxes within ``memory_bytes``).
+6. with one: **bounds** and **bab** on the open disjuncts: input splitting when the input has
+   at most ``input_split_dims`` entries (`input_bab`; a third of the time with the smear
+   branching, then the rest with look-ahead branching, see `_input_split_portfolio`), ReLU
+   splitting with β-CROWN otherwise (`relu_bab`, with the MILP fallback).
 
 ``unsat`` is returned only when every disjunct of every region is proven; with ``sound=True``
-(default) every bound holds in exact arithmetic (see `layered`). Time is wall-clock and checked
-between batches; compilation counts.
+(default) every bound holds in exact arithmetic (see `engine` and `layered`). Time is
+wall-clock and checked between batches; compilation counts (an engine bound still compiling
+when its budget ends is left behind, `engine.call_with_budget`).
 """
 
 from __future__ import annotations
@@ -30,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from boundjax.core.options import OptionError
-from milp.complete import attack, layered
+from milp.complete import attack, engine, layered
 from milp.complete.outcome import Deadline, Outcome
 from milp.complete.spec import Disjunct, Region, as_regions
 
@@ -85,12 +97,47 @@ def _matches(lay: layered.Layers, replay: attack.Replayer, regions: Sequence[Reg
   return True
 
 
+def _dense_plan(apply_fn: Callable, params: Any, input_shape: Sequence[int], budget: int,
+                batch: int) -> int:
+  """The ReLU-splitting batch the dense path may use within ``budget`` bytes, 0 to skip it
+  (`engine.dense_plan`; a function whose widths cannot be read is left to the extractor)."""
+  try:
+    widths = engine.layer_widths(apply_fn, params, input_shape)
+  except Exception:  # pylint: disable=broad-except  (the attack already ran the function)
+    return batch
+  return engine.dense_plan(widths, budget, batch=batch)
+
+
+def _attack(apply_fn: Callable, params: Any, input_shape: Sequence[int],
+            regions: Sequence[Region], replay: attack.Replayer, phase: Deadline,
+            deadline: Deadline, restarts: int, steps: int, key: int):
+  """`attack.falsify` until ``phase`` ends, in a worker thread joined until ``deadline`` at
+  most (one PGD call, compilation included, cannot be interrupted; a call still running at
+  the deadline is left behind): ``(x, y)`` or None."""
+  finished, hit = engine.call_with_budget(
+      lambda: attack.falsify(apply_fn, params, input_shape, regions, replay, phase,
+                             restarts=restarts, steps=steps, key=key), deadline.remaining())
+  return hit if finished else None
+
+
+def _open_part(regions: Sequence[Region], proven: Sequence[np.ndarray]) -> tuple[Region, ...]:
+  """The regions with their disjuncts not yet proven (regions with none left dropped)."""
+  out = []
+  for r, p in zip(regions, proven):
+    left = tuple(dj for dj, ok in zip(r.disjuncts, p) if not ok)
+    if left:
+      out.append(Region(r.lower, r.upper, left))
+  return tuple(out)
+
+
 def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: Any, *,
            timeout: float = 60.0, sound: bool = True, key: int = 0,
            input_split_dims: int = 10, batch: int = 1024, progress: bool = False,
            intermediate: str = "crown", alpha_steps: int = 0,
            attack_restarts: int = 64, attack_steps: int = 50,
-           milp: bool = True) -> Outcome:
+           milp: bool = True, engine_bounds: bool | str = "auto", memory_bytes: int = 1 << 30,
+           dense_memory_bytes: int = 2 << 30, engine_share: float | None = None,
+           attack_share: float = 0.25) -> Outcome:
   """Decides a property of ``apply_fn(params, x)`` (x of shape ``input_shape``).
 
   Args:
@@ -105,6 +152,22 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
     alpha_steps: α-CROWN steps on the output rows of each input-split box (0: CROWN).
     batch: sub-problems per jitted bound call.
     milp: allow the MILP fallback (`milp.property.check_property`) in ReLU splitting.
+    engine_bounds: when the engine (`engine.prove_with_engine`) bounds every region: True,
+      after the attack and before any extraction; ``"auto"`` (default), before the generic
+      path only, i.e. when the dense path is skipped (memory estimate over
+      ``dense_memory_bytes``) or the function is not an affine/ReLU chain, and some region has
+      more than ``input_split_dims`` inputs (else the generic path's input splitting runs
+      the engine on sub-boxes from the start); False, never. The
+      default because the engine's sound bounds compile far slower than the dense path's
+      (ACAS Xu 1_2 prop_2 and MNIST 256x2 prop_10_0.03 went from solved to timeouts at 60 s
+      with True, measured with a load of 8 on 2 cores).
+    memory_bytes: the engine's budget for one box's backward state (``bj.crown``).
+    dense_memory_bytes: the dense path runs only if its estimate fits (`engine.dense_plan`).
+    engine_share: the share of the time left for the engine bounds; default 1/3 when the
+      dense path runs after them, 0.8 when it does not.
+    attack_share: the first attack stops after this share of ``timeout`` (PGD on a CIFAR CNN
+      took all of 120 s on a loaded CPU, leaving nothing to the bounds); before the generic
+      path the attack runs again on the open disjuncts (other starts) for half the time left.
 
   Returns:
     an `Outcome`; ``sat`` carries ``(x, y)`` replayed in float64.
@@ -123,64 +186,108 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
     return Outcome(status, cex, deadline.elapsed(), dict(stats))
 
   replay = attack.Replayer(apply_fn, params, input_shape)
-  hit = attack.falsify(apply_fn, params, input_shape, regions, replay, deadline,
-                       restarts=attack_restarts, steps=attack_steps, key=key)
+  first = Deadline(min(deadline.remaining(), attack_share * timeout))
+  hit = _attack(apply_fn, params, input_shape, regions, replay, first, deadline,
+                attack_restarts, attack_steps, key)
+  stats["seconds"] = {"attack": deadline.elapsed()}
   if hit is not None:
     return done("sat", hit, "attack")
   if deadline.expired():
     return done("timeout", phase="attack")
-  net = _extract(apply_fn, params, input_shape)
+  plan = _dense_plan(apply_fn, params, input_shape, dense_memory_bytes, min(batch, 256))
+  stats["dense_batch"] = plan
+
+  def bound_with_engine(share: float):
+    """The engine's bounds; ``None`` when they decide, else the outcome to return."""
+    nonlocal regions
+    share = engine_share if engine_share is not None else share
+    eng = engine.prove_with_engine(apply_fn, params, input_shape, regions, deadline,
+                                   share * deadline.remaining(), sound=sound,
+                                   memory_bytes=memory_bytes)
+    stats["engine"] = eng.modes
+    stats["seconds"]["engine"] = deadline.elapsed() - sum(stats["seconds"].values())
+    if eng.all_proven:
+      return done("unsat", phase="bounds")
+    regions = _open_part(regions, eng.proven)
+    if deadline.expired():
+      return done("timeout", phase="bounds")
+    return None
+
+  if engine_bounds is True:
+    out = bound_with_engine(1 / 3 if plan else 0.8)
+    if out is not None:
+      return out
+  net = _extract(apply_fn, params, input_shape) if plan else None
   lay = None
   if net is not None:
     with jax.enable_x64(True):
       lay = layered.from_network(net)
     if not _matches(lay, replay, regions, np.random.default_rng(key)):
       lay = None
+  high_dim = any(r.dim > input_split_dims for r in regions)
+  if lay is None and engine_bounds == "auto" and high_dim:
+    # input splitting (the generic path) is hopeless on images: whole-box bounds come first
+    out = bound_with_engine(0.8)
+    if out is not None:
+      return out
+  if lay is None and high_dim:  # the attack again on the open disjuncts, other starts
+    hit = _attack(apply_fn, params, input_shape, regions, replay,
+                  Deadline(deadline.remaining() / 2), deadline, attack_restarts, attack_steps,
+                  key + 1)
+    if hit is not None:
+      return done("sat", hit, "attack")
   if lay is None:
     from milp.complete import generic
     status, cex, nodes = generic.input_split_generic(
         apply_fn, params, input_shape, regions, replay, deadline, sound=sound,
-        progress=progress)
+        progress=progress, memory_bytes=memory_bytes)
     stats["nodes"] += nodes
     stats["method"] = "generic"
     return done(status, cex, "bab" if status in ("sat", "unsat") else None)
 
-  phase = "bounds"
-  with jax.enable_x64(True):
-    for region in regions:
-      # input splitting bounds all of a region's disjuncts together (shared intermediate bounds)
-      split_inputs = region.dim <= input_split_dims
-      for disjunct in ((region.disjuncts,) if split_inputs else region.disjuncts):
-        if deadline.expired():
-          return done("timeout")
-        if split_inputs:
-          from milp.complete import input_bab
-          stats["method"] = "input-split"
-          bar = _bar(progress, "input split")
-          status, cex, nodes = _input_split_portfolio(
-              input_bab, lay, region, disjunct, replay, deadline, sound=sound, batch=batch,
-              progress=bar, intermediate=intermediate, alpha_steps=alpha_steps)
-          if bar is not None:
-            bar.close()
-          stats["nodes"] += nodes
-          if nodes > 1:
-            phase = "bab"
-          if status == "sat":
-            return done("sat", cex, "bab")
-        else:
-          from milp.complete import relu_bab
-          stats["method"] = "relu-split"
-          status, cex, nodes, how = relu_bab.relu_split(
-              lay, net, region, disjunct, replay, deadline, sound=sound,
-              batch=min(batch, 256), progress=progress, use_milp=milp)
-          stats["nodes"] += nodes
-          if how != "bounds":
-            phase = how
-          if status == "sat":
-            return done("sat", cex, how)
-        if status != "unsat":
-          return done(status)
-  return done("unsat", phase=phase)
+  def dense() -> Outcome:
+    """Bounds and branch and bound on the dense chain (in a worker thread, see below)."""
+    phase = "bounds"
+    with jax.enable_x64(True):  # thread-local: set in the worker
+      for region in regions:
+        # input splitting bounds all of a region's disjuncts together (shared intermediate bounds)
+        split_inputs = region.dim <= input_split_dims
+        for disjunct in ((region.disjuncts,) if split_inputs else region.disjuncts):
+          if deadline.expired():
+            return done("timeout")
+          if split_inputs:
+            from milp.complete import input_bab
+            stats["method"] = "input-split"
+            bar = _bar(progress, "input split")
+            status, cex, nodes = _input_split_portfolio(
+                input_bab, lay, region, disjunct, replay, deadline, sound=sound, batch=batch,
+                progress=bar, intermediate=intermediate, alpha_steps=alpha_steps)
+            if bar is not None:
+              bar.close()
+            stats["nodes"] += nodes
+            if nodes > 1:
+              phase = "bab"
+            if status == "sat":
+              return done("sat", cex, "bab")
+          else:
+            from milp.complete import relu_bab
+            stats["method"] = "relu-split"
+            status, cex, nodes, how = relu_bab.relu_split(
+                lay, net, region, disjunct, replay, deadline, sound=sound,
+                batch=plan, progress=progress, use_milp=milp)
+            stats["nodes"] += nodes
+            if how != "bounds":
+              phase = how
+            if status == "sat":
+              return done("sat", cex, how)
+          if status != "unsat":
+            return done(status)
+    return done("unsat", phase=phase)
+
+  # the dense path checks the deadline between batches, but a compilation (seconds to minutes
+  # on a loaded CPU) cannot be interrupted: it runs in a worker joined until the deadline
+  finished, out = engine.call_with_budget(dense, deadline.remaining() + 1.0)
+  return out if finished else done("timeout")
 
 
 def _input_split_portfolio(input_bab, lay, region, disjunct, replay, deadline: Deadline,

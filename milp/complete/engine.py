@@ -1,0 +1,335 @@
+"""The complete verifier's first bound, and its memory estimate of the dense path.
+
+**Engine bounds** (`prove_with_engine`): every region's box is bounded by the engine
+(`boundjax.crown`, the one bound engine of the program layer) on the composed function
+
+    g(x) = C' flatten(apply_fn(params, x)) - d'
+
+where ``C'`` stacks the rows of all of the region's disjuncts (one backward pass bounds them
+all) and ``d'`` is ``d`` rounded up to float32, so ``C y - d >= C' y - d'`` (CROWN, Zhang et al.
+2018, §3.3: bounding the specification's linear function of the outputs, not each output). This
+is how a specification enters the engine in sound mode: ``bj.crown(spec=...)`` refuses
+``sound=True``, whereas a composed matrix product is one more affine equation that sound mode
+rounds outward like any other. When ``C`` is not exact in float32 the outputs are bounded
+instead and combined with ``C, d`` by outward-rounded interval arithmetic
+(`milp.complete.generic._rows_lower`). The box is the float64 region rounded outward to
+float32; with ``sound=True`` every bound holds in exact arithmetic for the network's (float32)
+weights. A disjunct is proven when one of its rows has a certified lower bound ``> 0``.
+
+Modes run in turn, only on regions left open: CROWN (``intermediate="crown"``); CROWN-IBP
+(``"ibp"``) only if CROWN's backward state of one box exceeds ``memory_bytes`` (the engine
+raises ``MemoryError`` while tracing, before allocating or compiling; CROWN-IBP is exact for
+one ReLU layer behind an affine map of the box, e.g. VeriVital's Convnet_avgpool, whose CROWN
+state would be 12 GB); then α-CROWN (Xu et al., ICLR 2021, ``alpha=True``) on the tightest
+intermediate mode that fitted. Each compilation costs tens of seconds on a loaded CPU, hence
+no CROWN-IBP pass before CROWN.
+
+**Deadline.** XLA compilation of a sound bound can take minutes on a loaded CPU (ACAS Xu's
+6×50 network: 90 s for CROWN, measured with a load of 8 on 2 cores), and it cannot be
+interrupted. Each bound runs in a worker thread joined for at most its time budget; when the
+budget runs out the verifier goes on without it (the thread finishes in the background and its
+compiled program stays cached for the next instance of the same architecture, see
+`_bound_function`).
+
+**Dense-path memory** (`dense_plan`): the extraction to an affine/ReLU chain densified in
+float64 (`milp.complete.layered`) costs about ``8 (2 Σ n_k n_{k-1} + B · 2 max_k n_k n_{k-1}
++ F Σ_k n_k)`` bytes: the weights and their absolute values, one batch of ``B`` sub-problems'
+backward states (intermediate CROWN bounds of layer ``k`` from layer ``k-1``), and a frontier
+of ``F`` ReLU-split domains (α, β, coefficients and splits per neuron). Widths ``n_k`` are read
+from the traced program (the box-dependent max/min/clamp/pooling equations) before anything is
+built; a CIFAR CNN (VeriVital Convnet_avgpool: 784 → 23,328 → 10) needs ~37 GB at ``B = 256``
+and goes to the generic path instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import threading
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from milp.complete.outcome import Deadline
+from milp.complete.spec import Region
+
+MODES = ("crown", "ibp", "alpha")
+
+# primitives that become layers of the dense chain (`milp.network.from_function`)
+_LAYER_PRIMITIVES = frozenset({"max", "min", "clamp", "reduce_window_max", "reduce_window_min",
+                               "reduce_max", "reduce_min", "argmax", "argmin"})
+
+
+# ------------------------------------------------------------------------------------------------
+# float32 rounding of the box and of the specification
+# ------------------------------------------------------------------------------------------------
+
+def box_f32(lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """A float32 box ``[l, u] ⊇ [lower, upper]`` (each end rounded outward by one ulp at most)."""
+  lower, upper = np.asarray(lower, np.float64), np.asarray(upper, np.float64)
+  lo = lower.astype(np.float32)
+  hi = upper.astype(np.float32)
+  lo = np.where(lo.astype(np.float64) > lower, np.nextafter(lo, np.float32(-np.inf)), lo)
+  hi = np.where(hi.astype(np.float64) < upper, np.nextafter(hi, np.float32(np.inf)), hi)
+  return lo.astype(np.float32), hi.astype(np.float32)
+
+
+def spec_f32(C: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+  """``(C32, d32)`` with ``C32 == C`` exactly and ``d32 >= d`` (rounded up), so that
+  ``C32 y - d32 <= C y - d`` for every real ``y``; None when ``C`` is not exact in float32."""
+  C, d = np.asarray(C, np.float64), np.asarray(d, np.float64)
+  C32 = C.astype(np.float32)
+  if not np.array_equal(C32.astype(np.float64), C):
+    return None
+  d32 = d.astype(np.float32)
+  d32 = np.where(d32.astype(np.float64) < d, np.nextafter(d32, np.float32(np.inf)), d32)
+  if not (np.all(np.isfinite(C32)) and np.all(np.isfinite(d32))):
+    return None
+  return C32, d32.astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------------
+# the engine's bound of one region, with compiled programs shared by equal architectures
+# ------------------------------------------------------------------------------------------------
+
+def fingerprint(apply_fn: Callable, params: Any, input_shape: Sequence[int]) -> str:
+  """A digest of the traced computation ``(params, x) -> apply_fn(params, x)``: the jaxpr's text
+  (primitives, their parameters, shapes, literals) and the values of its closed-over constants.
+  Equal digests mean the same function of ``(params, x)``, so a bound compiled for one network
+  serves another with the same architecture and other weights (ACAS Xu's 45 networks)."""
+  x = jax.ShapeDtypeStruct(tuple(input_shape), jnp.float32)
+  closed = jax.make_jaxpr(apply_fn)(params, x)
+  h = hashlib.sha256(str(closed.jaxpr).encode())
+  for c in closed.consts:
+    a = np.asarray(c)
+    h.update(f"{a.shape}{a.dtype}".encode())
+    h.update(a.tobytes())
+  h.update(str(jax.tree_util.tree_structure(params)).encode())
+  return h.hexdigest()
+
+
+@dataclasses.dataclass
+class _Entry:
+  fn: Callable
+  lock: threading.Lock
+
+
+_CACHE: dict[tuple, _Entry] = {}
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 8
+
+
+def _bound_function(apply_fn: Callable, key: str, input_shape: tuple[int, ...], sound: bool,
+                    mode: str, memory_bytes: int) -> _Entry:
+  """``bound(params, C, d, box) -> Interval`` of ``C flatten(apply_fn(params, x)) - d`` for a
+  batch of boxes (``mode``: ``"ibp"``, ``"crown"``, ``"alpha"`` or ``"alpha-ibp"``, α-CROWN on
+  CROWN-IBP's intermediate bounds; ``bj.crown`` with ``batch_axis=0``, whose memory check
+  guards the backward state), cached per architecture ``key`` and mode."""
+  import boundjax as bj
+  ck = (key, input_shape, sound, mode, memory_bytes)
+  with _CACHE_LOCK:
+    entry = _CACHE.get(ck)
+    if entry is None:
+
+      def g(params, C, d, xb):
+        one = lambda x: C @ jnp.reshape(apply_fn(params, jnp.reshape(x, input_shape)), (-1,)) - d
+        return jax.vmap(one)(xb)
+
+      fn = bj.crown(g, batch_axis=0, sound=sound, memory_bytes=memory_bytes,
+                    intermediate="crown" if mode in ("crown", "alpha") else "ibp",
+                    alpha=mode.startswith("alpha"))
+      if len(_CACHE) >= _CACHE_SIZE:
+        _CACHE.pop(next(iter(_CACHE)))
+      entry = _CACHE[ck] = _Entry(fn, threading.Lock())
+  return entry
+
+
+def region_rows(region: Region) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+  """The region's disjuncts stacked: ``C (R, m)``, ``d (R,)`` and each disjunct's row range."""
+  Cs = [dj.C for dj in region.disjuncts]
+  ds = [dj.d for dj in region.disjuncts]
+  ends = np.cumsum([len(d) for d in ds])
+  ranges = [(int(e - len(d)), int(e)) for e, d in zip(ends, ds)]
+  return np.concatenate(Cs), np.concatenate(ds), ranges
+
+
+def region_lower(apply_fn: Callable, params: Any, input_shape: Sequence[int], key: str,
+                 region: Region, *, sound: bool, mode: str,
+                 memory_bytes: int) -> np.ndarray:
+  """Certified lower bounds (float64, NaN replaced by -inf) of every row ``C_i y - d_i`` of
+  the region's stacked disjuncts over its box, from the engine in ``mode``."""
+  from milp.complete.generic import _rows_lower
+  shape = tuple(int(s) for s in input_shape)
+  C, d, _ = region_rows(region)
+  lo, hi = box_f32(region.lower, region.upper)
+  box = _interval(lo[None], hi[None])
+  exact = spec_f32(C, d)
+  entry = _bound_function(apply_fn, key, shape, sound, mode, memory_bytes)
+  p32 = jax.tree_util.tree_map(_to_f32, params)
+  with entry.lock:
+    if exact is not None:
+      out = entry.fn(p32, jnp.asarray(exact[0]), jnp.asarray(exact[1]), box)
+      low = np.asarray(out.lower, np.float64)[0]
+    else:  # bound the outputs themselves, then C, d by outward interval arithmetic
+      m = C.shape[1]
+      out = entry.fn(p32, jnp.eye(m, dtype=jnp.float32), jnp.zeros(m, jnp.float32), box)
+      low = _rows_lower(np.asarray(out.lower, np.float64), np.asarray(out.upper, np.float64),
+                        C, d, sound)[0]
+  return np.where(np.isnan(low), -np.inf, low)
+
+
+def params_exact_f32(params: Any) -> bool:
+  """True iff every floating parameter equals its float32 rounding (ONNX weights do): the
+  engine then bounds the very network the float64 replay evaluates. Otherwise casting would
+  bound another network, and no engine bound is used."""
+  for a in jax.tree_util.tree_leaves(params):
+    arr = np.asarray(a)
+    if np.issubdtype(arr.dtype, np.floating) and arr.dtype.itemsize > 4:
+      with np.errstate(over="ignore"):
+        if not np.array_equal(arr.astype(np.float32).astype(arr.dtype), arr, equal_nan=True):
+          return False
+  return True
+
+
+def _to_f32(a: Any) -> Any:
+  if isinstance(a, (np.ndarray, jax.Array)) and jnp.issubdtype(a.dtype, jnp.floating):
+    return jnp.asarray(a, jnp.float32)
+  return a
+
+
+def _interval(lo: np.ndarray, hi: np.ndarray):
+  import boundjax as bj
+  return bj.Interval(jnp.asarray(lo), jnp.asarray(hi))
+
+
+def call_with_budget(fn: Callable[[], Any], seconds: float) -> tuple[bool, Any]:
+  """Runs ``fn()`` in a worker thread and waits at most ``seconds``: ``(True, value)``, or
+  ``(False, None)`` when the budget ran out (the thread is left to finish on its own; the
+  interpreter waits for it at exit, which `boundjax verify` skips, see
+  `boundjax.cli._leave_if_compiling`). An exception of ``fn`` is raised here."""
+  result: dict[str, Any] = {}
+
+  def work():
+    try:
+      result["value"] = fn()
+    except BaseException as e:  # noqa: BLE001  (re-raised in the caller's thread)
+      result["error"] = e
+
+  # not a daemon: the interpreter's shutdown waits for it (a daemon thread stopped inside XLA's
+  # compiler aborts the process: "terminate called ... FATAL: exception not rethrown")
+  t = threading.Thread(target=work, daemon=False, name="boundjax-worker")
+  t.start()
+  t.join(max(float(seconds), 0.0))
+  if t.is_alive():
+    return False, None
+  if "error" in result:
+    raise result["error"]
+  return True, result["value"]
+
+
+@dataclasses.dataclass
+class EngineResult:
+  """Per region, which disjuncts are proven (``proven[r][j]``), and per mode what happened
+  (``"proved"``, ``"open"``, ``"memory"``, ``"budget"``, ``"skipped"``)."""
+
+  proven: list[np.ndarray]
+  modes: dict[str, str]
+
+  @property
+  def all_proven(self) -> bool:
+    return all(bool(np.all(p)) for p in self.proven)
+
+
+def prove_with_engine(apply_fn: Callable, params: Any, input_shape: Sequence[int],
+                      regions: Sequence[Region], deadline: Deadline, budget: float, *,
+                      sound: bool = True, memory_bytes: int = 1 << 30,
+                      modes: Sequence[str] = MODES) -> EngineResult:
+  """Bounds every region with the engine (see the module docstring) within ``budget`` seconds
+  (and ``deadline``); a mode runs only on regions with an open disjunct."""
+  phase = Deadline(min(budget, deadline.remaining()))
+  proven = [np.zeros(len(r.disjuncts), bool) for r in regions]
+  status: dict[str, str] = {}
+  if not params_exact_f32(params):
+    return EngineResult(proven, {m: "params not float32" for m in modes})
+  key = fingerprint(apply_fn, params, input_shape)
+  fits: set[str] = set()
+  for mode in modes:
+    open_regions = [i for i, p in enumerate(proven) if not np.all(p)]
+    if not open_regions:
+      break
+    if phase.expired():
+      status[mode] = "budget"
+      continue
+    if (mode == "alpha" and not fits) or (mode == "ibp" and status.get("crown") != "memory"
+                                          and "crown" in modes):
+      status[mode] = "skipped"  # CROWN-IBP only where CROWN does not fit the memory budget
+      continue
+    # α-CROWN on the tightest intermediate bounds that fit the memory budget
+    run_mode = ("alpha" if "crown" in fits else "alpha-ibp") if mode == "alpha" else mode
+    try:
+      for i in open_regions:
+        r = regions[i]
+        if any(dj.C.shape[0] == 0 for dj in r.disjuncts):
+          continue  # an empty conjunction holds everywhere: never proven by a bound
+        finished, low = call_with_budget(
+            lambda r=r: region_lower(apply_fn, params, input_shape, key, r, sound=sound,
+                                     mode=run_mode, memory_bytes=memory_bytes),
+            phase.remaining())
+        if not finished:
+          status[mode] = "budget"
+          break
+        _, _, ranges = region_rows(r)
+        proven[i] |= np.array([bool(np.max(low[a:b]) > 0) for a, b in ranges])
+      else:
+        status[mode] = "proved" if all(np.all(p) for p in proven) else "open"
+        fits.add(mode)
+    except MemoryError:
+      status[mode] = "memory"
+  return EngineResult(proven, status)
+
+
+# ------------------------------------------------------------------------------------------------
+# memory of the dense path, estimated before building it
+# ------------------------------------------------------------------------------------------------
+
+def layer_widths(apply_fn: Callable, params: Any, input_shape: Sequence[int]) -> tuple[int, ...]:
+  """``(n_0, n_1, ..., n_L)``: input size, the size of every box-dependent max/min/clamp/pooling
+  equation of the traced program (the larger of its operand and result), and the output size.
+  An estimate of the dense chain's widths (`milp.network.from_function` may add carried values
+  for skip connections), read without building anything."""
+  from boundjax.core.program import flatten, mark_dependence
+  x = jax.ShapeDtypeStruct(tuple(input_shape), jnp.float32)
+  closed = jax.make_jaxpr(lambda v: apply_fn(params, v))(x)
+  program = mark_dependence(flatten(closed, recognise=None), [True])
+  widths = [math.prod(input_shape)]
+  for e in program.eqns:
+    if e.abstract and e.name in _LAYER_PRIMITIVES:
+      sizes = [e.invars[p].size for p in e.abstract_pos] + [o.size for o in e.outvars]
+      widths.append(int(max(sizes)))
+  widths.append(int(sum(math.prod(o.aval.shape) for o in closed.jaxpr.outvars)))
+  return tuple(widths)
+
+
+def dense_bytes(widths: Sequence[int], batch: int, frontier: int) -> int:
+  """The dense path's memory estimate in bytes (module docstring): weights and ``|W|``, one
+  batch's intermediate backward states and a frontier of ``frontier`` domains, float64."""
+  pairs = [a * b for a, b in zip(widths[:-1], widths[1:])]
+  weights = 2 * sum(pairs)
+  state = batch * 2 * max(pairs)
+  front = frontier * 4 * sum(widths[1:-1])
+  return 8 * (weights + state + front)
+
+
+def dense_plan(widths: Sequence[int], budget_bytes: int, batch: int = 256,
+               frontier: int = 20_000) -> int:
+  """The largest batch of sub-problems (``batch``, halved down to 8) whose dense-path estimate
+  fits ``budget_bytes``; 0 when none does (the dense path is skipped)."""
+  b = batch
+  while b >= 8:
+    if dense_bytes(widths, b, frontier) <= budget_bytes:
+      return b
+    b //= 2
+  return 0
