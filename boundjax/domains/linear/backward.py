@@ -817,6 +817,8 @@ def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None) -> list:
         if ctx.spec_batched:
           res = Interval(res.lower[None], res.upper[None], validate=False)
         results.append(res)
+      elif v in ctx.prefixes and v in pre and ctx.intermediate == "crown" and not ctx.alpha_steps:
+        results.append(ivs[v])  # already bounded by its own pass (an intermediate target)
       elif v in ctx.prefixes:
         lo, hi = _final_bounds(ctx, v, ivs, pre, rel, None)
         results.append(_intersect(ivs[v], lo, hi, ctx.sound))
