@@ -76,7 +76,10 @@ would be 200k entries per bounded neuron); with a single example (``P`` without 
 dimensions) this needs no ``Λ_Q`` at all. The forward interval of such a product is the
 interval domain's "best" (midpoint-radius met with sign-split). For a batch of examples with a
 shared parameter box, vmap ``bj.crown(f, batch_axis=None)`` over the examples (``batch_axis=0``
-would split the parameter box as if it were a batch).
+would split the parameter box as if it were a batch). Not yet done: a product of a *concrete*
+operand with a parameter box (``x @ W`` for a fixed input ``x``) is affine and still carries
+``Λ`` of ``W``'s size (2 · m · |W| floats per example; 400 MB for a 784 x 256 kernel and a
+256-neuron target): concretising it at once is the same step with a point pivot.
 
 Windows (``patches=True``, default outside ``sound``). For a target behind one ReLU layer
 whose input ``s = A x + b`` is an affine map of the box (e.g. the second convolution of a CNN),
