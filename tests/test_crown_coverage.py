@@ -202,6 +202,54 @@ VARIANTS_IN_CI = ("add", "mul", "div", "dot_general", "conv_general_dilated", "e
 suite."""
 
 
+# Products whose two operands both depend on a box (McCormick planes of every scalar product,
+# `backward._dot_planes`): a parameter box concretised at once, operands that are computed from
+# boxes, and a convolution with a kernel box. Ten scalars per case, so every corner is sampled.
+TWO_BOX_CASES = {
+    "dot_general": (lambda x, w: x @ w, [(1, 2), (2, 3)]),
+    "dot_general (computed operands)": (lambda x, w: (x - 0.25) @ (w * 2.0), [(1, 2), (2, 3)]),
+    "dot_general (batch dims)": (lambda x, w: jnp.einsum("bij,bjk->bik", x, w),
+                                 [(2, 1, 2), (2, 2, 1)]),
+    "conv_general_dilated": (lambda x, k: lax.conv_general_dilated(
+        x, k, (1, 1), "VALID", dimension_numbers=("NCHW", "OIHW", "NCHW")),
+        [(1, 1, 2, 3), (2, 1, 1, 2)]),
+}
+
+
+def test_every_two_box_product_has_a_case():
+  assert {n.split(" ")[0] for n in TWO_BOX_CASES} == {"dot_general", "conv_general_dilated"}
+
+
+@pytest.mark.parametrize("name", sorted(TWO_BOX_CASES))
+def test_crown_two_box_product_sound_both_modes(name):
+  fn, shapes = TWO_BOX_CASES[name]
+  boxes = [_box(-1.0, 1.0, s) for s in shapes]
+  boxes[1] = bj.Interval(boxes[1].lower * 0.5 + 0.2, boxes[1].upper * 0.5 + 0.2)
+  for sound in (False, True):
+    with warnings.catch_warnings():
+      warnings.simplefilter("error", rules.CrownFallbackWarning)  # relaxed, not intervals
+      bj.crown(fn, batch_axis=None, sound=sound)(*boxes)
+  r = np.random.default_rng(2)
+  los = [np.asarray(b.lower, np.float64) for b in boxes]
+  his = [np.asarray(b.upper, np.float64) for b in boxes]
+  pts = [lo + (hi - lo) * r.random((10_000, *lo.shape)) for lo, hi in zip(los, his)]
+  flat_lo = np.concatenate([a.ravel() for a in los])
+  flat_hi = np.concatenate([a.ravel() for a in his])
+  corners = np.asarray(list(itertools.product(*zip(flat_lo, flat_hi))))  # every joint corner
+  off = 0
+  for i, lo in enumerate(los):
+    pts[i] = np.concatenate([pts[i], corners[:, off:off + lo.size].reshape(-1, *lo.shape)])
+    off += lo.size
+  out = bj.crown(fn, batch_axis=None)(*boxes)
+  sound = bj.crown(fn, batch_axis=None, sound=True)(*boxes)
+  _inside(out, jax.vmap(fn)(*[jnp.asarray(p, jnp.float32) for p in pts]), 1e-5, name)
+  with jax.enable_x64(True):
+    ys64 = np.asarray(jax.vmap(fn)(*[jnp.asarray(p) for p in pts]))
+  _inside(sound, ys64, 0.0, name + " (sound, float64)")
+  ib = bj.ibp(fn)(*boxes)
+  assert np.all(out.lower >= ib.lower) and np.all(out.upper <= ib.upper)
+
+
 @pytest.mark.parametrize("name", fast_subset(FLOAT32_CASES, VARIANTS_IN_CI))
 @pytest.mark.parametrize("low", [jnp.bfloat16, jnp.float16], ids=lambda d: jnp.dtype(d).name)
 def test_crown_op_low_precision_both_modes(name, low):

@@ -13,10 +13,13 @@ Two back-ends give the same guarantees:
 reproduces and the ``matmul`` is one it implements, and ``"ibp"`` otherwise.
 
 ``bound_method`` picks the forward bound through the parameter box: "interval" (the paper's
-IBP) or "crown" (`boundjax.agt.crown`: linear bounds with a fixed input, intersected with the
-interval ones, so never looser). "crown" needs the "mlp" back-end: the engine's `boundjax.crown`
-bounds a product of two box-dependent values (``h @ W`` with both in boxes) by intervals, so it
-would gain nothing over "ibp".
+IBP) or "crown" (`boundjax.agt.crown`: the engine's `boundjax.crown` over the parameter box with
+a fixed input, intersected with the interval bounds, so never looser), with either back-end:
+the logit bounds (certification, poisoning's label sets) come from `boundjax.crown` of
+``apply_fn`` itself. The gradient bounds of the "mlp" back-end take CROWN's pre-activation bounds
+of every layer into the explicit interval backward pass; those of the "ibp" back-end are
+`boundjax.ibp` of the per-sample gradient, which has no way to receive CROWN's intermediate
+bounds (the same as with "interval").
 """
 
 from __future__ import annotations
@@ -60,9 +63,8 @@ def check_bound_method(backend: str, bound_method: str) -> None:
   """Raises ``ValueError`` unless ``backend`` implements the forward bound ``bound_method``."""
   if bound_method not in BOUND_METHODS:
     raise ValueError(f"AGT: bound_method must be one of {BOUND_METHODS}, got {bound_method!r}.")
-  if bound_method == "crown" and backend != "mlp":
-    raise ValueError("AGT: bound_method='crown' needs the 'mlp' back-end (a Dense+ReLU stack "
-                     f"that boundjax.agt.mlp.apply reproduces), got backend {backend!r}.")
+  if backend not in BACKENDS:
+    raise ValueError(f"AGT backend must be one of {BACKENDS}, got {backend!r}.")
 
 
 def is_mlp(apply_fn: Callable, params: Any, x_example: Any) -> bool:
@@ -102,7 +104,7 @@ def grad_bounds_fn(apply_fn: Callable, loss: str, backend: str, matmul: str = "m
   """
   check_matmul(backend, matmul)
   check_bound_method(backend, bound_method)
-  if bound_method == "crown":
+  if bound_method == "crown" and backend == "mlp":
     return lambda pb, xs, ys: crown.grad_bounds(pb, xs, ys, loss, matmul)
   if backend == "mlp":
     return lambda pb, xs, ys: mlp.grad_bounds(pb, xs, ys, loss, matmul)
@@ -126,7 +128,8 @@ def forward_bounds_fn(apply_fn: Callable, backend: str, matmul: str = "midrad",
   check_matmul(backend, matmul)
   check_bound_method(backend, bound_method)
   if bound_method == "crown":
-    return lambda pb, x: crown.forward_bounds(pb, x, matmul)
+    model = None if backend == "mlp" else apply_fn  # (the "mlp" stack takes unbatched x too)
+    return lambda pb, x: crown.forward_bounds(pb, x, matmul, apply_fn=model)
   if backend == "mlp":
     return lambda pb, x: mlp.forward_bounds(pb, x, matmul)
   bounded = ibp(apply_fn, matmul=matmul)

@@ -66,7 +66,8 @@ def certify(apply_fn: Callable, params: Any, param_bounds: Any, x: Any, *,
     backend: "auto", "mlp" or "ibp" (`boundjax.agt.bounds`).
     matmul: the interval product, `boundjax.ibp`'s names ("midrad", "signsplit"; "exact" and
       "best" with the "ibp" back-end).
-    bound_method: "interval" or "crown" (`boundjax.agt.crown`, Dense+ReLU stacks; tighter).
+    bound_method: "interval" or "crown" (`boundjax.agt.crown`: `boundjax.crown` over the
+      parameter box; tighter).
 
   Returns:
     bool array of shape (n,).

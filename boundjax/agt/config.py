@@ -75,10 +75,11 @@ class Config:
     l2_reg: lambda of an L2 penalty (lambda / 2) |theta|^2, i.e. gradient lambda * theta; needs
       learning_rate * l2_reg <= 1 for the interval update to stay monotone.
     bound_method: forward bound over the parameter box: "interval" (IBP, the paper's choice)
-      or "crown" (linear bounds with the sample's input fixed, as the public code's
-      CROWNBoundedModel, intersected with the interval ones; Dense+ReLU stacks only, the
-      "mlp" back-end; `boundjax.agt.crown`). It tightens the logit and activation bounds that
-      feed the gradient bounds and the certificates, from two hidden layers on.
+      or "crown" (`boundjax.crown` over the parameter box with the sample's input fixed, as
+      the public code's CROWNBoundedModel, intersected with the interval ones;
+      `boundjax.agt.crown`). It tightens the logit bounds of the certificates with either
+      back-end and, with the "mlp" back-end, the activation bounds that feed the gradient
+      bounds, from two hidden layers on.
     matmul: the interval matrix product (`boundjax.ibp`'s vocabulary): "midrad" (midpoint-radius,
       4 products; the public code's default "rump") or "signsplit" (sign-split products; exact
       when one factor is sign-definite, e.g. post-ReLU activations); "exact" and "best" only

@@ -18,15 +18,19 @@ Activation Functions", NeurIPS 2018, §3; the backward form of auto_LiRPA):
   atan (S-shaped: CROWN's tangent-through-an-end-point construction, `_s_shaped`), ``c / d``
   with a box-dependent denominator of one sign (reciprocal lines), products of two
   box-dependent values (McCormick planes; ``x / d`` of two box-dependent operands is rewritten
-  to ``x · (1 / d)``), leaky ReLU (``where(x >= 0, x, αx)`` and ``max(x, αx)``), max/min of two
+  to ``x · (1 / d)``), dot_general (matmul, einsum) and conv_general_dilated whose two operands
+  both depend on a box (McCormick planes of every scalar product, weighted per entry of a pivot
+  operand so that a parameter box is concretised exactly; see *Products of two boxes* below),
+  leaky ReLU (``where(x >= 0, x, αx)`` and ``max(x, αx)``), max/min of two
   box-dependent values, and max/min pooling (``reduce_window_max``, ``reduce_max``: below the
   entry with the largest lower bound, above the interval bound). GELU, SiLU, softplus, LayerNorm
   and attention are bounded through these pieces.
 * **Interval fallback.** An abstract equation with no linear relaxation (softmax and the other
-  composites of `boundjax.nn`, sort, cumulative max, a product of two box-dependent matrices,
-  bfloat16/float16 arithmetic, comparisons, and under ``sound`` every smooth nonlinearity:
-  only ReLUs, products (single McCormick planes, offsets rounded outward), max/min of two boxes
-  and max/min pooling, whose slopes are exact floats, keep their lines there) is
+  composites of `boundjax.nn`, sort, cumulative max, a dot_general/convolution of two boxes of
+  different dtypes, bfloat16/float16 arithmetic, comparisons, and under ``sound`` every smooth
+  nonlinearity: only ReLUs, products and products of two boxes (single McCormick planes,
+  offsets rounded outward), max/min of two boxes and max/min pooling, whose slopes are exact
+  floats, keep their lines there) is
   bounded by the forward interval pass, and its output enters the backward pass as a fresh box
   variable: ``Λ`` stops there and is concretised against that interval, like an input. One
   `CrownFallbackWarning` per primitive names it and the user's line. Only a primitive with
@@ -57,6 +61,25 @@ The part of every pass that runs before the first ReLU it meets (``I`` through t
 above it) does not depend on the example; it is computed once per call and shared by the whole
 batch, and the rest runs example by example (`jax.lax.map` over chunks of ``chunk_size``
 examples, each chunk vmapped).
+
+Products of two boxes (dot_general, conv_general_dilated; `backward._dot_planes`,
+`backward._dot_step`). Each output entry is ``Σ_k P_k Q_k``; every scalar product gets the
+McCormick planes (McCormick 1976, §3), combined per entry of the *pivot* ``P`` with the weight
+that gives ``Q`` the slope ``z`` = the point of ``P``'s box nearest 0 (exact once ``Q`` is
+concretised: for ``P >= 0`` the lower plane is ``l_Q P``, the worst weight). The coefficient
+maps are the product's own transposes with the bound arrays (``Λ_P = Λ ⋆ᵀ c_Q ∓ (1 - 2t) ⊙
+(|Λ| ⋆ᵀ r_Q)``, ``Λ_Q = Λ ⋆ᵀ z``): batched, jit-friendly, two or three products of the size of
+an affine transpose. The pivot is the lhs unless only the lhs is a parameter box. A parameter
+box ``Q`` (a box input read by this equation only: a weight) is concretised at once rather than
+carried as a coefficient array of ``Q``'s size per row (for a kernel of 784 x 256 that array
+would be 200k entries per bounded neuron); with a single example (``P`` without free
+dimensions) this needs no ``Λ_Q`` at all. The forward interval of such a product is the
+interval domain's "best" (midpoint-radius met with sign-split). For a batch of examples with a
+shared parameter box, vmap ``bj.crown(f, batch_axis=None)`` over the examples (``batch_axis=0``
+would split the parameter box as if it were a batch). Not yet done: a product of a *concrete*
+operand with a parameter box (``x @ W`` for a fixed input ``x``) is affine and still carries
+``Λ`` of ``W``'s size (2 · m · |W| floats per example; 400 MB for a 784 x 256 kernel and a
+256-neuron target): concretising it at once is the same step with a point pivot.
 
 Windows (``patches=True``, default outside ``sound``). For a target behind one ReLU layer
 whose input ``s = A x + b`` is an affine map of the box (e.g. the second convolution of a CNN),

@@ -49,6 +49,11 @@ def _targets(prog: _Program, intermediate: str) -> list[_Var]:
     for e in prog.eqns:
       if e.kind == "relu":
         add(e.invars[e.abstract_pos[0]])
+      elif e.kind == "nonlinear" and e.mode == "dot":
+        for x in e.relax_in:  # (a ReLU output is as tight as its input's bound makes it)
+          j = prog.producer.get(x)
+          if j is not None and prog.eqns[j].kind != "relu":
+            add(x)
       elif e.kind == "nonlinear" and e.mode != "select":
         for x in e.relax_in:
           add(x)
@@ -66,10 +71,17 @@ def _lambda_bytes(prog: _Program, targets: list[_Var], ancestors: dict) -> int:
   """Largest per-example backward state (both bounds), in bytes: sizes the chunks."""
   best = 0
   for t in targets:
-    sizes = [t.size] + [prog.eqns[i].invars[p].size for i in ancestors[t]
-                        for p in prog.eqns[i].abstract_pos]
+    sizes = [t.size] + [v.size for i in ancestors[t] for v in _backward_operands(prog.eqns[i])]
     best = max(best, 2 * t.size * max(sizes) * 4)
   return best
+
+
+def _backward_operands(e) -> list:
+  """The operands whose coefficients a backward pass through ``e`` stores (a parameter box
+  concretised at once by a product of two boxes is not one)."""
+  if e.kind == "nonlinear" and e.mode == "dot":
+    return list(e.relax_in)
+  return [e.invars[p] for p in e.abstract_pos]
 
 
 def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None = 0,

@@ -116,6 +116,207 @@ def _relaxed_step(ln: _Lines, e: _Eqn, mu, m: int, lam: dict, bias, sound_terms=
   return bias if sound_terms is None else (bias, slack)
 
 
+# ----------------------------------------------------------------------------------------------
+# Products of two box-dependent operands: dot_general and convolution (McCormick planes)
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _DotPlanes:
+  """The McCormick planes of ``y = P ⋆ Q`` (a dot_general or convolution of two boxes) on one
+  example, see `_dot_planes`. Arrays of ``P``'s shape: ``t`` (plane weights), ``z`` (``Q``'s
+  slope); of ``Q``'s shape: its bounds, centre and radius; of ``y``'s shape: the offsets, ``ok``
+  (every term finite) and the sound mode's magnitudes ``w_pq = |P|⋆|Q|``, ``w_zq = |z|⋆|Q|``,
+  ``w_zc = |z|⋆(|c_Q| + r_Q)``."""
+  roles: Any
+  t: Any
+  z: Any
+  lq: Any
+  uq: Any
+  cq: Any
+  rq: Any
+  b_lo: Any
+  b_up: Any
+  ok: Any
+  w_pq: Any = None
+  w_zq: Any = None
+  w_zc: Any = None
+
+
+def _dot_fwd(e: _Eqn, pivot: int, p_arr, q_arr):
+  """The equation's own product with ``p_arr`` in the pivot's position and ``q_arr`` in the
+  other one."""
+  return _bind1(e, [p_arr, q_arr] if pivot == 0 else [q_arr, p_arr])
+
+
+def _dot_transpose(e: _Eqn, pos: int, other, rows):
+  """``L_posᵀ`` applied to each row (leading axis) of ``rows``, where ``L_pos`` is the linear map
+  ``v -> op(v, other)`` with ``v`` in operand position ``pos``."""
+  x = e.invars[pos]
+  f = (lambda v: _bind1(e, [v, other])) if pos == 0 else (lambda v: _bind1(e, [other, v]))
+  _, vjp = jax.vjp(f, jnp.zeros(x.shape, x.aval.dtype))
+  return jax.vmap(lambda r: vjp(r)[0])(rows)
+
+
+def _dot_terms(e: _Eqn) -> int:
+  """Scalar products summed into one output entry (the contraction length; for a convolution
+  every kernel entry of one output feature)."""
+  a, b = e.invars
+  count = interval_domain._dot_count if e.name == "dot_general" else interval_domain._conv_count
+  return count(a.shape, b.shape, e.params)
+
+
+def _dot_planes(e: _Eqn, p_iv: Interval, q_iv: Interval, sound: bool) -> _DotPlanes:
+  """Linear bounds of ``y = Σ_k P_k Q_k`` (each output entry a sum of scalar products of two
+  boxes; a dot_general or a convolution) from the McCormick planes of every product
+  (McCormick 1976, "Computability of global solutions to factorable nonconvex programs", §3):
+
+    ``P Q >= l_Q P + l_P Q - l_P l_Q``,   ``P Q >= u_Q P + u_P Q - u_P u_Q``   (lower),
+    ``P Q <= u_Q P + l_P Q - l_P u_Q``,   ``P Q <= l_Q P + u_P Q - u_P l_Q``   (upper).
+
+  Plane choice: per entry of the pivot ``P`` the convex combination with weight ``t`` on the
+  second plane of each side, ``t = (z - l_P) / (u_P - l_P)`` with ``z`` the point of
+  ``[l_P, u_P]`` nearest to 0. Both sides then give ``Q`` the slope ``z`` and ``P`` the slopes
+  ``l_Q + t(u_Q - l_Q)`` (lower) and ``u_Q - t(u_Q - l_Q)`` (upper), offsets
+  ``-[(1-t) l_P l_Q + t u_P u_Q]`` and ``-[(1-t) l_P u_Q + t u_P l_Q]``. Why: at the box centre
+  all four planes are equally far from ``P Q`` (``r_P r_Q``), so the centre does not decide;
+  this choice makes every term's bound exact once ``Q`` is concretised on its own box — for
+  ``P >= 0`` (a post-ReLU activation) it is the first plane and ``min_Q P Q = l_Q P`` exactly,
+  for ``P <= 0`` the second, and for a pivot straddling 0 it is the chord of the concave
+  ``P -> min_Q P Q`` through ``(l_P, l_P u_Q)`` and ``(u_P, u_P l_Q)``, with no ``Q`` term. With
+  ``Q`` a parameter box this is the "concretise the parameter term at once" bound of AGT's
+  CROWN (the sign of ``P`` picks the worst weight), and with both operands fresh boxes it is
+  the exact interval of every output entry. Every array is a product with ``P``'s or ``Q``'s
+  indices only, so the coefficient maps stay dot_generals / convolutions (`_dot_step`).
+
+  Sound mode: ``t ∈ {0, 1}`` (a single plane, so the slopes ``l_Q``, ``u_Q``, ``z`` are exact
+  floats; ``z`` is the end of ``P``'s box nearer to 0) and the offsets are rounded outward by
+  ``2(γ_{K+2} Σ|terms| + 2(K+2)λ)`` (K terms per output). Output entries with a non-finite
+  term get the constant lines of their interval ``[y_lo, y_hi]`` (set by the caller through
+  ``ok``).
+  """
+  lp, up, lq, uq = p_iv.lower, p_iv.upper, q_iv.lower, q_iv.upper
+  nf_p = ~(jnp.isfinite(lp) & jnp.isfinite(up))
+  nf_q = ~(jnp.isfinite(lq) & jnp.isfinite(uq))
+  zero = lambda a, bad: jnp.where(bad, jnp.zeros_like(a), a)  # noqa: E731
+  lp, up, lq, uq = zero(lp, nf_p), zero(up, nf_p), zero(lq, nf_q), zero(uq, nf_q)
+  piv = _dot_roles_of(e).pivot
+  fwd = lambda a, b: _dot_fwd(e, piv, a, b)  # noqa: E731
+  bad = fwd(nf_p.astype(lp.dtype), jnp.ones_like(lq)) + fwd(jnp.ones_like(lp),
+                                                            nf_q.astype(lq.dtype))
+  ok = bad == 0
+  if sound:
+    t = jnp.abs(up) < jnp.abs(lp)
+    z = jnp.where(t, up, lp)
+    lp_t, up_t = jnp.where(t, 0.0, lp).astype(lp.dtype), jnp.where(t, up, 0.0).astype(lp.dtype)
+    t = t.astype(lp.dtype)
+  else:
+    d = up - lp
+    z = jnp.clip(jnp.zeros_like(lp), lp, up)
+    t = jnp.where(d > 0, (z - lp) / jnp.where(d > 0, d, 1.0), 0.0).astype(lp.dtype)
+    lp_t, up_t = (1 - t) * lp, t * up
+  b_lo = -(fwd(lp_t, lq) + fwd(up_t, uq))
+  b_up = -(fwd(lp_t, uq) + fwd(up_t, lq))
+  c, r = _center_radius(Interval(lq, uq, validate=False), sound)
+  pl = _DotPlanes(_dot_roles_of(e), t, z, lq, uq, c, r, b_lo, b_up, ok)
+  if sound:
+    dtype = b_lo.dtype
+    n = _dot_terms(e) + 2
+    a_lp, a_up, a_lq, a_uq = jnp.abs(lp_t), jnp.abs(up_t), jnp.abs(lq), jnp.abs(uq)
+    e_lo = fwd(a_lp, a_lq) + fwd(a_up, a_uq)
+    e_up = fwd(a_lp, a_uq) + fwd(a_up, a_lq)
+    g, fl = rounding.gamma(n, dtype), rounding.flush_error(n, dtype)
+    pl.b_lo = rounding.round_down(b_lo - 2 * (g * e_lo + fl))
+    pl.b_up = rounding.round_up(b_up + 2 * (g * e_up + fl))
+    mag_q = jnp.maximum(a_lq, a_uq)
+    pl.w_pq = fwd(jnp.maximum(jnp.abs(lp), jnp.abs(up)), mag_q)
+    pl.w_zq = fwd(jnp.abs(z), mag_q)
+    pl.w_zc = fwd(jnp.abs(z), jnp.abs(c) + r)
+  return pl
+
+
+def _dot_roles_of(e: _Eqn):
+  return e.aux
+
+
+def _dot_step(pl: _DotPlanes, e: _Eqn, mu, m: int, lam: dict, bias, y_iv: Interval,
+              sound_terms=None):
+  """The backward step through ``y = P ⋆ Q`` with the planes of `_dot_planes` (CROWN, Zhang et
+  al. 2018, Theorem 3.2: positive entries of ``Λ_y`` take the lower planes for the lower bound
+  and the upper planes for the upper bound, negative ones the other side):
+
+    ``Λ_P = Λ_y ⋆ᵀ c_Q ∓ (1 - 2t) ⊙ (|Λ_y| ⋆ᵀ r_Q)``  (− for lower-bound rows, + for upper),
+    ``Λ_Q = Λ_y ⋆ᵀ z``,   ``bias += Λ⁺·b_lo + Λ⁻·b_up`` (lower; swapped for the upper bound),
+
+  where ``⋆ᵀ`` is the transpose of the product in one operand (a dot_general / convolution
+  with the other operand's array). With ``t ∈ {0, 1}`` (sound mode) ``Λ_P`` is formed from the
+  exact slopes ``l_Q``, ``u_Q`` instead of the centre and radius. A parameter box ``Q``
+  (``roles.concretise``) is concretised at once: ``Λ_Q·c_Q ∓ |Λ_Q|·r_Q``, with
+  ``|Λ_Q|·r_Q = |Λ_y|·(|z| ⋆ r_Q)`` when ``roles.rank1``. Entries of ``y`` with a non-finite
+  term (``~ok``) take the constant lines ``[y_lo, y_hi]``.
+
+  Sound mode (``sound_terms = (ivs, uses, n_eq, dtype)``): returns also the rounding slack,
+  (2, m): the bias sums (γ_{2n_y + n_eq}), the coefficients ``Λ_P``, ``Λ_Q`` (γ of their
+  transposes' term counts, weighted by the operands' magnitudes through ``w_pq``, ``w_zq``) and
+  the at-once concretisation (``w_zc``)."""
+  roles = pl.roles
+  y = e.outvars[0]
+  P, Q = e.invars[roles.pivot], e.invars[1 - roles.pivot]
+  dtype = mu.dtype
+  lo_rows = jnp.concatenate([jnp.maximum(mu[0], 0), jnp.minimum(mu[1], 0)])  # (2m, ...)
+  up_rows = jnp.concatenate([jnp.minimum(mu[0], 0), jnp.maximum(mu[1], 0)])
+  b_lo = jnp.where(pl.ok, pl.b_lo, y_iv.lower)
+  b_up = jnp.where(pl.ok, pl.b_up, y_iv.upper)
+  bias = bias + (_safe_rowdot(lo_rows, b_lo) + _safe_rowdot(up_rows, b_up)).reshape((2, m))
+  okf = pl.ok.astype(dtype)
+  rows = (mu * okf).reshape((2 * m, *y.shape))
+  tr_p = lambda r, q_arr: _dot_transpose(e, roles.pivot, q_arr, r)  # noqa: E731
+  tr_q = lambda r, p_arr: _dot_transpose(e, 1 - roles.pivot, p_arr, r)  # noqa: E731
+  if sound_terms is not None:
+    lo_ok, up_ok = lo_rows * okf, up_rows * okf
+    first = tr_p(lo_ok, pl.lq) + tr_p(up_ok, pl.uq)  # t = 0: slopes l_Q (lower), u_Q (upper)
+    second = tr_p(lo_ok, pl.uq) + tr_p(up_ok, pl.lq)  # t = 1
+    lam_p = jnp.where(pl.t[None] > 0, second, first)
+  else:
+    sgn = jnp.concatenate([-jnp.ones((m,), dtype), jnp.ones((m,), dtype)])
+    sgn = sgn.reshape((2 * m,) + (1,) * len(y.shape))
+    lam_p = tr_p(rows, pl.cq) + (1 - 2 * pl.t)[None] * tr_p(sgn * jnp.abs(rows), pl.rq)
+  _add_to(lam, P, lam_p.reshape((2, m, *P.shape)))
+  abs_rows = jnp.abs(rows)
+  if roles.concretise:
+    if roles.rank1:
+      lin = _rowdot(rows, _dot_fwd(e, roles.pivot, pl.z, pl.cq))
+      spread = _rowdot(abs_rows, _dot_fwd(e, roles.pivot, jnp.abs(pl.z), pl.rq))
+    else:
+      lam_q = tr_q(rows, pl.z)
+      lin, spread = _rowdot(lam_q, pl.cq), _rowdot(jnp.abs(lam_q), pl.rq)
+    lin, spread = lin.reshape((2, m)), spread.reshape((2, m))
+    bias = bias + jnp.stack([lin[0] - spread[0], lin[1] + spread[1]])
+  else:
+    _add_to(lam, Q, tr_q(rows, pl.z).reshape((2, m, *Q.shape)))
+  if sound_terms is None:
+    return bias
+  ivs, uses, n_eq, sdtype = sound_terms
+  n_y = y.size
+  n = 2 * n_y + n_eq
+  absb = (_safe_rowdot(jnp.abs(lo_rows), jnp.abs(b_lo))
+          + _safe_rowdot(jnp.abs(up_rows), jnp.abs(b_up))).reshape((2, m))
+  slack = rounding.gamma(n, sdtype) * absb + rounding.flush_error(n, sdtype)
+  absdot = _rowdot(abs_rows, pl.w_pq).reshape((2, m))
+  slack = slack + _coefficient_slack(_transpose_terms(e, roles.pivot) + uses.get(P, 1) + 3,
+                                     sdtype, absdot, ivs[P])
+  if roles.concretise:
+    n = _dot_terms(e) + n_y + 4
+    if not roles.rank1:
+      n += _transpose_terms(e, 1 - roles.pivot) + Q.size
+    slack = slack + rounding.gamma(n, sdtype) * _rowdot(abs_rows, pl.w_zc).reshape((2, m)) \
+        + rounding.flush_error(n, sdtype)
+  else:
+    absdot = _rowdot(abs_rows, pl.w_zq).reshape((2, m))
+    slack = slack + _coefficient_slack(_transpose_terms(e, 1 - roles.pivot) + uses.get(Q, 1)
+                                       + 2, sdtype, absdot, ivs[Q])
+  return bias, slack
+
+
 def _fallback_step(iv: Interval, mu, m: int):
   """A fallback output ``y ∈ [l, u]`` is a box variable: the lower bound gains
   ``Σ Λ⁺ l + Λ⁻ u``, the upper bound ``Σ Λ⁺ u + Λ⁻ l``; also returns ``Σ |Λ|·max(|l|, |u|)``
@@ -170,7 +371,14 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
       y = e.outvars[0]
       if e.kind == "nonlinear":
         mu = _gather_mu(lam, px.pending, y, m)
-        if mu is not None:
+        if mu is not None and e.mode == "dot":
+          if sound:
+            bias, extra = _dot_step(rel[i], e, mu, m, lam, bias, ivs[y],
+                                    (ivs, prog.uses, n_eq, dtype))
+            slack = slack + extra
+          else:
+            bias = _dot_step(rel[i], e, mu, m, lam, bias, ivs[y])
+        elif mu is not None:
           if sound:
             bias, extra = _relaxed_step(rel[i], e, mu, m, lam, bias,
                                         (ivs, prog.uses, n_eq, dtype))
@@ -306,13 +514,16 @@ def _intersect(a: Interval, lo, hi, sound: bool) -> Interval:
   return Interval(lo2, hi2, validate=False)
 
 
-def _interval_of(e: _Eqn, vals: list, sound: bool) -> list:
+def _interval_of(e: _Eqn, vals: list, sound: bool, matmul: str = "midrad") -> list:
   """The forward interval rule of an equation (a composite through the interval domain, which
   may bound its body instead); low-precision arithmetic always in the domain's sound mode, whose
-  outward rounding covers the float error of evaluating the operation in that precision."""
+  outward rounding covers the float error of evaluating the operation in that precision.
+  ``matmul``: the interval domain's product of two boxes (a relaxed product of two boxes uses
+  "best", midpoint-radius met with sign-split: exact per entry when an operand is sign-definite,
+  e.g. a post-ReLU activation times a weight box)."""
   low = any(_low_precision(o.aval) for o in e.outvars) or any(
       isinstance(v, Interval) and _low_precision(jax.typeof(v.lower)) for v in vals)
-  ivctx = interval_domain.IntervalContext(sound=sound)
+  ivctx = interval_domain.IntervalContext(sound=sound, matmul=matmul)
   if low and e.name in interval_domain.RULES:
     if sound:  # the real-number value: the float32 rule, sound, rounded outward
       out = interval_domain._sound_low_precision(ivctx, interval_domain.RULES[e.name], e, vals)
@@ -583,7 +794,8 @@ def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None) -> list:
                                           *vals, **e.params)
       outs = _no_nan_all(list(out) if isinstance(out, (list, tuple)) else [out])
     else:
-      outs = _interval_of(e, vals, ctx.sound)
+      outs = _interval_of(e, vals, ctx.sound,
+                          "best" if e.kind == "nonlinear" and e.mode == "dot" else "midrad")
     for v, o in zip(e.outvars, outs):
       ivs[v] = o
     if e.kind == "nonlinear":
@@ -591,7 +803,11 @@ def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None) -> list:
       if e.mode == "select":
         a = e.invars[0]
         pred = ivs[a] if isinstance(a, _Var) and a in prog.abstract else _read(cenv, a)
-      rel[i] = _relax_lines(e, cenv, bounds, ivs[e.outvars[0]], ctx.sound, pred)
+      if e.mode == "dot":
+        piv = e.aux.pivot
+        rel[i] = _dot_planes(e, ivs[e.invars[piv]], ivs[e.invars[1 - piv]], ctx.sound)
+      else:
+        rel[i] = _relax_lines(e, cenv, bounds, ivs[e.outvars[0]], ctx.sound, pred)
   results = []
   for v in prog.outvars:
     if isinstance(v, _Var) and v in prog.abstract:
@@ -601,6 +817,8 @@ def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None) -> list:
         if ctx.spec_batched:
           res = Interval(res.lower[None], res.upper[None], validate=False)
         results.append(res)
+      elif v in ctx.prefixes and v in pre and ctx.intermediate == "crown" and not ctx.alpha_steps:
+        results.append(ivs[v])  # already bounded by its own pass (an intermediate target)
       elif v in ctx.prefixes:
         lo, hi = _final_bounds(ctx, v, ivs, pre, rel, None)
         results.append(_intersect(ivs[v], lo, hi, ctx.sound))

@@ -288,6 +288,43 @@ def _leaky_lines(p, n, l, u):
           stable(b_up, 0.0, 0.0))
 
 
+@dataclasses.dataclass(frozen=True)
+class _DotRoles:
+  """How the product of two box-dependent operands of a dot_general / convolution is relaxed
+  (`boundjax.domains.linear.backward._dot_planes`).
+
+  Attributes:
+    pivot: operand position (0: lhs, 1: rhs) of the *pivot* ``P``: the other operand ``Q``'s
+      coefficient in every plane is the point of ``P``'s box nearest to 0.
+    concretise: ``Q`` is a box input read by this equation only (a parameter box), so its part
+      of the bound is concretised at once against its box (exact: ``Q`` appears nowhere else)
+      and never stored as a coefficient array of ``Q``'s size per row.
+    rank1: ``P`` has no free dimension (a dot_general whose pivot is a vector per batch entry,
+      e.g. one example times a kernel): every row's coefficient on ``Q`` is an outer product,
+      so ``Σ|Λ_Q| r_Q = Σ |Λ_y| · (|z_P| ⋆ r_Q)`` without forming ``Λ_Q``.
+  """
+  pivot: int
+  concretise: bool
+  rank1: bool
+
+
+def _dot_roles(e, direct: Callable[[Any], bool]) -> _DotRoles:
+  """Pivot: the lhs, unless the lhs is a parameter box (``direct``) and the rhs is not, so that
+  a parameter box is the operand concretised at once (``x @ W`` and ``W @ x`` alike)."""
+  a, b = e.invars
+  pivot = 1 if direct(a) and not direct(b) else 0
+  q = e.invars[1 - pivot]
+  concretise = direct(q) and q is not e.invars[pivot]
+  rank1 = False
+  if e.name == "dot_general":
+    (lc, rc), (lb, rb) = e.params["dimension_numbers"]
+    contract, batch = (lc, lb) if pivot == 0 else (rc, rb)
+    p = e.invars[pivot]
+    free = [p.shape[d] for d in range(len(p.shape)) if d not in contract and d not in batch]
+    rank1 = int(np.prod(free, dtype=np.int64)) == 1
+  return _DotRoles(pivot, concretise, rank1)
+
+
 # ----------------------------------------------------------------------------------------------
 # One record per primitive
 # ----------------------------------------------------------------------------------------------
@@ -520,11 +557,13 @@ def _scaled_copy(v, x, abstract: set, made_by: dict):
 
 # Relaxations whose slopes are exact floats (box bounds, 0, 1) and whose offsets are box bounds
 # or one rounded product: kept in sound mode (the rest falls back to intervals there).
-_SOUND_MODES = frozenset({"product", "pool", "max2", "min2", "select"})
+_SOUND_MODES = frozenset({"product", "pool", "max2", "min2", "select", "dot"})
 
 
-def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool) -> None:
-  """Sets ``kind`` (and ``mode``, ``relax_in``, ``aux``, ``reason``) of an abstract equation."""
+def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool,
+            direct: Callable[[Any], bool] = lambda v: False) -> None:
+  """Sets ``kind`` (and ``mode``, ``relax_in``, ``aux``, ``reason``) of an abstract equation.
+  ``direct(v)``: ``v`` is a box input read by this one equation only (`_dot_roles`)."""
   name, pos = e.name, e.abstract_pos
   rec = _op(name)
   ins = [e.invars[p] for p in pos]
@@ -574,6 +613,10 @@ def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool) -> None:
       return nonlinear("reciprocal", ins)
     if name == "mul" and len(pos) == 2 and same:
       return nonlinear("product", ins)
+    if name in ("dot_general", "conv_general_dilated") and len(pos) == 2 \
+        and ins[0].aval.dtype == ins[1].aval.dtype == e.outvars[0].aval.dtype:
+      roles = _dot_roles(e, direct)
+      return nonlinear("dot", [e.invars[roles.pivot]] if roles.concretise else ins, roles)
     return fallback("a product of two box-dependent operands (no linear relaxation of this "
                     "shape; use bj.ibp for interval parameters)")
   if rec.kind == "relu":
@@ -610,12 +653,22 @@ def _classify(prog: _Program, abstract_in: Sequence[bool], sound: bool = False) 
   made_by: dict = {}
   eqns: list = []
   fresh = [0]
+  reads: dict = {}
+  for e in prog.eqns:
+    for a in e.invars:
+      if isinstance(a, _Var):
+        reads[a] = reads.get(a, 0) + 1
+  inputs = set(prog.invars)
+  outputs = {v for v in prog.outvars if isinstance(v, _Var)}
+
+  def direct(v) -> bool:
+    return v in inputs and v in abstract and reads.get(v, 0) == 1 and v not in outputs
 
   def add(e: _Eqn):
     pos = tuple(i for i, a in enumerate(e.invars) if isinstance(a, _Var) and a in abstract)
     e.abstract_pos = pos
     if pos:
-      _decide(e, abstract, made_by, sound)
+      _decide(e, abstract, made_by, sound, direct)
       if e.kind == "fallback" and e.name not in interval_domain.RULES:
         raise UnsupportedPrimitiveError(
             f"CROWN (linear domain) cannot bound primitive '{e.name}' at {e.where()}: "
