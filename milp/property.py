@@ -10,9 +10,9 @@ and `check_disjunction` a disjunction of them (sat as soon as one disjunct is sa
 every disjunct is). Steps:
 
 1. **Bounds.** Pre-activation bounds (``milp.bounds`` CROWN by default, or the caller's, e.g. from
-   ``bj.crown``). ``C`` is folded into the last layer (``C W_L``, ``C b_L - d``) and each row's
-   lower bound computed by back-substitution (`milp.bounds.crown_output`) and from the interval of
-   ``y``; a row whose lower bound is ``> 0`` everywhere proves unsat without a MILP.
+   ``bj.crown``). Each row's lower bound is the better of the engine's CROWN with ``C`` composed
+   into the network (`milp.bounds.spec_bounds`) and the interval of ``y``; a row whose lower
+   bound is ``> 0`` everywhere proves unsat without a MILP.
 2. **Sampling.** The centre, box corners and uniform points are run through the network in
    float64; a point satisfying every row is a counterexample.
 3. **MILP** (the big-M ReLU encoding of Tjeng et al. 2019, §3, built by `milp.encode.Encoding`):
@@ -38,7 +38,7 @@ import numpy as np
 
 from milp import bounds as bounds_lib
 from milp.encode import Encoding
-from milp.network import AffineLayer, Network, forward, forward_batch
+from milp.network import Network, forward, forward_batch
 from milp.solve import SolveConfig, check_nonneg_finite, solve
 
 Bounds = list[tuple[np.ndarray, np.ndarray]]
@@ -128,15 +128,10 @@ def _bounds(net: Network, lo: np.ndarray, hi: np.ndarray, bounds: str | Bounds |
 def _row_lower_bounds(net: Network, lo: np.ndarray, hi: np.ndarray, bnds: Bounds,
                       C: np.ndarray, d: np.ndarray) -> np.ndarray:
   """Sound lower bounds on ``C_i N(x) - d_i`` over the box: the better of the interval of ``y``
-  and CROWN back-substitution through the network with ``C`` folded into its last layer."""
-  L, U = bnds[-1]
-  Cp, Cn = np.maximum(C, 0), np.minimum(C, 0)
-  rows = Cp @ L + Cn @ U - d
-  rows -= 1e-10 * (np.abs(C) @ np.maximum(np.abs(L), np.abs(U)) + np.abs(d)) + 1e-12
-  last = net.layers[-1]
-  folded = Network(net.layers[:-1] + (AffineLayer.point(C @ last.w_lower, C @ last.b_lower - d),),
-                   net.input_shape, "sign" if len(d) == 1 else "logits")
-  crown_lo, _ = bounds_lib.crown_output(folded, lo, hi, bnds[:-1])
+  (`milp.bounds.interval_rows`) and CROWN with ``C`` composed into the network
+  (`milp.bounds.spec_bounds`), both from the engine in float64 sound mode."""
+  rows, _ = bounds_lib.interval_rows(C, d, *bnds[-1])
+  crown_lo, _ = bounds_lib.spec_bounds(net, lo, hi, C, d, "crown")
   return np.maximum(rows, crown_lo)
 
 
@@ -238,10 +233,10 @@ class _Checker:
     nv = enc.add_network(self.net, x, self.lo, self.hi, bounds=self.bnds)
     L, U = self.bnds[-1]
     t_lo, t_hi = [], []
-    for C, d in specs.values():  # the range of max_i (C_i y - d_i), widened for rounding
-      slack = 1e-9 * (np.abs(C) @ np.maximum(np.abs(L), np.abs(U)) + np.abs(d)) + 1e-9
-      t_lo.append(float(np.max(np.maximum(C, 0) @ L + np.minimum(C, 0) @ U - d - slack)))
-      t_hi.append(float(np.max(np.maximum(C, 0) @ U + np.minimum(C, 0) @ L - d + slack)))
+    for C, d in specs.values():  # the range of max_i (C_i y - d_i), sound (engine, float64)
+      r_lo, r_hi = bounds_lib.interval_rows(C, d, L, U)
+      t_lo.append(float(np.max(r_lo)))
+      t_hi.append(float(np.max(r_hi)))
     t_lo, t_hi = np.array(t_lo), np.array(t_hi)
     many = len(specs) > 1
     t = enc.add_variables(np.minimum(t_lo, self.tol), t_hi if many else np.full(1, self.tol))
