@@ -121,7 +121,7 @@ def _as_list(outs: Any) -> list:
   return [outs] if isinstance(outs, Interval) else list(outs)
 
 
-def _check_box(net: Network, lo: np.ndarray, hi: np.ndarray) -> None:
+def check_box(net: Network, lo: np.ndarray, hi: np.ndarray) -> None:
   if lo.shape != (net.input_size,) or hi.shape != (net.input_size,):
     raise ValueError(
         f"bounds: input box has {lo.size}/{hi.size} entries, the network takes {net.input_size}.")
@@ -132,7 +132,7 @@ def _check_box(net: Network, lo: np.ndarray, hi: np.ndarray) -> None:
 def _box(net: Network, lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
   lo = np.asarray(lo, np.float64).reshape(-1)
   hi = np.asarray(hi, np.float64).reshape(-1)
-  _check_box(net, lo, hi)
+  check_box(net, lo, hi)
   return lo, hi
 
 

@@ -189,12 +189,16 @@ def difference_bounds(net: Network, hyper: Network, lo: Any, hi: Any,
   _check_pair(net, hyper)
   lo = np.asarray(lo, np.float64).reshape(-1)
   hi = np.asarray(hi, np.float64).reshape(-1)
-  ref = bounds_mod.compute(net, lo, hi, method)  # validates the box
+  bounds_mod.check_box(net, lo, hi)
+  if method not in ("ibp", "crown"):
+    raise ValueError(f"bounds: unknown method {method!r}; use 'ibp' or 'crown'.")
   if ref_bounds is not None:
     if len(ref_bounds) != len(net.layers):
       raise ValueError(f"difference_bounds: ref_bounds has {len(ref_bounds)} layers, net has "
                        f"{len(net.layers)}.")
     ref = [(np.asarray(a, np.float64), np.asarray(b, np.float64)) for a, b in ref_bounds]
+  else:
+    ref = bounds_mod.compute(net, lo, hi, method)
   extra: list = [None] * len(hyper.layers)
   if method == "crown":
     extra = list(bounds_mod.crown(hyper, lo, hi))
