@@ -177,6 +177,24 @@ def spec_bounds(net: Network, lo: Any, hi: Any, C: Any, d: Any,
   return L, U
 
 
+def _chain_and_spec(params: tuple[Params, jax.Array, jax.Array], x: jax.Array) -> list:
+  """Every pre-activation of `affine_chain` and, last, the rows ``C y - d`` of its output."""
+  chain, C, d = params
+  outs = affine_chain(chain, x)
+  return outs + [jnp.dot(C, outs[-1]) - d]
+
+
+def compute_with_spec(net: Network, lo: Any, hi: Any, C: Any, d: Any,
+                      method: str = "crown") -> tuple[Bounds, tuple[np.ndarray, np.ndarray]]:
+  """`compute` and `spec_bounds` in one engine call (one compilation per network and ``C``
+  shape): ``(pre-activation bounds of every layer, (lower, upper) of C N(x) - d)``."""
+  lo, hi = _box(net, lo, hi)
+  with jax.enable_x64(True):
+    params = (network_params(net), jnp.asarray(C, jnp.float64), jnp.asarray(d, jnp.float64))
+  res = engine_bounds(_chain_and_spec, params, lo, hi, method)
+  return res[:-1], res[-1]
+
+
 def _linear_map(params: tuple[jax.Array, jax.Array], y: jax.Array) -> jax.Array:
   C, d = params
   return jnp.dot(C, y) - d

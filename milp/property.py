@@ -101,17 +101,21 @@ def _as_spec(net: Network, C: Any, d: Any) -> tuple[np.ndarray, np.ndarray]:
   return C, d
 
 
-def _bounds(net: Network, lo: np.ndarray, hi: np.ndarray, bounds: str | Bounds | None) -> Bounds:
-  """Pre-activation bounds: computed (``"crown"``/``"ibp"``) or the caller's, each layer
-  intersected with IBP (both sound, so the intersection is)."""
+def _bounds(net: Network, lo: np.ndarray, hi: np.ndarray, bounds: str | Bounds | None,
+            C: np.ndarray, d: np.ndarray) -> tuple[Bounds, np.ndarray]:
+  """Pre-activation bounds and sound lower bounds of the rows ``C N(x) - d`` from one engine
+  call (`milp.bounds.compute_with_spec`: ``"crown"``/``"ibp"``, CROWN with ``C`` composed into
+  the network); caller's bounds are intersected with the computed ones (both sound, so the
+  intersection is) and then also give the rows of their interval of ``y``."""
+  method = bounds if isinstance(bounds, str) else "crown"
+  computed, (rows, _) = bounds_lib.compute_with_spec(net, lo, hi, C, d, method)
   if bounds is None or isinstance(bounds, str):
-    return bounds_lib.compute(net, lo, hi, bounds or "crown")
+    return computed, rows
   if len(bounds) != len(net.layers):
     raise ValueError(f"check_property: bounds= needs one (L, U) pair per layer "
                      f"({len(net.layers)}), got {len(bounds)}.")
-  ibp = bounds_lib.ibp(net, lo, hi)
   out = []
-  for m, ((L, U), (Li, Ui), layer) in enumerate(zip(bounds, ibp, net.layers)):
+  for m, ((L, U), (Li, Ui), layer) in enumerate(zip(bounds, computed, net.layers)):
     L = np.asarray(L, np.float64).reshape(-1)
     U = np.asarray(U, np.float64).reshape(-1)
     if L.shape != (layer.shape[0],) or U.shape != (layer.shape[0],):
@@ -122,17 +126,9 @@ def _bounds(net: Network, lo: np.ndarray, hi: np.ndarray, bounds: str | Bounds |
       raise ValueError(f"check_property: the given bounds of layer {m} are disjoint from its "
                        "interval bounds, so they are not sound.")
     out.append((L, U))
-  return out
-
-
-def _row_lower_bounds(net: Network, lo: np.ndarray, hi: np.ndarray, bnds: Bounds,
-                      C: np.ndarray, d: np.ndarray) -> np.ndarray:
-  """Sound lower bounds on ``C_i N(x) - d_i`` over the box: the better of the interval of ``y``
-  (`milp.bounds.interval_rows`) and CROWN with ``C`` composed into the network
-  (`milp.bounds.spec_bounds`), both from the engine in float64 sound mode."""
-  rows, _ = bounds_lib.interval_rows(C, d, *bnds[-1])
-  crown_lo, _ = bounds_lib.spec_bounds(net, lo, hi, C, d, "crown")
-  return np.maximum(rows, crown_lo)
+  if len(d):
+    rows = np.maximum(rows, bounds_lib.interval_rows(C, d, *out[-1])[0])
+  return out, rows
 
 
 def _samples(lo: np.ndarray, hi: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -177,8 +173,10 @@ class _Checker:
     self.tol = check_nonneg_finite(tol, "check_property: tol")
     self.solver, self.threads = solver, int(threads)
     self.lo, self.hi = _as_box(net, lower, upper)
-    self.bnds = _bounds(net, self.lo, self.hi, bounds)
-    self.n_unstable = bounds_lib.count_unstable(self.bnds)
+    self.bounds_arg = bounds
+    self.bnds: Bounds = []
+    self.rows: dict[int, np.ndarray] = {}
+    self.n_unstable = 0
     self.build = self.solve_s = 0.0
     self.n_bin = 0
     self._xs = _samples(self.lo, self.hi, samples, np.random.default_rng(seed)) if samples else None
@@ -212,10 +210,26 @@ class _Checker:
           return xs[i].copy(), y, j
     return None
 
-  def bounds_unsat(self, C: np.ndarray, d: np.ndarray) -> bool:
-    if not len(d):  # no output condition: every input of the box is unsafe
+  def prepare(self, specs: Sequence[Spec]) -> None:
+    """Bounds of every layer and the row lower bounds of every disjunct, in one engine call
+    (the disjuncts' rows stacked)."""
+    C = np.vstack([C for C, _ in specs] + [np.zeros((0, self.net.num_outputs))])
+    d = np.concatenate([d for _, d in specs] + [np.zeros(0)])
+    if not len(d):  # no output condition anywhere: bound a placeholder row
+      C, d = np.zeros((1, self.net.num_outputs)), np.zeros(1)
+    self.bnds, rows = _bounds(self.net, self.lo, self.hi, self.bounds_arg, C, d)
+    self.n_unstable = bounds_lib.count_unstable(self.bnds)
+    start = 0
+    for j, (Cj, _) in enumerate(specs):
+      self.rows[j] = rows[start:start + len(Cj)]
+      start += len(Cj)
+
+  def bounds_unsat(self, j: int) -> bool:
+    """Disjunct ``j`` has a row whose sound lower bound is ``> 0`` on the whole box."""
+    rows = self.rows[j]
+    if not len(rows):  # no output condition: every input of the box is unsafe
       return False
-    return bool(np.max(_row_lower_bounds(self.net, self.lo, self.hi, self.bnds, C, d)) > 0)
+    return bool(np.max(rows) > 0)
 
   def milp(self, specs: dict[int, Spec]) -> PropertyResult:
     """Step 3 of the module docstring, for the disjunction of ``specs`` (index -> ``(C, d)``).
@@ -295,7 +309,8 @@ class _Checker:
 
   def check(self, specs: Sequence[Spec]) -> PropertyResult:
     """Bounds, then sampling, then one MILP over the disjuncts left open."""
-    open_ = {j: spec for j, spec in enumerate(specs) if not self.bounds_unsat(*spec)}
+    self.prepare(specs)
+    open_ = {j: spec for j, spec in enumerate(specs) if not self.bounds_unsat(j)}
     if not open_:
       return self.result(UNSAT, "bounds", note="every disjunct has a row whose lower bound is > 0 "
                                                "on the whole box")
