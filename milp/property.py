@@ -102,13 +102,14 @@ def _as_spec(net: Network, C: Any, d: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _bounds(net: Network, lo: np.ndarray, hi: np.ndarray, bounds: str | Bounds | None,
-            C: np.ndarray, d: np.ndarray) -> tuple[Bounds, np.ndarray]:
+            C: np.ndarray, d: np.ndarray) -> tuple[Bounds, tuple[np.ndarray, np.ndarray]]:
   """Pre-activation bounds and sound lower bounds of the rows ``C N(x) - d`` from one engine
   call (`milp.bounds.compute_with_spec`: ``"crown"``/``"ibp"``, CROWN with ``C`` composed into
   the network); caller's bounds are intersected with the computed ones (both sound, so the
   intersection is) and then also give the rows of their interval of ``y``."""
   method = bounds if isinstance(bounds, str) else "crown"
-  computed, (rows, _) = bounds_lib.compute_with_spec(net, lo, hi, C, d, method)
+  # one compilation per network (a concrete one: CROWN alone, no IBP intersection)
+  computed, rows = bounds_lib.compute_with_spec(net, lo, hi, C, d, method, with_ibp=False)
   if bounds is None or isinstance(bounds, str):
     return computed, rows
   if len(bounds) != len(net.layers):
@@ -127,7 +128,8 @@ def _bounds(net: Network, lo: np.ndarray, hi: np.ndarray, bounds: str | Bounds |
                        "interval bounds, so they are not sound.")
     out.append((L, U))
   if len(d):
-    rows = np.maximum(rows, bounds_lib.interval_rows(C, d, *out[-1])[0])
+    il, iu = bounds_lib.interval_rows(C, d, *out[-1])
+    rows = (np.maximum(rows[0], il), np.minimum(rows[1], iu))
   return out, rows
 
 
@@ -175,7 +177,7 @@ class _Checker:
     self.lo, self.hi = _as_box(net, lower, upper)
     self.bounds_arg = bounds
     self.bnds: Bounds = []
-    self.rows: dict[int, np.ndarray] = {}
+    self.rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     self.n_unstable = 0
     self.build = self.solve_s = 0.0
     self.n_bin = 0
@@ -221,12 +223,12 @@ class _Checker:
     self.n_unstable = bounds_lib.count_unstable(self.bnds)
     start = 0
     for j, (Cj, _) in enumerate(specs):
-      self.rows[j] = rows[start:start + len(Cj)]
+      self.rows[j] = (rows[0][start:start + len(Cj)], rows[1][start:start + len(Cj)])
       start += len(Cj)
 
   def bounds_unsat(self, j: int) -> bool:
     """Disjunct ``j`` has a row whose sound lower bound is ``> 0`` on the whole box."""
-    rows = self.rows[j]
+    rows = self.rows[j][0]
     if not len(rows):  # no output condition: every input of the box is unsafe
       return False
     return bool(np.max(rows) > 0)
@@ -247,8 +249,8 @@ class _Checker:
     nv = enc.add_network(self.net, x, self.lo, self.hi, bounds=self.bnds)
     L, U = self.bnds[-1]
     t_lo, t_hi = [], []
-    for C, d in specs.values():  # the range of max_i (C_i y - d_i), sound (engine, float64)
-      r_lo, r_hi = bounds_lib.interval_rows(C, d, L, U)
+    for j in specs:  # the range of max_i (C_i y - d_i), sound (engine, float64, `prepare`)
+      r_lo, r_hi = self.rows[j]
       t_lo.append(float(np.max(r_lo)))
       t_hi.append(float(np.max(r_hi)))
     t_lo, t_hi = np.array(t_lo), np.array(t_hi)
