@@ -1,101 +1,132 @@
-"""Pre-activation bounds (big-M constants) for a `Network` over an input box, in float64.
+"""Pre-activation bounds (big-M constants) of a `Network` over an input box: calls to the engine.
 
-Two methods, both sound for interval parameters (hyper-networks) and for inputs of either sign:
+Every bound here comes from `boundjax` (``bj.ibp`` / ``bj.crown`` through the program layer), in
+float64 and **sound mode**: the engine rounds each bound outward by the a-priori error of the
+float64 evaluation (Higham, *Accuracy and Stability of Numerical Algorithms*, §3.1,
+``γ_n Σ|a_k b_k|`` per n-term sum, ``γ_n = n u / (1 - n u)``, ``u = 2^-53``), so the bounds hold
+for the exact (real-number) network and a big-M constant never cuts off a real point. No fixed
+slack is added here.
 
-* ``"ibp"`` — interval bound propagation layer by layer (the per-neuron intervals of Tjeng et al.
-  that Sphynx, §5.2, inherits without saying how to compute them). For ``W in [W_l, W_u]`` and
-  ``h in [l, u]``, split both into sign-definite parts,
-  ``h = h+ + h-``, ``W = W+ + W-``; every product of sign-definite factors is bounded by a single
-  corner, so
+The engine bounds a JAX function; the `Network`'s affine view is `affine_chain`, which returns
+every pre-activation ``z_m = W_m h_{m-1} + b_m`` (``h_0 = x``, ``h_m = relu(z_m)``) as an output.
+Interval parameters (a hyper-network, Sphynx, §4) are passed as `boundjax.Interval` leaves.
 
-      L = W_l+ l+ + W_l- u+ + W_u+ l- + W_u- u-   (summed over inputs, with a+ = max(a, 0) ...)
+* ``"ibp"``: ``bj.ibp(affine_chain, sound=True, matmul="best")`` (interval bound propagation,
+  Gowal et al. 2018; a product of two boxes bounded by the intersection of the midpoint–radius
+  and sign-split forms, `boundjax.domains.interval`).
+* ``"crown"``: ``bj.crown(affine_chain, sound=True)`` (CROWN, Zhang et al. 2018, §3: every ReLU
+  input is bounded by its own backward pass, so the pre-activations returned as outputs cost no
+  extra pass), intersected with IBP (both sound). With interval weights the engine bounds a
+  product of two boxes by its interval rule (its CROWN fallback), so on a hyper-network CROWN is
+  no tighter than IBP until the engine gains a linear relaxation of box-by-box products.
 
-  (the same eight products as `boundjax.interval.bilinear_signsplit`). This equals the
-  four-corner minimum ``sum_j min(W_l l, W_l u, W_u l, W_u u)`` whenever ``h >= 0`` (inputs in
-  [0, 1], post-ReLU values) and is sound in general.
-* ``"crown"`` — backward linear bounds (CROWN, Zhang et al. 2018) computed for every layer in
-  turn, intersected with IBP. Interval parameters are handled by writing each layer as its centre
-  plus a bounded perturbation: ``W h + b = W_c h + b_c + d`` with ``|d| <= W_r |h| + b_r`` and
-  ``|h| <= max(|l|, |u|)`` from the bounds already computed, so the backward pass runs on the
-  centre network and pays ``-|Lambda| r`` for each layer's perturbation.
-
-Floating point: each layer's bounds are widened outward by ``1e-10 * (|W| |h|_max + |b|) +
-1e-12``, which dominates the float64 rounding error of the products for any layer under 10^5
-inputs, so the big-M constants never cut off a real point.
+Sparse layer matrices (convolutions from `milp.network.from_flax`) are densified for the engine.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import warnings
+from typing import Any, Callable, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
 
+import boundjax as bj
+from boundjax.interval import Interval
 from milp.network import AffineLayer, Network
 
 Bounds = list[tuple[np.ndarray, np.ndarray]]
+Params = list[tuple[Any, Any]]
 
 
-def _pos(m):
-  return m.maximum(0) if sp.issparse(m) else np.maximum(m, 0)
+def affine_chain(params: Params, x: jax.Array) -> list[jax.Array]:
+  """The `Network`'s affine view as a JAX function: ``[z_1, ..., z_L]`` with
+  ``z_m = W_m h_{m-1} + b_m``, ``h_0 = x``, ``h_m = max(z_m, 0)`` (no ReLU after the last)."""
+  outs, h = [], x
+  for m, (w, b) in enumerate(params):
+    z = jnp.dot(w, h) + b
+    outs.append(z)
+    if m < len(params) - 1:
+      h = jnp.maximum(z, 0.0)
+  return outs
 
 
-def _neg(m):
-  return m.minimum(0) if sp.issparse(m) else np.minimum(m, 0)
+def _dense64(m: Any) -> np.ndarray:
+  return np.asarray(m.toarray() if sp.issparse(m) else m, np.float64)
 
 
-def _abs(m):
-  return abs(m)
+def _leaf(lo: np.ndarray, hi: np.ndarray) -> Any:
+  """A float64 array, or an `Interval` where the two ends differ (a hyper-network's parameter)."""
+  if np.array_equal(lo, hi):
+    return jnp.asarray(lo)
+  return Interval(jnp.asarray(lo), jnp.asarray(hi))
 
 
-def _mv(m, v: np.ndarray) -> np.ndarray:
-  """Matrix-vector product for dense or sparse ``m``."""
-  return np.asarray(m @ v, dtype=np.float64).reshape(-1)
+def layer_params(layer: AffineLayer) -> tuple[Any, Any]:
+  """``(W, b)`` of one layer as float64 engine leaves (call under ``jax.enable_x64(True)``)."""
+  return (_leaf(_dense64(layer.w_lower), _dense64(layer.w_upper)),
+          _leaf(np.asarray(layer.b_lower, np.float64), np.asarray(layer.b_upper, np.float64)))
 
 
-def _rm(lam: np.ndarray, m) -> np.ndarray:
-  """``lam @ m`` for a dense ``lam`` (k, out) and dense or sparse ``m`` (out, in)."""
-  if sp.issparse(m):
-    return np.asarray((m.T @ lam.T).T, dtype=np.float64)
-  return lam @ m
+def network_params(net: Network) -> Params:
+  """Every layer's `layer_params` (call under ``jax.enable_x64(True)``)."""
+  return [layer_params(l) for l in net.layers]
 
 
-def _slack(layer: AffineLayer, hmax: np.ndarray) -> np.ndarray:
-  mag = _mv(_abs(layer.w_lower) + _abs(layer.w_upper), hmax) + np.abs(layer.b_lower) + np.abs(
-      layer.b_upper)
-  return 1e-10 * mag + 1e-12
+def _quiet(fn: Callable) -> Callable:
+  """``fn`` with the engine's CROWN fallback warnings silenced (a product of two boxes, i.e.
+  interval weights, is bounded by intervals: expected here and documented above)."""
+  @functools.wraps(fn)
+  def call(*args):
+    with warnings.catch_warnings():
+      warnings.filterwarnings("ignore", message="bj.crown: no linear relaxation")
+      return fn(*args)
+  return call
 
 
-def affine_ibp(layer: AffineLayer, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Sound bounds on ``W h + b`` over ``W, b`` in the layer's intervals and ``h in [lo, hi]``."""
-  lp, hp = np.maximum(lo, 0), np.maximum(hi, 0)
-  ln, hn = np.minimum(lo, 0), np.minimum(hi, 0)
-  wl, wu = layer.w_lower, layer.w_upper
-  # term w*h+ (h+ >= 0): min at w_l (positive part) with l+, or w_l (negative part) with h+ ...
-  low = (_mv(_pos(wl), lp) + _mv(_neg(wl), hp)      # w * h+ : h+ in [lp, hp]
-         + _mv(_pos(wu), ln) + _mv(_neg(wu), hn)    # w * h- : h- in [ln, hn] (<= 0)
-         + layer.b_lower)
-  up = (_mv(_pos(wu), hp) + _mv(_neg(wu), lp)
-        + _mv(_pos(wl), hn) + _mv(_neg(wl), ln)
-        + layer.b_upper)
-  s = _slack(layer, np.maximum(np.abs(lo), np.abs(hi)))
-  return low - s, up + s
+@functools.lru_cache(maxsize=None)
+def _engine(kind: str, fn: Callable) -> Callable:
+  """A jitted ``(params, lo, hi) -> [Interval]`` bounding ``fn(params, x)`` over ``x in [lo, hi]``
+  with the engine in sound mode (one compilation per parameter structure and shapes)."""
+  if kind == "ibp":
+    bound = bj.ibp(fn, sound=True, matmul="best")
+  else:
+    bound = bj.crown(fn, sound=True, batch_axis=None)
+  return _quiet(jax.jit(lambda p, lo, hi: bound(p, Interval(lo, hi, validate=False))))
 
 
-def ibp(net: Network, lo: Any, hi: Any) -> Bounds:
-  """Pre-activation bounds ``[(L_m, U_m)]`` for every layer (the last is the output)."""
-  lo = np.asarray(lo, np.float64).reshape(-1)
-  hi = np.asarray(hi, np.float64).reshape(-1)
-  _check_box(net, lo, hi)
-  out = []
-  for m, layer in enumerate(net.layers):
-    L, U = affine_ibp(layer, lo, hi)
-    out.append((L, U))
-    lo, hi = np.maximum(L, 0), np.maximum(U, 0)
-  return out
+def engine_bounds(fn: Callable, params: Any, lo: np.ndarray, hi: np.ndarray,
+                  method: str, with_ibp: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
+  """Sound float64 bounds ``[(lower, upper)]`` of every output of ``fn(params, x)`` over the box
+  ``x in [lo, hi]``: ``bj.ibp`` (``"ibp"``), or ``bj.crown`` intersected with ``bj.ibp``
+  (``"crown"``), both with ``sound=True``. ``params`` is built by the caller under
+  ``jax.enable_x64(True)``; ``fn`` must be a module-level function (it keys the compile cache).
+  ``with_ibp=False`` skips the IBP intersection for ``"crown"`` (one compilation instead of two;
+  for concrete networks, whose CROWN bounds rarely lose to IBP)."""
+  if method not in ("ibp", "crown"):
+    raise ValueError(f"bounds: unknown method {method!r}; use 'ibp' or 'crown'.")
+  with jax.enable_x64(True):
+    lo64, hi64 = jnp.asarray(lo, jnp.float64), jnp.asarray(hi, jnp.float64)
+    res = None
+    if method == "ibp" or with_ibp:
+      outs = _as_list(_engine("ibp", fn)(params, lo64, hi64))
+      res = [(np.asarray(o.lower), np.asarray(o.upper)) for o in outs]
+    if method == "crown":
+      cr = _as_list(_engine("crown", fn)(params, lo64, hi64))
+      cr = [(np.asarray(c.lower), np.asarray(c.upper)) for c in cr]
+      res = cr if res is None else [(np.maximum(L, cl), np.minimum(U, cu))
+                                    for (L, U), (cl, cu) in zip(res, cr)]
+  return [(L, np.maximum(U, L)) for L, U in res]
 
 
-def _check_box(net: Network, lo: np.ndarray, hi: np.ndarray) -> None:
+def _as_list(outs: Any) -> list:
+  return [outs] if isinstance(outs, Interval) else list(outs)
+
+
+def check_box(net: Network, lo: np.ndarray, hi: np.ndarray) -> None:
   if lo.shape != (net.input_size,) or hi.shape != (net.input_size,):
     raise ValueError(
         f"bounds: input box has {lo.size}/{hi.size} entries, the network takes {net.input_size}.")
@@ -103,76 +134,85 @@ def _check_box(net: Network, lo: np.ndarray, hi: np.ndarray) -> None:
     raise ValueError("bounds: input box must be finite with lower <= upper.")
 
 
-def relu_relaxation(L: np.ndarray, U: np.ndarray):
-  """CROWN ReLU relaxation: ``a_lo z <= relu(z) <= a_up z + c_up`` on ``[L, U]``."""
-  act = L >= 0
-  dead = U <= 0
-  unst = ~act & ~dead
-  a_up = np.where(act, 1.0, 0.0)
-  c_up = np.zeros_like(L)
-  denom = np.where(unst, U - L, 1.0)
-  a_up = np.where(unst, U / denom, a_up)
-  c_up = np.where(unst, -L * U / denom, c_up)
-  a_lo = np.where(act, 1.0, 0.0)
-  a_lo = np.where(unst & (U > -L), 1.0, a_lo)
-  return a_lo, a_up, c_up
-
-
-def _crown_layer(net: Network, m: int, lo0, hi0, bounds: Bounds, radii) -> tuple[np.ndarray, np.ndarray]:
-  """CROWN bounds on the pre-activations of layer ``m`` given bounds of layers ``< m``."""
-  centers = [((l.w_lower + l.w_upper) / 2, (l.b_lower + l.b_upper) / 2) for l in net.layers]
-  res = []
-  for sign in (1.0, -1.0):  # lower bound of sign * z_m
-    wc, bc = centers[m]
-    n_out = net.layers[m].shape[0]
-    lam = sign * np.eye(n_out)
-    const = lam @ bc - np.abs(lam) @ radii[m]
-    A = _rm(lam, wc)  # coefficients on h_{m-1}
-    for k in range(m - 1, -1, -1):
-      L, U = bounds[k]
-      a_lo, a_up, c_up = relu_relaxation(L, U)
-      pos, neg = np.maximum(A, 0), np.minimum(A, 0)
-      # lower bound of A relu(z): positive coeffs use lower relaxation, negative the upper.
-      coef = pos * a_lo + neg * a_up
-      const = const + neg @ c_up
-      wc, bc = centers[k]
-      const = const + coef @ bc - np.abs(coef) @ radii[k]
-      A = _rm(coef, wc)
-    const = const + np.maximum(A, 0) @ lo0 + np.minimum(A, 0) @ hi0
-    res.append(sign * const)
-  low, up = res[0], res[1]
-  return low, up
-
-
-def crown(net: Network, lo: Any, hi: Any) -> Bounds:
-  """CROWN pre-activation bounds for every layer, intersected with IBP (both are sound)."""
+def _box(net: Network, lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
   lo = np.asarray(lo, np.float64).reshape(-1)
   hi = np.asarray(hi, np.float64).reshape(-1)
-  _check_box(net, lo, hi)
-  ib = ibp(net, lo, hi)
-  bounds: Bounds = []
-  radii = []
-  hmax = np.maximum(np.abs(lo), np.abs(hi))
-  for m, layer in enumerate(net.layers):
-    wr = (layer.w_upper - layer.w_lower) / 2
-    radii.append(_mv(wr, hmax) + (layer.b_upper - layer.b_lower) / 2)
-    cl, cu = _crown_layer(net, m, lo, hi, bounds, radii)
-    s = _slack(layer, hmax) * 10.0  # CROWN chains more products than IBP: widen more.
-    L = np.maximum(ib[m][0], cl - s)
-    U = np.minimum(ib[m][1], cu + s)
-    U = np.maximum(U, L)
-    bounds.append((L, U))
-    hmax = np.maximum(np.abs(np.maximum(L, 0)), np.abs(np.maximum(U, 0)))
-  return bounds
+  check_box(net, lo, hi)
+  return lo, hi
 
 
 def compute(net: Network, lo: Any, hi: Any, method: str = "ibp") -> Bounds:
-  """Dispatch: ``method`` is ``"ibp"`` or ``"crown"``."""
-  if method == "ibp":
-    return ibp(net, lo, hi)
-  if method == "crown":
-    return crown(net, lo, hi)
-  raise ValueError(f"bounds: unknown method {method!r}; use 'ibp' or 'crown'.")
+  """Pre-activation bounds ``[(L_m, U_m)]`` of every layer (the last is the output) over the
+  input box, ``method`` ``"ibp"`` or ``"crown"`` (module docstring); sound float64."""
+  if method not in ("ibp", "crown"):
+    raise ValueError(f"bounds: unknown method {method!r}; use 'ibp' or 'crown'.")
+  lo, hi = _box(net, lo, hi)
+  with jax.enable_x64(True):
+    params = network_params(net)
+  return engine_bounds(affine_chain, params, lo, hi, method)
+
+
+def ibp(net: Network, lo: Any, hi: Any) -> Bounds:
+  """`compute` with ``method="ibp"``."""
+  return compute(net, lo, hi, "ibp")
+
+
+def crown(net: Network, lo: Any, hi: Any) -> Bounds:
+  """`compute` with ``method="crown"`` (CROWN intersected with IBP)."""
+  return compute(net, lo, hi, "crown")
+
+
+def _spec_chain(params: tuple[Params, jax.Array, jax.Array], x: jax.Array) -> jax.Array:
+  """``C y - d`` for ``y`` the output of `affine_chain` (the specification composed into the
+  function: in sound mode the engine takes no ``spec=``, and a composed ``C`` is the same
+  backward start ``Λ = C``, CROWN, Zhang et al. 2018, §3.3)."""
+  chain, C, d = params
+  return jnp.dot(C, affine_chain(chain, x)[-1]) - d
+
+
+def spec_bounds(net: Network, lo: Any, hi: Any, C: Any, d: Any,
+                method: str = "crown") -> tuple[np.ndarray, np.ndarray]:
+  """Sound float64 bounds on the rows ``C N(x) - d`` over the box (``C`` of shape
+  ``(k, n_out)``), with ``C`` composed into the function, so CROWN bounds each row by
+  back-substitution instead of combining the intervals of ``y``."""
+  lo, hi = _box(net, lo, hi)
+  with jax.enable_x64(True):
+    params = (network_params(net), jnp.asarray(C, jnp.float64), jnp.asarray(d, jnp.float64))
+  (L, U), = engine_bounds(_spec_chain, params, lo, hi, method)
+  return L, U
+
+
+def _chain_and_spec(params: tuple[Params, jax.Array, jax.Array], x: jax.Array) -> list:
+  """Every pre-activation of `affine_chain` and, last, the rows ``C y - d`` of its output."""
+  chain, C, d = params
+  outs = affine_chain(chain, x)
+  return outs + [jnp.dot(C, outs[-1]) - d]
+
+
+def compute_with_spec(net: Network, lo: Any, hi: Any, C: Any, d: Any, method: str = "crown",
+                      with_ibp: bool = True) -> tuple[Bounds, tuple[np.ndarray, np.ndarray]]:
+  """`compute` and `spec_bounds` in one engine call (one compilation per network and ``C``
+  shape): ``(pre-activation bounds of every layer, (lower, upper) of C N(x) - d)``."""
+  lo, hi = _box(net, lo, hi)
+  with jax.enable_x64(True):
+    params = (network_params(net), jnp.asarray(C, jnp.float64), jnp.asarray(d, jnp.float64))
+  res = engine_bounds(_chain_and_spec, params, lo, hi, method, with_ibp)
+  return res[:-1], res[-1]
+
+
+def _linear_map(params: tuple[jax.Array, jax.Array], y: jax.Array) -> jax.Array:
+  C, d = params
+  return jnp.dot(C, y) - d
+
+
+def interval_rows(C: Any, d: Any, L: Any, U: Any) -> tuple[np.ndarray, np.ndarray]:
+  """Sound float64 bounds on ``C y - d`` for ``y`` in the box ``[L, U]`` (``bj.ibp`` in sound
+  mode: the interval product rounded outward by its a-priori error)."""
+  with jax.enable_x64(True):
+    params = (jnp.asarray(C, jnp.float64), jnp.asarray(d, jnp.float64))
+  (lo, hi), = engine_bounds(_linear_map, params, np.asarray(L, np.float64),
+                            np.asarray(U, np.float64), "ibp")
+  return lo, hi
 
 
 def count_unstable(bounds: Bounds) -> int:
@@ -180,25 +220,33 @@ def count_unstable(bounds: Bounds) -> int:
   return int(sum(np.sum((L < 0) & (U > 0)) for L, U in bounds[:-1]))
 
 
-def crown_output(net: Network, lo: Any, hi: Any, hidden: Bounds) -> tuple[np.ndarray, np.ndarray]:
-  """CROWN bounds on the last layer's outputs given sound bounds ``hidden`` on every hidden
-  layer's pre-activations (e.g. from `crown`, or from another sound method), widened like `crown`.
+def stacked_params(ws: Sequence[np.ndarray], bs: Sequence[np.ndarray]) -> Params:
+  """Float64 engine leaves of a stack of concrete networks (``ws[m]`` of shape ``(K, out, in)``);
+  call under ``jax.enable_x64(True)``."""
+  return [(jnp.asarray(w, jnp.float64), jnp.asarray(b, jnp.float64)) for w, b in zip(ws, bs)]
 
-  Fold a specification matrix into the last layer first (``C W_L``, ``C b_L - d``) to bound the
-  rows ``C y - d`` by back-substitution instead of by the interval of ``y``.
-  """
-  lo = np.asarray(lo, np.float64).reshape(-1)
-  hi = np.asarray(hi, np.float64).reshape(-1)
-  _check_box(net, lo, hi)
-  if len(hidden) != len(net.layers) - 1:
-    raise ValueError(f"crown_output: need {len(net.layers) - 1} hidden-layer bounds, got "
-                     f"{len(hidden)}.")
-  radii, hmax = [], np.maximum(np.abs(lo), np.abs(hi))
-  for m, layer in enumerate(net.layers):
-    radii.append(_mv((layer.w_upper - layer.w_lower) / 2, hmax)
-                 + (layer.b_upper - layer.b_lower) / 2)
-    if m < len(hidden):
-      hmax = np.maximum(np.maximum(hidden[m][0], 0), np.maximum(hidden[m][1], 0))
-  low, up = _crown_layer(net, len(net.layers) - 1, lo, hi, list(hidden), radii)
-  s = _slack(net.layers[-1], hmax) * 10.0
-  return low - s, up + s
+
+@functools.lru_cache(maxsize=None)
+def _stacked_engine(kind: str) -> Callable:
+  """``(stacked chain params, C, d, lo, hi) -> (lower, upper)`` of ``C N_k(x) - d`` for every
+  member ``k`` of a stack: the engine's bound vmapped over the members, jitted."""
+  one = _engine(kind, _spec_chain).__wrapped__
+  return _quiet(jax.jit(jax.vmap(lambda p, C, d, lo, hi: one((p, C, d), lo, hi),
+                                 in_axes=(0, None, None, None, None))))
+
+
+def stacked_spec_bounds(ws: Sequence[np.ndarray], bs: Sequence[np.ndarray], C: Any, d: Any,
+                        lo: Any, hi: Any, method: str) -> tuple[np.ndarray, np.ndarray]:
+  """`spec_bounds` for each member of a stack of concrete networks at once: ``(K, k)`` lower
+  and upper bounds of ``C N_k(x) - d`` (``"crown"``: CROWN intersected with IBP)."""
+  if method not in ("ibp", "crown"):
+    raise ValueError(f"bounds: unknown method {method!r}; use 'ibp' or 'crown'.")
+  with jax.enable_x64(True):
+    args = (stacked_params(ws, bs), jnp.asarray(C, jnp.float64), jnp.asarray(d, jnp.float64),
+            jnp.asarray(lo, jnp.float64), jnp.asarray(hi, jnp.float64))
+    out = _stacked_engine("ibp")(*args)
+    L, U = np.asarray(out.lower), np.asarray(out.upper)
+    if method == "crown":
+      cr = _stacked_engine("crown")(*args)
+      L, U = np.maximum(L, np.asarray(cr.lower)), np.minimum(U, np.asarray(cr.upper))
+  return L, np.maximum(U, L)

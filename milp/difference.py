@@ -35,32 +35,37 @@ if only N# is stably active, ``z# - z = min(d, zhat#) in [min(dl, l#), min(du, u
 
 Feeding forward (our choice; LUCID, §6.2, only says "bound propagation"): the hyper-network's
 pre-activation bounds are interval arithmetic from its previous (refined) post-ReLU bounds,
-intersected with ``[l + dl, u + du]``; and the pre-activation difference is intersected with ``[l# - u, u# - l]``.
+intersected with ``[l + dl, u + du]``; and the pre-activation difference is intersected with
+``[l# - u, u# - l]``.
 
-Floating point: every affine bound is widened outward by ``1e-10 * magnitude + 1e-12`` (the
-magnitude of the products involved, as in `milp.bounds`), which dominates float64 rounding of
-the parameter differences and the sums, so concrete float64 replays lie inside.
-
-Sparse layer matrices (convolutions from `milp.network.from_flax`) are supported: every product
-goes through the dense/sparse helpers of `milp.bounds`.
+Every bound comes from the engine: each layer is one call of ``bj.difference(..., form="paper",
+sound=True)`` (`boundjax.domains.difference`, which implements the formulas above) on float64
+arrays, with the layer input given as a `boundjax.DiffInterval`. Between layers N's bounds are
+replaced by the given ones (``method``'s `milp.bounds.compute`, or ``ref_bounds``), N#'s are
+intersected with the caller's, and the engine's refinement (`boundjax.domains.difference.tighten`)
+re-derives the difference; every sum is rounded outward by the engine's sound mode, so concrete
+float64 replays and the exact networks lie inside. Sparse layer matrices (convolutions from
+`milp.network.from_flax`) are densified for the engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
-import scipy.sparse as sp
 
+import boundjax as bj
+from boundjax.domains import difference as diff_domain
+from boundjax.interval import Interval
 from milp import bounds as bounds_mod
-from milp.bounds import Bounds, _mv, _neg, _pos
-from milp.network import AffineLayer, Network
+from milp.bounds import Bounds
+from milp.network import Network
 
 Pair = tuple[np.ndarray, np.ndarray]
-
-_REL = 1e-10
-_ABS = 1e-12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,74 +116,50 @@ def _check_pair(net: Network, hyper: Network) -> None:
                      f"{hyper.input_shape}.")
 
 
-def _abs_mv(m, v: np.ndarray) -> np.ndarray:
-  return _mv(abs(m), v)
+def _affine(params: tuple[Any, Any], h: jax.Array) -> jax.Array:
+  w, b = params
+  return jnp.dot(w, h) + b
 
 
-def _point_times_interval(w, lo: np.ndarray, hi: np.ndarray) -> Pair:
-  """``w [lo, hi]`` for a point matrix ``w`` (exact interval product, before rounding)."""
-  wp, wn = _pos(w), _neg(w)
-  return _mv(wp, lo) + _mv(wn, hi), _mv(wp, hi) + _mv(wn, lo)
+def _relu(params: tuple, z: jax.Array) -> jax.Array:
+  del params
+  return jnp.maximum(z, 0.0)
 
 
-def _param_diff(h: AffineLayer, a: AffineLayer) -> AffineLayer:
-  """The layer ``(I_w, I_b)``: ``[w#_l - w, w#_u - w]``, ``[b#_l - b, b#_u - b]``."""
-  w, hl, hu = a.w_lower, h.w_lower, h.w_upper
-  if sp.issparse(w) and sp.issparse(hl) and sp.issparse(hu):
-    dwl, dwu = sp.csr_array(hl - w), sp.csr_array(hu - w)
-  else:  # mixed storage: subtract densely
-    w, hl, hu = (m.toarray() if sp.issparse(m) else np.asarray(m) for m in (w, hl, hu))
-    dwl, dwu = hl - w, hu - w
-  return AffineLayer(dwl, dwu, h.b_lower - a.b_lower, h.b_upper - a.b_lower)
+@functools.lru_cache(maxsize=None)
+def _engine_step(kind: str):
+  """One jitted engine call: ``"affine"`` ``(p_ref, p_hyp, DiffInterval) -> DiffInterval`` of
+  ``W h + b``; ``"relu"`` ``DiffInterval -> DiffInterval`` of ``max(z, 0)``; ``"tighten"`` the
+  domain's refinement. All in sound mode."""
+  if kind == "affine":
+    bound = bj.difference(_affine, form="paper", sound=True)
+    return jax.jit(bound)
+  if kind == "relu":
+    bound = bj.difference(_relu, form="paper", sound=True)
+    return jax.jit(lambda v: bound((), (), v))
+  return jax.jit(functools.partial(diff_domain.tighten, sound=True))
 
 
-def affine_difference(a: AffineLayer, h: AffineLayer, z: Pair, dz: Pair, zh: Pair) -> Pair:
-  """``I_zhat = I_b + w I_z + I_w (z + I_z)`` for one affine layer (LUCID, §6.2), widened outward.
+def _iv64(lo: Any, hi: Any) -> Interval:
+  return Interval(jnp.asarray(lo, jnp.float64), jnp.asarray(hi, jnp.float64), validate=False)
 
-  Args:
-    a: N's (point) layer.
-    h: N#'s (interval) layer.
-    z: bounds on N's layer input.
-    dz: the difference interval ``I_z`` of the layer input.
-    zh: bounds on N#'s layer input; intersected with ``z + I_z`` (both enclose it).
-  """
-  zs_lo = np.maximum(z[0] + dz[0], zh[0])
-  zs_hi = np.minimum(z[1] + dz[1], zh[1])
-  zs_hi = np.maximum(zs_hi, zs_lo)  # only equal up to rounding when the two touch
-  diff = _param_diff(h, a)
-  t_lo, t_hi = bounds_mod.affine_ibp(diff, zs_lo, zs_hi)  # I_w (z + I_z) + I_b, already widened
-  p_lo, p_hi = _point_times_interval(a.w_lower, dz[0], dz[1])
-  hmax = np.maximum.reduce([np.abs(z[0]), np.abs(z[1]), np.abs(zs_lo), np.abs(zs_hi)])
-  mag = (_abs_mv(a.w_lower, hmax) + _abs_mv(h.w_lower, hmax) + _abs_mv(h.w_upper, hmax)
-         + _abs_mv(a.w_lower, np.maximum(np.abs(dz[0]), np.abs(dz[1])))
-         + np.abs(a.b_lower) + np.abs(h.b_lower) + np.abs(h.b_upper))
-  s = _REL * mag + _ABS
-  return t_lo + p_lo - s, t_hi + p_hi + s
+
+def _diff(ref: Pair, hyp: Pair, delta: Pair) -> bj.DiffInterval:
+  return bj.DiffInterval(_iv64(*ref), _iv64(*hyp), _iv64(*delta))
+
+
+def _pairs(v: bj.DiffInterval) -> tuple[Pair, Pair, Pair]:
+  get = lambda iv: (np.asarray(iv.lower, np.float64), np.asarray(iv.upper, np.float64))
+  return get(v.ref), get(v.other), get(v.delta)
 
 
 def relu_difference(d: Pair, ref: Pair, hyp: Pair) -> Pair:
   """Bounds on ``relu(zhat#) - relu(zhat)`` from ``zhat# - zhat in d``, ``zhat in ref``,
-  ``zhat# in hyp`` (LUCID, §6.2, and our refinements; see the module docstring)."""
-  dl, du = d
-  l, u = ref
-  lh, uh = hyp
-  lo, hi = np.minimum(dl, 0.0), np.maximum(du, 0.0)
-  act, actn = l >= 0, lh >= 0
-  both_act = act & actn
-  lo = np.where(both_act, dl, lo)
-  hi = np.where(both_act, du, hi)
-  only_ref = act & ~actn   # z = zhat: z# - z = max(d, -zhat)
-  lo = np.where(only_ref, np.maximum(lo, np.maximum(dl, -u)), lo)
-  hi = np.where(only_ref, np.minimum(hi, np.maximum(du, -l)), hi)
-  only_hyp = actn & ~act   # z# = zhat#: z# - z = min(d, zhat#)
-  lo = np.where(only_hyp, np.maximum(lo, np.minimum(dl, lh)), lo)
-  hi = np.where(only_hyp, np.minimum(hi, np.minimum(du, uh)), hi)
-  lo = np.maximum(lo, np.maximum(lh, 0.0) - np.maximum(u, 0.0))
-  hi = np.minimum(hi, np.maximum(uh, 0.0) - np.maximum(l, 0.0))
-  dead = (u <= 0) & (uh <= 0)
-  lo = np.where(dead, 0.0, lo)
-  hi = np.where(dead, 0.0, hi)
-  return lo, np.maximum(hi, lo)
+  ``zhat# in hyp`` (LUCID, §6.2, and our refinements; see the module docstring): the engine's
+  ReLU rule of the difference domain in sound mode."""
+  with jax.enable_x64(True):
+    out = _engine_step("relu")(_diff(ref, hyp, d))
+    return _pairs(out)[2]
 
 
 def difference_bounds(net: Network, hyper: Network, lo: Any, hi: Any,
@@ -208,41 +189,44 @@ def difference_bounds(net: Network, hyper: Network, lo: Any, hi: Any,
   _check_pair(net, hyper)
   lo = np.asarray(lo, np.float64).reshape(-1)
   hi = np.asarray(hi, np.float64).reshape(-1)
-  ref = bounds_mod.compute(net, lo, hi, method)  # validates the box
+  bounds_mod.check_box(net, lo, hi)
+  if method not in ("ibp", "crown"):
+    raise ValueError(f"bounds: unknown method {method!r}; use 'ibp' or 'crown'.")
   if ref_bounds is not None:
     if len(ref_bounds) != len(net.layers):
       raise ValueError(f"difference_bounds: ref_bounds has {len(ref_bounds)} layers, net has "
                        f"{len(net.layers)}.")
     ref = [(np.asarray(a, np.float64), np.asarray(b, np.float64)) for a, b in ref_bounds]
-  hyp_extra = bounds_mod.crown(hyper, lo, hi) if method == "crown" else None
+  else:
+    ref = bounds_mod.compute(net, lo, hi, method)
+  extra: list = [None] * len(hyper.layers)
+  if method == "crown":
+    extra = list(bounds_mod.crown(hyper, lo, hi))
+  if hyper_bounds is not None:
+    for m, hb in enumerate(hyper_bounds[:len(extra)]):
+      if hb is not None:
+        extra[m] = hb if extra[m] is None else (np.maximum(extra[m][0], hb[0]),
+                                                np.minimum(extra[m][1], hb[1]))
   pre: list[Pair] = []
   post: list[Pair] = []
   hyp: Bounds = []
-  z, zh = (lo, hi), (lo, hi)
-  dz = (np.zeros_like(lo), np.zeros_like(lo))
+  zero = np.zeros_like(lo)
   n = len(net.layers)
-  for m, (a, h) in enumerate(zip(net.layers, hyper.layers)):
-    d_lo, d_hi = affine_difference(a, h, z, dz, zh)
-    L, U = ref[m]
-    Lh, Uh = bounds_mod.affine_ibp(h, zh[0], zh[1])
-    if hyp_extra is not None:
-      Lh, Uh = np.maximum(Lh, hyp_extra[m][0]), np.minimum(Uh, hyp_extra[m][1])
-    if hyper_bounds is not None and m < len(hyper_bounds) and hyper_bounds[m] is not None:
-      Lh, Uh = np.maximum(Lh, hyper_bounds[m][0]), np.minimum(Uh, hyper_bounds[m][1])
-    Lh, Uh = np.maximum(Lh, L + d_lo), np.minimum(Uh, U + d_hi)
-    d_lo, d_hi = np.maximum(d_lo, Lh - U), np.minimum(d_hi, Uh - L)
-    # Rounding in the sums above is covered by the slack; guard against crossing anyway.
-    Uh, d_hi = np.maximum(Uh, Lh), np.maximum(d_hi, d_lo)
-    pre.append((d_lo, d_hi))
-    hyp.append((Lh, Uh))
-    if m == n - 1:
-      break
-    dz = relu_difference((d_lo, d_hi), (L, U), (Lh, Uh))
-    post.append(dz)
-    z = (np.maximum(L, 0.0), np.maximum(U, 0.0))
-    zh_lo = np.maximum(np.maximum(Lh, 0.0), z[0] + dz[0])
-    zh_hi = np.minimum(np.maximum(Uh, 0.0), z[1] + dz[1])
-    zh = (zh_lo, np.maximum(zh_hi, zh_lo))
+  with jax.enable_x64(True):
+    v = _diff((lo, hi), (lo, hi), (zero, zero))  # the shared input: delta 0
+    for m, (a, h) in enumerate(zip(net.layers, hyper.layers)):
+      out = _engine_step("affine")(bounds_mod.layer_params(a), bounds_mod.layer_params(h), v)
+      _, (Lh, Uh), (d_lo, d_hi) = _pairs(out)
+      if extra[m] is not None:
+        Lh, Uh = np.maximum(Lh, extra[m][0]), np.minimum(Uh, extra[m][1])
+      v = _engine_step("tighten")(_diff(ref[m], (Lh, np.maximum(Uh, Lh)), (d_lo, d_hi)))
+      _, (Lh, Uh), (d_lo, d_hi) = _pairs(v)
+      pre.append((d_lo, d_hi))
+      hyp.append((Lh, Uh))
+      if m == n - 1:
+        break
+      v = _engine_step("relu")(v)
+      post.append(_pairs(v)[2])
   return DifferenceBounds(tuple(pre), tuple(post), list(ref), hyp)
 
 

@@ -10,9 +10,9 @@ and `check_disjunction` a disjunction of them (sat as soon as one disjunct is sa
 every disjunct is). Steps:
 
 1. **Bounds.** Pre-activation bounds (``milp.bounds`` CROWN by default, or the caller's, e.g. from
-   ``bj.crown``). ``C`` is folded into the last layer (``C W_L``, ``C b_L - d``) and each row's
-   lower bound computed by back-substitution (`milp.bounds.crown_output`) and from the interval of
-   ``y``; a row whose lower bound is ``> 0`` everywhere proves unsat without a MILP.
+   ``bj.crown``). Each row's lower bound is the better of the engine's CROWN with ``C`` composed
+   into the network (`milp.bounds.spec_bounds`) and the interval of ``y``; a row whose lower
+   bound is ``> 0`` everywhere proves unsat without a MILP.
 2. **Sampling.** The centre, box corners and uniform points are run through the network in
    float64; a point satisfying every row is a counterexample.
 3. **MILP** (the big-M ReLU encoding of Tjeng et al. 2019, §3, built by `milp.encode.Encoding`):
@@ -38,7 +38,7 @@ import numpy as np
 
 from milp import bounds as bounds_lib
 from milp.encode import Encoding
-from milp.network import AffineLayer, Network, forward, forward_batch
+from milp.network import Network, forward, forward_batch
 from milp.solve import SolveConfig, check_nonneg_finite, solve
 
 Bounds = list[tuple[np.ndarray, np.ndarray]]
@@ -101,17 +101,22 @@ def _as_spec(net: Network, C: Any, d: Any) -> tuple[np.ndarray, np.ndarray]:
   return C, d
 
 
-def _bounds(net: Network, lo: np.ndarray, hi: np.ndarray, bounds: str | Bounds | None) -> Bounds:
-  """Pre-activation bounds: computed (``"crown"``/``"ibp"``) or the caller's, each layer
-  intersected with IBP (both sound, so the intersection is)."""
+def _bounds(net: Network, lo: np.ndarray, hi: np.ndarray, bounds: str | Bounds | None,
+            C: np.ndarray, d: np.ndarray) -> tuple[Bounds, tuple[np.ndarray, np.ndarray]]:
+  """Pre-activation bounds and sound lower bounds of the rows ``C N(x) - d`` from one engine
+  call (`milp.bounds.compute_with_spec`: ``"crown"``/``"ibp"``, CROWN with ``C`` composed into
+  the network); caller's bounds are intersected with the computed ones (both sound, so the
+  intersection is) and then also give the rows of their interval of ``y``."""
+  method = bounds if isinstance(bounds, str) else "crown"
+  # one compilation per network (a concrete one: CROWN alone, no IBP intersection)
+  computed, rows = bounds_lib.compute_with_spec(net, lo, hi, C, d, method, with_ibp=False)
   if bounds is None or isinstance(bounds, str):
-    return bounds_lib.compute(net, lo, hi, bounds or "crown")
+    return computed, rows
   if len(bounds) != len(net.layers):
     raise ValueError(f"check_property: bounds= needs one (L, U) pair per layer "
                      f"({len(net.layers)}), got {len(bounds)}.")
-  ibp = bounds_lib.ibp(net, lo, hi)
   out = []
-  for m, ((L, U), (Li, Ui), layer) in enumerate(zip(bounds, ibp, net.layers)):
+  for m, ((L, U), (Li, Ui), layer) in enumerate(zip(bounds, computed, net.layers)):
     L = np.asarray(L, np.float64).reshape(-1)
     U = np.asarray(U, np.float64).reshape(-1)
     if L.shape != (layer.shape[0],) or U.shape != (layer.shape[0],):
@@ -122,22 +127,10 @@ def _bounds(net: Network, lo: np.ndarray, hi: np.ndarray, bounds: str | Bounds |
       raise ValueError(f"check_property: the given bounds of layer {m} are disjoint from its "
                        "interval bounds, so they are not sound.")
     out.append((L, U))
-  return out
-
-
-def _row_lower_bounds(net: Network, lo: np.ndarray, hi: np.ndarray, bnds: Bounds,
-                      C: np.ndarray, d: np.ndarray) -> np.ndarray:
-  """Sound lower bounds on ``C_i N(x) - d_i`` over the box: the better of the interval of ``y``
-  and CROWN back-substitution through the network with ``C`` folded into its last layer."""
-  L, U = bnds[-1]
-  Cp, Cn = np.maximum(C, 0), np.minimum(C, 0)
-  rows = Cp @ L + Cn @ U - d
-  rows -= 1e-10 * (np.abs(C) @ np.maximum(np.abs(L), np.abs(U)) + np.abs(d)) + 1e-12
-  last = net.layers[-1]
-  folded = Network(net.layers[:-1] + (AffineLayer.point(C @ last.w_lower, C @ last.b_lower - d),),
-                   net.input_shape, "sign" if len(d) == 1 else "logits")
-  crown_lo, _ = bounds_lib.crown_output(folded, lo, hi, bnds[:-1])
-  return np.maximum(rows, crown_lo)
+  if len(d):
+    il, iu = bounds_lib.interval_rows(C, d, *out[-1])
+    rows = (np.maximum(rows[0], il), np.minimum(rows[1], iu))
+  return out, rows
 
 
 def _samples(lo: np.ndarray, hi: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -182,8 +175,10 @@ class _Checker:
     self.tol = check_nonneg_finite(tol, "check_property: tol")
     self.solver, self.threads = solver, int(threads)
     self.lo, self.hi = _as_box(net, lower, upper)
-    self.bnds = _bounds(net, self.lo, self.hi, bounds)
-    self.n_unstable = bounds_lib.count_unstable(self.bnds)
+    self.bounds_arg = bounds
+    self.bnds: Bounds = []
+    self.rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    self.n_unstable = 0
     self.build = self.solve_s = 0.0
     self.n_bin = 0
     self._xs = _samples(self.lo, self.hi, samples, np.random.default_rng(seed)) if samples else None
@@ -217,10 +212,26 @@ class _Checker:
           return xs[i].copy(), y, j
     return None
 
-  def bounds_unsat(self, C: np.ndarray, d: np.ndarray) -> bool:
-    if not len(d):  # no output condition: every input of the box is unsafe
+  def prepare(self, specs: Sequence[Spec]) -> None:
+    """Bounds of every layer and the row lower bounds of every disjunct, in one engine call
+    (the disjuncts' rows stacked)."""
+    C = np.vstack([C for C, _ in specs] + [np.zeros((0, self.net.num_outputs))])
+    d = np.concatenate([d for _, d in specs] + [np.zeros(0)])
+    if not len(d):  # no output condition anywhere: bound a placeholder row
+      C, d = np.zeros((1, self.net.num_outputs)), np.zeros(1)
+    self.bnds, rows = _bounds(self.net, self.lo, self.hi, self.bounds_arg, C, d)
+    self.n_unstable = bounds_lib.count_unstable(self.bnds)
+    start = 0
+    for j, (Cj, _) in enumerate(specs):
+      self.rows[j] = (rows[0][start:start + len(Cj)], rows[1][start:start + len(Cj)])
+      start += len(Cj)
+
+  def bounds_unsat(self, j: int) -> bool:
+    """Disjunct ``j`` has a row whose sound lower bound is ``> 0`` on the whole box."""
+    rows = self.rows[j][0]
+    if not len(rows):  # no output condition: every input of the box is unsafe
       return False
-    return bool(np.max(_row_lower_bounds(self.net, self.lo, self.hi, self.bnds, C, d)) > 0)
+    return bool(np.max(rows) > 0)
 
   def milp(self, specs: dict[int, Spec]) -> PropertyResult:
     """Step 3 of the module docstring, for the disjunction of ``specs`` (index -> ``(C, d)``).
@@ -238,10 +249,10 @@ class _Checker:
     nv = enc.add_network(self.net, x, self.lo, self.hi, bounds=self.bnds)
     L, U = self.bnds[-1]
     t_lo, t_hi = [], []
-    for C, d in specs.values():  # the range of max_i (C_i y - d_i), widened for rounding
-      slack = 1e-9 * (np.abs(C) @ np.maximum(np.abs(L), np.abs(U)) + np.abs(d)) + 1e-9
-      t_lo.append(float(np.max(np.maximum(C, 0) @ L + np.minimum(C, 0) @ U - d - slack)))
-      t_hi.append(float(np.max(np.maximum(C, 0) @ U + np.minimum(C, 0) @ L - d + slack)))
+    for j in specs:  # the range of max_i (C_i y - d_i), sound (engine, float64, `prepare`)
+      r_lo, r_hi = self.rows[j]
+      t_lo.append(float(np.max(r_lo)))
+      t_hi.append(float(np.max(r_hi)))
     t_lo, t_hi = np.array(t_lo), np.array(t_hi)
     many = len(specs) > 1
     t = enc.add_variables(np.minimum(t_lo, self.tol), t_hi if many else np.full(1, self.tol))
@@ -300,7 +311,8 @@ class _Checker:
 
   def check(self, specs: Sequence[Spec]) -> PropertyResult:
     """Bounds, then sampling, then one MILP over the disjuncts left open."""
-    open_ = {j: spec for j, spec in enumerate(specs) if not self.bounds_unsat(*spec)}
+    self.prepare(specs)
+    open_ = {j: spec for j, spec in enumerate(specs) if not self.bounds_unsat(j)}
     if not open_:
       return self.result(UNSAT, "bounds", note="every disjunct has a row whose lower bound is > 0 "
                                                "on the whole box")

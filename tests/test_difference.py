@@ -467,3 +467,107 @@ def test_errors():
     bj.difference(lambda p, x: jnp.where(model.apply(p, x) > 0, 1.0, 0.0))(params, hyper, box)
   with pytest.raises(bj.UnsupportedPrimitiveError, match="div"):
     bj.difference(lambda p, x: 1.0 / model.apply(p, x))(params, hyper, box)
+
+
+# ------------------------------------------------------------------------------------------------
+# sound mode (exact rational reference) and DiffInterval arguments
+
+def _exact_layers(w1, b1, w2, b2, x):
+  """Exact (rational) pre-activation, post-ReLU and output of ``w2 relu(w1 x + b1) + b2``."""
+  from fractions import Fraction as F
+  z = [sum((F(float(w1[i, j])) * F(float(x[j])) for j in range(len(x))), F(float(b1[i])))
+       for i in range(len(b1))]
+  h = [max(v, F(0)) for v in z]
+  y = [sum((F(float(w2[i, j])) * h[j] for j in range(len(h))), F(float(b2[i])))
+       for i in range(len(b2))]
+  return z, h, y
+
+
+def _two_layer(p, x):
+  z = p["w1"] @ x + p["b1"]
+  h = jnp.maximum(z, 0.0)
+  return z, h, p["w2"] @ h + p["b2"]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_sound_mode_contains_exact_differences_on_point_inputs(dtype):
+  """``sound=True``: on point inputs (where the bound is as tight as the float evaluation) the
+  exact rational differences of N and a concrete N# lie in ``delta`` (and N's, N#'s exact values
+  in ``ref``/``other``) at every layer; without ``sound`` the same check fails somewhere."""
+  from fractions import Fraction as F
+  rng = np.random.default_rng(5)
+  n, k, m = 7, 9, 3
+  mk = lambda *s: rng.normal(size=s)
+  base = dict(w1=mk(k, n), b1=mk(k), w2=mk(m, k) / 3, b2=mk(m))
+  other = {key: v + 1e-3 * rng.normal(size=v.shape) for key, v in base.items()}
+  with jax.enable_x64(dtype == jnp.float64):
+    cast = lambda t: {key: np.asarray(v, dtype) for key, v in t.items()}
+    p, q = cast(base), cast(other)
+    sound = jax.jit(bj.difference(_two_layer, sound=True))
+    plain = jax.jit(bj.difference(_two_layer))
+    missed = 0
+    for trial in range(200):
+      x = np.asarray(rng.uniform(-2, 2, n), dtype)
+      box = bj.Interval(jnp.asarray(x), jnp.asarray(x))
+      er = _exact_layers(p["w1"], p["b1"], p["w2"], p["b2"], x)
+      eo = _exact_layers(q["w1"], q["b1"], q["w2"], q["b2"], x)
+      for name, fn in (("sound", sound), ("plain", plain)):
+        out = fn(p, q, box)
+        ok = True
+        for layer, a, b in zip(out, er, eo):
+          for iv, vals in ((layer.delta, [bb - aa for aa, bb in zip(a, b)]), (layer.ref, a),
+                           (layer.other, b)):
+            lo, hi = np.asarray(iv.lower), np.asarray(iv.upper)
+            assert not (np.isnan(lo).any() or np.isnan(hi).any())
+            ok &= all(F(float(lo[i])) <= v <= F(float(hi[i])) for i, v in enumerate(vals))
+        if name == "sound":
+          assert ok, (trial, dtype)
+        else:
+          missed += not ok
+  assert missed > 0
+
+
+def test_diffinterval_arguments_and_tighten_are_sound():
+  """A `DiffInterval` argument (layer input given by its three enclosures) bounds every
+  consistent pair: sampled (h, h#) with h in ref, h# in other and h# - h in delta, members of the
+  weight box; >= 10^4 pairs, in both modes. `tighten` keeps every such pair too."""
+  rng = np.random.default_rng(6)
+  k, m = 8, 4
+  w = rng.normal(size=(m, k))
+  b = rng.normal(size=m)
+  wbox = bj.Interval(jnp.asarray(w - 0.05), jnp.asarray(w + 0.05))
+  bbox = bj.Interval(jnp.asarray(b - 0.02), jnp.asarray(b + 0.02))
+  h_lo = rng.uniform(-1, 0.5, k)
+  h_hi = h_lo + rng.uniform(0, 1, k)
+  d_lo = -rng.uniform(0, 0.1, k)
+  d_hi = rng.uniform(0, 0.1, k)
+  o_lo, o_hi = h_lo + d_lo + 0.02, h_hi + d_hi - 0.02   # other: narrower than ref + delta
+  iv = lambda a, c: bj.Interval(jnp.asarray(a), jnp.asarray(c))
+  with jax.enable_x64(True):
+    arg = bj.DiffInterval(iv(h_lo, h_hi), iv(o_lo, o_hi), iv(d_lo, d_hi))
+    fn = lambda p, h: jnp.maximum(p[0] @ h + p[1], 0.0)
+    from boundjax.domains.difference import tighten
+    for sound in (False, True):
+      out = bj.difference(fn, sound=sound)((jnp.asarray(w), jnp.asarray(b)), (wbox, bbox), arg)
+      tt = tighten(arg, sound=sound)
+      count = 0
+      for r in range(60):
+        h = rng.uniform(h_lo, h_hi, (200, k))
+        d = rng.uniform(d_lo, d_hi, (200, k))
+        hs = np.clip(h + d, o_lo, o_hi)
+        keep = np.all(np.abs(hs - h - d) == 0, axis=1)   # consistent pairs only
+        h, hs = h[keep], hs[keep]
+        t = rng.random((m, k)) < 0.5
+        ws = np.where(t, w - 0.05, w + 0.05) if r % 2 else w + rng.uniform(-0.05, 0.05, (m, k))
+        bs = b + rng.uniform(-0.02, 0.02, m)
+        y, ys = np.maximum(h @ w.T + b, 0), np.maximum(hs @ ws.T + bs, 0)
+        tol = 1e-12 if not sound else 0.0
+        for iv_, vals in ((out.delta, ys - y), (out.ref, y), (out.other, ys)):
+          assert np.all(vals >= np.asarray(iv_.lower) - tol)
+          assert np.all(vals <= np.asarray(iv_.upper) + tol)
+        for iv_, vals in ((tt.delta, hs - h), (tt.other, hs), (tt.ref, h)):
+          assert np.all(vals >= np.asarray(iv_.lower)) and np.all(vals <= np.asarray(iv_.upper))
+        count += len(h) * m
+      assert count >= 10_000, count
+      # tighten narrows the given other to ref + delta and the delta to other - ref
+      assert np.all(np.asarray(tt.other.upper) <= o_hi) and np.all(np.asarray(tt.delta.lower) >= d_lo)

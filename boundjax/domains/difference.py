@@ -42,9 +42,22 @@ Rules (``r, o, d`` = ref, other, delta of an operand; a concrete operand ``c`` h
   never changed, so ``ref`` is N's plain IBP bound.
 
 Bias is included, as in LUCID, §6.2 (the authors' public code drops ``I_b``). Everything is
-ordinary JAX: the result can be jitted, vmapped and differentiated. Floating point: like
-``bj.ibp`` without ``sound=True``, bounds hold up to the rounding of the working precision; use
-float64 inputs and parameters (or `milp.difference`, which widens outward) for certificates.
+ordinary JAX: the result can be jitted, vmapped and differentiated.
+
+Arguments may also be `DiffInterval`s: a value that already differs between the two networks
+(its ``ref``, ``other`` and ``delta`` enclosures are given), e.g. a layer's input when a caller
+bounds a network layer by layer and intersects each layer with bounds of its own
+(`milp.difference`). `tighten` applies the refinement above to a `DiffInterval`.
+
+Floating point: by default, like ``bj.ibp`` without ``sound=True``, bounds hold up to the
+rounding of the working precision. With ``sound=True`` every bound is rounded outward so it holds
+in exact arithmetic: the interval rules run in their sound mode (Higham's ``γ_n Σ|a_k b_k|`` for
+sums and products, `boundjax.rounding`), and the domain's own arithmetic (the sums of the
+bilinear identity, the refinement ``r + d``, ``o - r``, the ReLU case bounds ``c - u``, and the
+parameter difference ``q - p``) is one correctly rounded operation per entry, rounded outward by
+`boundjax.rounding.outward`; a difference of two concrete parameters is then an interval, never a
+float array. Box ends are not snapped out of the subnormal range (no subnormal arises from
+float32 data in float64).
 """
 
 from __future__ import annotations
@@ -58,6 +71,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from boundjax import rounding
 from boundjax.core import program as prog_lib
 from boundjax.domains import interval as interval_domain
 from boundjax.errors import UnsupportedPrimitiveError
@@ -116,14 +130,24 @@ class _DV:
 @dataclasses.dataclass(frozen=True)
 class DifferenceContext:
   """Options: ``matmul`` for interval products (see `IntervalContext`), ``form`` of the
-  bilinear identity ("both" or "paper", see the module docstring)."""
+  bilinear identity ("both" or "paper", see the module docstring), ``sound`` outward rounding."""
   matmul: str = "best"
   form: str = "both"
+  sound: bool = False
 
   def __post_init__(self):
     if self.form not in FORMS:
       raise ValueError(f"form must be one of {FORMS}, got {self.form!r}")
-    object.__setattr__(self, "interval", interval_domain.IntervalContext(matmul=self.matmul))
+    object.__setattr__(self, "interval", interval_domain.IntervalContext(
+        matmul=self.matmul, sound=self.sound))
+
+
+def _out(ctx: DifferenceContext, lo, hi) -> Interval:
+  """``[lo, hi]`` from one correctly rounded operation per end, rounded outward in sound mode
+  (`boundjax.rounding.outward`: at least one ulp and ``finfo.tiny``)."""
+  if ctx.sound and jnp.issubdtype(jnp.result_type(lo), jnp.floating):
+    lo, hi = rounding.outward(lo, hi, ulps=1)
+  return _iv(lo, hi)
 
 
 def _is_dv(x) -> bool:
@@ -157,15 +181,17 @@ def _apply(ctx: DifferenceContext, name: str, prim, comps, params):
   return prim.bind(*comps, **params)
 
 
-def _add(a, b):
-  """Interval/array sum with None as an exact zero."""
+def _add(a, b, ctx: DifferenceContext | None = None):
+  """Interval/array sum with None as an exact zero (rounded outward when ``ctx.sound``; a sum of
+  two arrays is N's or N#'s own concrete computation and stays an array)."""
   if a is None:
     return b
   if b is None:
     return a
   if not isinstance(a, Interval) and not isinstance(b, Interval):
     return a + b
-  return _iv(lo_(a) + lo_(b), hi_(a) + hi_(b))
+  lo, hi = lo_(a) + lo_(b), hi_(a) + hi_(b)
+  return _out(ctx, lo, hi) if ctx is not None else _iv(lo, hi)
 
 
 def _neg(a):
@@ -183,13 +209,17 @@ def _meet(a, lo, hi):
   return _iv(nl, jnp.maximum(nh, nl))  # only crossing by rounding
 
 
-def _tighten(v: _DV) -> _DV:
-  """``o ∩= r + d``, then ``d ∩= o - r`` (both sound: the three enclose matching values)."""
+def _tighten(v: _DV, ctx: DifferenceContext | None = None) -> _DV:
+  """``o ∩= r + d``, then ``d ∩= o - r`` (both sound: the three enclose matching values; the
+  sums rounded outward when ``ctx.sound``)."""
   if v.d is None:
     return v
   r, o, d = v.r, v.o, v.d
-  o = _meet(o, lo_(r) + lo_(d), hi_(r) + hi_(d))
-  d = _meet(d, lo_(o) - hi_(r), hi_(o) - lo_(r))
+  sound = ctx is not None and ctx.sound
+  s = _out(ctx, lo_(r) + lo_(d), hi_(r) + hi_(d)) if sound else None
+  o = _meet(o, *((s.lower, s.upper) if sound else (lo_(r) + lo_(d), hi_(r) + hi_(d))))
+  t = _out(ctx, lo_(o) - hi_(r), hi_(o) - lo_(r)) if sound else None
+  d = _meet(d, *((t.lower, t.upper) if sound else (lo_(o) - hi_(r), hi_(o) - lo_(r))))
   return _DV(r, o, d)
 
 
@@ -274,9 +304,11 @@ def _rounding_rule(name: str):
     mag = lambda a: jnp.maximum(jnp.abs(lo_(a)), jnp.abs(hi_(a)))
     e = u * (mag(x.r) + mag(x.o)) * (1 + 4 * u) + 2 * tiny
     d_lo, d_hi = lo_(x.d) - e, hi_(x.d) + e
+    if ctx.sound:
+      d_lo, d_hi = rounding.outward(d_lo, d_hi, ulps=1)
     out_dtype = _dtype(r)
     d_lo, d_hi = _narrow_outward(d_lo, d_hi, out_dtype)
-    return _tighten(_DV(r, o, _iv(d_lo, d_hi)))
+    return _tighten(_DV(r, o, _iv(d_lo, d_hi)), ctx)
 
   return rule
 
@@ -301,11 +333,11 @@ def _add_rule(sign: float):
     x, y = _lift(x), _lift(y)
     if sign < 0:
       y = _DV(_neg(y.r), _neg(y.o), _neg(y.d))
-    r = _add(x.r, y.r)
+    r = _add(x.r, y.r, ctx)
     if x.d is None and y.d is None:
       return _DV(r, r, None)
-    o = _add(x.o, y.o)
-    d = _broadcast(_add(x.d, y.d), _shape(r))
+    o = _add(x.o, y.o, ctx)
+    d = _broadcast(_add(x.d, y.d, ctx), _shape(r))
     return _DV(r, o, d)
 
   rule.__name__ = f"_{name}"
@@ -335,11 +367,13 @@ def _by_constant(name: str):
   prim = getattr(lax, name + "_p")
 
   def rule(ctx, x, y, **params):
+    op = _Op(prim, lambda a, b: interval_domain.RULES[name](ctx.interval, a, b, **params),
+             params)
     if name == "div" and _is_dv(y):
       raise UnsupportedPrimitiveError(
           "'div' by a box- or parameter-dependent value is not supported by the difference domain")
     if _is_dv(x) and _is_dv(y):
-      return _bilinear_rule(ctx, x, y, op=lambda a, b: prim.bind(a, b, **params), elementwise=True)
+      return _bilinear_rule(ctx, x, y, op=op, elementwise=True)
     if _is_dv(x):
       return _with_constant(ctx, name, prim, x, y, True, params)
     return _with_constant(ctx, name, prim, y, x, False, params)
@@ -351,13 +385,28 @@ def _by_constant(name: str):
 # bilinear rules
 # ----------------------------------------------------------------------------------------------
 
+@dataclasses.dataclass(frozen=True)
+class _Op:
+  """A bilinear primitive with its parameters: ``op(a, b)`` on arrays, ``op.rule(a, b)`` the
+  interval domain's rule (sound in sound mode)."""
+  prim: Any
+  rule: Callable
+  params: dict
+
+  def __call__(self, a, b):
+    return self.prim.bind(a, b, **self.params)
+
+
 def _product(ctx, op, a, b, elementwise: bool):
-  """Enclosure of ``op(a, b)`` for interval/array operands (``None`` = exact zero)."""
+  """Enclosure of ``op(a, b)`` for interval/array operands (``None`` = exact zero). In sound
+  mode a product with an interval operand is the interval domain's sound rule (``op.rule``)."""
   if a is None or b is None:
     return None
   a_iv, b_iv = isinstance(a, Interval), isinstance(b, Interval)
   if not a_iv and not b_iv:
     return op(a, b)
+  if ctx.sound:
+    return op.rule(a, b)
   if elementwise and a_iv and b_iv:
     return _iv(*mul_bounds(lo_(a), hi_(a), lo_(b), hi_(b)))
   if not (a_iv and b_iv):
@@ -373,13 +422,15 @@ def _product(ctx, op, a, b, elementwise: bool):
 
 
 def _bilinear_rule(ctx, x, y, *, op: Callable, elementwise: bool = False):
-  x, y = _tighten(_lift(x)), _tighten(_lift(y))
+  x, y = _tighten(_lift(x), ctx), _tighten(_lift(y), ctx)
   r = _product(ctx, op, x.r, y.r, elementwise)
   if x.d is None and y.d is None:
     return _DV(r, r, None)
   o = _product(ctx, op, x.o, y.o, elementwise)
-  f1 = _add(_product(ctx, op, x.o, y.d, elementwise), _product(ctx, op, x.d, y.r, elementwise))
-  f2 = _add(_product(ctx, op, x.d, y.o, elementwise), _product(ctx, op, x.r, y.d, elementwise))
+  f1 = _add(_product(ctx, op, x.o, y.d, elementwise), _product(ctx, op, x.d, y.r, elementwise),
+            ctx)
+  f2 = _add(_product(ctx, op, x.d, y.o, elementwise), _product(ctx, op, x.r, y.d, elementwise),
+            ctx)
   if ctx.form == "both":
     if isinstance(f1, Interval) and isinstance(f2, Interval):
       d = _meet(f1, f2.lower, f2.upper)
@@ -387,14 +438,15 @@ def _bilinear_rule(ctx, x, y, *, op: Callable, elementwise: bool = False):
       d = f1 if not isinstance(f1, Interval) else f2
   else:  # paper: the operand with a concrete reference value multiplies the other's difference
     d = f2 if (not isinstance(x.r, Interval) and isinstance(y.r, Interval)) else f1
-  return _tighten(_DV(r, o, _broadcast(d, _shape(r))))
+  return _tighten(_DV(r, o, _broadcast(d, _shape(r))), ctx)
 
 
 def _bilinear(name: str):
   prim = getattr(lax, name + "_p")
 
   def rule(ctx, x, y, **params):
-    op = lambda a, b: prim.bind(a, b, **params)
+    op = _Op(prim, lambda a, b: interval_domain.RULES[name](ctx.interval, a, b, **params),
+             params)
     # one concrete operand (identical in both networks): linear in the other.
     if not _is_dv(y):
       return _with_constant(ctx, name, prim, x, y, True, params)
@@ -409,22 +461,29 @@ def _bilinear(name: str):
 # max / min (ReLU), reductions
 # ----------------------------------------------------------------------------------------------
 
-def _relu_delta(d, r, o, c):
-  """Bounds on ``max(x#, c) - max(x, c)`` (module docstring) as ``(lo, hi)`` arrays."""
+def _relu_delta(d, r, o, c, sound: bool = False):
+  """Bounds on ``max(x#, c) - max(x, c)`` (module docstring) as ``(lo, hi)`` arrays; with
+  ``sound`` the differences ``c - u``, ``c - l``, ``l# - c``, ``u# - c`` are rounded outward."""
   dl, du = lo_(d), hi_(d)
   l, u = lo_(r), hi_(r)
   lh, uh = lo_(o), hi_(o)
   zero = jnp.zeros_like(dl)
+  c_u, c_l, lh_c, uh_c = c - u, c - l, lh - c, uh - c
+  if sound:
+    c_u = rounding.outward(c_u, c_u)[0]
+    c_l = rounding.outward(c_l, c_l)[1]
+    lh_c = rounding.outward(lh_c, lh_c)[0]
+    uh_c = rounding.outward(uh_c, uh_c)[1]
   lo, hi = jnp.minimum(dl, zero), jnp.maximum(du, zero)
   act, acth = l >= c, lh >= c
   both = act & acth
   lo, hi = jnp.where(both, dl, lo), jnp.where(both, du, hi)
   only_ref = act & ~acth
-  lo = jnp.where(only_ref, jnp.maximum(lo, jnp.maximum(dl, c - u)), lo)
-  hi = jnp.where(only_ref, jnp.minimum(hi, jnp.maximum(du, c - l)), hi)
+  lo = jnp.where(only_ref, jnp.maximum(lo, jnp.maximum(dl, c_u)), lo)
+  hi = jnp.where(only_ref, jnp.minimum(hi, jnp.maximum(du, c_l)), hi)
   only_hyp = acth & ~act
-  lo = jnp.where(only_hyp, jnp.maximum(lo, jnp.minimum(dl, lh - c)), lo)
-  hi = jnp.where(only_hyp, jnp.minimum(hi, jnp.minimum(du, uh - c)), hi)
+  lo = jnp.where(only_hyp, jnp.maximum(lo, jnp.minimum(dl, lh_c)), lo)
+  hi = jnp.where(only_hyp, jnp.minimum(hi, jnp.minimum(du, uh_c)), hi)
   dead = (u <= c) & (uh <= c)
   lo, hi = jnp.where(dead, zero, lo), jnp.where(dead, zero, hi)
   return lo, hi
@@ -433,23 +492,23 @@ def _relu_delta(d, r, o, c):
 def _max_rule(ctx, x, y, **params):
   if not _is_dv(x):
     x, y = y, x
-  x = _tighten(x)
+  x = _tighten(x, ctx)
   r = _apply(ctx, "max", lax.max_p, [x.r, _lift(y).r], params)
   if not _is_dv(y):  # max(x, c): a ReLU-type unit
     if x.d is None:
       return _DV(r, r, None)
     o = _apply(ctx, "max", lax.max_p, [x.o, y], params)
     c = jnp.asarray(y, _dtype(x.r))
-    lo, hi = _relu_delta(x.d, x.r, x.o, c)
-    return _tighten(_DV(r, o, _iv(lo, hi)))
-  y = _tighten(y)
+    lo, hi = _relu_delta(x.d, x.r, x.o, c, ctx.sound)
+    return _tighten(_DV(r, o, _iv(lo, hi)), ctx)
+  y = _tighten(y, ctx)
   if x.d is None and y.d is None:
     return _DV(r, r, None)
   o = _apply(ctx, "max", lax.max_p, [x.o, y.o], params)
   dx = x.d if x.d is not None else _zeros_like(x.r)
   dy = y.d if y.d is not None else _zeros_like(y.r)
   d = _iv(jnp.minimum(lo_(dx), lo_(dy)), jnp.maximum(hi_(dx), hi_(dy)))
-  return _tighten(_DV(r, o, _broadcast(d, _shape(r))))
+  return _tighten(_DV(r, o, _broadcast(d, _shape(r))), ctx)
 
 
 def _negate(v):
@@ -464,24 +523,24 @@ def _min_rule(ctx, x, y, **params):
 
 
 def _reduce_max_rule(ctx, x, *, axes, **params):
-  x = _tighten(x)
+  x = _tighten(x, ctx)
   r = _apply(ctx, "reduce_max", lax.reduce_max_p, [x.r], dict(axes=axes, **params))
   if x.d is None:
     return _DV(r, r, None)
   o = _apply(ctx, "reduce_max", lax.reduce_max_p, [x.o], dict(axes=axes, **params))
   d = _iv(jnp.min(lo_(x.d), axis=axes), jnp.max(hi_(x.d), axis=axes))
-  return _tighten(_DV(r, o, d))
+  return _tighten(_DV(r, o, d), ctx)
 
 
 def _reduce_window_max_rule(ctx, x, **params):
-  x = _tighten(x)
+  x = _tighten(x, ctx)
   r = _apply(ctx, "reduce_window_max", lax.reduce_window_max_p, [x.r], params)
   if x.d is None:
     return _DV(r, r, None)
   o = _apply(ctx, "reduce_window_max", lax.reduce_window_max_p, [x.o], params)
   d = _iv(lax.reduce_window_min_p.bind(lo_(x.d), **params),
           lax.reduce_window_max_p.bind(hi_(x.d), **params))
-  return _tighten(_DV(r, o, d))
+  return _tighten(_DV(r, o, d), ctx)
 
 
 def _select_n_rule(ctx, pred, *cases, **params):
@@ -557,17 +616,33 @@ def abstract_eqn(ctx: DifferenceContext, eqn: prog_lib.Eqn, invals: list) -> lis
 # the transform
 # ----------------------------------------------------------------------------------------------
 
-def _param_value(p, q):
-  """The abstract value of one parameter leaf: N's ``p`` and N#'s ``q`` (arrays or Intervals)."""
+def _param_value(p, q, ctx: DifferenceContext | None = None):
+  """The abstract value of one parameter leaf: N's ``p`` and N#'s ``q`` (arrays or Intervals).
+  In sound mode the difference ``q - p`` is an interval rounded outward."""
   p_iv, q_iv = isinstance(p, Interval), isinstance(q, Interval)
+  sound = ctx is not None and ctx.sound
   if not p_iv and not q_iv:
     if not isinstance(p, jax.core.Tracer) and not isinstance(q, jax.core.Tracer) and np.array_equal(
         np.asarray(p), np.asarray(q)):
       return p
     p, q = jnp.asarray(p), jnp.asarray(q)
-    return _DV(p, q, q - p)
-  d = _iv(lo_(q) - hi_(p), hi_(q) - lo_(p))
+    return _DV(p, q, _out(ctx, q - p, q - p) if sound else q - p)
+  d = _out(ctx, lo_(q) - hi_(p), hi_(q) - lo_(p)) if sound else \
+      _iv(lo_(q) - hi_(p), hi_(q) - lo_(p))
   return _DV(p, q, d)
+
+
+def _argument_value(v: "DiffInterval") -> _DV:
+  """A `DiffInterval` argument as the domain's value (its three enclosures as given)."""
+  return _DV(v.ref, v.other, v.delta)
+
+
+def tighten(v: DiffInterval, *, sound: bool = False) -> DiffInterval:
+  """The domain's refinement of one `DiffInterval`: ``other ∩= ref + delta``, then
+  ``delta ∩= other - ref`` (sound: all three enclose matching values of N and N#; the sums
+  rounded outward with ``sound``). ``ref`` is unchanged."""
+  out = _tighten(_argument_value(v), DifferenceContext(sound=sound))
+  return DiffInterval(out.r, out.o, out.d)
 
 
 def _check_pair(ref_leaves, oth_leaves, ref_tree, oth_tree) -> None:
@@ -594,7 +669,8 @@ def _output(v):
   return DiffInterval(as_iv(v.r), as_iv(v.o), as_iv(d))
 
 
-def difference(fn: Callable, *, matmul: str = "best", form: str = "both") -> Callable:
+def difference(fn: Callable, *, matmul: str = "best", form: str = "both",
+               sound: bool = False) -> Callable:
   """Difference intervals of ``fn`` between two parameter sets on shared arguments.
 
   Args:
@@ -604,33 +680,52 @@ def difference(fn: Callable, *, matmul: str = "best", form: str = "both") -> Cal
       and sign-split.
     form: "both" (default) or "paper": which exact bilinear identity bounds ``d`` (module
       docstring).
+    sound: round every bound outward so it holds in exact arithmetic (module docstring).
 
   Returns:
     ``bounded(params_ref, params_other, *args, **kwargs)``: ``params_ref`` is N (arrays; `Interval`
     leaves are allowed and give the difference of two families), ``params_other`` has the same
     structure with array or `Interval` leaves (one member, or a hyper-network), ``args`` may
-    contain `Interval` input boxes shared by both. Output leaves that depend on a box or on a
+    contain `Interval` input boxes shared by both, or `DiffInterval`s (a value that already
+    differs between the two networks, with its three enclosures given). Output leaves that depend on a box or on a
     parameter that differs are `DiffInterval`; the others are arrays.
 
   Raises:
     ValueError: the two parameter trees differ in structure or leaf shapes.
     UnsupportedPrimitiveError: ``fn`` uses a primitive with no difference rule.
   """
-  ctx = DifferenceContext(matmul=matmul, form=form)
+  if not isinstance(sound, bool):
+    raise ValueError(f"difference: sound must be a bool, got {sound!r}")
+  ctx = DifferenceContext(matmul=matmul, form=form, sound=sound)
 
   @functools.wraps(fn)
   def bounded(params_ref, params_other, *args, **kwargs):
     ref_leaves, ref_tree = jax.tree_util.tree_flatten(params_ref, is_leaf=is_interval)
     oth_leaves, oth_tree = jax.tree_util.tree_flatten(params_other, is_leaf=is_interval)
     _check_pair(ref_leaves, oth_leaves, ref_tree, oth_tree)
+    given: dict = {}  # a DiffInterval argument is traced as a box of its shape (a fresh object)
+
+    def stand_in(v):
+      if not isinstance(v, DiffInterval):
+        return v
+      box = _iv(v.ref.lower, v.ref.upper)
+      given[id(box)] = v
+      return box
+
+    args, kwargs = jax.tree_util.tree_map(
+        stand_in, (args, kwargs), is_leaf=lambda v: isinstance(v, DiffInterval) or is_interval(v))
     arguments = prog_lib.split_arguments((params_ref,) + args, kwargs)
-    validate_arguments(arguments.leaves + oth_leaves, where="bj.difference")
+    validate_arguments(arguments.leaves + oth_leaves
+                       + [c for v in given.values() for c in (v.other, v.delta)],
+                       where="bj.difference")
     n_p = len(ref_leaves)
     values = []
     for i in arguments.dynamic_index:
       leaf = arguments.leaves[i]
       if i < n_p:
-        values.append(_param_value(leaf, oth_leaves[i]))
+        values.append(_param_value(leaf, oth_leaves[i], ctx))
+      elif id(leaf) in given:
+        values.append(_argument_value(given[id(leaf)]))
       else:
         values.append(_DV(leaf, leaf, None) if is_interval(leaf) else leaf)
     program = prog_lib.trace(fn, arguments)
