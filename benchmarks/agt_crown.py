@@ -34,7 +34,7 @@ import numpy as np
 import boundjax.data as bd
 from boundjax import agt
 from boundjax.agt import mlp
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 from provenance import record
 
 RESULTS = pathlib.Path(__file__).parent / "results"

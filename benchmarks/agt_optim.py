@@ -37,7 +37,7 @@ import numpy as np
 
 from boundjax import agt
 from boundjax.agt import mlp, retrain
-from boundjax.interval import split_tree
+from boundjax.core.interval import split_tree
 
 from provenance import record
 

@@ -10,7 +10,7 @@ Two methods, both sound for interval parameters (hyper-networks) and for inputs 
 
       L = W_l+ l+ + W_l- u+ + W_u+ l- + W_u- u-   (summed over inputs, with a+ = max(a, 0) ...)
 
-  (the same eight products as `boundjax.interval.bilinear_signsplit`). This equals the
+  (the same eight products as `boundjax.core.interval.bilinear_signsplit`). This equals the
   four-corner minimum ``sum_j min(W_l l, W_l u, W_u l, W_u u)`` whenever ``h >= 0`` (inputs in
   [0, 1], post-ReLU values) and is sound in general.
 * ``"crown"`` — backward linear bounds (CROWN, Zhang et al. 2018) computed for every layer in

@@ -18,9 +18,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("boundjax", "milp")
 
-CORE = ("boundjax", "boundjax.interval", "boundjax.validation", "boundjax.errors",
-        "boundjax.rounding", "boundjax.core", "boundjax.domains", "boundjax.nn",
-        "boundjax.transforms")
+CORE = ("boundjax", "boundjax.core.interval", "boundjax.core.validation", "boundjax.core.errors",
+        "boundjax.core.rounding", "boundjax.core", "boundjax.domains", "boundjax.nn",
+        "boundjax.core.transforms")
 TOP = ("boundjax.demos", "boundjax.cli", "boundjax.reproduce")
 
 

@@ -60,7 +60,7 @@ import jax
 import jax.numpy as jnp
 
 from boundjax.agt import losses, mlp
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 
 Array = jax.Array
 

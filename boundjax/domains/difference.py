@@ -60,8 +60,8 @@ from jax import lax
 
 from boundjax.core import program as prog_lib
 from boundjax.domains import interval as interval_domain
-from boundjax.errors import UnsupportedPrimitiveError
-from boundjax.interval import Interval, bilinear_midrad, bilinear_signsplit, is_interval, lower_of, \
+from boundjax.core.errors import UnsupportedPrimitiveError
+from boundjax.core.interval import Interval, bilinear_midrad, bilinear_signsplit, is_interval, lower_of, \
     mul_bounds, upper_of, validate_arguments
 
 lo_, hi_ = lower_of, upper_of

@@ -41,7 +41,7 @@ from typing import Any, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 
 __all__ = ["VnnlibError", "VnnlibProperty", "Region", "Disjunct", "read_vnnlib", "parse_vnnlib",
            "crown_spec", "unsafe_rows_lower", "outward"]

@@ -4,7 +4,7 @@
 Each batch of sub-boxes is bounded by ``bj.crown(g, batch_axis=0)`` where ``g`` maps a batch of
 flattened inputs to flattened outputs. With ``sound=True`` the outputs' bounds are computed with
 ``sound=True`` (valid in exact arithmetic) and combined with the disjunct's rows by interval
-arithmetic rounded outward (`boundjax.rounding.outward`); otherwise ``spec=C`` bounds ``C y``
+arithmetic rounded outward (`boundjax.core.rounding.outward`); otherwise ``spec=C`` bounds ``C y``
 directly (CROWN §3.3). A box is proven when a row's lower bound of ``C_i y - d_i`` is > 0;
 open boxes are checked at their centre and split in half along ``width_j · |∂g/∂x_j|`` at the
 centre (``g`` the best row's margin).
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import boundjax as bj
-from boundjax import rounding
+from boundjax.core import rounding
 from milp.complete.outcome import Deadline
 from milp.complete.spec import Region, split_boxes
 

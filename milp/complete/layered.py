@@ -29,7 +29,7 @@ negative ones the upper line. At the input, ``min_{x in box} Λ x = Λ^+ lo + Λ
 
 Soundness of floating point (``sound=True``): the bound must hold in exact real arithmetic on
 the network's (float64) weights. Every step's rounding is bounded a priori (Higham §3.1,
-`boundjax.rounding.sum_error`): a product ``Λ W`` computed in floats differs from the exact one
+`boundjax.core.rounding.sum_error`): a product ``Λ W`` computed in floats differs from the exact one
 by at most ``γ_{2n+2} |Λ| |W|`` entrywise, and the error it causes is at most
 ``γ_{2n+2} |Λ| (|W| h_max)`` with ``h_max`` the largest ``|h|`` the bounds allow — computed as two
 matrix-vector products, never a second matrix product. ReLU steps pay ``γ`` times ``|Λ|(slopes
@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from boundjax import rounding
+from boundjax.core import rounding
 
 F64 = np.float64
 _U = float(np.finfo(np.float64).eps) / 2

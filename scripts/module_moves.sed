@@ -1,0 +1,31 @@
+# Old -> new module paths of the package restructuring ("the folder shows the layer").
+# Apply to Python, Markdown and notebook sources written against the old layout:
+#   sed -E -i -f scripts/module_moves.sed FILE...
+# Idempotent: running it twice changes nothing more.
+
+# --- core: Interval, rounding, validation, errors and the transforms live in boundjax/core/
+s/^(\s*)from boundjax import nn, rounding$/\1from boundjax import nn\n\1from boundjax.core import rounding/
+s/^(\s*"?)from boundjax import (interval|rounding|validation|errors|transforms)\b/\1from boundjax.core import \2/
+s/\bboundjax\.(interval|rounding|validation|errors|transforms)\b/boundjax.core.\1/g
+s#\bboundjax/(interval|rounding|validation|errors|transforms)\.py\b#boundjax/core/\1.py#g
+
+# --- training: boundjax/training.py is the package boundjax/training/ (its __init__), DP-SGD inside
+s/^(\s*)from boundjax import agt, dpsgd, privacy$/\1from boundjax import agt, privacy\n\1from boundjax.training import dpsgd/
+s/^(\s*)from boundjax import agt, dpsgd$/\1from boundjax import agt\n\1from boundjax.training import dpsgd/
+s/^(\s*"?)from boundjax import dpsgd\b/\1from boundjax.training import dpsgd/
+s/\bboundjax\.dpsgd\b/boundjax.training.dpsgd/g
+s#\bboundjax/dpsgd\.py\b#boundjax/training/dpsgd.py#g
+s#\bboundjax/training\.py\b#boundjax/training/__init__.py#g
+
+# --- the complete verifier: milp/complete/ -> boundjax/verify/
+s/\bmilp\.complete\b/boundjax.verify/g
+s#\bmilp/complete/#boundjax/verify/#g
+s#\bmilp/complete\b#boundjax/verify#g
+
+# --- reproduce beside the benchmarks; provenance -> common
+s/^(\s*)from boundjax import reproduce as R$/\1from benchmarks import report as R/
+s/\bboundjax\.reproduce\b/benchmarks.report/g
+s#\bboundjax/reproduce\.py\b#benchmarks/report.py#g
+s/^(\s*"?)from provenance import /\1from common import /
+s#\bbenchmarks/provenance\.py\b#benchmarks/common.py#g
+s#\bbenchmarks/provenance\.record\b#benchmarks/common.record#g
