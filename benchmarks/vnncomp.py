@@ -4,7 +4,7 @@
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/vnncomp.py --category acasxu --limit 10
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/vnncomp.py --match "1_9_batch_2000.onnx acasxu/prop_7."
 
-Runs `milp.complete.run_instances` on ``instances.csv`` of the shared folder (per-category time
+Runs `boundjax.verify.run_instances` on ``instances.csv`` of the shared folder (per-category time
 limits: ACAS Xu 60 s, MNIST 120 s, the targets of the issue), then — only after every instance has
 run — reads the competition's verdicts to score: solved, wrong answers (must be 0), time per
 instance. Writes ``benchmarks/results/vnncomp.json`` (command, commit, machine, date, one row per
@@ -104,7 +104,7 @@ def cactus(rows: list[dict], path: Path) -> None:
 
 def main(argv=None) -> dict:
   a = parse(argv)
-  from milp.complete import run_instances
+  from boundjax.verify import run_instances
   root = Path(a.root)
   meta = record()
   rows = instances(root, a.category, a.limit, a.match)

@@ -63,7 +63,7 @@ def verify(net: str | None, prop: str | None, timeout: float, out: str | None,
   import csv
   from pathlib import Path
 
-  from milp.complete import format_result, run_instances, verify_instance
+  from boundjax.verify import format_result, run_instances, verify_instance
   if batch is None:
     if net is None or prop is None:
       raise SystemExit("boundjax verify: give NET.onnx and PROP.vnnlib, or --batch INSTANCES.csv")

@@ -1,11 +1,11 @@
 """The complete verifier: `verify`, `verify_instance`, `run_instances`.
 
-Pipeline for a property (regions × disjuncts, see `milp.complete.spec`):
+Pipeline for a property (regions × disjuncts, see `boundjax.verify.spec`):
 
-1. **attack** (`milp.complete.attack`): sampling and PGD; a float64-replayed hit is ``sat``.
+1. **attack** (`boundjax.verify.attack`): sampling and PGD; a float64-replayed hit is ``sat``.
 2. **network**: the function is extracted to an affine/ReLU chain (`milp.network`); the
    extraction is checked against the float64 replay on random points. Functions that are not
-   such chains go to the generic path (`milp.complete.generic`: `bj.crown` on sub-boxes).
+   such chains go to the generic path (`boundjax.verify.generic`: `bj.crown` on sub-boxes).
 3. **bounds** per (region, disjunct): CROWN / α-CROWN on the whole box (`layered`); a disjunct
    with a row whose certified lower bound is > 0 is done.
 4. **bab**: input splitting when the input has at most ``input_split_dims`` entries
@@ -30,9 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from boundjax.core.options import OptionError
-from milp.complete import attack, layered
-from milp.complete.outcome import Deadline, Outcome
-from milp.complete.spec import Disjunct, Region, as_regions
+from boundjax.verify import attack, layered
+from boundjax.verify.outcome import Deadline, Outcome
+from boundjax.verify.spec import Disjunct, Region, as_regions
 
 
 def _extract(apply_fn: Callable, params: Any, input_shape: Sequence[int]):
@@ -94,7 +94,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
   """Decides a property of ``apply_fn(params, x)`` (x of shape ``input_shape``).
 
   Args:
-    prop: regions with disjuncts (`milp.complete.spec.as_regions` accepts the VNNLIB reader's
+    prop: regions with disjuncts (`boundjax.verify.spec.as_regions` accepts the VNNLIB reader's
       output and ``[((lower, upper), [(C, d), ...]), ...]``).
     timeout: wall-clock seconds for everything (compilation included).
     sound: bounds valid in exact real arithmetic (`layered`); ``unsat`` relies on them.
@@ -137,7 +137,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
     if not _matches(lay, replay, regions, np.random.default_rng(key)):
       lay = None
   if lay is None:
-    from milp.complete import generic
+    from boundjax.verify import generic
     status, cex, nodes = generic.input_split_generic(
         apply_fn, params, input_shape, regions, replay, deadline, sound=sound,
         progress=progress)
@@ -154,7 +154,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
         if deadline.expired():
           return done("timeout")
         if split_inputs:
-          from milp.complete import input_bab
+          from boundjax.verify import input_bab
           stats["method"] = "input-split"
           bar = _bar(progress, "input split")
           status, cex, nodes = _input_split_portfolio(
@@ -168,7 +168,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
           if status == "sat":
             return done("sat", cex, "bab")
         else:
-          from milp.complete import relu_bab
+          from boundjax.verify import relu_bab
           stats["method"] = "relu-split"
           status, cex, nodes, how = relu_bab.relu_split(
               lay, net, region, disjunct, replay, deadline, sound=sound,

@@ -20,8 +20,8 @@ import numpy as np
 
 import boundjax as bj
 from boundjax.core import rounding
-from milp.complete.outcome import Deadline
-from milp.complete.spec import Region, split_boxes
+from boundjax.verify.outcome import Deadline
+from boundjax.verify.spec import Region, split_boxes
 
 
 def _rows_lower(y_lo: np.ndarray, y_hi: np.ndarray, C: np.ndarray, d: np.ndarray, sound: bool):

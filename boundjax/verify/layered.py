@@ -36,7 +36,7 @@ matrix-vector products, never a second matrix product. ReLU steps pay ``γ`` tim
 |z|_max + |q|)``; the upper line's intercept is raised by ``4u(|s l| + |u|)`` so that the float
 line lies above ReLU at both ends (hence on ``[l, u]``, ReLU being convex); the constants' sums
 pay a final ``γ_{4L+8}`` of their magnitude, and the result is rounded down one ulp. The cost is
-a few matrix-vector products per layer (measured: see `milp.complete` docs).
+a few matrix-vector products per layer (measured: see `boundjax.verify` docs).
 """
 
 from __future__ import annotations
