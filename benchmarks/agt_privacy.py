@@ -73,7 +73,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax import agt, dpsgd, privacy
+from boundjax import agt, privacy
+from boundjax.training import dpsgd
 from boundjax.agt import mlp
 import dpsgd_tuning
 from provenance import record

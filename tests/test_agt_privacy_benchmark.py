@@ -226,7 +226,7 @@ def test_dpsgd_selection_never_reads_the_test_set():
 
 
 def test_stored_amazon_dpsgd_baseline_is_the_tuned_choice(stored):
-  from boundjax import dpsgd
+  from boundjax.training import dpsgd
   d = stored["amazon"]["dpsgd"]
   t = d["tuning"]
   assert t["n_settings"] == len(t["rows"]) == t["n_agt_settings"] == 12
