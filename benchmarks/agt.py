@@ -71,9 +71,7 @@ import optax
 
 from boundjax import agt
 from boundjax.agt import losses, mlp, retrain
-from provenance import record
-
-RESULTS = pathlib.Path(__file__).parent / "results"
+from common import RESULTS, record
 
 
 def _settings(quick: bool):

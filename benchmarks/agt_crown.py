@@ -35,9 +35,8 @@ import boundjax.data as bd
 from boundjax import agt
 from boundjax.agt import mlp
 from boundjax.core.interval import Interval
-from provenance import record
+from common import RESULTS, record
 
-RESULTS = pathlib.Path(__file__).parent / "results"
 NETS = {"6-128-2": [6, 128, 2], "6-64-64-2": [6, 64, 64, 2], "6-32-32-32-2": [6, 32, 32, 32, 2]}
 
 

@@ -39,7 +39,7 @@ from boundjax import agt
 from boundjax.agt import mlp, retrain
 from boundjax.core.interval import split_tree
 
-from provenance import record
+from common import record
 
 OUT = Path(__file__).resolve().parent / "results" / "agt_optim.json"
 OPTIMIZERS = {

@@ -67,7 +67,7 @@ from boundjax.models import MLP  # noqa: E402
 from boundjax.privacy import label_only as L  # noqa: E402
 from dpsgd_tuning import train_point  # noqa: E402
 from milp.idpdb import compute_betas  # noqa: E402
-from provenance import record  # noqa: E402
+from common import record  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 

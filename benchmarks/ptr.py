@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import record  # noqa: E402
+from common import RESULTS, record  # noqa: E402
 
 from boundjax import data  # noqa: E402
 from boundjax.privacy import ptr  # noqa: E402
@@ -61,7 +61,6 @@ from boundjax.ptr_pipeline import (ARLConfig, OutputRange, VAEConfig, adversaria
 from boundjax.ptr_pipeline.arl import TrainedARL  # noqa: E402
 from boundjax.ptr_pipeline.vae import BetaVAE, TrainedVAE  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
 CACHE = Path(os.environ.get("BOUNDJAX_CACHE", Path.home() / ".cache" / "boundjax")) / "ptr"
 EPS_T1 = (1.0, 2.0, 5.0, 7.0, math.inf)
 EPS_ATTACK = (1.0, 2.0, 5.0, 10.0)

@@ -68,9 +68,8 @@ jax.config.update("jax_enable_x64", True)
 from boundjax import lipschitz as lip  # noqa: E402
 from boundjax.privacy import ptr  # noqa: E402
 from milp import lipschitz as mlip  # noqa: E402
-from provenance import record  # noqa: E402
+from common import RESULTS, record  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (8, 10, 8)
 

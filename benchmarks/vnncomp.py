@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import ROOT, record  # noqa: E402
+from common import ROOT, record  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "benchmarks" / "vnncomp2021"
 TIMEOUTS = {"acasxu": 60.0, "mnistfc": 120.0}
