@@ -24,6 +24,7 @@ s#\bmilp/complete\b#boundjax/verify#g
 
 # --- reproduce beside the benchmarks; provenance -> common
 s/^(\s*)from boundjax import reproduce as R$/\1from benchmarks import report as R/
+s/^(\s*)from boundjax import reproduce$/\1from benchmarks import report as reproduce/
 s/\bboundjax\.reproduce\b/benchmarks.report/g
 s#\bboundjax/reproduce\.py\b#benchmarks/report.py#g
 s/^(\s*"?)from provenance import /\1from common import /
