@@ -2,6 +2,13 @@
 # Apply to Python, Markdown and notebook sources written against the old layout:
 #   sed -E -i -f scripts/module_moves.sed FILE...
 # Idempotent: running it twice changes nothing more.
+#
+# Merging this layout into a branch that still has the old one (git follows the renames):
+#   git merge <layout-branch>
+#   for f in $(git diff --name-only --diff-filter=U); do git checkout --ours -- "$f"; done
+#   git ls-files '*.py' '*.md' '*.ipynb' | grep -v module_moves | xargs sed -E -i -f scripts/module_moves.sed
+# (a file the other branch added under milp/complete/ is placed in boundjax/verify/ by git; the
+# sed then rewrites every import of the old paths, in conflicted and auto-merged files alike).
 
 # --- core: Interval, rounding, validation, errors and the transforms live in boundjax/core/
 s/^(\s*)from boundjax import nn, rounding$/\1from boundjax import nn\n\1from boundjax.core import rounding/
