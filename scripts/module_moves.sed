@@ -9,6 +9,11 @@
 #   git ls-files '*.py' '*.md' '*.ipynb' | grep -v module_moves | xargs sed -E -i -f scripts/module_moves.sed
 # (a file the other branch added under milp/complete/ is placed in boundjax/verify/ by git; the
 # sed then rewrites every import of the old paths, in conflicted and auto-merged files alike).
+# Taking the other side is right only where the layout change was this sed alone. These files
+# changed by hand as well; resolve a conflict in them by hand: README.md, boundjax/__init__.py,
+# boundjax/cli.py, boundjax/core/transforms.py, milp/__init__.py, benchmarks/common.py,
+# benchmarks/report.py, the `RESULTS` import lines of benchmarks/*.py, tests/test_layering.py,
+# tests/test_reproduce.py.
 
 # --- core: Interval, rounding, validation, errors and the transforms live in boundjax/core/
 s/^(\s*)from boundjax import nn, rounding$/\1from boundjax import nn\n\1from boundjax.core import rounding/
