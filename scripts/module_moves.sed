@@ -34,6 +34,18 @@ s/\bmilp\.complete\b/boundjax.verify/g
 s#\bmilp/complete/#boundjax/verify/#g
 s#\bmilp/complete\b#boundjax/verify#g
 
+# --- PTR in one folder: Lipschitz bounds, the release mechanism, the pipeline
+s/^(\s*)from boundjax import data, lipschitz as lip$/\1from boundjax import data\n\1from boundjax.ptr import lipschitz as lip/
+s/^(\s*"?)from boundjax import lipschitz\b/\1from boundjax.ptr import lipschitz/
+s/\bboundjax\.lipschitz\b/boundjax.ptr.lipschitz/g
+s#\bboundjax/lipschitz\.py\b#boundjax/ptr/lipschitz.py#g
+s/^(\s*"?)from boundjax\.privacy import ptr\b/\1from boundjax.ptr import release as ptr/
+s/\bboundjax\.privacy\.ptr\b/boundjax.ptr.release/g
+s#\bboundjax/privacy/ptr\.py\b#boundjax/ptr/release.py#g
+s/\bboundjax\.ptr_pipeline\b/boundjax.ptr.pipeline/g
+s#\bboundjax/ptr_pipeline/#boundjax/ptr/pipeline/#g
+s#\bboundjax/ptr_pipeline\b#boundjax/ptr/pipeline#g
+
 # --- reproduce beside the benchmarks; provenance -> common
 s/^(\s*)from boundjax import reproduce as R$/\1from benchmarks import report as R/
 s/^(\s*)from boundjax import reproduce$/\1from benchmarks import report as reproduce/

@@ -6,7 +6,7 @@ The folder is the layer (lowest first):
    transforms), `boundjax/domains/`, and the two files beside them, `boundjax/__init__.py` (the
    public `bj.*` names) and `boundjax/nn.py` (the composites users call in their models);
 1. applications: every other folder or module of `boundjax/` (data, models, training,
-   executor, ensembles, hypernet, agt, privacy, lipschitz, barron, auditing, io, ...);
+   executor, ensembles, hypernet, agt, privacy, ptr, barron, auditing, io, ...);
 2. complete verification and MILP: `boundjax/verify/` and `milp/`;
 3. the top: `boundjax/demos/` and `boundjax/cli.py`.
 
@@ -160,7 +160,8 @@ def test_every_layer_folder_exists():
 
 @pytest.mark.parametrize("entry", ["boundjax", "boundjax.agt", "boundjax.privacy",
                                    "boundjax.ensembles", "boundjax.hypernet", "boundjax.data",
-                                   "boundjax.training.dpsgd", "boundjax.verify"])
+                                   "boundjax.training.dpsgd", "boundjax.ptr.release",
+                                   "boundjax.verify"])
 def test_importing_the_library_never_loads_milp(entry):
   code = (f"import sys, importlib; importlib.import_module({entry!r}); "
           "bad = sorted(m for m in sys.modules if m == 'milp' or m.startswith('milp.')); "
