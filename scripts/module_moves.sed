@@ -13,7 +13,7 @@
 # changed by hand as well; resolve a conflict in them by hand: README.md, boundjax/__init__.py,
 # boundjax/cli.py, boundjax/core/transforms.py, milp/__init__.py, benchmarks/common.py,
 # benchmarks/report.py, the `RESULTS` import lines of benchmarks/*.py, tests/test_layering.py,
-# tests/test_reproduce.py.
+# tests/test_reproduce.py, notebooks/07_ptr.ipynb (its import of data and lipschitz).
 
 # --- core: Interval, rounding, validation, errors and the transforms live in boundjax/core/
 s/^(\s*)from boundjax import nn, rounding$/\1from boundjax import nn\n\1from boundjax.core import rounding/
