@@ -54,9 +54,8 @@ import scipy.special
 from boundjax import auditing as A
 from boundjax import barron
 from boundjax.data import load_adult
-from provenance import record
+from common import RESULTS, record
 
-RESULTS = Path(__file__).parent / "results"
 BW_MULTS = (1.0, 2.0, 4.0)
 FLOOR = 1e-3
 

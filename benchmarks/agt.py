@@ -71,9 +71,7 @@ import optax
 
 from boundjax import agt
 from boundjax.agt import losses, mlp, retrain
-from provenance import record
-
-RESULTS = pathlib.Path(__file__).parent / "results"
+from common import RESULTS, record
 
 
 def _settings(quick: bool):
@@ -214,7 +212,7 @@ def profile(reps: int) -> dict:
   """
   from boundjax.agt import bounds as bnd
   from boundjax.agt import descent, train
-  from boundjax.interval import Interval
+  from boundjax.core.interval import Interval
   out = []
   for name, X, y, sizes, loss, cfg in _settings(True):
     X, y = jnp.asarray(X), jnp.asarray(y)
@@ -293,7 +291,7 @@ def public_task(reps: int) -> dict:
     out[f"logit_width_{method}"] = float(jnp.mean(fb.upper - fb.lower))
     out[f"certified_{method}"] = float(np.mean(agt.certify(
         mlp.apply, state.params, state.bounds, Xt, bound_method=method)))
-  from boundjax.interval import Interval
+  from boundjax.core.interval import Interval
   ivs = jax.tree_util.tree_leaves(state.bounds, is_leaf=lambda v: isinstance(v, Interval))
   rec = {"task": "blobs separable, 6-128-2 ReLU, 20,000 points, batch 5,000, 4 epochs, k=10, "
                  "gamma=0.06, alpha 2.0, eta 0.6, float32, matmul midrad (public: rump)",

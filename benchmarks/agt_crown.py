@@ -34,10 +34,9 @@ import numpy as np
 import boundjax.data as bd
 from boundjax import agt
 from boundjax.agt import mlp
-from boundjax.interval import Interval
-from provenance import record
+from boundjax.core.interval import Interval
+from common import RESULTS, record
 
-RESULTS = pathlib.Path(__file__).parent / "results"
 NETS = {"6-128-2": [6, 128, 2], "6-64-64-2": [6, 64, 64, 2], "6-32-32-32-2": [6, 32, 32, 32, 2]}
 
 

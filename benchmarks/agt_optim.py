@@ -37,9 +37,9 @@ import numpy as np
 
 from boundjax import agt
 from boundjax.agt import mlp, retrain
-from boundjax.interval import split_tree
+from boundjax.core.interval import split_tree
 
-from provenance import record
+from common import record
 
 OUT = Path(__file__).resolve().parent / "results" / "agt_optim.json"
 OPTIMIZERS = {

@@ -50,9 +50,7 @@ from tqdm.auto import tqdm
 
 from boundjax import agt
 from boundjax.agt import mlp, poison_attacks
-from provenance import record
-
-RESULTS = pathlib.Path(__file__).parent / "results"
+from common import RESULTS, record
 
 PAPER = {
     "title": "Certified Robustness to Data Poisoning in Gradient-Based Training",

@@ -73,12 +73,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax import agt, dpsgd, privacy
+from boundjax import agt, privacy
+from boundjax.training import dpsgd
 from boundjax.agt import mlp
 import dpsgd_tuning
-from provenance import record
+from common import RESULTS, record
 
-RESULTS = pathlib.Path(__file__).parent / "results"
 EPS_GRID = np.logspace(-2, 1, 20)
 Q_GRID = [1, 2, 4, 10, 21, 46, 100, 215, 464, 1000]
 

@@ -33,9 +33,8 @@ import numpy as np
 import boundjax.data as bd
 from boundjax import agt
 from boundjax.agt import diagnostics, mlp
-from provenance import record
+from common import RESULTS, record
 
-RESULTS = pathlib.Path(__file__).parent / "results"
 SWEEP = {"batch_size": [250, 1000, 5000], "clip_gamma": [0.02, 0.06, 0.2],
          "learning_rate": [0.1, 0.5, 2.0], "k_private": [1, 5, 20, 50]}
 

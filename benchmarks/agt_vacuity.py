@@ -40,9 +40,8 @@ from tqdm.auto import tqdm
 import boundjax.data as bd
 from boundjax import agt
 from boundjax.agt import diagnostics, mlp
-from provenance import record
+from common import RESULTS, record
 
-RESULTS = pathlib.Path(__file__).parent / "results"
 #: (network, changes to the base config): a k sweep through the range where certification
 #: collapses, the other knobs at one bad value each, and a deeper network trained full-batch.
 RUNS = ([([6, 32, 2], {"k_private": k}) for k in (1, 5, 10, 15, 20, 30, 50)]

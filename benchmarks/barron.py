@@ -37,9 +37,8 @@ import numpy as np
 from boundjax import auditing as A
 from boundjax.auditing import adversary
 from boundjax import barron
-from provenance import record
+from common import RESULTS, record
 
-RESULTS = Path(__file__).parent / "results"
 MUS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1)
 PAPER_RANGE = (0.89, 0.97)
 

@@ -45,9 +45,8 @@ from boundjax.data.adult import load_adult
 from boundjax.models import MLP, mlp_layer_values
 from milp import difference as MD
 from milp import network as MN
-from provenance import record
+from common import RESULTS, record
 
-RESULTS = Path(__file__).parent / "results"
 CACHE = Path(os.environ.get("BOUNDJAX_CACHE", Path.home() / ".cache" / "boundjax"))
 TAU = 0.01
 

@@ -1,7 +1,7 @@
 """DP-SGD baselines tuned over a small grid, shared by the benchmarks that compare against DP-SGD
 (`idpdb_accuracy.py`: LUCID Tables 1-3; `agt_privacy.py`: AGT Fig. 5).
 
-One grid point is one `boundjax.dpsgd.train` run (Abadi et al. 2016, Alg. 1) with Poisson
+One grid point is one `boundjax.training.dpsgd.train` run (Abadi et al. 2016, Alg. 1) with Poisson
 sampling, its noise multiplier calibrated by dp-accounting's RDP accountant to the target
 (epsilon, delta) for exactly that point's schedule (expected batch size and epochs), then scored
 on an evaluation set the caller chooses (a validation split to select, the test set to report).
@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from boundjax import dpsgd
+from boundjax.training import dpsgd
 
 
 def grid_points(learning_rates: list[float], clips: list[float], epochs: list[int]
@@ -34,10 +34,10 @@ def train_point(apply_fn: Callable, params: Any, x: Any, y: Any, x_eval: Any, y_
 
   The noise multiplier is recomputed for this point: the smallest sigma whose RDP epsilon for
   ``epochs * (n // batch_size)`` Poisson-subsampled Gaussian steps at rate ``batch_size / n``
-  is <= ``epsilon`` at ``delta`` (Mironov, Talwar & Zhang 2019; `boundjax.dpsgd`).
+  is <= ``epsilon`` at ``delta`` (Mironov, Talwar & Zhang 2019; `boundjax.training.dpsgd`).
   ``predict(params, x)`` returns labels. Returns the row (the point, ``score_key``: the
   accuracy on the evaluation set, the accounted epsilon, sigma, steps, seconds) and the
-  `boundjax.dpsgd.DPSGDResult`.
+  `boundjax.training.dpsgd.DPSGDResult`.
   """
   t0 = time.perf_counter()
   r = dpsgd.train(apply_fn, params, np.asarray(x, np.float32), np.asarray(y), loss=loss,

@@ -49,9 +49,8 @@ from tqdm.auto import tqdm
 from boundjax import ensembles as E
 from boundjax.data.adult import load_adult
 from boundjax.models import MLP
-from provenance import record
+from common import RESULTS, record
 
-RESULTS = Path(__file__).parent / "results"
 ALL_NETWORKS = 32_562
 
 

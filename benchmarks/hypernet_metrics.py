@@ -39,9 +39,8 @@ from boundjax import ensembles as E
 from boundjax import hypernet as H
 from boundjax.data.adult import load_adult
 from boundjax.models import MLP
-from provenance import record
+from common import RESULTS, record
 
-RESULTS = Path(__file__).parent / "results"
 CACHE = Path(os.environ.get("BOUNDJAX_CACHE", Path.home() / ".cache" / "boundjax"))
 
 #: Sphynx Table 4, Adult 2×50 (network abstraction rate %, overcoverage) and Table 3 (Adult 2×100).

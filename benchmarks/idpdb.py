@@ -104,7 +104,7 @@ from boundjax.models import MLP  # noqa: E402
 from milp import idpdb  # noqa: E402
 from milp import network as net_lib  # noqa: E402
 from milp.ldcp import family_from_stacked  # noqa: E402
-from provenance import record  # noqa: E402
+from common import record  # noqa: E402
 
 PAPER = {"2x50": dict(beta0=0.55, T0_h=2.9, beta1=0.63, T1_h=3.0, acc=83.1),
          "2x100": dict(beta0=0.93, T0_h=4.3, beta1=0.91, T1_h=4.1, acc=83.3)}

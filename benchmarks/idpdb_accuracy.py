@@ -22,7 +22,7 @@ Setting (LUCID, §7 and Tables 1-3):
   epochs) and DP-SGD ((ε, δ)-DP, δ = 1/n) at ε ∈ {0.02, 0.2, 1}.
 * **DP-SGD, like for like.** N's own budget: batch 1024 (expected), ``--dp-epochs`` = 30 epochs
   (N's), noise calibrated by dp-accounting's RDP accountant for exactly the sampling used:
-  Poisson sampling (`boundjax.dpsgd.PoissonSchedule`), so the stated ε is a proven bound. A
+  Poisson sampling (`boundjax.training.dpsgd.PoissonSchedule`), so the stated ε is a proven bound. A
   grid of G = |``--dp-grid-lr``| x |``--dp-grid-clip``| = 2 x 2 (learning rate x clip norm) is
   trained at every ε; the table gives the pre-declared default (lr 0.5, clip 1, no tuning: the
   stated (ε, δ) holds) and the best of the G runs by test accuracy. The selection is *not*
@@ -67,7 +67,7 @@ from boundjax.models import MLP  # noqa: E402
 from boundjax.privacy import label_only as L  # noqa: E402
 from dpsgd_tuning import train_point  # noqa: E402
 from milp.idpdb import compute_betas  # noqa: E402
-from provenance import record  # noqa: E402
+from common import record  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 

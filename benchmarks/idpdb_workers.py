@@ -43,7 +43,7 @@ from boundjax.models import MLP  # noqa: E402
 from milp import idpdb  # noqa: E402
 from milp import network as net_lib  # noqa: E402
 from milp.ldcp import family_from_stacked  # noqa: E402
-from provenance import record  # noqa: E402
+from common import record  # noqa: E402
 
 
 def parse(argv=None) -> argparse.Namespace:

@@ -56,7 +56,7 @@ from milp import ldcp, neighbourhoods as NB  # noqa: E402
 from milp import network as net_lib  # noqa: E402
 from milp.solve import SolveConfig  # noqa: E402
 from milp.verify import verify as verify_net  # noqa: E402
-from provenance import record  # noqa: E402
+from common import record  # noqa: E402
 
 ARCHS = {"2x50": (50, 50), "2x100": (100, 100), "4x50": (50, 50, 50, 50)}
 #: Epochs per architecture. Sphynx, §6 trains every network 10 epochs at lr 0.1; with our

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 import boundjax as bj
-from provenance import record
+from common import record
 
 
 class MLP(nn.Module):

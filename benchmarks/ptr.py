@@ -2,11 +2,11 @@
 Tables 2–5 (reconstruction attack: SSIM, ℓ1, MSE, PSNR vs R and ε) on MNIST, the paper's numbers
 beside ours.
 
-Pipeline (`boundjax.ptr_pipeline`): a β-VAE embedder (β = 5, q = 8), an 8→10→8 ReLU obfuscator
+Pipeline (`boundjax.ptr.pipeline`): a β-VAE embedder (β = 5, q = 8), an 8→10→8 ReLU obfuscator
 trained jointly with a predictor and an adversary by ARL with the supplement's regularisers
 (α = 0.99, Laplace noise σ = 0.01, contrastive λ = 1, margin 25, applied to f(z)), the proposal
 Δp = mean + 3·std of the IBP Lipschitz bound on N(z, R) over **training** embeddings, and the PTR
-release (`boundjax.privacy.ptr.ptr_release_batch`, IBP oracle, bisection with R_max = 1.4,
+release (`boundjax.ptr.release.ptr_release_batch`, IBP oracle, bisection with R_max = 1.4,
 ζ = 0.01, calibration "code", δ = 0.1 in the code's convention = 0.05 effective).
 
 Table 1 rows, ε ∈ {1, 2, 5, 7, ∞}:
@@ -21,7 +21,7 @@ Table 1 rows, ε ∈ {1, 2, 5, 7, ∞}:
   ("sound"): answer rate (fraction not ⊥), accuracy over the answered queries, and accuracy with
   ⊥ counted wrong.
 
-Tables 2–5: the attacker (`boundjax.ptr_pipeline.attack`) decodes f(μ) + Lap(Δp(R) R/ε) back to
+Tables 2–5: the attacker (`boundjax.ptr.pipeline.attack`) decodes f(μ) + Lap(Δp(R) R/ε) back to
 the image, for R ∈ {0.1, 0.2, 0.4, 0.6, 0.8, 1.0} and ε ∈ {1, 2, 5, 10}; best held-out epoch by
 SSIM. PSNR is reported in the paper's convention (peak 255 on [0, 1] images, ≈ 60 dB).
 
@@ -50,18 +50,17 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import record  # noqa: E402
+from common import RESULTS, record  # noqa: E402
 
 from boundjax import data  # noqa: E402
-from boundjax.privacy import ptr  # noqa: E402
-from boundjax.ptr_pipeline import (ARLConfig, OutputRange, VAEConfig, adversarial_release,  # noqa: E402
+from boundjax.ptr import release as ptr  # noqa: E402
+from boundjax.ptr.pipeline import (ARLConfig, OutputRange, VAEConfig, adversarial_release,  # noqa: E402
                                    attack_grid, ldp_embedding_release, ldp_image_grid,
                                    ptr_accuracy_grid,
                                    train_arl, train_vae)
-from boundjax.ptr_pipeline.arl import TrainedARL  # noqa: E402
-from boundjax.ptr_pipeline.vae import BetaVAE, TrainedVAE  # noqa: E402
+from boundjax.ptr.pipeline.arl import TrainedARL  # noqa: E402
+from boundjax.ptr.pipeline.vae import BetaVAE, TrainedVAE  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
 CACHE = Path(os.environ.get("BOUNDJAX_CACHE", Path.home() / ".cache" / "boundjax")) / "ptr"
 EPS_T1 = (1.0, 2.0, 5.0, 7.0, math.inf)
 EPS_ATTACK = (1.0, 2.0, 5.0, 10.0)

@@ -5,7 +5,7 @@ Network: **trained here on a synthetic 8-d task, not ARL**: embeddings ``z ~ N(0
 β-VAE's prior makes of them), 10 classes from a fixed random linear teacher, obfuscator 8→10→8
 and predictor 8→50→10 (LeakyReLU, the paper's MNIST predictor) trained jointly with Adam (lr 1e-3)
 on cross-entropy; the obfuscator alone is what the oracles bound (the spec's ARL training and the
-β-VAE are `boundjax.ptr_pipeline` / `benchmarks/ptr.py`).
+β-VAE are `boundjax.ptr.pipeline` / `benchmarks/ptr.py`).
 
 Part 1, per box ``N(z, r)`` (``--centres`` held-out centres × radii ``--radii``), each oracle's
 upper bound ``U`` (∞→1 norm, what the ℓ1 Laplace release needs), its time, and whether it is
@@ -14,9 +14,9 @@ both are exact they must agree; a disagreement is counted):
 
 * ``milp`` — `milp.lipschitz.lipschitz_milp` (LipMIP formulation, HiGHS through OR-Tools MathOpt,
   solved to optimality; the sound value is the dual bound);
-* ``enumerate`` — `boundjax.lipschitz.enumerate_patterns` (one hidden layer: every pattern of the
+* ``enumerate`` — `boundjax.ptr.lipschitz.enumerate_patterns` (one hidden layer: every pattern of the
   IBP-unstable units, LP realisability, exact when the best pattern is realisable on an open set);
-* ``ibp`` — FastLip per sign vector (`boundjax.lipschitz.ibp_upper`, jitted, outward rounding);
+* ``ibp`` — FastLip per sign vector (`boundjax.ptr.lipschitz.ibp_upper`, jitted, outward rounding);
 * ``ibp_cheap`` — one interval Jacobian (``method="ibp_cheap"``).
 * with ``--compare-commit SHA``: the MILP of ``milp/lipschitz.py`` at that commit (the formulation
   before this benchmark's speed work), on the same boxes.
@@ -65,12 +65,11 @@ from tqdm import tqdm
 
 jax.config.update("jax_enable_x64", True)
 
-from boundjax import lipschitz as lip  # noqa: E402
-from boundjax.privacy import ptr  # noqa: E402
+from boundjax.ptr import lipschitz as lip  # noqa: E402
+from boundjax.ptr import release as ptr  # noqa: E402
 from milp import lipschitz as mlip  # noqa: E402
-from provenance import record  # noqa: E402
+from common import RESULTS, record  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (8, 10, 8)
 

@@ -7,7 +7,7 @@ verivital, oval21, cifar10_resnet, marabou-cifar10, eran) through `boundjax veri
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/vnncomp.py --category verivital oval21 --limit 2 \
         --timeout 120          # one limit for every category (or --csv-timeouts: the competition's)
 
-Runs `milp.complete.run_instances` on ``instances.csv`` of the shared folder (per-category time
+Runs `boundjax.verify.run_instances` on ``instances.csv`` of the shared folder (per-category time
 limits: ACAS Xu 60 s, MNIST 120 s, the targets of the issue, 120 s for the other categories;
 ``--timeout`` sets one limit for all, ``--csv-timeouts`` the competition's per instance), then — only after every instance has
 run — reads the competition's verdicts to score: solved, wrong answers (must be 0), time per
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import ROOT, record  # noqa: E402
+from common import ROOT, record  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "benchmarks" / "vnncomp2021"
 TIMEOUTS = {"acasxu": 60.0, "mnistfc": 120.0}
@@ -113,7 +113,7 @@ def cactus(rows: list[dict], path: Path) -> None:
 
 def main(argv=None) -> dict:
   a = parse(argv)
-  from milp.complete import run_instances
+  from boundjax.verify import run_instances
   root = Path(a.root)
   meta = record()
   rows = instances(root, a.category, a.limit, a.match)

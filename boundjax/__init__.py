@@ -6,18 +6,18 @@
     out = bj.crown(model.apply)(params, box)     # tighter linear (CROWN) bounds
 """
 
-from boundjax.errors import BoundError, UnsupportedPrimitiveError
-from boundjax.interval import Interval, is_interval, tree_contains
+from boundjax.core.errors import BoundError, UnsupportedPrimitiveError
+from boundjax.core.interval import Interval, is_interval, tree_contains
 
 __version__ = "0.1.0"
 
 __all__ = ["Interval", "is_interval", "tree_contains", "UnsupportedPrimitiveError", "BoundError"]
 
-from boundjax.transforms import crown, ibp
+from boundjax.core.transforms import crown, difference, ibp
 from boundjax import nn
 
 __all__ += ["ibp", "crown", "nn"]
 
-from boundjax.domains.difference import DiffInterval, difference
+from boundjax.domains.difference import DiffInterval
 
 __all__ += ["difference", "DiffInterval"]

@@ -45,7 +45,7 @@ import numpy as np
 import scipy.special
 
 from boundjax.core import options
-from boundjax.validation import at_user_frame
+from boundjax.core.validation import at_user_frame
 
 Array = jax.Array
 

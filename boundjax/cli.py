@@ -63,7 +63,7 @@ def verify(net: str | None, prop: str | None, timeout: float, out: str | None,
   import csv
   from pathlib import Path
 
-  from milp.complete import format_result, run_instances, verify_instance
+  from boundjax.verify import format_result, run_instances, verify_instance
   if batch is None:
     if net is None or prop is None:
       raise SystemExit("boundjax verify: give NET.onnx and PROP.vnnlib, or --batch INSTANCES.csv")
@@ -97,6 +97,29 @@ def verify(net: str | None, prop: str | None, timeout: float, out: str | None,
   return 0
 
 
+def _benchmark_report():
+  """The module ``benchmarks/report.py`` of the clone this runs in: the first folder, from the
+  current one upwards and then beside the package, holding it. The benchmarks are not part of the
+  installed package, so an installed wheel without a clone gets a clear SystemExit."""
+  import importlib.util
+  from pathlib import Path
+
+  cwd = Path.cwd().resolve()
+  package_parent = Path(__file__).resolve().parents[1]
+  for folder in [cwd, *cwd.parents, package_parent]:
+    path = folder / "benchmarks" / "report.py"
+    if path.is_file():
+      spec = importlib.util.spec_from_file_location("boundjax_benchmarks_report", path)
+      module = importlib.util.module_from_spec(spec)
+      sys.modules[spec.name] = module     # dataclasses look their module up by name
+      spec.loader.exec_module(module)
+      return module
+  raise SystemExit("boundjax reproduce: runs the benchmark scripts of a clone of the repository "
+                   "(benchmarks/report.py), found neither from the current folder upwards nor "
+                   f"beside the installed package ({package_parent}); run it from inside a clone "
+                   "(git clone, then `pip install -e .`)")
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="boundjax", description="Sound bounds for neural networks.")
   sub = parser.add_subparsers(dest="command", required=True)
@@ -125,10 +148,10 @@ def main(argv: list[str] | None = None) -> int:
   r.add_argument("--only", nargs="*", help="papers: lucid, agt, ptr, sphynx, barron, engine")
   args = parser.parse_args(argv)
   if args.command == "reproduce":
-    from boundjax.reproduce import NotAClone, reproduce
+    report = _benchmark_report()
     try:
-      path = reproduce(args.mode or "quick", args.only)
-    except (NotAClone, ValueError) as e:
+      path = report.reproduce(args.mode or "quick", args.only)
+    except (report.NotAClone, ValueError) as e:
       raise SystemExit(f"boundjax reproduce: {e}") from None
     print(f"wrote {path} and {path.with_name('README.md')}")
     return 0
@@ -144,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _leave_if_compiling(code: int) -> None:
   """Run as the ``boundjax`` command: if a bound is still compiling in a worker thread
-  (`milp.complete.engine.call_with_budget` leaves it behind at the deadline), exit at once with
+  (`boundjax.verify.engine.call_with_budget` leaves it behind at the deadline), exit at once with
   ``code`` after flushing the output; the interpreter's normal shutdown would abort in the
   middle of XLA's compilation (SIGABRT). In-process callers (tests) are left alone."""
   import os

@@ -36,9 +36,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from boundjax import rounding
+from boundjax.core import rounding
 from boundjax.core.composite import define, negative_axis
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 
 # ----------------------------------------------------------------------------------------------
 # the primitives (concrete semantics = jax.nn)

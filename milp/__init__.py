@@ -20,10 +20,9 @@ Modules (OR-Tools MathOpt; SCIP, HiGHS, CP-SAT):
                           `boundjax.privacy.LabelOnlyGuard`.
 * `milp.property`       — the exact check of a VNNLIB-style property (sat with a replayed
                           counterexample / unsat / timeout / unknown).
-* `milp.complete`       — the complete verifier behind `boundjax verify` (falsifier, layered
-                          CROWN/α/β with split constraints, branch-and-bound, MILP fallback).
 * `milp.lipschitz`      — the exact local Lipschitz constant as a MILP (LipMIP), PTR's oracle.
 
-Layering: `milp` imports `boundjax`; nothing in `boundjax` (except its demos and CLI) imports
-`milp`.
+Layering: `milp` imports `boundjax`; nothing in `boundjax` imports `milp` except its demos, the
+CLI and the complete verifier `boundjax.verify` (on the same layer as `milp`, for its MILP fallback,
+imported lazily).
 """

@@ -35,7 +35,7 @@ import numpy as np
 import scipy.sparse as sp
 
 import boundjax as bj
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 from milp.network import AffineLayer, Network
 
 Bounds = list[tuple[np.ndarray, np.ndarray]]

@@ -60,7 +60,7 @@ import numpy as np
 
 import boundjax as bj
 from boundjax.domains import difference as diff_domain
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 from milp import bounds as bounds_mod
 from milp.bounds import Bounds
 from milp.network import Network

@@ -33,7 +33,7 @@ point ``z*`` gives ``lower`` as the Jacobian norm recomputed there, and ``argmax
 (``lower`` is always the Jacobian norm at ``argmax``: a value the constant attains). A time limit
 gives a sound answer (and an inclusion-monotone oracle only when solved to optimality).
 
-``exact`` keeps the meaning of `boundjax.lipschitz.LipschitzBound`: the returned ``upper`` and
+``exact`` keeps the meaning of `boundjax.ptr.lipschitz.LipschitzBound`: the returned ``upper`` and
 ``lower`` agree to ``1e-9`` relative (`EXACT_RTOL`). A solve, even to optimality, brackets the
 constant only to the pad (``upper - lower`` about ``1e-6`` relative), so it is not exact; a box on
 which every ReLU is stable is (one Jacobian, its norm computed in float64 with a bound on the
@@ -45,8 +45,8 @@ here ``c in [-1, 1]^m`` is the default and the ℓ1 ball is ``out_norm="linf_as_
 reproduction only).
 
 `local_lipschitz` also offers ``method="auto"`` (pattern enumeration for one hidden layer, else
-the MILP) and the `boundjax.lipschitz` oracles; `milp_oracle` returns ``(x, radius) -> upper`` for
-`boundjax.privacy.ptr`. The radius search only compares ``U`` with the proposal ``Δp``;
+the MILP) and the `boundjax.ptr.lipschitz` oracles; `milp_oracle` returns ``(x, radius) -> upper`` for
+`boundjax.ptr.release`. The radius search only compares ``U`` with the proposal ``Δp``;
 `lipschitz_decide` (``milp_oracle(..., proposal=Δp)``) lets the interval bound or sampled Jacobian
 norms settle that comparison when they can and solves the MILP only otherwise.
 """
@@ -61,8 +61,8 @@ from typing import Any, Callable
 import numpy as np
 import scipy.sparse as sp
 
-from boundjax import lipschitz as bj_lip
-from boundjax.lipschitz import LipschitzBound
+from boundjax.ptr import lipschitz as bj_lip
+from boundjax.ptr.lipschitz import LipschitzBound
 from milp import bounds as bounds_lib
 from milp.encode import Encoding
 from milp.network import Network, from_function
@@ -72,7 +72,7 @@ _DEFAULT_CFG = SolveConfig(solver="highs", time_limit=60.0, threads=1, relative_
                            absolute_gap=1e-9)
 
 #: ``exact`` means ``upper - lower <= EXACT_RTOL * max(1, |upper|)`` (the tolerance documented by
-#: `boundjax.lipschitz.LipschitzBound`, and used by `boundjax.lipschitz.local_lipschitz`).
+#: `boundjax.ptr.lipschitz.LipschitzBound`, and used by `boundjax.ptr.lipschitz.local_lipschitz`).
 EXACT_RTOL = 1e-9
 
 #: Relative pad of a solver's dual bound (its feasibility tolerances, ~1e-6 for HiGHS' MIP).
@@ -484,11 +484,11 @@ def local_lipschitz(apply_fn: Callable, params: Any, center: Any, radius: float,
                     method: str = "milp", out_norm: str = "l1", solver: str = "highs",
                     time_limit: float | None = 60.0, threads: int = 1,
                     network: Network | None = None, **kwargs: Any) -> LipschitzBound:
-  """`boundjax.lipschitz.local_lipschitz` plus the MILP: ``method="milp"`` (LipMIP, the constant
+  """`boundjax.ptr.lipschitz.local_lipschitz` plus the MILP: ``method="milp"`` (LipMIP, the constant
   to the solver's tolerance when solved) or ``"auto"`` (exact pattern enumeration for a
   one-hidden-layer Dense network when its unstable units are few, else the MILP; a MILP answer
   that is not solved to optimality is intersected with the IBP bound and its sampled lower
-  bound). Other methods are passed to `boundjax.lipschitz.local_lipschitz` with ``kwargs``.
+  bound). Other methods are passed to `boundjax.ptr.lipschitz.local_lipschitz` with ``kwargs``.
 
   The result's ``lower`` is always the Jacobian norm at its ``argmax`` (from whichever of the
   MILP's point and the sampled point is larger), and ``exact`` means ``upper`` and ``lower``
@@ -599,7 +599,7 @@ def lipschitz_decide(net: Network, center: Any, radius: float, threshold: float,
 def milp_oracle(apply_fn: Callable, params: Any, example: Any, *, out_norm: str = "l1",
                 solver: str = "highs", time_limit: float | None = None,
                 threads: int = 1, proposal: float | None = None) -> Callable[[Any, float], float]:
-  """``(x, radius) -> upper`` for `boundjax.privacy.ptr` (the network extracted once).
+  """``(x, radius) -> upper`` for `boundjax.ptr.release` (the network extracted once).
 
   ``time_limit=None`` (default) solves to optimality, which keeps the oracle exact and hence
   inclusion-monotone, as the privacy argument of the PTR test needs (a stopped solve is sound

@@ -34,7 +34,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from boundjax.core import primitives
-from boundjax.interval import split_tree
+from boundjax.core.interval import split_tree
 from boundjax.models import dense_layers
 
 Matrix = Any  # np.ndarray or a scipy.sparse array, shape (out, in)
@@ -207,7 +207,7 @@ def from_params(params: Any, output: str | None = None) -> Network:
     params: ``{'params': {'Dense_0': {'kernel', 'bias'}, ...}}``, the inner dict, or a list of
       layer dicts (parsed by `boundjax.models.dense_layers`, the package's one Dense-stack
       parser). Leaves may be arrays or `Interval`; the whole tree may also be one `Interval`
-      over parameter trees (split by `boundjax.interval.split_tree`).
+      over parameter trees (split by `boundjax.core.interval.split_tree`).
     output: ``"logits"``, ``"sign"`` or ``None`` (by the number of outputs; see `Network`).
   """
   lo, hi = split_tree(params)
@@ -1010,7 +1010,7 @@ def from_function(apply_fn, params: Any, input_shape: Sequence[int], output: str
       e.g. ``tanh``, ``argmax``, a product of two input-dependent values, or a division by one.
   """
   from boundjax.core.program import evaluate_concrete, flatten, mark_dependence
-  from boundjax.interval import is_interval
+  from boundjax.core.interval import is_interval
 
   input_shape = tuple(int(s) for s in input_shape)
   if any(is_interval(l) for l in jax.tree_util.tree_leaves(params, is_leaf=is_interval)):

@@ -13,7 +13,7 @@ from boundjax import agt
 from boundjax.agt import descent, losses, mlp, retrain
 from boundjax.agt import bounds as bnd
 from boundjax.core import options
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 from tests.helpers import matmul_precisions
 
 

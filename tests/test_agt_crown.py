@@ -15,7 +15,7 @@ import pytest
 from boundjax import agt
 from boundjax.agt import bounds as bnd
 from boundjax.agt import crown, mlp, retrain
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 
 N_SAMPLES = 20_000
 

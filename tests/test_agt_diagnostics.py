@@ -91,7 +91,7 @@ def test_overflowing_box_raises_naming_step_and_layer():
 
 
 def test_box_stats_and_ratio():
-  from boundjax.interval import Interval
+  from boundjax.core.interval import Interval
   params = {"w": jnp.array([1.0, -1.0]), "z": jnp.zeros(2)}
   box = {"w": Interval(jnp.array([0.0, -3.0]), jnp.array([2.0, -1.0])),
          "z": Interval(jnp.zeros(2), jnp.zeros(2))}

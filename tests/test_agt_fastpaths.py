@@ -7,7 +7,7 @@ import pytest
 
 from boundjax import agt
 from boundjax.agt import descent, mlp, poisoning, train
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 
 
 @pytest.fixture(autouse=True)

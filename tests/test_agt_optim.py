@@ -23,7 +23,7 @@ import pytest
 
 from boundjax import agt, training
 from boundjax.agt import mlp, optim, retrain
-from boundjax.interval import Interval, split_tree
+from boundjax.core.interval import Interval, split_tree
 
 
 @pytest.fixture(autouse=True)

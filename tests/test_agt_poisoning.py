@@ -14,7 +14,7 @@ import pytest
 
 from boundjax import agt
 from boundjax.agt import mlp, poison_attacks, poisoning, retrain
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 from tests.helpers import gaussian_blobs
 
 

@@ -140,7 +140,7 @@ def test_stored_amazon_entry_certifies_and_decays(stored):
 
 
 def test_reproduce_rows_state_the_fig5_verdict_and_no_stale_note(stored):
-  from boundjax import reproduce
+  from benchmarks import report as reproduce
   rows = {r[0]: r for r in reproduce.compare_agt_privacy(stored)}
   f5 = stored["fashion"]["fig5_check"]
   row = rows["fashion: Fig. 5, queries where private prediction beats DP-SGD"]
@@ -226,7 +226,7 @@ def test_dpsgd_selection_never_reads_the_test_set():
 
 
 def test_stored_amazon_dpsgd_baseline_is_the_tuned_choice(stored):
-  from boundjax import dpsgd
+  from boundjax.training import dpsgd
   d = stored["amazon"]["dpsgd"]
   t = d["tuning"]
   assert t["n_settings"] == len(t["rows"]) == t["n_agt_settings"] == 12

@@ -17,7 +17,7 @@ import pytest
 
 from boundjax import agt, ensembles
 from boundjax.agt import descent
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 from boundjax.models import MLP
 from boundjax.training import Schedule
 

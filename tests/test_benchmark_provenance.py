@@ -1,6 +1,6 @@
 """Every JSON under benchmarks/results/ says how it was made, and holds only what its script writes.
 
-Each file must carry the record of `benchmarks/provenance.record()`: under a ``provenance`` key
+Each file must carry the record of `benchmarks/common.record()`: under a ``provenance`` key
 (every script now), or the same fields at the top level (the layout `benchmarks/vnncomp.py`
 writes). The record needs the exact command naming an existing script of `benchmarks/`, the git
 commit (40 hex digits, optionally ``+dirty``), the machine (cpu_count, device) and an ISO date.

@@ -74,7 +74,7 @@ def test_sat_instance_writes_a_counterexample_onnxruntime_confirms(files):
                    "--out", str(d / "sat.txt")]) == 0
   text = (d / "sat.txt").read_text()
   assert text.splitlines()[0] == "sat"
-  from milp.complete import parse_result
+  from boundjax.verify import parse_result
   status, x, y = parse_result(text)
   assert status == "sat" and x.shape == (3,) and y.shape == (2,)
   assert np.all(x >= -1.0) and np.all(x <= 1.0)
@@ -135,7 +135,7 @@ def test_a_property_of_another_size_names_both_files_and_counts(files, tmp_path,
   name = "x4.vnnlib" if n_in == 4 else "y3.vnnlib"
   _sized_property(tmp_path / name, n_in, n_out)
   from boundjax.io import VnnlibError
-  from milp.complete import verify_instance
+  from boundjax.verify import verify_instance
   with pytest.raises(VnnlibError, match=message):
     verify_instance(d / "net.onnx", tmp_path / name, timeout=30)
   with pytest.raises(SystemExit, match="boundjax verify: .*" + message):
@@ -143,7 +143,7 @@ def test_a_property_of_another_size_names_both_files_and_counts(files, tmp_path,
   # in a batch the row is reported as an error and the rows after it still get their answers
   (tmp_path / "batch.csv").write_text(
       f"onnx,vnnlib\n{d / 'net.onnx'},{tmp_path / name}\n{d / 'net.onnx'},{d / 'unsat.vnnlib'}\n")
-  from milp.complete import run_instances
+  from boundjax.verify import run_instances
   rows = [{"onnx": str(d / "net.onnx"), "vnnlib": str(tmp_path / name)},
           {"onnx": str(d / "net.onnx"), "vnnlib": str(d / "unsat.vnnlib")}]
   results = run_instances(rows, 30, progress=False)
@@ -153,11 +153,11 @@ def test_a_property_of_another_size_names_both_files_and_counts(files, tmp_path,
 
 
 def test_complete_verify_refuses_a_property_of_another_size(files):
-  """`milp.complete.verify` with regions or output rows of the wrong size: an OptionError
+  """`boundjax.verify.verify` with regions or output rows of the wrong size: an OptionError
   naming both counts before any work."""
   from boundjax.core.options import OptionError
   from boundjax.io import load_onnx
-  from milp.complete import verify
+  from boundjax.verify import verify
   d, _ = files
   model = load_onnx(str(d / "net.onnx"))
   box4 = (-np.ones(4), np.ones(4))

@@ -13,7 +13,7 @@ import pytest
 
 import boundjax as bj
 from boundjax.domains.linear import CrownFallbackWarning, crown
-from boundjax.errors import UnsupportedPrimitiveError
+from boundjax.core.errors import UnsupportedPrimitiveError
 from tests.helpers import assert_inside, sample_box
 
 N_SAMPLES = 10_000

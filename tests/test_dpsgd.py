@@ -1,11 +1,12 @@
-"""Tests of the DP-SGD baseline (boundjax.dpsgd)."""
+"""Tests of the DP-SGD baseline (boundjax.training.dpsgd)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from boundjax import agt, dpsgd
+from boundjax import agt
+from boundjax.training import dpsgd
 from boundjax.agt import mlp
 from boundjax.training import Schedule
 

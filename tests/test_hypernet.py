@@ -8,9 +8,9 @@ from scipy import optimize, stats
 
 from boundjax import ensembles as E
 from boundjax import hypernet as H
-from boundjax import transforms  # noqa: F401  (in-repo: missing must fail, not skip)
+from boundjax.core import transforms  # noqa: F401  (in-repo: missing must fail, not skip)
 from boundjax.hypernet import predint
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 from boundjax.models import MLP
 
 

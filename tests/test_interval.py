@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import boundjax as bj
-from boundjax.interval import bilinear_midrad, bilinear_signsplit, mul_bounds
+from boundjax.core.interval import bilinear_midrad, bilinear_signsplit, mul_bounds
 
 
 def test_properties():

@@ -1,4 +1,4 @@
-"""boundjax.lipschitz: soundness, exactness and monotonicity of the local Lipschitz oracles.
+"""boundjax.ptr.lipschitz: soundness, exactness and monotonicity of the local Lipschitz oracles.
 
 Properties (PTR test oracles, ∞→1 norm): 1 upper >= sampled ratios (incl. PGD pairs), 2 upper >=
 sampled Jacobian norms, 3 the sandwich lower <= enum <= IBP <= cheap IBP (the MILP part is in
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from boundjax import lipschitz as lip
+from boundjax.ptr import lipschitz as lip
 from tests.helpers import mlp_apply
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from boundjax.core import options
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 from milp import bounds as B
 from milp import network as N
 from milp import neighbourhoods as NB

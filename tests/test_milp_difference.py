@@ -319,7 +319,7 @@ def test_conv_sparse():
   import flax.linen as nn  # noqa: F401
   import jax.numpy as jnp
 
-  from boundjax.interval import Interval
+  from boundjax.core.interval import Interval
   from boundjax.models import Conv1dNet
 
   model = Conv1dNet(channels=6)

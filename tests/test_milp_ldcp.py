@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from boundjax import ensembles
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 from boundjax.models import MLP
 from milp import ldcp
 from milp import network as N

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from boundjax import lipschitz as lip
-from boundjax.privacy import ptr
+from boundjax.ptr import lipschitz as lip
+from boundjax.ptr import release as ptr
 from milp import lipschitz as mlip
 from milp.solve import SolveConfig
 from tests.helpers import mlp_apply, random_mlp

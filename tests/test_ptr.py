@@ -1,4 +1,4 @@
-"""boundjax.privacy.ptr: radius search, statistic sensitivity, test and release calibration.
+"""boundjax.ptr.release: radius search, statistic sensitivity, test and release calibration.
 
 Properties 7 (bisection postconditions), 8 (sensitivity, clamp regression), 9 (φ* <= γ̂),
 10 (unsafe => δ/2; closed-form pass rate), 11 (Laplace calibration), 12 (release uses Δp),
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from boundjax.privacy import ptr
+from boundjax.ptr import release as ptr
 from tests.helpers import mlp_apply, random_mlp
 
 
@@ -86,7 +86,7 @@ def test_sound_statistic_below_distance_to_unsafe():
   prop = 1.1 * float(oracle(jnp.zeros(2), R))
   g = np.linspace(-3, 3, 61)
   grid = np.stack(np.meshgrid(g, g), -1).reshape(-1, 2)
-  from boundjax import lipschitz as lip
+  from boundjax.ptr import lipschitz as lip
   unsafe = grid[np.asarray(lip.ibp_upper_batch(mlp_apply, NET, jnp.asarray(grid), R)) > prop]
   assert len(unsafe)
   for x in np.random.default_rng(2).uniform(-1, 1, (8, 2)):
@@ -195,7 +195,7 @@ def test_batched_equals_per_sample(search):
 
 
 def test_proposal_rules_and_statements():
-  from boundjax import lipschitz as lip
+  from boundjax.ptr import lipschitz as lip
   pub = jnp.asarray(np.random.default_rng(8).normal(size=(20, 2)))
   u = np.asarray(lip.ibp_upper_batch(mlp_apply, NET, pub, 0.5))
   assert ptr.propose_bound(mlp_apply, NET, pub, radius=0.5) == pytest.approx(

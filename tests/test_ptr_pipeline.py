@@ -1,4 +1,4 @@
-"""boundjax.ptr_pipeline: the β-VAE embedder, ARL, the LDP baselines and the reconstruction attack.
+"""boundjax.ptr.pipeline: the β-VAE embedder, ARL, the LDP baselines and the reconstruction attack.
 
 Ground truth is independent of the code under test: held-out reconstruction error against the
 mean image, a Monte-Carlo KL, Laplace log-densities from scipy on sampled pairs and outputs,
@@ -18,13 +18,13 @@ import pytest
 from scipy import stats
 
 from boundjax import data
-from boundjax.ptr_pipeline import (ARLConfig, OutputRange, VAEConfig, adversarial_release,
+from boundjax.ptr.pipeline import (ARLConfig, OutputRange, VAEConfig, adversarial_release,
                                    contrastive_loss, embedding_scale, ldp_embedding_release,
                                    ldp_image, metrics, noisy_images, ptr_accuracy,
                                    ptr_accuracy_grid, release_from_statistics, train_arl,
                                    train_vae)
-from boundjax.privacy import ptr
-from boundjax.ptr_pipeline.vae import kl_standard_normal
+from boundjax.ptr import release as ptr
+from boundjax.ptr.pipeline.vae import kl_standard_normal
 
 
 @pytest.fixture(scope="module")

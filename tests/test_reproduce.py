@@ -1,7 +1,7 @@
 """`boundjax reproduce`: finding the clone, running, resuming, falling back and rendering.
 
 The fast tests build a tiny fake clone (a `benchmarks/` folder with scripts written here) so every
-path of `boundjax.reproduce.execute` runs in well under a second per script; the slow test runs
+path of `benchmarks.report.execute` runs in well under a second per script; the slow test runs
 the real ``boundjax reproduce --quick`` and opens its report.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from boundjax import reproduce as R
+from benchmarks import report as R
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,7 @@ out.write_text(json.dumps({"provenance": {"command": "python " + " ".join(sys.ar
 
 def fake_clone(tmp_path: Path) -> Path:
   (tmp_path / "benchmarks" / "results").mkdir(parents=True)
-  (tmp_path / "benchmarks" / "provenance.py").write_text("")
+  (tmp_path / "benchmarks" / "common.py").write_text("")
   (tmp_path / "benchmarks" / "toy.py").write_text(SCRIPT)
   return tmp_path
 
@@ -196,6 +196,15 @@ def test_cli_reports_a_bad_paper_name():
   from boundjax.cli import main
   with pytest.raises(SystemExit, match="unknown paper"):
     main(["reproduce", "--render-only", "--only", "nope"])
+
+
+def test_cli_finds_the_report_of_the_clone_and_refuses_an_installed_wheel(tmp_path, monkeypatch):
+  from boundjax import cli
+  monkeypatch.chdir(tmp_path)
+  assert Path(cli._benchmark_report().__file__) == ROOT / "benchmarks" / "report.py"
+  monkeypatch.setattr(cli, "__file__", str(tmp_path / "site-packages" / "boundjax" / "cli.py"))
+  with pytest.raises(SystemExit, match="clone of the repository"):
+    cli.main(["reproduce", "--render-only"])
 
 
 @pytest.mark.slow

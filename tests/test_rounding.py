@@ -1,4 +1,4 @@
-"""Tests of `boundjax.rounding`: γ_n, one-step rounding and outward widening, and an attempt to
+"""Tests of `boundjax.core.rounding`: γ_n, one-step rounding and outward widening, and an attempt to
 break the error model on float32 dot products and sums computed by XLA."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from boundjax import rounding
+from boundjax.core import rounding
 
 F32 = st.floats(min_value=float(np.float32(-1e30)), max_value=float(np.float32(1e30)), allow_nan=False, allow_infinity=False, width=32)
 

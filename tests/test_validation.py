@@ -1,4 +1,4 @@
-"""Argument validation of the transformations (`boundjax.validation`) and user-frame lookup."""
+"""Argument validation of the transformations (`boundjax.core.validation`) and user-frame lookup."""
 
 import json
 import os
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import boundjax as bj
-from boundjax.interval import validate_arguments
-from boundjax.validation import _is_library_file, at_user_frame, first_user_frame
+from boundjax.core.interval import validate_arguments
+from boundjax.core.validation import _is_library_file, at_user_frame, first_user_frame
 
 
 def _bad(lower, upper):

@@ -33,8 +33,8 @@ import numpy as np
 from boundjax import nn as bnn
 from boundjax.agt import crown, losses, mlp
 from boundjax.agt.config import BOUND_METHODS, MATMULS
-from boundjax.interval import Interval
-from boundjax.transforms import ibp
+from boundjax.core.interval import Interval
+from boundjax.core.transforms import ibp
 
 BACKENDS = ("auto", "mlp", "ibp")
 

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 
 from boundjax.agt import losses, mlp
 from boundjax.domains.linear import crown as _engine_crown
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 
 Array = jax.Array
 

@@ -51,7 +51,7 @@ from typing import Any, Callable, Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 
 Array = jax.Array
 Normalise = Literal["actual", "nominal"]

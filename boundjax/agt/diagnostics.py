@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 
 #: What shrinks the box (AGT, Thm 4.6: the bound's spread is ~ (k gamma + spread of the
 #: per-sample bounds) / b per step, times the step size).

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 
 Array = jax.Array
 

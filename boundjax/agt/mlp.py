@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from boundjax.agt import losses
-from boundjax.interval import Interval, bilinear_midrad, bilinear_signsplit, mul_bounds
+from boundjax.core.interval import Interval, bilinear_midrad, bilinear_signsplit, mul_bounds
 from boundjax.models import dense_layers, rebuild_dense
 
 Array = jax.Array
@@ -71,7 +71,7 @@ def _as_iv(x: Any) -> Interval:
 
 
 def _bilinear(matmul: str) -> Callable:
-  """The interval product of two boxes: midpoint-radius or sign-split (`boundjax.interval`)."""
+  """The interval product of two boxes: midpoint-radius or sign-split (`boundjax.core.interval`)."""
   if matmul == "midrad":
     return bilinear_midrad
   if matmul == "signsplit":

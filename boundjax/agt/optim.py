@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.interval import Interval, join_tree, split_tree
+from boundjax.core.interval import Interval, join_tree, split_tree
 
 Array = jax.Array
 #: A step size: a number or an optax-style schedule ``count -> step size`` (count from 0).

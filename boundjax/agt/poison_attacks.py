@@ -30,7 +30,7 @@ from boundjax.agt.certify import certify, predict
 from boundjax.agt.config import Config
 from boundjax.agt.retrain import _full_schedule, agt_trajectory
 from boundjax.agt.train import nominal_grad_fn, point_optimizer
-from boundjax.interval import split_tree
+from boundjax.core.interval import split_tree
 from boundjax.training import Schedule
 
 Array = jax.Array

@@ -53,8 +53,8 @@ import jax.numpy as jnp
 from boundjax.agt import bounds as bnd
 from boundjax.agt import descent, mlp
 from boundjax.agt.config import Config
-from boundjax.interval import Interval
-from boundjax.transforms import ibp
+from boundjax.core.interval import Interval
+from boundjax.core.transforms import ibp
 
 Array = jax.Array
 _is_iv = lambda x: isinstance(x, Interval)  # noqa: E731

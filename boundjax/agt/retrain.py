@@ -35,7 +35,7 @@ from boundjax.agt import losses
 from boundjax.agt.certify import certify, predict
 from boundjax.agt.config import Config
 from boundjax.agt.train import init, make_step, nominal_grad_fn, point_optimizer
-from boundjax.interval import split_tree
+from boundjax.core.interval import split_tree
 from boundjax.training import Schedule
 
 Array = jax.Array

@@ -10,7 +10,7 @@ factor of 8. The model for each function is
 i.e. a relative error of ``ulps`` units in the last place of the result (``ulp(y) ≤ eps·|y|``)
 plus an absolute floor ``abs_err`` for functions with a zero (``erf(0) = 0``, ``log(1) = 0``,
 ...) where a relative error need not stay bounded, and ``finfo.tiny`` (always added by
-`boundjax.rounding.outward`) for results flushed to zero.
+`boundjax.core.rounding.outward`) for results flushed to zero.
 
 Measurement (`measure`): for every function, about 2.5 million float32 points — random bit
 patterns over the whole domain (every exponent, tiny and huge arguments), a dense grid over the
@@ -20,10 +20,10 @@ to ~1e-16, i.e. ~1e-9 float32 ulps). ``max_ulps`` is the largest ``|f̂ − f| /
 results ``|f| ≥ ZERO_BAND = 2^-10``; ``max_abs_near_0`` the largest ``|f̂ − f|`` over results
 ``|f| < ZERO_BAND`` (near a zero of the function), reported (and used as an absolute floor) only
 when the relative error there exceeds ``max_ulps``. A finite true value returned as ±inf
-(overflow) is measured as ±finfo.max, the value `boundjax.rounding.outward` substitutes for
+(overflow) is measured as ±finfo.max, the value `boundjax.core.rounding.outward` substitutes for
 such an endpoint. Subnormal *inputs* are excluded:
 XLA CPU flushes them to zero (DAZ), which the interval domain handles by snapping box ends away
-from the subnormal range before it calls a function (`boundjax.rounding.snap_outward`).
+from the subnormal range before it calls a function (`boundjax.core.rounding.snap_outward`).
 
 Reproduce (jax 0.10.2, XLA CPU, x86-64; prints the table below):
 
@@ -195,7 +195,7 @@ def _errors(y32: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
   if np.any(np.isnan(y)):
     return math.inf, math.inf
   # a finite result returned as ±inf (overflow near the float32 maximum) counts as ±max, which
-  # is how `boundjax.rounding.outward` treats an infinite lower (upper) bound of +inf (-inf)
+  # is how `boundjax.core.rounding.outward` treats an infinite lower (upper) bound of +inf (-inf)
   big = float(np.finfo(np.float32).max)
   y = np.where(np.isinf(y), np.sign(y) * big, y)
   err = np.abs(y - r)

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from boundjax.validation import at_user_frame, is_concrete_array
+from boundjax.core.validation import at_user_frame, is_concrete_array
 
 
 class OptionError(ValueError):

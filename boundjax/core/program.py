@@ -24,7 +24,7 @@ through it. ``trace(fn, args, kwargs)`` produces a `Program`:
   every other equation is evaluated as JAX would.
 * **Sound mode** (``precision_highest=True``): every ``dot_general`` / ``conv_general_dilated``
   gets ``precision=HIGHEST``, so the equations a domain emits never run in TF32/bfloat16 passes on
-  an accelerator (the error model of `boundjax.rounding` assumes float32 products).
+  an accelerator (the error model of `boundjax.core.rounding` assumes float32 products).
 
 Rewrites that keep the exact semantics: ``mul(a, a)`` of one variable becomes
 ``integer_pow(a, 2)`` (the bound of a square is tighter than that of a product of two boxes);
@@ -48,8 +48,8 @@ from jax.extend import core as jcore
 from boundjax import nn
 from boundjax.core import composite
 from boundjax.core.ir import Eqn, Lit, Program, Var, _user_frame, source_line  # noqa: F401  (the IR, re-exported)
-from boundjax.errors import UnsupportedPrimitiveError
-from boundjax.interval import Interval, is_interval
+from boundjax.core.errors import UnsupportedPrimitiveError
+from boundjax.core.interval import Interval, is_interval
 
 # Call-like primitives and the parameter holding the called jaxpr.
 CALL_PRIMITIVES = {
@@ -428,7 +428,7 @@ def output_origin(program: Program | None, i: int) -> str:
 def _nan_free(iv: Interval, check: Callable[[Any], Any], describe: Callable[[], str]) -> Interval:
   """One returned box through the NaN check: under tracing (values unknown) NaN ends widen to
   ``-inf`` / ``+inf``, which is sound; a concrete NaN raises `BoundError` (``describe()``)."""
-  from boundjax.errors import BoundError
+  from boundjax.core.errors import BoundError
   lo, hi = iv.lower, iv.upper
   if isinstance(lo, jax.core.Tracer) or isinstance(hi, jax.core.Tracer):
     return Interval(jnp.where(jnp.isnan(lo), -jnp.inf, lo), jnp.where(jnp.isnan(hi), jnp.inf, hi),

@@ -11,9 +11,9 @@ import optax
 
 from boundjax.data import load_sklearn
 from boundjax.demos.common import Section
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 from boundjax.models import MLP, fit_full_batch
-from boundjax.transforms import crown, ibp
+from boundjax.core.transforms import crown, ibp
 
 
 def run(eps_list: tuple[float, ...] = (0.005, 0.01, 0.02, 0.05), steps: int = 300,

@@ -9,9 +9,9 @@ import optax
 from sklearn.datasets import load_digits
 
 from boundjax.demos.common import Section
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 from boundjax.models import MLP, fit_full_batch
-from boundjax.transforms import crown, ibp
+from boundjax.core.transforms import crown, ibp
 
 
 def run(eps: float = 0.02, n_examples: int = 64, n_samples: int = 2000,

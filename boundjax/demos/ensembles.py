@@ -13,7 +13,7 @@ from boundjax import hypernet
 from boundjax.demos.common import Section
 from boundjax.domains.difference import difference
 from boundjax.ensembles import leave_k_out, sgd, train_ensemble
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 from boundjax.models import MLP
 
 

@@ -16,8 +16,8 @@ import numpy as np
 
 import boundjax.data as bd
 from boundjax.demos.common import Section
-from boundjax.privacy import ptr
-from boundjax.ptr_pipeline import (ARLConfig, OutputRange, VAEConfig, adversarial_release,
+from boundjax.ptr import release as ptr
+from boundjax.ptr.pipeline import (ARLConfig, OutputRange, VAEConfig, adversarial_release,
                                    ptr_accuracy, train_arl, train_vae)
 
 

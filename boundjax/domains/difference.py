@@ -52,10 +52,10 @@ bounds a network layer by layer and intersects each layer with bounds of its own
 Floating point: by default, like ``bj.ibp`` without ``sound=True``, bounds hold up to the
 rounding of the working precision. With ``sound=True`` every bound is rounded outward so it holds
 in exact arithmetic: the interval rules run in their sound mode (Higham's ``γ_n Σ|a_k b_k|`` for
-sums and products, `boundjax.rounding`), and the domain's own arithmetic (the sums of the
+sums and products, `boundjax.core.rounding`), and the domain's own arithmetic (the sums of the
 bilinear identity, the refinement ``r + d``, ``o - r``, the ReLU case bounds ``c - u``, and the
 parameter difference ``q - p``) is one correctly rounded operation per entry, rounded outward by
-`boundjax.rounding.outward`; a difference of two concrete parameters is then an interval, never a
+`boundjax.core.rounding.outward`; a difference of two concrete parameters is then an interval, never a
 float array. Box ends are not snapped out of the subnormal range (no subnormal arises from
 float32 data in float64).
 """
@@ -71,11 +71,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from boundjax import rounding
+from boundjax.core import rounding
 from boundjax.core import program as prog_lib
 from boundjax.domains import interval as interval_domain
-from boundjax.errors import UnsupportedPrimitiveError
-from boundjax.interval import Interval, bilinear_midrad, bilinear_signsplit, is_interval, lower_of, \
+from boundjax.core.errors import UnsupportedPrimitiveError
+from boundjax.core.interval import Interval, bilinear_midrad, bilinear_signsplit, is_interval, lower_of, \
     mul_bounds, upper_of, validate_arguments
 
 lo_, hi_ = lower_of, upper_of
@@ -144,7 +144,7 @@ class DifferenceContext:
 
 def _out(ctx: DifferenceContext, lo, hi) -> Interval:
   """``[lo, hi]`` from one correctly rounded operation per end, rounded outward in sound mode
-  (`boundjax.rounding.outward`: at least one ulp and ``finfo.tiny``)."""
+  (`boundjax.core.rounding.outward`: at least one ulp and ``finfo.tiny``)."""
   if ctx.sound and jnp.issubdtype(jnp.result_type(lo), jnp.floating):
     lo, hi = rounding.outward(lo, hi, ulps=1)
   return _iv(lo, hi)

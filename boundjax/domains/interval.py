@@ -8,23 +8,23 @@ Every rule maps boxes to a box containing every value the primitive takes on the
   arithmetic, so they apply to both endpoints.
 * bilinear ops (dot_general, conv) use the midpoint–radius form (Rump) by default, or the
   sign-split form, the exact four-corner form, or the intersection of midpoint–radius and
-  sign-split ("best"); see `boundjax.interval`.
+  sign-split ("best"); see `boundjax.core.interval`.
 * a comparison of boxes gives a boolean box ``[definitely true, possibly true]``; ``select_n``
   with an undetermined predicate returns the hull of the branches it may take.
 
-With ``IntervalContext.sound`` every result is rounded outward (see `boundjax.rounding`), so
+With ``IntervalContext.sound`` every result is rounded outward (see `boundjax.core.rounding`), so
 bounds hold for the exact real-number semantics despite float rounding. Every outward step comes
 from an error bound of its operation:
 
 * one correctly rounded operation (add, sub, mul, div, sqrt, convert): 1 ulp;
 * sums, dot products, convolutions, cumulative and windowed sums: Higham's ``γ·Σ|terms|`` with
-  the true number of summed terms (`boundjax.rounding.sum_error`);
+  the true number of summed terms (`boundjax.core.rounding.sum_error`);
 * cumlogsumexp: an a-priori bound of n log-add-exp steps (`_cumlogsumexp_error`);
 * library functions (exp, tanh, erf, ...): the measured budgets of `boundjax.core.budgets`
   (relative ulps plus an absolute floor near a zero of the function);
 * every step adds ``finfo.tiny`` (XLA CPU flushes subnormal results to zero) and box ends are
   moved out of the subnormal range before a rule reads them (XLA CPU reads subnormal operands as
-  zero), see `boundjax.rounding.snap_outward`.
+  zero), see `boundjax.core.rounding.snap_outward`.
 
 Real domain and NaN. A bound encloses every real value an operation takes on the box. Where a box
 leaves the real domain of an operation (``log`` of a box reaching below 0, ``x ** 0.5`` of a
@@ -57,11 +57,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from boundjax import nn, rounding
+from boundjax import nn
+from boundjax.core import rounding
 from boundjax.core import budgets
 from boundjax.core import program as prog_lib
-from boundjax.errors import UnsupportedPrimitiveError
-from boundjax.interval import (Interval, bilinear_midrad, bilinear_signsplit, lower_of,
+from boundjax.core.errors import UnsupportedPrimitiveError
+from boundjax.core.interval import (Interval, bilinear_midrad, bilinear_signsplit, lower_of,
                                mul_bounds, upper_of)
 
 MATMUL_MODES = ("midrad", "signsplit", "exact", "best")
@@ -992,7 +993,7 @@ RULES = {**_build_rules(), **nn.INTERVAL_RULES}
 
 def _snap(v):
   """Sound mode: a float box's subnormal ends move out of the subnormal range
-  (`boundjax.rounding.snap_outward`: XLA CPU reads them as 0); a concrete float operand holding a
+  (`boundjax.core.rounding.snap_outward`: XLA CPU reads them as 0); a concrete float operand holding a
   subnormal becomes the box around it. Tracers of concrete operands are left alone (their values
   are unknown; see the weak points in the module docstring)."""
   if isinstance(v, Interval):

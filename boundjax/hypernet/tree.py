@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.interval import Interval, is_interval, tree_contains
-from boundjax.transforms import ibp
+from boundjax.core.interval import Interval, is_interval, tree_contains
+from boundjax.core.transforms import ibp
 
 PyTree = Any
 #: A hyper-network: a parameter pytree whose leaves are `Interval` s (array leaves are points).

@@ -41,7 +41,7 @@ from typing import Any, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 
 __all__ = ["VnnlibError", "VnnlibProperty", "Region", "Disjunct", "read_vnnlib", "parse_vnnlib",
            "crown_spec", "unsafe_rows_lower", "outward"]
@@ -137,7 +137,7 @@ def crown_spec(disjunct: Disjunct) -> np.ndarray:
   spec = np.asarray(disjunct.C, dtype=np.float32)
   if not np.array_equal(spec.astype(np.float64), np.asarray(disjunct.C, np.float64)):
     raise ValueError("crown_spec: the property's coefficients are not exact in float32; bound "
-                     "C @ y in float64 (e.g. the complete verifier, milp.complete) instead.")
+                     "C @ y in float64 (e.g. the complete verifier, boundjax.verify) instead.")
   return spec
 
 

@@ -16,7 +16,7 @@ from boundjax.privacy.evaluation import AccuracyTable, accuracy_table, format_ta
 from boundjax.privacy.guard import GuardAnswer, LabelOnlyGuard, guard_beta, validate_betas
 from boundjax.privacy.label_mechanisms import (exponential_mechanism, exponential_probabilities,
                                                keep_probability, predict_with_confidence)
-from boundjax.privacy.ptr import propose_bound, ptr_query, ptr_release, radius_search  # noqa: F401  (PTR)
+from boundjax.ptr.release import propose_bound, ptr_query, ptr_release, radius_search  # noqa: F401  (PTR)
 from boundjax.privacy.mechanisms import (cauchy_response, cauchy_scale, ensemble_cauchy_response,
                                          ensemble_stable_k, global_sensitivity_response,
                                          laplace_smooth_response, noisy_argmax, private_predict,

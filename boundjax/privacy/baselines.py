@@ -8,7 +8,7 @@ mechanism              what it does                                        guara
 `train_alibi`          ALIBI: Laplace-noised one-hot training labels,      ε-label-DP
                        Bayesian posterior soft labels, model trained on
                        them (Malek et al. 2021)
-`train_dpsgd_baseline` DP-SGD (`boundjax.dpsgd`, optax + dp-accounting)    (ε, δ)-DP
+`train_dpsgd_baseline` DP-SGD (`boundjax.training.dpsgd`, optax + dp-accounting)    (ε, δ)-DP
 =====================  ==================================================  =================
 """
 
@@ -257,7 +257,7 @@ def train_alibi(apply_fn: ApplyFn, init_params: PyTree, x: Any, y: Any, epsilon:
 
 
 # ---------------------------------------------------------------------------------------------
-# DP-SGD (Abadi et al. 2016, via boundjax.dpsgd)
+# DP-SGD (Abadi et al. 2016, via boundjax.training.dpsgd)
 # ---------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
@@ -292,7 +292,7 @@ def train_dpsgd_baseline(apply_fn: ApplyFn, init_params: PyTree, x: Any, y: Any,
   the pure ε of the other mechanisms, as in the paper's comparison (which leaves δ unstated).
   ``key`` (default ``PRNGKey(0)``) seeds the noise and the batches.
   """
-  from boundjax import dpsgd
+  from boundjax.training import dpsgd
   eps = check_epsilon(epsilon, allow_zero=False)
   xs, ys = np.asarray(x, np.float32), np.asarray(y)
   n = xs.shape[0]

@@ -114,7 +114,7 @@ for layers with batch statistics). ``batch_axis=None`` bounds the whole call as 
 Sound floating point (``sound=True``). Every bound holds for the exact real-number
 evaluation of ``fn`` with its float parameters (concrete intermediate values, e.g. a reshaped
 bias, are taken as computed). The rounding error of every computed ``Λ`` and bias is bounded a
-priori with Higham's ``γ_n`` (see `boundjax.rounding`): for a step whose transpose sums at most
+priori with Higham's ``γ_n`` (see `boundjax.core.rounding`): for a step whose transpose sums at most
 ``n`` terms into an entry of ``Λ_x`` that receives ``k`` contributions,
 ``|Λ̃_x - Lᵀ Λ̃_y| <= γ_{n+k} |L|ᵀ |Λ̃_y|``, which moves the bound by at most
 ``γ_{n+k} |Λ̃_y|·(|L| |x|_max)`` (``|x|_max`` from the sound forward interval pass). These

@@ -13,8 +13,8 @@ from jax import lax
 from boundjax.core import options
 from boundjax.core import program as prog_lib
 from boundjax.core.program import Var as _Var
-from boundjax.errors import BoundError
-from boundjax.interval import Interval, is_interval, validate_arguments
+from boundjax.core.errors import BoundError
+from boundjax.core.interval import Interval, is_interval, validate_arguments
 
 
 from boundjax.domains.linear.rules import (

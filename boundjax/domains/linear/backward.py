@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from boundjax import rounding
+from boundjax.core import rounding
 from boundjax.core.program import Var as _Var
 from boundjax.domains import interval as interval_domain
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 
 from boundjax.domains.linear.rules import (
     _Eqn, _Lines, _Program, _bind1, _endpoint_check, _finite_or_constant, _is_float,

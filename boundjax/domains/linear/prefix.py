@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from boundjax import rounding
+from boundjax.core import rounding
 from boundjax.core.program import Lit as _Lit, Var as _Var
-from boundjax.interval import Interval
+from boundjax.core.interval import Interval
 
 from boundjax.domains.linear.rules import _Eqn, _Program, _bind1, _op, _read, upstream
 

@@ -15,11 +15,11 @@ import numpy as np
 from jax import lax
 from jax._src.lax import lax as lax_internal  # copy_p is not exported by jax.lax
 
-from boundjax import rounding
+from boundjax.core import rounding
 from boundjax.core import program as prog_lib
 from boundjax.core.program import Lit as _Lit, Var as _Var
 from boundjax.domains import interval as interval_domain
-from boundjax.errors import UnsupportedPrimitiveError
+from boundjax.core.errors import UnsupportedPrimitiveError
 
 
 

@@ -24,9 +24,9 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from milp.complete import layered
-from milp.complete.outcome import Deadline
-from milp.complete.spec import Disjunct, Region
+from boundjax.verify import layered
+from boundjax.verify.outcome import Deadline
+from boundjax.verify.spec import Disjunct, Region
 
 
 def _clip_np(lbs, ubs, splits):

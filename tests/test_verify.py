@@ -1,4 +1,4 @@
-"""milp.complete: the complete verifier against exhaustive ground truth, MILP and VNN-COMP verdicts.
+"""boundjax.verify: the complete verifier against exhaustive ground truth, MILP and VNN-COMP verdicts.
 
 Small random ReLU networks (2-3 inputs) with random linear properties: a dense grid of the box
 is evaluated in float64; if a grid point violates the property the verifier must not say
@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import milp.complete as mc
-from milp.complete import attack, layered
-from milp.complete.spec import Disjunct, Region
+import boundjax.verify as mc
+from boundjax.verify import attack, layered
+from boundjax.verify.spec import Disjunct, Region
 from milp.network import AffineLayer, Network
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "vnncomp2021"
@@ -138,7 +138,7 @@ def test_parent_bounds_and_combined_rows_are_sound():
   """Input splitting's reuse of the parent box's intermediate bounds (intersected with the
   child's, every ``intermediate`` mode) and the row sums it bounds for conjunctions: sound
   against a grid of the child box, at least as tight as without, and exact sums only."""
-  from milp.complete import input_bab
+  from boundjax.verify import input_bab
   apply_fn, params, net = _mlp(5, (2, 16, 16, 4))
   rng = np.random.default_rng(1)
   C = rng.normal(size=(3, 4))
@@ -190,8 +190,8 @@ def test_input_split_post_prior_is_a_subtree(seed):
   prior-less search (same branching, bounds at least as tight): never more boxes, and the
   verdict agrees with a dense grid (the property's margin is 2% of the output range, so the
   search must split). A bad ``reuse_bounds`` is refused."""
-  from milp.complete import input_bab
-  from milp.complete.outcome import Deadline
+  from boundjax.verify import input_bab
+  from boundjax.verify.outcome import Deadline
   apply_fn, params, net = _mlp(20 + seed, (2, 16, 16, 3))
   rng = np.random.default_rng(seed)
   lo, hi = np.array([-1.0, -1.0]), np.array([1.0, 1.0])
@@ -220,8 +220,8 @@ def test_lookahead_branching_scores_are_the_product_of_gains(seed):
   the box's own estimate: recomputed here child by child (`layered.estimate_batch` on one box
   at a time), the scores match and the best input wins; a box where no input gains keeps
   the smear coefficients."""
-  from milp.complete import input_bab
-  from milp.complete.outcome import Deadline
+  from boundjax.verify import input_bab
+  from boundjax.verify.outcome import Deadline
   apply_fn, params, net = _mlp(40 + seed, (3, 12, 12, 2))
   rng = np.random.default_rng(seed)
   B = 5
@@ -279,8 +279,8 @@ def test_input_split_lookahead_vs_grid(seed, mode):
   must split), ``sat`` with a float64-replayed counterexample where the threshold cuts into the
   outputs; and it needs no more than 4x the smear heuristic's boxes (+64) here. A bad
   ``branching`` is refused."""
-  from milp.complete import input_bab
-  from milp.complete.outcome import Deadline
+  from boundjax.verify import input_bab
+  from boundjax.verify.outcome import Deadline
   apply_fn, params, net = _mlp(60 + seed, (2, 16, 16, 3))
   rng = np.random.default_rng(seed)
   lo, hi = np.array([-1.0, -1.0]), np.array([1.0, 1.0])
@@ -471,7 +471,7 @@ def test_sample_and_local_search_find_thin_violations(seed):
   above the true minimum of a dense grid): whatever it returns lies in the box and violates the
   property in float64; with a threshold below the grid minimum minus the grid's resolution
   error it returns None (nothing to find); and it finds the sliver of the first kind."""
-  from milp.complete.outcome import Deadline
+  from boundjax.verify.outcome import Deadline
   apply_fn, params, net = _mlp(30 + seed, (2, 16, 16, 3))
   Ws = [np.asarray(l.w_lower, np.float64) for l in net.layers]
   bs = [np.asarray(l.b_lower, np.float64) for l in net.layers]
@@ -503,8 +503,8 @@ def test_milp_fallback_with_a_sparse_last_layer():
   (as the ONNX import builds for some layers): once a crash (``np.maximum`` of a sparse matrix)
   that ended a whole batch; now the same answer as the MILP on the dense network."""
   import scipy.sparse as sp
-  from milp.complete import relu_bab
-  from milp.complete.outcome import Deadline
+  from boundjax.verify import relu_bab
+  from boundjax.verify.outcome import Deadline
   from milp.property import check_property
   apply_fn, params, net = _mlp(3, (3, 8, 8, 2))
   last = net.layers[-1]
@@ -531,7 +531,7 @@ def test_milp_fallback_with_a_sparse_last_layer():
 
 
 # ------------------------------------------------------------------------------------------------
-# engine bounds first (milp.complete.engine): a CNN with average pooling
+# engine bounds first (boundjax.verify.engine): a CNN with average pooling
 # ------------------------------------------------------------------------------------------------
 
 def _cnn(seed: int, channels: int = 4, side: int = 8, n_out: int = 5):
@@ -586,7 +586,7 @@ def _margin_property(apply_fn, params, x0, eps, shift=0.0):
 
 def test_engine_rounding_helpers_are_sound():
   """``box_f32`` contains the float64 box; ``spec_f32``'s rows never exceed ``C y - d``."""
-  from milp.complete import engine
+  from boundjax.verify import engine
   rng = np.random.default_rng(3)
   lo = rng.normal(size=5000) * 10.0 ** rng.integers(-8, 3, 5000)
   hi = lo + np.abs(rng.normal(size=5000)) * 10.0 ** rng.integers(-12, 1, 5000)
@@ -605,8 +605,8 @@ def test_engine_region_bounds_are_sound_on_a_cnn(sound):
   """Every engine mode's row bounds of ``C y - d`` (composed spec) on an average-pooling CNN
   lie below the float64 minimum over 10^4 samples and corners of the box; α never looser than
   CROWN, and the bound is not vacuous (within a bounded gap of the sampled minimum)."""
-  from milp.complete import engine
-  from milp.complete.spec import as_regions
+  from boundjax.verify import engine
+  from boundjax.verify.spec import as_regions
   apply_fn, params = _cnn(0)
   rng = np.random.default_rng(0)
   x0 = rng.uniform(0, 1, 64)
@@ -655,8 +655,8 @@ def test_cnn_sat_found_by_the_attack_where_bounds_cannot_prove():
   """A violated property of the CNN: the engine's sound bounds cannot prove any disjunct the
   samples violate, and the verifier answers ``sat`` with a counterexample inside the box that
   satisfies the unsafe condition when replayed in float64."""
-  from milp.complete import engine
-  from milp.complete.spec import as_regions, violates
+  from boundjax.verify import engine
+  from boundjax.verify.spec import as_regions, violates
   apply_fn, params = _cnn(2)
   rng = np.random.default_rng(2)
   x0 = rng.uniform(0, 1, 64)
@@ -701,7 +701,7 @@ def test_engine_bounds_keep_the_deadline():
 def test_dense_plan_estimates_and_skips():
   """`engine.layer_widths` reads the CNN's widths from the traced program; `dense_plan` halves
   the batch until the estimate fits and gives 0 (skip) when nothing fits."""
-  from milp.complete import engine
+  from boundjax.verify import engine
   apply_fn, params = _cnn(0)
   widths = engine.layer_widths(apply_fn, params, (1, 8, 8))
   assert widths == (64, 4 * 6 * 6, 5)
@@ -716,9 +716,9 @@ def test_engine_refuses_parameters_that_are_not_float32_numbers():
   """The engine bounds float32 weights: float64 parameters that are not float32 numbers would
   be a different network, so no bound of the engine is used (nothing proven, generic path
   ``unknown``), while float64 arrays holding float32 numbers are accepted."""
-  from milp.complete import engine, generic
-  from milp.complete.outcome import Deadline
-  from milp.complete.spec import as_regions
+  from boundjax.verify import engine, generic
+  from boundjax.verify.outcome import Deadline
+  from boundjax.verify.spec import as_regions
   apply_fn, params = _cnn(0)
   assert engine.params_exact_f32(params)
   p64 = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)

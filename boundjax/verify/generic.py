@@ -2,7 +2,7 @@
 (sigmoid, tanh, ... ONNX networks).
 
 Each batch of sub-boxes is bounded by the engine's bound of ``g(x) = C' y(x) - d'``
-(`milp.complete.engine`: ``bj.crown(batch_axis=0, sound=sound)`` with the disjunct's rows
+(`boundjax.verify.engine`: ``bj.crown(batch_axis=0, sound=sound)`` with the disjunct's rows
 composed into the function, ``C' = C`` exact in float32 and ``d' >= d``; CROWN, Zhang et al.
 2018, §3.3), or, when ``C`` is not exact in float32, of the outputs combined with ``C, d`` by
 outward-rounded interval arithmetic. Parameters must be float32 numbers (float64 arrays
@@ -22,21 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import boundjax as bj
-from boundjax import rounding
-from milp.complete import engine
-from milp.complete.outcome import Deadline
-from milp.complete.spec import Region, split_boxes
-
-
-def _rows_lower(y_lo: np.ndarray, y_hi: np.ndarray, C: np.ndarray, d: np.ndarray, sound: bool):
-  """Lower bounds of ``C y - d`` for ``y`` in ``[y_lo, y_hi]`` (B, m): (B, k), outward."""
-  Cp, Cn = np.maximum(C, 0.0), np.minimum(C, 0.0)
-  low = y_lo @ Cp.T + y_hi @ Cn.T - d
-  if sound:
-    mag = np.maximum(np.abs(y_lo), np.abs(y_hi)) @ np.abs(C).T + np.abs(d)
-    err = rounding.gamma(2 * C.shape[1] + 4, np.float64) * mag * 2 + 1e-300
-    low = np.nextafter(low - err, -np.inf)
-  return low
+from boundjax.verify import engine
+from boundjax.verify.outcome import Deadline
+from boundjax.verify.spec import Region, split_boxes
 
 
 def input_split_generic(apply_fn: Callable, params: Any, input_shape: Sequence[int],
@@ -71,7 +59,7 @@ def input_split_generic(apply_fn: Callable, params: Any, input_shape: Sequence[i
           else:
             m = C.shape[1]
             out = entry.fn(p32, jnp.eye(m, dtype=jnp.float32), jnp.zeros(m, jnp.float32), box)
-            low = _rows_lower(np.asarray(out.lower, np.float64),
+            low = engine.rows_lower(np.asarray(out.lower, np.float64),
                               np.asarray(out.upper, np.float64), C, d, sound)
         return np.where(np.isnan(low), -np.inf, low)
       except MemoryError:

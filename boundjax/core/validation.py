@@ -9,7 +9,7 @@ unsound bounds. A box ``[l, u]`` is valid when
 
 Every check runs on the host (numpy) and only on concrete values: tracers (inside ``jit``,
 ``vmap``, ``grad``, ``scan``) are skipped, their values are not known. Every failure raises
-`boundjax.errors.BoundError` whose message names the leaf, the first offending index and the
+`boundjax.core.errors.BoundError` whose message names the leaf, the first offending index and the
 user's source line (`first_user_frame`).
 """
 

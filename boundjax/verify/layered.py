@@ -29,14 +29,14 @@ negative ones the upper line. At the input, ``min_{x in box} Λ x = Λ^+ lo + Λ
 
 Soundness of floating point (``sound=True``): the bound must hold in exact real arithmetic on
 the network's (float64) weights. Every step's rounding is bounded a priori (Higham §3.1,
-`boundjax.rounding.sum_error`): a product ``Λ W`` computed in floats differs from the exact one
+`boundjax.core.rounding.sum_error`): a product ``Λ W`` computed in floats differs from the exact one
 by at most ``γ_{2n+2} |Λ| |W|`` entrywise, and the error it causes is at most
 ``γ_{2n+2} |Λ| (|W| h_max)`` with ``h_max`` the largest ``|h|`` the bounds allow — computed as two
 matrix-vector products, never a second matrix product. ReLU steps pay ``γ`` times ``|Λ|(slopes
 |z|_max + |q|)``; the upper line's intercept is raised by ``4u(|s l| + |u|)`` so that the float
 line lies above ReLU at both ends (hence on ``[l, u]``, ReLU being convex); the constants' sums
 pay a final ``γ_{4L+8}`` of their magnitude, and the result is rounded down one ulp. The cost is
-a few matrix-vector products per layer (measured: see `milp.complete` docs).
+a few matrix-vector products per layer (measured: see `boundjax.verify` docs).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from boundjax import rounding
+from boundjax.core import rounding
 
 F64 = np.float64
 _U = float(np.finfo(np.float64).eps) / 2

@@ -1,15 +1,15 @@
 """The complete verifier: `verify`, `verify_instance`, `run_instances`.
 
-Pipeline for a property (regions × disjuncts, see `milp.complete.spec`):
+Pipeline for a property (regions × disjuncts, see `boundjax.verify.spec`):
 
-1. **attack** (`milp.complete.attack`): sampling and PGD, at most ``attack_share`` of the time;
+1. **attack** (`boundjax.verify.attack`): sampling and PGD, at most ``attack_share`` of the time;
    a float64-replayed hit is ``sat``.
 2. **dense plan** (`engine.dense_plan`): the memory of the dense path estimated from the traced
    program's widths before anything is built; over ``dense_memory_bytes`` it is skipped.
 3. **network**: within the budget, the function is extracted to an affine/ReLU chain
    (`milp.network`), checked against the float64 replay on random points, and densified in
    float64 (`layered`).
-4. **bounds** (`milp.complete.engine`): the engine (`bj.crown`, sound mode) on every region's
+4. **bounds** (`boundjax.verify.engine`): the engine (`bj.crown`, sound mode) on every region's
    whole box with the specification composed into the function: CROWN (CROWN-IBP where CROWN
    does not fit), then α-CROWN while disjuncts stay open, within a share of the time and
    ``memory_bytes``. A disjunct with a row whose certified lower bound is > 0 is done; all
@@ -17,7 +17,7 @@ Pipeline for a property (regions × disjuncts, see `milp.complete.spec`):
    no dense chain (skipped, or not a ReLU chain) and an input has more than
    ``input_split_dims`` entries; with ``engine_bounds=True`` it runs before step 3.
 5. without a dense chain: (high-dimensional inputs) the attack again on the open disjuncts for
-   half the time left, then the generic path (`milp.complete.generic`: the engine on
+   half the time left, then the generic path (`boundjax.verify.generic`: the engine on
    sub-boxes within ``memory_bytes``).
 6. with one: **bounds** and **bab** on the open disjuncts: input splitting when the input has
    at most ``input_split_dims`` entries (`input_bab`; a third of the time with the smear
@@ -42,9 +42,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from boundjax.core.options import OptionError
-from milp.complete import attack, engine, layered
-from milp.complete.outcome import Deadline, Outcome
-from milp.complete.spec import Disjunct, Region, as_regions
+from boundjax.verify import attack, engine, layered
+from boundjax.verify.outcome import Deadline, Outcome
+from boundjax.verify.spec import Disjunct, Region, as_regions
 
 
 def _extract(apply_fn: Callable, params: Any, input_shape: Sequence[int]):
@@ -141,7 +141,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
   """Decides a property of ``apply_fn(params, x)`` (x of shape ``input_shape``).
 
   Args:
-    prop: regions with disjuncts (`milp.complete.spec.as_regions` accepts the VNNLIB reader's
+    prop: regions with disjuncts (`boundjax.verify.spec.as_regions` accepts the VNNLIB reader's
       output and ``[((lower, upper), [(C, d), ...]), ...]``).
     timeout: wall-clock seconds for everything (compilation included).
     sound: bounds valid in exact real arithmetic (`layered`); ``unsat`` relies on them.
@@ -237,7 +237,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
     if hit is not None:
       return done("sat", hit, "attack")
   if lay is None:
-    from milp.complete import generic
+    from boundjax.verify import generic
     status, cex, nodes = generic.input_split_generic(
         apply_fn, params, input_shape, regions, replay, deadline, sound=sound,
         progress=progress, memory_bytes=memory_bytes)
@@ -256,7 +256,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
           if deadline.expired():
             return done("timeout")
           if split_inputs:
-            from milp.complete import input_bab
+            from boundjax.verify import input_bab
             stats["method"] = "input-split"
             bar = _bar(progress, "input split")
             status, cex, nodes = _input_split_portfolio(
@@ -270,7 +270,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
             if status == "sat":
               return done("sat", cex, "bab")
           else:
-            from milp.complete import relu_bab
+            from boundjax.verify import relu_bab
             stats["method"] = "relu-split"
             status, cex, nodes, how = relu_bab.relu_split(
                 lay, net, region, disjunct, replay, deadline, sound=sound,

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from milp.complete.outcome import Deadline
-from milp.complete.spec import Region
+from boundjax.verify.outcome import Deadline
+from boundjax.verify.spec import Region
 
 F64 = np.float64
 

@@ -51,8 +51,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.interval import Interval
-from boundjax.transforms import ibp
+from boundjax.core.interval import Interval
+from boundjax.core.transforms import ibp
 
 Array = jax.Array
 ApplyFn = Callable[[Any, Array], Array]

@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.errors import BoundError
-from boundjax.validation import (array_problem, at_user_frame, box_problem,
+from boundjax.core.errors import BoundError
+from boundjax.core.validation import (array_problem, at_user_frame, box_problem,
                                  called_from_user_tree_op, dtype_problem, is_concrete_array,
                                  value_problem)
 

@@ -32,8 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from boundjax.ptr_pipeline.arl import Decoder
-from boundjax.ptr_pipeline.fit import check_positive_int, check_rows, fit
+from boundjax.ptr.pipeline.arl import Decoder
+from boundjax.ptr.pipeline.fit import check_positive_int, check_rows, fit
 
 Array = jax.Array
 PEAK_255_DB = 20.0 * math.log10(255.0)

@@ -12,7 +12,7 @@ is how a specification enters the engine in sound mode: ``bj.crown(spec=...)`` r
 ``sound=True``, whereas a composed matrix product is one more affine equation that sound mode
 rounds outward like any other. When ``C`` is not exact in float32 the outputs are bounded
 instead and combined with ``C, d`` by outward-rounded interval arithmetic
-(`milp.complete.generic._rows_lower`). The box is the float64 region rounded outward to
+(`rows_lower`). The box is the float64 region rounded outward to
 float32; with ``sound=True`` every bound holds in exact arithmetic for the network's (float32)
 weights. A disjunct is proven when one of its rows has a certified lower bound ``> 0``.
 
@@ -32,7 +32,7 @@ compiled program stays cached for the next instance of the same architecture, se
 `_bound_function`).
 
 **Dense-path memory** (`dense_plan`): the extraction to an affine/ReLU chain densified in
-float64 (`milp.complete.layered`) costs about ``8 (2 Σ n_k n_{k-1} + B · 2 max_k n_k n_{k-1}
+float64 (`boundjax.verify.layered`) costs about ``8 (2 Σ n_k n_{k-1} + B · 2 max_k n_k n_{k-1}
 + F Σ_k n_k)`` bytes: the weights and their absolute values, one batch of ``B`` sub-problems'
 backward states (intermediate CROWN bounds of layer ``k`` from layer ``k-1``), and a frontier
 of ``F`` ReLU-split domains (α, β, coefficients and splits per neuron). Widths ``n_k`` are read
@@ -53,8 +53,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from milp.complete.outcome import Deadline
-from milp.complete.spec import Region
+from boundjax.core import rounding
+from boundjax.verify.outcome import Deadline
+from boundjax.verify.spec import Region
 
 MODES = ("crown", "ibp", "alpha")
 
@@ -156,12 +157,22 @@ def region_rows(region: Region) -> tuple[np.ndarray, np.ndarray, list[tuple[int,
   return np.concatenate(Cs), np.concatenate(ds), ranges
 
 
+def rows_lower(y_lo: np.ndarray, y_hi: np.ndarray, C: np.ndarray, d: np.ndarray, sound: bool):
+  """Lower bounds of ``C y - d`` for ``y`` in ``[y_lo, y_hi]`` (B, m): (B, k), outward."""
+  Cp, Cn = np.maximum(C, 0.0), np.minimum(C, 0.0)
+  low = y_lo @ Cp.T + y_hi @ Cn.T - d
+  if sound:
+    mag = np.maximum(np.abs(y_lo), np.abs(y_hi)) @ np.abs(C).T + np.abs(d)
+    err = rounding.gamma(2 * C.shape[1] + 4, np.float64) * mag * 2 + 1e-300
+    low = np.nextafter(low - err, -np.inf)
+  return low
+
+
 def region_lower(apply_fn: Callable, params: Any, input_shape: Sequence[int], key: str,
                  region: Region, *, sound: bool, mode: str,
                  memory_bytes: int) -> np.ndarray:
   """Certified lower bounds (float64, NaN replaced by -inf) of every row ``C_i y - d_i`` of
   the region's stacked disjuncts over its box, from the engine in ``mode``."""
-  from milp.complete.generic import _rows_lower
   shape = tuple(int(s) for s in input_shape)
   C, d, _ = region_rows(region)
   lo, hi = box_f32(region.lower, region.upper)
@@ -176,7 +187,7 @@ def region_lower(apply_fn: Callable, params: Any, input_shape: Sequence[int], ke
     else:  # bound the outputs themselves, then C, d by outward interval arithmetic
       m = C.shape[1]
       out = entry.fn(p32, jnp.eye(m, dtype=jnp.float32), jnp.zeros(m, jnp.float32), box)
-      low = _rows_lower(np.asarray(out.lower, np.float64), np.asarray(out.upper, np.float64),
+      low = rows_lower(np.asarray(out.lower, np.float64), np.asarray(out.upper, np.float64),
                         C, d, sound)[0]
   return np.where(np.isnan(low), -np.inf, low)
 

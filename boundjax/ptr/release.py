@@ -8,7 +8,7 @@ Laplace noise:
 
 1. **Propose** a bound ``Δp`` on the local Lipschitz ratio (`propose_bound`, on public data).
 2. **Test**: ``ρ = sup{r >= 0 : U(f, N(x, r)) <= Δp}`` for a sound, inclusion-monotone Lipschitz
-   upper bound ``U`` (`boundjax.lipschitz`, or the exact MILP of `milp.lipschitz`), found by
+   upper bound ``U`` (`boundjax.ptr.lipschitz`, or the exact MILP of `milp.lipschitz`), found by
    `radius_search` with a *fixed* number of steps; the statistic ``s`` (below) plus Laplace noise
    is compared with a threshold.
 3. **Release** ``f(x) + Lap(b)^m`` with ``b`` from the **proposed** ``Δp``, or ⊥ (``None``).
@@ -61,7 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax import lipschitz as lip
+from boundjax.ptr import lipschitz as lip
 
 Array = jax.Array
 Oracle = Callable[[Any, Any], Any]        # (x, radius) -> an upper bound on L(f, N(x, radius))
@@ -238,7 +238,7 @@ def privacy_statement(*, epsilon: float, delta: float, radius: float, calib: str
 
 def make_oracle(apply_fn: Callable, params: Any, *, method: str = "ibp", out_norm: str = "l1",
                 sound: bool = True) -> Oracle:
-  """``(x, radius) -> U(f, N(x, radius))`` with a `boundjax.lipschitz` IBP bound (traceable)."""
+  """``(x, radius) -> U(f, N(x, radius))`` with a `boundjax.ptr.lipschitz` IBP bound (traceable)."""
   if method not in ("ibp", "ibp_cheap"):
     raise ValueError(f"make_oracle: method must be 'ibp' or 'ibp_cheap' (traceable), got "
                      f"{method!r}; pass oracle=... for others (e.g. milp.lipschitz.milp_oracle).")
@@ -328,7 +328,7 @@ def radius_search(apply_fn: Callable, params: Any, x: Any, *, radius: float, pro
     apply_fn, params: the network ``f(x) = apply_fn(params, x)``.
     x: the query point (embedding).
     radius: ``R`` (> 0); proposal: ``Δp`` (> 0); radius_max, zeta: the search range and tolerance.
-    method, out_norm: the `boundjax.lipschitz` oracle (``"ibp"``/``"ibp_cheap"``) and norm.
+    method, out_norm: the `boundjax.ptr.lipschitz` oracle (``"ibp"``/``"ibp_cheap"``) and norm.
     oracle: any ``(x, r) -> upper bound`` instead (e.g. `milp.lipschitz.milp_oracle`); evaluated
       eagerly, with early exits.
   """

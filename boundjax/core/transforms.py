@@ -1,4 +1,5 @@
-"""Bounds as function transformations: `ibp` (and `crown`, re-exported from the linear domain).
+"""The three bound transformations side by side: `ibp` (here), `crown` (the linear domain,
+`boundjax.domains.linear`) and `difference` (difference intervals, `boundjax.domains.difference`).
 
 ``bj.ibp(fn)`` returns a function with ``fn``'s signature. Wherever a pytree leaf of an argument
 is an `Interval` instead of an array, the result encloses every value ``fn`` takes when that
@@ -19,8 +20,9 @@ import jax
 
 from boundjax.core import program as prog_lib
 from boundjax.domains import interval as interval_domain
+from boundjax.domains.difference import difference  # noqa: F401  (re-exported: bj.difference)
 from boundjax.domains.linear import crown  # noqa: F401  (re-exported: bj.crown)
-from boundjax.interval import validate_arguments
+from boundjax.core.interval import validate_arguments
 
 
 def ibp(fn: Callable, *, matmul: str = "midrad", sound: bool = False) -> Callable:

@@ -5,7 +5,7 @@ a query may get ⊥; `ptr_accuracy` reports the answer rate (fraction not ⊥), 
 answered queries, and the accuracy counting ⊥ as wrong (the end-to-end utility).
 
 The statistic (the radius search, PTR, App. A, eq. 2) does not depend on ε, so `ptr_accuracy_grid`
-runs `boundjax.privacy.ptr.ptr_release_batch` once (at ε = ∞, which returns the statistics and
+runs `boundjax.ptr.release.ptr_release_batch` once (at ε = ∞, which returns the statistics and
 ``f(z)`` exactly) and then draws, for every ε, the test and release noise exactly as
 `ptr_release_batch` draws them for that ε (`release_from_statistics`; the tests check the two
 agree bit for bit). One compilation instead of one per ε.
@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.privacy import ptr
-from boundjax.ptr_pipeline.arl import TrainedARL
+from boundjax.ptr import release as ptr
+from boundjax.ptr.pipeline.arl import TrainedARL
 
 Array = jax.Array
 
@@ -44,7 +44,7 @@ def release_from_statistics(key: Array, statistics: Any, values: Any, *, proposa
                             calib: str = "code") -> tuple[Array, Array]:
   """``(outputs, answered)`` of PTR's test and release given each query's statistic ``s_i`` and
   ``f(z_i)``: ``answered_i = s_i + Lap(b_test) >= τ`` and ``outputs_i = f(z_i) + Lap(b_rel)^m``
-  with the scales and threshold of `boundjax.privacy.ptr` (``test_scale``, ``threshold``,
+  with the scales and threshold of `boundjax.ptr.release` (``test_scale``, ``threshold``,
   ``release_scale``; PTR, App. B, Algorithm 1). Query ``i`` uses ``split(key, n)[i]``, split into
   the test and release keys, as `ptr.ptr_release_batch` does."""
   stats, values = jnp.asarray(statistics), jnp.asarray(values)
@@ -92,7 +92,7 @@ def ptr_accuracy_grid(key: Array, model: TrainedARL, z: Any, y: Any, *, proposal
 
 def ptr_accuracy(key: jax.Array, model: TrainedARL, z: Any, y: Any, *, proposal: float,
                  epsilon: float, delta: float, radius: float, **options: Any) -> PTRAccuracy:
-  """Runs `boundjax.privacy.ptr.ptr_release_batch` on the query embeddings ``z`` (IBP oracle, one
+  """Runs `boundjax.ptr.release.ptr_release_batch` on the query embeddings ``z`` (IBP oracle, one
   compiled ``vmap``) and scores ``argmax g(release)`` against ``y``. ``options`` go to the
   release (``calib``, ``mode``, ``radius_max``, ``zeta``, ``search``, ``method``, ``out_norm``)."""
   out, answered, stat = ptr.ptr_release_batch(key, model.apply, model.obf_params, z,

@@ -1,7 +1,7 @@
 """One batch schedule and one SGD loop for every trainer of the package.
 
 Leave-k-out ensembles (`boundjax.ensembles`), AGT's nominal run and its retraining checks
-(`boundjax.agt`), DP-SGD (`boundjax.dpsgd`), the finite adversaries of `boundjax.auditing` and the
+(`boundjax.agt`), DP-SGD (`boundjax.training.dpsgd`), the finite adversaries of `boundjax.auditing` and the
 small demo classifiers (`boundjax.models.fit_full_batch`) all train through this module:
 
 * `Schedule` says which points every SGD step sees: ``n`` points, batches of ``batch_size``,

@@ -11,9 +11,9 @@ sound floating point), `input_bab` (input splitting), `relu_bab` (ReLU splitting
 fallback), `generic` (`bj.crown` with input splitting for non-ReLU graphs), `api`.
 """
 
-from milp.complete.api import run_instances, verify, verify_instance
-from milp.complete.outcome import Deadline, Outcome, format_result, parse_result
-from milp.complete.spec import Disjunct, Region, as_regions
+from boundjax.verify.api import run_instances, verify, verify_instance
+from boundjax.verify.outcome import Deadline, Outcome, format_result, parse_result
+from boundjax.verify.spec import Disjunct, Region, as_regions
 
 __all__ = ["verify", "verify_instance", "run_instances", "Outcome", "Deadline", "format_result",
            "parse_result", "Region", "Disjunct", "as_regions"]

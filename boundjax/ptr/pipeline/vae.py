@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from boundjax.ptr_pipeline.fit import adam_step, check_positive_int, fit
+from boundjax.ptr.pipeline.fit import adam_step, check_positive_int, fit
 
 Array = jax.Array
 

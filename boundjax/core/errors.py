@@ -13,7 +13,7 @@ class BoundError(ValueError):
 
   Raised for invalid boxes: an `Interval` built or rebuilt with ``lower > upper``, NaN (or, at
   construction, ±inf) endpoints, complex dtype, bool mixed with numbers or unequal shapes; an
-  invalid ``Interval.around`` argument; and by `boundjax.validation.validate_arguments` at the
+  invalid ``Interval.around`` argument; and by `boundjax.core.validation.validate_arguments` at the
   entry of ``bj.ibp``, ``bj.crown`` and ``bj.difference``. A subclass of `ValueError`, so
   ``except ValueError`` keeps working. Messages end with the user's source line
   (``at file.py:LINE (function)``).

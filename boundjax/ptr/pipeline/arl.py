@@ -3,7 +3,7 @@ representation learning (ARL) with PTR's noise and contrastive regularisers (PTR
 "obfuscator training"; the authors' ``adversarial_training.py``).
 
 The obfuscator is a one-hidden-layer ReLU MLP ``8 -> 10 -> 8`` (`boundjax.models.MLP`), so the
-local Lipschitz oracles of `boundjax.lipschitz` (IBP, pattern enumeration) and the exact MILP of
+local Lipschitz oracles of `boundjax.ptr.lipschitz` (IBP, pattern enumeration) and the exact MILP of
 `milp.lipschitz` apply to it. Per minibatch, with ``z = μ + σ·N(0, I)`` the VAE's
 reparametrised sample and ``x`` the image (the order of the authors' code):
 
@@ -41,7 +41,7 @@ import numpy as np
 import optax
 
 from boundjax.models import MLP
-from boundjax.ptr_pipeline.fit import adam_step, check_positive_int, check_rows, fit
+from boundjax.ptr.pipeline.fit import adam_step, check_positive_int, check_rows, fit
 
 Array = jax.Array
 CONTRASTIVE = ("spec", "code_noop")
@@ -76,7 +76,7 @@ class Decoder(nn.Module):
 @functools.lru_cache(maxsize=16)
 def obfuscator_apply(hidden: tuple[int, ...] = (10,), out: int = 8):
   """``apply(params, z)`` of the obfuscator ``MLP(hidden, out)``; one function per shape, so the
-  PTR search (`boundjax.privacy.ptr`) compiles once per obfuscator shape."""
+  PTR search (`boundjax.ptr.release`) compiles once per obfuscator shape."""
   module = MLP(hidden=tuple(hidden), out=out)
   return module.apply
 

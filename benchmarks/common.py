@@ -1,5 +1,12 @@
-"""What every benchmark JSON records about its own run: the command, the commit, the machine and
-the date, written by the script itself (never by hand)."""
+"""What every benchmark script shares: the repository's paths and the record each JSON keeps of
+its own run (the command, the commit, the machine and the date, written by the script itself,
+never by hand).
+
+    from common import RESULTS, record       # a script in benchmarks/ (its folder is on sys.path)
+    (RESULTS / "x.json").write_text(json.dumps({"provenance": record(), ...}))
+
+`benchmarks/report.py` (``boundjax reproduce``) runs the scripts and renders their JSONs.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"   # the committed results (figures and tables)
 
 
 def git_commit() -> str:

@@ -1,7 +1,7 @@
 """Branch and bound by input splitting, for networks with few inputs (ACAS Xu has 5).
 
 A sub-box is *proven* when one row of the disjunct has a certified lower bound
-``min_x C_i f(x) - d_i > 0`` on it (`milp.complete.layered.crown_batch`). Unproven boxes are
+``min_x C_i f(x) - d_i > 0`` on it (`boundjax.verify.layered.crown_batch`). Unproven boxes are
 checked for counterexamples at their centre and at the box corner that minimises the linear
 lower bound (``x* = lo where Λ > 0 else hi``), then split in half along the input with the
 largest estimated influence ``width_j · |Λ_j|`` (Λ: the input coefficients of the best row's
@@ -15,13 +15,13 @@ output pass, `layered.estimate_batch`) and the input with the best product of th
 gains is split (the "strong branching" of MIP solvers, applied to input splitting). It costs
 ``2 n_0 + 1`` extra bounds per box but the trees shrink far more on ACAS Xu: 2_7 prop_1 from
 > 200k boxes (smear, post mode, 120 s) to 543, 1_8 prop_2 from > 189k to 463; on 1_1
-prop_5, where smear needs 8.7k boxes, it is slower, hence the portfolio in `milp.complete.api`.
+prop_5, where smear needs 8.7k boxes, it is slower, hence the portfolio in `boundjax.verify.api`.
 
 Two refinements, both sound: a child box's intermediate bounds are intersected with its
 parent's (which hold on the larger box), layer by layer or, in the "post" mode, only for a
 second output pass so that the branching coefficients stay the box's own. Neither mode wins
 everywhere on ACAS Xu: 2_2 prop_1 takes > 30k boxes layer-wise and 1,059 post, 2_4 prop_1
-takes 449 layer-wise and > 19k post; `milp.complete.api` runs one then the other. And a
+takes 449 layer-wise and > 19k post; `boundjax.verify.api` runs one then the other. And a
 conjunction of rows is also bounded through sums of its rows (`combined_rows`):
 ``λ^T (C y - d) > 0`` with ``λ >= 0`` rules the conjunction out
 where no single row does (ACAS Xu's "Y_0 is minimal" properties: 1_1 prop_4 went from a
@@ -35,9 +35,9 @@ from typing import Any, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from milp.complete import layered
-from milp.complete.outcome import Deadline
-from milp.complete.spec import Disjunct, Region, split_boxes
+from boundjax.verify import layered
+from boundjax.verify.outcome import Deadline
+from boundjax.verify.spec import Disjunct, Region, split_boxes
 
 
 def _bucket(n: int, cap: int) -> int:
@@ -100,7 +100,7 @@ def _search_records(Wb, region: Region, cand: np.ndarray, y: np.ndarray, best: f
   of them): the open boxes with the lowest bounds close in on the violations, and a thin
   violating sliver that their centres and corners miss is found by the LP from a nearby point
   (ACAS Xu 1_9 prop_7). Returns ``(hit or None, best loss so far)``."""
-  from milp.complete import attack
+  from boundjax.verify import attack
   loss = np.min([np.max(y @ dj.C.T - dj.d, axis=1) for dj in region.disjuncts], axis=0)
   order = np.argsort(loss)[:per_batch]
   order = order[loss[order] < best]

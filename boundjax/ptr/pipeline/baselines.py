@@ -14,7 +14,7 @@
   (``sensitivity="code"``), up to ``m`` times too small, i.e. not ε-DP; selectable to reproduce it.
 * **Adversarial** (the paper's "Adversarial" row, ``multi_eps``): the ARL obfuscator released as
   ``f(z) + Lap(Δp R/ε)^m`` **without** the PTR test (the code skips it; accuracy ignores ⊥). The
-  full mechanism with the test is `boundjax.privacy.ptr.ptr_release_batch`.
+  full mechanism with the test is `boundjax.ptr.release.ptr_release_batch`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from boundjax.privacy import ptr
-from boundjax.ptr_pipeline.fit import adam_step, check_positive_int, check_rows, fit
+from boundjax.ptr import release as ptr
+from boundjax.ptr.pipeline.fit import adam_step, check_positive_int, check_rows, fit
 
 Array = jax.Array
 SENSITIVITIES = ("l1", "code")

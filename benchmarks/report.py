@@ -314,12 +314,12 @@ RUNS: tuple[Run, ...] = (
 
 
 def repo_root(start: Path | None = None) -> Path:
-  """The clone's root: the first of ``start`` (default: cwd) and the package's parent folders
-  holding ``benchmarks/provenance.py``. Raises NotAClone otherwise."""
+  """The clone's root: the first of ``start`` (default: cwd) and this file's parent folders
+  holding ``benchmarks/common.py``. Raises NotAClone otherwise."""
   here = Path(__file__).resolve().parent
   for base in ([Path(start)] if start else [Path.cwd()]) + [here]:
     for d in [base.resolve(), *base.resolve().parents]:
-      if (d / "benchmarks" / "provenance.py").is_file():
+      if (d / "benchmarks" / "common.py").is_file():
         return d
   raise NotAClone("boundjax reproduce runs the benchmark scripts of a clone of the repository "
                   "(benchmarks/*.py); run it from inside a clone (git clone, then "
