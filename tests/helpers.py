@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import boundjax as bj
+from boundjax.core import interval as interval_lib
 
 
 def _rng(key) -> np.random.Generator:
@@ -48,8 +49,8 @@ def sample_tree(key, tree, n: int, vertex_fraction: float = 0.5):
 def assert_inside(bound, values, tol: float = 1e-5, what: str = "") -> int:
   """Asserts every sampled value (leading sample axis) lies in ``bound``; returns the count."""
   values = np.asarray(values)
-  lo = np.asarray(bj.interval.lower_of(bound))
-  hi = np.asarray(bj.interval.upper_of(bound))
+  lo = np.asarray(interval_lib.lower_of(bound))
+  hi = np.asarray(interval_lib.upper_of(bound))
   scale = tol * (1.0 + np.abs(values))
   below = values < lo - scale
   above = values > hi + scale

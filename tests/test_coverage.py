@@ -48,6 +48,7 @@ else:  # pragma: no cover
 
 
 import boundjax as bj
+from boundjax.core import interval as interval_lib
 from boundjax.domains import difference as diff_domain
 from boundjax.domains import interval as interval_domain
 from tests.helpers import fast_subset
@@ -143,8 +144,8 @@ def _to64(x):
 
 
 def _check_inside(bound, values, tol: float, what: str) -> None:
-  lo = np.asarray(bj.interval.lower_of(bound))
-  hi = np.asarray(bj.interval.upper_of(bound))
+  lo = np.asarray(interval_lib.lower_of(bound))
+  hi = np.asarray(interval_lib.upper_of(bound))
   v = np.asarray(values)
   # bfloat16 (numpy kind "V") compares through float64, where it is exact
   lo, hi, v = [a.astype(np.float64) if a.dtype.kind == "V" else a for a in (lo, hi, v)]
