@@ -553,10 +553,10 @@ def test_diffinterval_arguments_and_tighten_are_sound():
       count = 0
       for r in range(60):
         h = rng.uniform(h_lo, h_hi, (200, k))
-        d = rng.uniform(d_lo, d_hi, (200, k))
-        hs = np.clip(h + d, o_lo, o_hi)
-        keep = np.all(np.abs(hs - h - d) == 0, axis=1)   # consistent pairs only
-        h, hs = h[keep], hs[keep]
+        lo_s, hi_s = np.maximum(o_lo, h + d_lo), np.minimum(o_hi, h + d_hi)
+        hs = lo_s + rng.uniform(0, 1, (200, k)) * (hi_s - lo_s)   # h# in other, h# - h in delta
+        keep = np.all((hs >= o_lo) & (hs <= o_hi) & (hs - h >= d_lo) & (hs - h <= d_hi), axis=1)
+        h, hs = h[keep], hs[keep]                                  # consistent pairs only
         t = rng.random((m, k)) < 0.5
         ws = np.where(t, w - 0.05, w + 0.05) if r % 2 else w + rng.uniform(-0.05, 0.05, (m, k))
         bs = b + rng.uniform(-0.02, 0.02, m)
