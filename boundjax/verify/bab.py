@@ -210,6 +210,10 @@ class Heap:
       parts.append(node)
     return concat(parts) if parts else []
 
+  def peek(self) -> float:
+    """The smallest priority (``inf`` when empty)."""
+    return self._heap[0][0] if self._heap else float("inf")
+
   def items(self) -> list[tuple[float, Any]]:
     """``(priority, one-node batch)`` of every node left, in no particular order."""
     return [(p, node) for p, _, node in self._heap]
