@@ -232,7 +232,8 @@ class Bounded(Generic[B]):
 
   Attributes:
     nodes: the bounded nodes (``n`` of them), carrying what ``branch`` needs (their bounds,
-      branching scores, ...).
+      branching scores, ...); ``bound`` may leave the closed ones out itself (then
+      ``closed=None``).
     priority: ``(n,)`` floats, smaller pops first from a `Heap` (None for a `Stack`).
     closed: ``(n,)`` bools, True where the node is settled (proven) and is not pushed; None:
       none is.
@@ -253,7 +254,8 @@ class SearchOutcome:
     reason: one of `REASONS`.
     counterexample: what ``bound`` reported (reason `COUNTEREXAMPLE`), else None.
     frontier: the frontier at the stop (`Stack` or `Heap`; ``.items()`` lists what is left).
-    pending: the unbounded children left when the deadline came (batches, in order).
+    pending: the children not handled when the deadline came (batches, or `Bounded` parts
+      that were still to be pushed), in order.
     popped: the last batch popped (the leaf for reason `LEAF`), None before the first pop.
     bounded: nodes bounded (given to ``bound``); batches: calls of ``bound``; pops: calls of
       ``branch``; largest: the largest frontier seen (nodes); seconds: wall-clock time.
