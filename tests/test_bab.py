@@ -184,3 +184,8 @@ def test_known_bounds_skip_the_bounding_function():
 def test_bad_arguments_are_refused():
   with pytest.raises(ValueError, match="batch"):
     bab.search([0], lambda n: bab.Bounded(n), lambda n: None, batch=0)
+
+
+def test_verdicts_of_the_reasons():
+  assert [bab.VERDICTS.get(r, "unknown") for r in bab.REASONS] == [
+      "unsat", "sat", "timeout", "unknown", "unknown"]

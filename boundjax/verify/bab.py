@@ -54,6 +54,8 @@ DEADLINE = "deadline"              # the deadline came before a bounding call (o
 FRONTIER_LIMIT = "frontier_limit"  # the frontier grew past ``max_frontier`` or ``max_bytes``
 LEAF = "leaf"                      # `branch` could not split the popped nodes
 REASONS = (PROVED, COUNTEREXAMPLE, DEADLINE, FRONTIER_LIMIT, LEAF)
+# a verification's answer (`boundjax.verify.outcome.STATUSES`) for each reason; "unknown" else
+VERDICTS = {PROVED: "unsat", COUNTEREXAMPLE: "sat", DEADLINE: "timeout"}
 
 
 class OutOfTime(Exception):
@@ -330,13 +332,12 @@ def search(root: Any, bound: Callable[[Any], Bounded], branch: Callable[[Any], A
       n = size(part)
       for s in range(0, n, batch):
         chunk = part if n <= batch else take(part, slice(s, min(s + batch, n)))
-        pending = lambda: [take(part, slice(s, n)) if s else part] + list(todo[j + 1:])
         if deadline is not None and deadline.remaining() <= 0:
-          return stop(DEADLINE, pending=pending())
+          return stop(DEADLINE, pending=_rest(todo, j, s))
         try:
           res = bound(chunk)
         except OutOfTime:
-          return stop(DEADLINE, pending=pending())
+          return stop(DEADLINE, pending=_rest(todo, j, s))
         counts["bounded"] += size(chunk)
         counts["batches"] += 1
         if res.counterexample is not None:
@@ -357,6 +358,12 @@ def search(root: Any, bound: Callable[[Any], Bounded], branch: Callable[[Any], A
     if children is None:
       return stop(LEAF)
     todo = _parts(children)
+
+
+def _rest(todo: list[Any], j: int, s: int) -> list[Any]:
+  """The parts not handled: part ``j`` from its node ``s`` on, and every later part."""
+  part = todo[j]
+  return [take(part, slice(s, size(part))) if s else part] + list(todo[j + 1:])
 
 
 def _parts(children: Any) -> list[Any]:

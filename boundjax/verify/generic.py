@@ -90,12 +90,8 @@ def input_split_generic(apply_fn: Callable, params: Any, input_shape: Sequence[i
                        frontier=bab.Stack(), batch=batch, pop=max(1, batch // 2),
                        deadline=deadline, max_frontier=max_boxes // 2)
       nodes += out.bounded
-      if out.reason == bab.COUNTEREXAMPLE:
-        return "sat", out.counterexample, nodes
-      if out.reason == bab.DEADLINE:
-        return "timeout", None, nodes
-      if out.reason != bab.PROVED:
-        return "unknown", None, nodes
+      if out.reason != bab.PROVED:  # frontier over max_boxes: "unknown"
+        return bab.VERDICTS.get(out.reason, "unknown"), out.counterexample, nodes
   return "unsat", None, nodes
 
 

@@ -284,8 +284,7 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
   # depth first; a frontier of P open boxes stands for the 2 P boxes of their children
   out = bab.search(root, bound, _bisect, frontier=bab.Stack(), batch=batch,
                    pop=max(1, batch // 2), deadline=deadline, max_frontier=max_boxes // 2)
-  status = {bab.PROVED: "unsat", bab.COUNTEREXAMPLE: "sat", bab.DEADLINE: "timeout"}
-  return status.get(out.reason, "unknown"), out.counterexample, out.bounded
+  return bab.VERDICTS.get(out.reason, "unknown"), out.counterexample, out.bounded
 
 
 def _bisect(boxes: dict) -> dict:
