@@ -6,9 +6,10 @@
 ``format_result`` gives the result file's text; ``run_instances`` runs a list.
 
 Modules: `spec` (regions and disjuncts), `outcome` (Outcome, Deadline, result text), `attack`
-(PGD falsifier, float64 replay), `layered` (batched CROWN / α-β-CROWN with split constraints,
-sound floating point), `input_bab` (input splitting), `relu_bab` (ReLU splitting, MILP
-fallback), `generic` (`bj.crown` with input splitting for non-ReLU graphs), `api`.
+(PGD falsifier, float64 replay), `bab` (the branch-and-bound skeleton of every search),
+`layered` (batched CROWN / α-β-CROWN with split constraints, sound floating point),
+`input_bab` (input splitting), `relu_bab` (ReLU splitting, MILP fallback), `generic`
+(`bj.crown` with input splitting for non-ReLU graphs), `api`.
 """
 
 from boundjax.verify.api import run_instances, verify, verify_instance

@@ -10,7 +10,8 @@ holding them are fine; otherwise ``unknown``). Intermediate bounds are CROWN's, 
 when CROWN's backward state of one box exceeds ``memory_bytes`` (the engine's memory check).
 A box is proven when a row's lower bound of ``C_i y - d_i`` is > 0; open boxes are checked at
 their centre and split in half along ``width_j · |∂g/∂x_j|`` at the centre (``g`` the best
-row's margin).
+row's margin). The search is `boundjax.verify.bab.search`, depth first (a `bab.Stack` of the
+open boxes, ``batch // 2`` of them split at a time, their children bounded ``batch`` at a time).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import boundjax as bj
-from boundjax.verify import engine
+from boundjax.verify import bab, engine
 from boundjax.verify.outcome import Deadline
 from boundjax.verify.spec import Region, split_boxes
 
@@ -83,42 +84,56 @@ def input_split_generic(apply_fn: Callable, params: Any, input_shape: Sequence[i
         return jnp.max(C32 @ g(x[None])[0] - d32)
 
       grad = jax.jit(jax.vmap(jax.grad(margin)))
-      los, his = [region.lower[None]], [region.upper[None]]
       sub = Region(region.lower, region.upper, (dj,))
-      while sum(len(a) for a in los):
-        if deadline.expired():
-          return "timeout", None, nodes
-        lo_all, hi_all = np.concatenate(los), np.concatenate(his)
-        if len(lo_all) > max_boxes:
-          return "unknown", None, nodes
-        take = min(batch, len(lo_all))
-        lo, hi = lo_all[-take:], hi_all[-take:]
-        los, his = [lo_all[:-take]], [hi_all[:-take]]
-        pad = batch - take
-        lo_p = np.concatenate([lo, np.repeat(lo[-1:], pad, 0)])
-        hi_p = np.concatenate([hi, np.repeat(hi[-1:], pad, 0)])
-        l32, h32 = engine.box_f32(lo_p, hi_p)  # float32 box containing the float64 box
-        # a first call compiles (minutes for a big CNN on a loaded CPU): never past the deadline
-        finished, low = engine.call_with_budget(
-            lambda: bound_rows(l32, h32, dj.C, dj.d), deadline.remaining())
-        if not finished:
-          return "timeout", None, nodes
-        low = low[:take]
-        nodes += take
-        open_ = ~(np.max(low, axis=1) > 0)
-        if not np.any(open_):
-          continue
-        lo, hi = lo[open_], hi[open_]
-        centre = (lo + hi) / 2
-        hit = replay.find(sub, centre)
-        if hit is not None:
-          return "sat", hit, nodes
-        finished, gr = engine.call_with_budget(  # compiles on the first call
-            lambda: np.asarray(grad(jnp.asarray(centre, jnp.float32)), np.float64),
-            deadline.remaining())
-        if not finished:
-          return "timeout", None, nodes
-        lo1, hi1, lo2, hi2 = split_boxes(lo, hi, gr)
-        los += [lo1, lo2]
-        his += [hi1, hi2]
+      out = bab.search({"lo": region.lower[None], "hi": region.upper[None]},
+                       _bounder(bound_rows, grad, dj, sub, replay, deadline, batch), _bisect,
+                       frontier=bab.Stack(), batch=batch, pop=max(1, batch // 2),
+                       deadline=deadline, max_frontier=max_boxes // 2)
+      nodes += out.bounded
+      if out.reason != bab.PROVED:  # frontier over max_boxes: "unknown"
+        return bab.VERDICTS.get(out.reason, "unknown"), out.counterexample, nodes
   return "unsat", None, nodes
+
+
+def _bounder(bound_rows: Callable, grad: Callable, dj: Any, sub: Region, replay: Any,
+             deadline: Deadline, batch: int) -> Callable[[dict], bab.Bounded]:
+  """The bounding function of `bab.search` for one disjunct: boxes ``{"lo", "hi"}`` (at most
+  ``batch``, padded to ``batch`` so that one compiled bound serves every call) are bounded by
+  the engine; the proven ones are dropped, the others' centres are replayed as counterexample
+  candidates, and the open boxes come back with ``grad``, the gradient of the best row's margin
+  at the centre (the branching direction, `_bisect`)."""
+
+  def bound(boxes: dict) -> bab.Bounded:
+    lo, hi = boxes["lo"], boxes["hi"]
+    take = len(lo)
+    pad = batch - take
+    lo_p = np.concatenate([lo, np.repeat(lo[-1:], pad, 0)])
+    hi_p = np.concatenate([hi, np.repeat(hi[-1:], pad, 0)])
+    l32, h32 = engine.box_f32(lo_p, hi_p)  # float32 box containing the float64 box
+    # a first call compiles (minutes for a big CNN on a loaded CPU): never past the deadline
+    finished, low = engine.call_with_budget(
+        lambda: bound_rows(l32, h32, dj.C, dj.d), deadline.remaining())
+    if not finished:
+      raise bab.OutOfTime
+    open_ = ~(np.max(low[:take], axis=1) > 0)
+    lo, hi = lo[open_], hi[open_]
+    if not len(lo):
+      return bab.Bounded({"lo": lo, "hi": hi, "grad": lo})
+    centre = (lo + hi) / 2
+    hit = replay.find(sub, centre)
+    if hit is not None:
+      return bab.Bounded({}, counterexample=hit)
+    finished, gr = engine.call_with_budget(  # compiles on the first call
+        lambda: np.asarray(grad(jnp.asarray(centre, jnp.float32)), np.float64),
+        deadline.remaining())
+    if not finished:
+      raise bab.OutOfTime
+    return bab.Bounded({"lo": lo, "hi": hi, "grad": gr})
+
+  return bound
+
+
+def _bisect(boxes: dict) -> dict:
+  """Both halves of every box, split along ``width_j · |grad_j|`` (`spec.split_boxes`)."""
+  lo1, hi1, lo2, hi2 = split_boxes(boxes["lo"], boxes["hi"], boxes["grad"])
+  return {"lo": np.concatenate([lo1, lo2]), "hi": np.concatenate([hi1, hi2])}

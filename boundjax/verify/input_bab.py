@@ -6,8 +6,10 @@ checked for counterexamples at their centre and at the box corner that minimises
 lower bound (``x* = lo where Λ > 0 else hi``), then split in half along the input with the
 largest estimated influence ``width_j · |Λ_j|`` (Λ: the input coefficients of the best row's
 CROWN bound; the "smear" heuristic of ReluVal, Wang et al. 2018, with linear instead of
-interval gradients). Boxes are processed last-in first-out in batches of fixed (bucketed) sizes,
-so the jitted bound is compiled once per size and the frontier stays small.
+interval gradients). The search is `boundjax.verify.bab.search` with a `bab.Stack` (depth
+first): the open boxes are popped ``batch // 2`` at a time and their children bounded in
+batches of fixed (bucketed) sizes, so the jitted bound is compiled once per size and the
+frontier stays small.
 
 ``branching="lookahead"`` replaces the smear score by a one-step look-ahead: both halves of
 every input's bisection are bounded (CROWN intermediate bounds met with the box's own, one
@@ -35,7 +37,7 @@ from typing import Any, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.verify import layered
+from boundjax.verify import bab, layered
 from boundjax.verify.outcome import Deadline
 from boundjax.verify.spec import Disjunct, Region, split_boxes
 
@@ -211,69 +213,50 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
   C, d = jnp.asarray(C), jnp.asarray(d)
   sub = Region(region.lower, region.upper, disjuncts)
   hidden = lay.hidden
-  los = [region.lower[None].copy()]
-  his = [region.upper[None].copy()]
-  # bounds known on each box (its parent's; none at the root), for `layered.crown_batch`'s prior
-  pls = [[np.full((1, n), -np.inf) for n in hidden]]
-  pus = [[np.full((1, n), np.inf) for n in hidden]]
-  dns = [np.zeros((1, G), bool)]  # disjuncts proven on an ancestor box
-  pending = 1
-  nodes = 0
   use_prior = reuse_bounds and not alpha_steps
   Wb = ([np.asarray(w) for w in lay.Ws], [np.asarray(b) for b in lay.bs])
   best_loss = np.inf
-  while pending:
-    if deadline.expired():
-      return "timeout", None, nodes
-    if pending > max_boxes:
-      return "unknown", None, nodes
-    lo_all = np.concatenate(los)
-    hi_all = np.concatenate(his)
-    pl_all = [np.concatenate([p[k] for p in pls]) for k in range(len(hidden))]
-    pu_all = [np.concatenate([p[k] for p in pus]) for k in range(len(hidden))]
-    take = min(batch, len(lo_all))
-    lo, hi = lo_all[-take:], hi_all[-take:]
-    pl, pu = [a[-take:] for a in pl_all], [a[-take:] for a in pu_all]
-    los, his = [lo_all[:-take]], [hi_all[:-take]]
-    dn_all = np.concatenate(dns)
-    done, dns = dn_all[-take:], [dn_all[:-take]]
-    pls, pus = [[a[:-take] for a in pl_all]], [[a[:-take] for a in pu_all]]
+
+  def bound(boxes: dict) -> bab.Bounded:
+    """Bounds a batch of boxes (their parents' bounds as prior), drops the proven ones, looks
+    for counterexamples among the others and gives them their branching coefficients."""
+    nonlocal best_loss
+    lo, hi, pl, pu, done = boxes["lo"], boxes["hi"], boxes["pl"], boxes["pu"], boxes["done"]
+    take = len(lo)
     size = _bucket(take, batch)
     pad = size - take
     padded = lambda a: jnp.asarray(np.concatenate([a, np.repeat(a[-1:], pad, 0)]))
     lo_p, hi_p = padded(lo), padded(hi)
     splits = tuple(jnp.zeros((size, n), jnp.int8) for n in hidden)
     if alpha_steps and intermediate == "crown":
-      bound, lam0, _, lbs, ubs = layered.crown_alpha_batch(
+      bounds, lam0, _, lbs, ubs = layered.crown_alpha_batch(
           lay, C, d, lo_p, hi_p, splits, sound, alpha_steps)
     else:
       prior = (tuple(padded(a) for a in pl), tuple(padded(a) for a in pu)) if use_prior else None
-      bound, lam0, _, lbs, ubs = layered.crown_batch(
+      bounds, lam0, _, lbs, ubs = layered.crown_batch(
           lay, C, d, lo_p, hi_p, splits, sound, intermediate, prior,
           "post" if reuse_bounds == "post" else "layer")
-    bound = np.asarray(bound)[:take]
+    bounds = np.asarray(bounds)[:take]
     lam0 = np.asarray(lam0)[:take]
-    nodes += take
     if progress is not None:
       progress.update(take)
-    gbound = np.stack([bound[:, a:b].max(axis=1) for a, b in zip(starts, ends)], axis=1)
+    gbound = np.stack([bounds[:, a:b].max(axis=1) for a, b in zip(starts, ends)], axis=1)
     done = done | (gbound > 0)
     open_ = ~np.all(done, axis=1)
     if not np.any(open_):
-      pending = len(los[0])
-      continue
+      return bab.Bounded(boxes, closed=np.ones(take, bool))
     # branch for the open disjunct with the lowest bound, on its best row's coefficients
     worst = np.argmin(np.where(done, np.inf, gbound), axis=1)
-    row = np.array([starts[g] + np.argmax(bound[i, starts[g]:ends[g]])
+    row = np.array([starts[g] + np.argmax(bounds[i, starts[g]:ends[g]])
                     for i, g in enumerate(worst)], dtype=int)
     lo, hi, lam = lo[open_], hi[open_], lam0[open_, row[open_]]
     done = done[open_]
     if use_prior:
-      bl = [np.asarray(a)[:take][open_] for a in lbs]
-      bu = [np.asarray(a)[:take][open_] for a in ubs]
+      bl = tuple(np.asarray(a)[:take][open_] for a in lbs)
+      bu = tuple(np.asarray(a)[:take][open_] for a in ubs)
     else:
-      bl = [np.full((len(lo), n), -np.inf) for n in hidden]
-      bu = [np.full((len(lo), n), np.inf) for n in hidden]
+      bl = tuple(np.full((len(lo), n), -np.inf) for n in hidden)
+      bu = tuple(np.full((len(lo), n), np.inf) for n in hidden)
     # counterexample candidates: centres and the minimising corners of the linear bound
     cand = np.concatenate([(lo + hi) / 2, np.where(lam > 0, lo, hi)])
     y = layered.forward_np(lay, cand)
@@ -281,20 +264,34 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
     if np.any(viol):
       hit = replay.find(sub, cand[viol])
       if hit is not None:
-        return "sat", hit, nodes
+        return bab.Bounded({}, counterexample=hit)
     if local_search:
       hit, best_loss = _search_records(Wb, sub, cand, y, best_loss, replay, deadline)
       if hit is not None:
-        return "sat", hit, nodes
+        return bab.Bounded({}, counterexample=hit)
     if branching == "lookahead":
       lam = _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, [
           (starts[g], ends[g]) for g in worst[open_]], gbound[open_, worst[open_]],
           region.upper - region.lower, batch, deadline)
-    lo1, hi1, lo2, hi2 = split_boxes(lo, hi, lam)
-    los += [lo1, lo2]
-    his += [hi1, hi2]
-    pls += [bl, bl]
-    pus += [bu, bu]
-    dns += [done, done]
-    pending = sum(len(a) for a in los)
-  return "unsat", None, nodes
+    return bab.Bounded({"lo": lo, "hi": hi, "bl": bl, "bu": bu, "done": done, "lam": lam})
+
+  root = {"lo": region.lower[None].copy(), "hi": region.upper[None].copy(),
+          # bounds known on each box (its parent's; none at the root), the prior of
+          # `layered.crown_batch`
+          "pl": tuple(np.full((1, n), -np.inf) for n in hidden),
+          "pu": tuple(np.full((1, n), np.inf) for n in hidden),
+          "done": np.zeros((1, G), bool)}  # disjuncts proven on an ancestor box
+  # depth first; a frontier of P open boxes stands for the 2 P boxes of their children
+  out = bab.search(root, bound, _bisect, frontier=bab.Stack(), batch=batch,
+                   pop=max(1, batch // 2), deadline=deadline, max_frontier=max_boxes // 2)
+  return bab.VERDICTS.get(out.reason, "unknown"), out.counterexample, out.bounded
+
+
+def _bisect(boxes: dict) -> dict:
+  """Both halves of every open box (`spec.split_boxes` along ``width_j · |lam_j|``), with the
+  box's bounds as their prior and its proven disjuncts."""
+  lo1, hi1, lo2, hi2 = split_boxes(boxes["lo"], boxes["hi"], boxes["lam"])
+  twice = lambda a: np.concatenate([a, a])
+  return {"lo": np.concatenate([lo1, lo2]), "hi": np.concatenate([hi1, hi2]),
+          "pl": tuple(twice(a) for a in boxes["bl"]), "pu": tuple(twice(a) for a in boxes["bu"]),
+          "done": twice(boxes["done"])}

@@ -8,6 +8,11 @@ then the family's β*_c up to the MILP gap. With ``IdpDbConfig(screen=True)`` th
 screening (`milp.idpdb.screening.member_bounds`) and the members of largest screening bound are
 peeled off as singleton MILPs instead.
 
+The loop is the project's branch-and-bound skeleton, `boundjax.verify.bab.search`: a `bab.Heap`
+with priority ``-bound`` (the largest bound first), one node popped at a time, its children's
+MILPs solved ``cfg.workers`` at a time, the total time limit (less 50 ms) checked before each
+such batch; the stop rule above is a *leaf* (``branch`` returns None).
+
 Deviations from LUCID's public code, on purpose: no 0.001 "not c" margin (ties count as
 disagreement: sound); relax-if-similar uses ``<=`` as the paper does (the code uses ``<``); the
 root set holds only the given members (the code adds N itself, which is harmless); the elbow k is
@@ -17,14 +22,14 @@ of a popped node are solved together (the code's workers pop from a shared queue
 
 from __future__ import annotations
 
-import heapq
-import itertools
+import dataclasses
 import math
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from boundjax.verify import bab
 from milp import network as net_lib
 from milp.idpdb.branching import partition
 from milp.idpdb.config import IdpDbConfig, IdpDbResult, NodeRecord, NodeResult
@@ -35,6 +40,28 @@ from milp.idpdb.screening import member_bounds
 from milp.idpdb.tighten import n_unstable, tighten_net
 from milp.ldcp import Family
 from milp.network import Network
+
+
+@dataclasses.dataclass(frozen=True)
+class _Child:
+  """A node to bound: its members, its parent's record, its MILP's time limit."""
+
+  members: np.ndarray
+  parent: NodeRecord | None
+  time_limit: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _TimeLeft:
+  """``remaining() - margin`` seconds of the total time (`bab.search`'s deadline); a huge
+  number without a total time limit."""
+
+  remaining_total: Callable[[], float | None]
+  margin: float
+
+  def remaining(self) -> float:
+    left = self.remaining_total()
+    return math.inf if left is None else left - self.margin
 
 
 def _confirm(net: Network, family: Family, rows: np.ndarray, res: NodeResult, label: int,
@@ -96,10 +123,8 @@ def lucid_compute(net: Network, members: Sequence[Network] | Family, label: int,
   runner = node_executor(cfg)
   tree: list[NodeRecord] = []
   anytime: list[tuple[float, float]] = []
-  queue: list[tuple[float, int, int]] = []  # (-bound, tie, node id)
-  tie = itertools.count()
-  lower, lower_x, lower_member = -math.inf, None, None
-  timed_out = False
+  front = bab.Heap()  # priority -bound: the largest bound first, ties first-in first-out
+  state = {"lower": (-math.inf, None, None), "beta": math.inf, "exact": False}
 
   def remaining() -> float | None:
     if cfg.total_time_limit is None:
@@ -109,100 +134,99 @@ def lucid_compute(net: Network, members: Sequence[Network] | Family, label: int,
   def screened(rows: np.ndarray) -> float:
     return math.inf if u is None else float(np.max(u[rows]))
 
-  def push_unsolved(g: np.ndarray, parent: NodeRecord | None, status: str) -> None:
+  def unsolved(child: _Child, status: str) -> NodeRecord:
     """A node without a MILP: its parent's bound, or its members' screening bounds if lower."""
+    parent, g = child.parent, child.members
     bound = min(math.inf if parent is None else parent.bound, screened(g))
     rec = NodeRecord(len(tree), None if parent is None else parent.id, g, bound, math.inf,
                      status, 0.0, 0, 0, 0 if parent is None else parent.depth + 1)
     tree.append(rec)
-    heapq.heappush(queue, (-bound, next(tie), rec.id))
+    return rec
 
-  def expand(groups: list[np.ndarray], parent: NodeRecord | None,
-             node_limit: float | None = cfg.node_time_limit) -> bool:
-    """Solves the nodes of ``groups`` and pushes them; False if the total time ran out."""
-    nonlocal lower, lower_x, lower_member, timed_out
-    parent_bound = math.inf if parent is None else parent.bound
-    pending = list(groups)
-    while pending:
-      left = remaining()
-      if left is not None and left <= 0.05:
-        timed_out = True
-        for g in pending:
-          push_unsolved(g, parent, "NOT_SOLVED")
-        return False
-      batch, pending = pending[:cfg.workers], pending[cfg.workers:]
-      limit = node_limit
+  def known(child: _Child) -> bab.Bounded:
+    """A screened node, pushed without a MILP."""
+    rec = unsolved(child, "SCREENED")
+    return bab.Bounded([rec], np.array([-rec.bound]))
+
+  def bound(children: list[_Child]) -> bab.Bounded:
+    """Solves the node MILPs of ``children`` (at most ``cfg.workers``, together)."""
+    left = remaining()
+    jobs = []
+    for child in children:
+      limit = child.time_limit
       if left is not None:
         limit = left if limit is None else min(limit, left)
-      jobs = [NodeJob(net, hyper_of(family, g), label, cfg, limit, ref) for g in batch]
-      for g, res in zip(batch, solve_nodes(runner, jobs)):
-        bound = min(res.upper, parent_bound, screened(g))
-        rec = NodeRecord(len(tree), None if parent is None else parent.id, g, bound, res.upper,
-                         res.status, res.seconds, res.n_binaries, res.n_relaxed,
-                         0 if parent is None else parent.depth + 1, res.optimal, res.n_unstable,
-                         res.tighten_seconds)
-        tree.append(rec)
-        heapq.heappush(queue, (-bound, next(tie), rec.id))
-        hit = _confirm(net, family, g, res, label, cfg.tol)
-        if hit is not None and hit[0] > lower:
-          lower, lower_x, lower_member = hit[0], res.x, hit[1]
-        if bar is not None:
-          bar.update(1)
-          bar.set_postfix(bound=f"{max(-queue[0][0], -math.inf):.4g}", nodes=len(queue))
-    return True
+      jobs.append(NodeJob(net, hyper_of(family, child.members), label, cfg, limit, ref))
+    recs = []
+    for child, res in zip(children, solve_nodes(runner, jobs)):
+      parent, g = child.parent, child.members
+      value = min(res.upper, math.inf if parent is None else parent.bound, screened(g))
+      rec = NodeRecord(len(tree), None if parent is None else parent.id, g, value, res.upper,
+                       res.status, res.seconds, res.n_binaries, res.n_relaxed,
+                       0 if parent is None else parent.depth + 1, res.optimal, res.n_unstable,
+                       res.tighten_seconds)
+      tree.append(rec)
+      recs.append(rec)
+      hit = _confirm(net, family, g, res, label, cfg.tol)
+      if hit is not None and hit[0] > state["lower"][0]:
+        state["lower"] = (hit[0], res.x, hit[1])
+      if bar is not None:
+        top = max([r.bound for r in recs] + [-front.peek()])
+        bar.update(1)
+        bar.set_postfix(bound=f"{top:.4g}", nodes=len(front) + len(recs))
+    return bab.Bounded(recs, np.array([-r.bound for r in recs]))
 
-  def branch(node: NodeRecord) -> bool:
-    """LUCID: k-means children, each solved. Screening: the ``workers`` members of largest
-    screening bound become singleton MILPs; the rest stays one node bounded by its screening."""
+  def branch(popped: list[NodeRecord]) -> Any:
+    """LUCID, Alg. 1, on the popped node (the largest bound): stop on a solved singleton or an
+    infeasible node (``None``: a leaf), solve a singleton again with twice the time
+    (``cfg.retry_singletons``), or split it: k-means children, each solved; with screening,
+    the ``workers`` members of largest screening bound become singleton MILPs and the rest
+    stays one node bounded by its screening."""
+    node, = popped
+    beta = state["beta"] = node.bound
+    anytime.append((time.perf_counter() - t0, beta))
+    if (cfg.retry_singletons and node.members.size == 1 and node.solved and not node.optimal
+        and beta > -math.inf):
+      # nothing left to split: the same MILP again with twice the time
+      return [_Child(node.members, node, 2.0 * node.seconds)]
+    if (node.members.size == 1 and (node.solved or u is None)) or beta == -math.inf:
+      exact = node.optimal and node.n_relaxed == 0
+      if beta == -math.inf:  # every set left is infeasible: no member can ever disagree
+        exact = all(r.optimal for r in tree if r.status != "SCREENED")
+      state["exact"] = exact
+      return None
     if u is None:
-      return expand(partition(features, node.members, cfg), node)
+      return [_Child(g, node, cfg.node_time_limit)
+              for g in partition(features, node.members, cfg)]
     vals = u[node.members]
     order = node.members   # a rest node is already sorted: its child is a view, not a copy
     if np.any(vals[:-1] < vals[1:]):
       order = order[np.argsort(-vals, kind="stable")]
     peel, rest = order[:cfg.workers], order[cfg.workers:]
+    peels = [_Child(peel[j:j + 1], node, cfg.node_time_limit) for j in range(peel.size)]
     if rest.size:
-      push_unsolved(rest, node, "SCREENED")
-    return expand([peel[j:j + 1] for j in range(peel.size)], node)
+      return bab.Parts(known(_Child(rest, node, None)), peels)
+    return peels
 
+  root = _Child(np.arange(family.size), None, cfg.node_time_limit)
   try:
-    beta, exact = math.inf, False
-    if cfg.screen:
-      push_unsolved(np.arange(family.size), None, "SCREENED")
-      started = True
-    else:
-      started = expand([np.arange(family.size)], None)
-    if started:
-      while queue:
-        neg, _, nid = heapq.heappop(queue)
-        node = tree[nid]
-        beta = -neg
-        anytime.append((time.perf_counter() - t0, beta))
-        if (cfg.retry_singletons and node.members.size == 1 and node.solved and not node.optimal
-            and beta > -math.inf):
-          # nothing left to split: the same MILP again with twice the time
-          if not expand([node.members], node, 2.0 * node.seconds):
-            beta = max(-queue[0][0], -math.inf) if queue else beta
-            anytime.append((time.perf_counter() - t0, beta))
-            break
-          continue
-        if (node.members.size == 1 and (node.solved or u is None)) or beta == -math.inf:
-          exact = node.optimal and node.n_relaxed == 0
-          if beta == -math.inf:  # every set left is infeasible: no member can ever disagree
-            exact = all(r.optimal for r in tree if r.status != "SCREENED")
-          break
-        if not branch(node):
-          beta = max(-queue[0][0], -math.inf) if queue else beta
-          anytime.append((time.perf_counter() - t0, beta))
-          break
-    else:
-      beta = math.inf
-    if timed_out:
-      exact = False
+    out = bab.search(known(root) if cfg.screen else [root], bound, branch, frontier=front,
+                     batch=cfg.workers, pop=1, deadline=_TimeLeft(remaining, 0.05))
   finally:
     runner.close()
     if bar is not None:
       bar.close()
+  beta, exact = state["beta"], state["exact"]
+  timed_out = out.reason == bab.DEADLINE
+  if timed_out:  # the children left unsolved keep their parent's bound
+    left = [unsolved(c, "NOT_SOLVED") for part in out.pending for c in part]
+    if out.pops:
+      beta = max([-p for p, _ in front.items()] + [r.bound for r in left] + [-math.inf])
+      anytime.append((time.perf_counter() - t0, beta))
+    else:  # the root's MILP did not run
+      beta = math.inf
+    exact = False
+  lower, lower_x, lower_member = state["lower"]
   n_milps = sum(r.solved for r in tree)
   return IdpDbResult(label, float(beta), exact, timed_out, n_milps, anytime, tree,
                      time.perf_counter() - t0, lower, lower_x, lower_member, n_unstable(ref),
