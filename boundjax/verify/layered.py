@@ -56,55 +56,7 @@ _U = float(np.finfo(np.float64).eps) / 2
 _TINY = float(np.finfo(np.float64).tiny)
 
 
-class Layers(NamedTuple):
-  """A ReLU network's affine layers as float64 JAX arrays (a pytree)."""
-
-  Ws: tuple  # (out, in) each
-  bs: tuple  # (out,) each
-  absWs: tuple  # |W|, for the rounding error bounds
-
-  @property
-  def widths(self) -> tuple[int, ...]:
-    """``(n_0, n_1, ..., n_L)``: input size, hidden widths, output size."""
-    return (int(self.Ws[0].shape[1]),) + tuple(int(w.shape[0]) for w in self.Ws)
-
-  @property
-  def hidden(self) -> tuple[int, ...]:
-    return self.widths[1:-1]
-
-
-def from_network(net: Any) -> Layers:
-  """`Layers` of a point `milp.network.Network` (sparse layers densified). Call under x64."""
-  import scipy.sparse as sp
-  if not net.is_point:
-    raise ValueError("layered bounds need a network with point parameters.")
-  Ws, bs = [], []
-  for layer in net.layers:
-    w = layer.w_lower.toarray() if sp.issparse(layer.w_lower) else layer.w_lower
-    Ws.append(jnp.asarray(np.asarray(w, F64)))
-    bs.append(jnp.asarray(np.asarray(layer.b_lower, F64)))
-  return Layers(tuple(Ws), tuple(bs), tuple(jnp.abs(w) for w in Ws))
-
-
-def forward(lay: Layers, x: jnp.ndarray) -> jnp.ndarray:
-  """Outputs for inputs ``x`` of shape (..., n_0), in the arrays' dtype."""
-  h = x
-  for i, (w, b) in enumerate(zip(lay.Ws, lay.bs)):
-    h = h @ w.T + b
-    if i < len(lay.Ws) - 1:
-      h = jnp.maximum(h, 0.0)
-  return h
-
-
-def forward_np(lay: Layers, x: np.ndarray) -> np.ndarray:
-  """`forward` in NumPy float64, for candidate batches of varying sizes (op-by-op JAX would
-  compile every primitive once per new shape)."""
-  h = np.asarray(x, F64)
-  for i, (w, b) in enumerate(zip(lay.Ws, lay.bs)):
-    h = h @ np.asarray(w).T + np.asarray(b)
-    if i < len(lay.Ws) - 1:
-      h = np.maximum(h, 0.0)
-  return h
+from boundjax.verify.chain import Layers, forward, forward_np, from_network  # noqa: E402,F401
 
 
 def _gamma(n: int) -> float:
@@ -292,15 +244,17 @@ def crown_batch(lay: Layers, C, d, lo, hi, splits, sound: bool, intermediate: st
                 prior=None, prior_mode: str = "layer"):
   """Intermediate and output bounds (adaptive α, no β) for a batch of boxes with splits.
 
+  ``intermediate="crown"``: the engine (`boundjax.verify.chain.crown_batch`, same arguments
+  and returns). ``"forward"`` or ``"both"`` (forward linear bounds, `intermediate_forward_one`,
+  alone or met with CROWN's): this module's dense pass, the one bound computation the engine
+  does not have yet.
+
   ``prior``: None or ``(lbs, ubs)`` per layer (B, n_i), bounds known to hold on each box (its
   parent's). ``prior_mode="layer"``: they are intersected with the computed ones layer by
   layer (each layer's pass sees the tighter bounds below it). ``"post"``: the box's own bounds
   are computed without them; the output rows are bounded twice, on the own bounds and on their
   intersection with ``prior``, and the larger bound is kept; ``lam0`` is the first pass's, so
-  branching is what it would be without a prior while every bound is at least as tight (the
-  tree is a sub-tree of the prior-less one; the "layer" mode's coefficients made ACAS Xu
-  2_2 prop_1 need > 30k boxes instead of 1163). ``intermediate``: ``"crown"``,
-  ``"forward"`` or ``"both"`` (the intersection of the two).
+  branching is what it would be without a prior while every bound is at least as tight.
   Returns ``(bound (B, R), lam0 (B, R, n_0), infeasible (B,), lbs, ubs)`` (``lbs, ubs``: the
   tightest bounds known, to pass on as children's prior); infeasible sub-problems get bound
   ``+inf``.
@@ -310,6 +264,10 @@ def crown_batch(lay: Layers, C, d, lo, hi, splits, sound: bool, intermediate: st
   per 1024 boxes, measured with jax 0.10)."""
   if prior_mode not in ("layer", "post"):
     raise ValueError(f"crown_batch: prior_mode must be 'layer' or 'post', got {prior_mode!r}.")
+  if intermediate == "crown":
+    from boundjax.verify import chain
+    return chain.crown_batch(lay, C, d, lo, hi, sound, "crown", prior, prior_mode,
+                             splits=splits)
   if prior is None or prior_mode == "layer":
     return _crown_batch(lay, C, d, lo, hi, splits, sound, intermediate, prior)
   bnd, lam0, inf, lbs, ubs = _crown_batch(lay, C, d, lo, hi, splits, sound, intermediate, None)
@@ -351,17 +309,22 @@ def _output_met_batch(lay: Layers, C, d, lo, hi, lbs, ubs, prior, sound: bool):
   return jax.vmap(one)(lo, hi, lbs, ubs, prior)
 
 
-@functools.partial(jax.jit, static_argnames=("intermediate",))
 def estimate_batch(lay: Layers, C, d, lo, hi, prior, intermediate: str = "crown"):
   """Estimates of the output bounds of ``C y - d`` (B, R) on boxes whose pre-activations are
-  known to lie in ``prior`` (a parent box's bounds): intermediate bounds met with ``prior``
-  layer by layer (CROWN, `intermediate_one`, or forward, `intermediate_forward_one`), then one
-  CROWN output pass, without the rounding allowance (``sound=False``): only for ranking
-  branching choices, never for a verdict."""
-  inter = intermediate_forward_one if intermediate == "forward" else intermediate_one
+  known to lie in ``prior`` (a parent box's bounds), without the rounding allowance: only for
+  ranking branching choices, never for a verdict. ``"crown"``: the engine
+  (`boundjax.verify.chain.estimate_batch`); ``"forward"``: forward linear bounds met with
+  ``prior`` layer by layer, then one CROWN output pass (this module's dense pass)."""
+  if intermediate != "forward":
+    from boundjax.verify import chain
+    return chain.estimate_batch(lay, C, d, lo, hi, prior)
+  return _estimate_forward(lay, C, d, lo, hi, prior)
 
+
+@jax.jit
+def _estimate_forward(lay: Layers, C, d, lo, hi, prior):
   def one(l, h, pr):
-    lbs, ubs, inf = inter(lay, l, h, None, False, pr)
+    lbs, ubs, inf = intermediate_forward_one(lay, l, h, None, False, pr)
     bnd, _ = output_one(lay, C, d, l, h, lbs, ubs, sound=False)[:2]
     return jnp.where(inf, jnp.inf, bnd)
   return jax.vmap(one)(lo, hi, prior)

@@ -29,40 +29,18 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.domains.linear import crown
-from boundjax.verify import layered
+from boundjax.verify import chain
 from boundjax.verify.outcome import Deadline
 from boundjax.verify.spec import Disjunct, Region
 
 
-def _chain(p: dict, x):
-  """``C f(x) - d`` for the chain ``f`` (``x``: (batch, n_0); ``p``: ``W``, ``b``, ``C``,
-  ``d``), the function the engine bounds. Its ReLU nodes are the hidden layers, in order."""
-  h = x
-  n = len(p["W"])
-  for i, (w, b) in enumerate(zip(p["W"], p["b"])):
-    h = h @ w.T + b
-    if i < n - 1:
-      h = jnp.maximum(h, 0.0)
-  return h @ p["C"].T - p["d"]
-
-
-_BOUNDERS: dict = {}
+_chain = chain.chain_fn
+_params = chain.chain_params
 
 
 def _bounder(sound: bool, intermediate: str, steps: int, lr: float):
-  """The engine's bound of `_chain` with split constraints, β and the details (one transform,
-  hence one compilation cache, per option set)."""
-  key = (sound, intermediate, steps, float(lr))
-  if key not in _BOUNDERS:
-    _BOUNDERS[key] = crown(_chain, batch_axis=0, sound=sound, intermediate=intermediate,
-                           splits=True, beta=True, alpha_steps=steps, alpha_lr=lr,
-                           return_info=True)
-  return _BOUNDERS[key]
-
-
-def _params(lay: layered.Layers, C, d) -> dict:
-  return {"W": tuple(lay.Ws), "b": tuple(lay.bs), "C": jnp.asarray(C), "d": jnp.asarray(d)}
+  """The engine's bound of the chain with split constraints, β and the details."""
+  return chain.bounder(sound, intermediate, steps, lr, beta=True)
 
 
 def _clip_np(lbs, ubs, splits):
@@ -110,7 +88,7 @@ def _milp(net, region: Region, disjunct: Disjunct, lbs, ubs, deadline: Deadline,
   return res.status, None
 
 
-def relu_split(lay: layered.Layers, net: Any, region: Region, disjunct: Disjunct, replay: Any,
+def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, replay: Any,
                deadline: Deadline, *, sound: bool = True, batch: int = 256,
                root_steps: int = 50, steps: int = 15, lr: float = 0.1,
                max_domains: int = 20_000, milp_unstable: int = 40, use_milp: bool = True,
@@ -140,7 +118,7 @@ def relu_split(lay: layered.Layers, net: Any, region: Region, disjunct: Disjunct
     row = np.argmax(bnd_b, axis=1)
     lam = np.take_along_axis(lam0_b, row[:, None, None], axis=1)[:, 0]
     xs = np.where(lam > 0, region.lower, region.upper)
-    y = layered.forward_np(lay, xs)
+    y = chain.forward_np(lay, xs)
     hit_mask = disjunct.violated_by(y)
     if np.any(hit_mask):
       return replay.find(sub, xs[hit_mask])
