@@ -1,7 +1,7 @@
 """Branch and bound by input splitting, for networks with few inputs (ACAS Xu has 5).
 
 A sub-box is *proven* when one row of the disjunct has a certified lower bound
-``min_x C_i f(x) - d_i > 0`` on it (the engine, `boundjax.verify.chain.crown_batch`). Unproven boxes are
+``min_x C_i f(x) - d_i > 0`` on it (`boundjax.verify.layered.crown_batch`). Unproven boxes are
 checked for counterexamples at their centre and at the box corner that minimises the linear
 lower bound (``x* = lo where Λ > 0 else hi``), then split in half along the input with the
 largest estimated influence ``width_j · |Λ_j|`` (Λ: the input coefficients of the best row's
@@ -11,7 +11,7 @@ so the jitted bound is compiled once per size and the frontier stays small.
 
 ``branching="lookahead"`` replaces the smear score by a one-step look-ahead: both halves of
 every input's bisection are bounded (CROWN intermediate bounds met with the box's own, one
-output pass, `chain.estimate_batch`) and the input with the best product of the two halves'
+output pass, `layered.estimate_batch`) and the input with the best product of the two halves'
 gains is split (the "strong branching" of MIP solvers, applied to input splitting). It costs
 ``2 n_0 + 1`` extra bounds per box but the trees shrink far more on ACAS Xu: 2_7 prop_1 from
 > 200k boxes (smear, post mode, 120 s) to 543, 1_8 prop_2 from > 189k to 463; on 1_1
@@ -35,7 +35,7 @@ from typing import Any, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.verify import chain, layered
+from boundjax.verify import layered
 from boundjax.verify.outcome import Deadline
 from boundjax.verify.spec import Disjunct, Region, split_boxes
 
@@ -116,7 +116,7 @@ def _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, groups, parent: np.ndarray
   """Per box and input ``j``, a sensitivity whose ``width × |.|`` is the product score of
   strong branching (Achterberg, Koch & Martin 2005, "Branching rules revisited", §3),
   ``max(g_lo, ε) · max(g_hi, ε)``, where ``g`` are the gains of the two halves' bounds over the
-  box's after bisecting input ``j`` (`chain.estimate_batch` on both halves of every input
+  box's after bisecting input ``j`` (`layered.estimate_batch` on both halves of every input
   and on the box, with the box's bounds as prior; the box's bound is the larger of ``parent``
   and its estimate). The product favours splits that help both halves: the worse half's gain
   alone is myopic (splitting a vanishing input gains a little on both halves and would win
@@ -148,7 +148,8 @@ def _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, groups, parent: np.ndarray
     padded = lambda a: jnp.asarray(np.concatenate([a, np.repeat(a[-1:], pad, 0)]))
     prior = (tuple(padded(np.maximum(a[idx], -1e300)) for a in bl),
              tuple(padded(np.minimum(a[idx], 1e300)) for a in bu))
-    est = chain.estimate_batch(lay, C, d, padded(clo[s:e]), padded(chi[s:e]), prior)[:take]
+    est = np.asarray(layered.estimate_batch(lay, C, d, padded(clo[s:e]), padded(chi[s:e]),
+                                            prior, "crown"))[:take]
     rows = np.asarray(groups)[idx]  # (take, 2): the row range of each box's open disjunct
     cols = np.arange(est.shape[1])
     inside = (cols >= rows[:, :1]) & (cols < rows[:, 1:])
@@ -172,7 +173,7 @@ def _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, groups, parent: np.ndarray
   return np.where(flat, lam, sens)
 
 
-def input_split(lay: chain.Layers, region: Region, disjunct: Disjunct | Sequence[Disjunct],
+def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequence[Disjunct],
                 replay: Any,
                 deadline: Deadline, *, sound: bool = True, batch: int = 1024,
                 intermediate: str = "crown", alpha_steps: int = 0, max_boxes: int = 2_000_000,
@@ -190,7 +191,7 @@ def input_split(lay: chain.Layers, region: Region, disjunct: Disjunct | Sequence
   proven), ``"sat"``, ``"timeout"`` or ``"unknown"`` (frontier over ``max_boxes``).
   ``reuse_bounds``: a box's intermediate bounds are intersected with its parent's (valid on
   the parent box, hence on the child): ``"layer"`` (or True, default) or ``"post"``, see
-  `chain.crown_batch`'s ``prior_mode``; False: not at all. ``combine``: also bound sums of
+  `layered.crown_batch`'s ``prior_mode``; False: not at all. ``combine``: also bound sums of
   rows (`combined_rows`). ``local_search``: run `_search_records` on the candidates.
   ``branching``: ``"smear"`` (width × |Λ| of the box's own bound) or ``"lookahead"`` (the
   input whose bisection gives the best product of the halves' gains, `_lookahead_scores`).
@@ -212,7 +213,7 @@ def input_split(lay: chain.Layers, region: Region, disjunct: Disjunct | Sequence
   hidden = lay.hidden
   los = [region.lower[None].copy()]
   his = [region.upper[None].copy()]
-  # bounds known on each box (its parent's; none at the root), for `chain.crown_batch`'s prior
+  # bounds known on each box (its parent's; none at the root), for `layered.crown_batch`'s prior
   pls = [[np.full((1, n), -np.inf) for n in hidden]]
   pus = [[np.full((1, n), np.inf) for n in hidden]]
   dns = [np.zeros((1, G), bool)]  # disjuncts proven on an ancestor box
@@ -241,15 +242,15 @@ def input_split(lay: chain.Layers, region: Region, disjunct: Disjunct | Sequence
     pad = size - take
     padded = lambda a: jnp.asarray(np.concatenate([a, np.repeat(a[-1:], pad, 0)]))
     lo_p, hi_p = padded(lo), padded(hi)
-    prior = (tuple(padded(a) for a in pl), tuple(padded(a) for a in pu)) if use_prior else None
-    mode = "post" if reuse_bounds == "post" else "layer"
-    if intermediate == "crown":  # the engine
-      bound, lam0, _, lbs, ubs = chain.crown_batch(lay, C, d, lo_p, hi_p, sound, "crown", prior,
-                                                   mode, alpha_steps)
-    else:  # forward linear bounds ("forward", "both"): not in the engine yet
-      splits = tuple(jnp.zeros((size, n), jnp.int8) for n in hidden)
+    splits = tuple(jnp.zeros((size, n), jnp.int8) for n in hidden)
+    if alpha_steps and intermediate == "crown":
+      bound, lam0, _, lbs, ubs = layered.crown_alpha_batch(
+          lay, C, d, lo_p, hi_p, splits, sound, alpha_steps)
+    else:
+      prior = (tuple(padded(a) for a in pl), tuple(padded(a) for a in pu)) if use_prior else None
       bound, lam0, _, lbs, ubs = layered.crown_batch(
-          lay, C, d, lo_p, hi_p, splits, sound, intermediate, prior, mode)
+          lay, C, d, lo_p, hi_p, splits, sound, intermediate, prior,
+          "post" if reuse_bounds == "post" else "layer")
     bound = np.asarray(bound)[:take]
     lam0 = np.asarray(lam0)[:take]
     nodes += take
@@ -275,7 +276,7 @@ def input_split(lay: chain.Layers, region: Region, disjunct: Disjunct | Sequence
       bu = [np.full((len(lo), n), np.inf) for n in hidden]
     # counterexample candidates: centres and the minimising corners of the linear bound
     cand = np.concatenate([(lo + hi) / 2, np.where(lam > 0, lo, hi)])
-    y = chain.forward_np(lay, cand)
+    y = layered.forward_np(lay, cand)
     viol = np.any([dj.violated_by(y) for dj in disjuncts], axis=0)
     if np.any(viol):
       hit = replay.find(sub, cand[viol])
