@@ -17,8 +17,8 @@ splits each on the unstable neuron with the largest BaBSR-style score (Bunel et 
 corner, from ``info.input_coeffs``) is replayed as a counterexample candidate.
 
 Cost (measured on the loaded 2-core machine, sound mode, a 784-256-256-10 chain, 256 domains
-per round, 15 steps): 0.6 s per round against 0.25 s for the former dense float64 copy
-(`layered.optimise`, which bounded the lower rows only), and 21 s of compilation against 5 s,
+per round, 15 steps): 0.48 s per round against 0.26 s for the former dense float64 copy
+(`layered.optimise`, which bounded the lower rows only), and 13 s of compilation against 4 s,
 paid once per process and shape.
 
 MILP fallback (Tjeng et al. 2019, through `milp.property.check_property`): when the problem has

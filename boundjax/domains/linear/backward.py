@@ -737,7 +737,9 @@ def _final_bounds(ctx: _Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
   ``data["beta"]``). Every α in [0, 1] and β >= 0 gives a valid bound, so every iterate's bound
   is sound: each row keeps the parameters of the best bound seen (float arithmetic), which are
   evaluated once more in ``ctx``'s mode (sound mode: with its rounding slack); the result is
-  the entrywise best of that and CROWN's bound.
+  the entrywise best of that and CROWN's bound. With β (branch and bound, where compilation
+  time counts) the separate CROWN pass is skipped: the first iterate is CROWN's slopes with
+  β = 0 (or the warm start), so the best iterate is at least as tight in float arithmetic.
 
   Returns ``(lower, upper, details)``; ``details`` (when ``ctx.info``): ``alpha`` and ``beta``,
   one (2, m, n) array per ReLU node (lower rows, upper rows), and ``coeffs``, the lower-bound
@@ -746,9 +748,17 @@ def _final_bounds(ctx: _Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
   m = spec.shape[0] if spec is not None else v.size
   splits = {x: s for (x, _), s in zip(ctx.nodes, data.get("splits") or ()) if s is not None}
   rec = {} if ctx.info else None
-  lo, hi = _backward(ctx, v, ivs, pre, rel, spec=spec,
-                     record=rec if not ctx.alpha_steps else None)
-  dtype = lo.dtype
+  # β mode (branch and bound: warm starts, compile time matters) skips the separate CROWN pass
+  # and the post-loop evaluation; the iterates' best, from CROWN's slopes or the warm start, is
+  # evaluated once in ctx's mode
+  lean = bool(ctx.alpha_steps) and ctx.beta
+  if lean:
+    lo = hi = None
+    dtype = v.aval.dtype
+  else:
+    lo, hi = _backward(ctx, v, ivs, pre, rel, spec=spec,
+                       record=rec if not ctx.alpha_steps else None)
+    dtype = lo.dtype
 
   def default_alpha(x, i):
     e = ctx.prog.eqns[i]
@@ -775,7 +785,7 @@ def _final_bounds(ctx: _Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
   behind = {ctx.prog.eqns[i].invars[ctx.prog.eqns[i].abstract_pos[0]]
             for i in ctx.ancestors[v] if ctx.prog.eqns[i].kind == "relu"}
   if not ctx.alpha_steps or not any(x in behind for x, _ in ctx.nodes):
-    if ctx.alpha_steps and ctx.info:  # nothing to optimise: the coefficients of CROWN's pass
+    if ctx.alpha_steps and (ctx.info or lean):  # nothing to optimise: CROWN's pass
       lo, hi = _backward(ctx, v, ivs, pre, rel, spec=spec, record=rec)
     return lo, hi, details(alphas0, betas0)
   import optax
@@ -821,11 +831,14 @@ def _final_bounds(ctx: _Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
   inf = jnp.full((m,), jnp.inf, dtype)
   best0 = (params0, -inf, inf)
   params, _, best = lax.fori_loop(0, ctx.alpha_steps, step, (params0, opt.init(params0), best0))
-  best = keep_best(params, best, *fast_bounds(params))
+  if not lean:
+    best = keep_best(params, best, *fast_bounds(params))
   bp = jax.lax.stop_gradient(best[0])
   al, be = as_dicts(bp)
   l2, h2 = _backward(ctx, v, ivs, pre, rel, spec=spec, alphas=al, betas=be, splits=splits,
                      record=rec)
+  if lean:
+    return l2, h2, details(*bp)
   return (jnp.maximum(lo, l2.reshape(lo.shape)), jnp.minimum(hi, h2.reshape(hi.shape)),
           details(*bp))
 
