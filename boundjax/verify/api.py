@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from boundjax.core.options import OptionError
-from boundjax.verify import attack, engine, layered
+from boundjax.verify import attack, chain, engine
 from boundjax.verify.outcome import Deadline, Outcome
 from boundjax.verify.spec import Disjunct, Region, as_regions
 
@@ -83,7 +83,7 @@ def _check_sizes(apply_fn: Callable, params: Any, input_shape: Sequence[int],
                           f"outputs, the network gives {n_out}")
 
 
-def _matches(lay: layered.Layers, replay: attack.Replayer, regions: Sequence[Region],
+def _matches(lay: chain.Layers, replay: attack.Replayer, regions: Sequence[Region],
              rng: np.random.Generator) -> bool:
   """The extracted chain agrees with the float64 replay on random points of every box."""
   for r in regions:
@@ -91,7 +91,7 @@ def _matches(lay: layered.Layers, replay: attack.Replayer, regions: Sequence[Reg
     xs = np.concatenate([xs, ((r.lower + r.upper) / 2)[None]])
     y_ref = replay(xs)
     with jax.enable_x64(True):
-      y = np.asarray(layered.forward(lay, jnp.asarray(xs)))
+      y = np.asarray(chain.forward(lay, jnp.asarray(xs)))
     if y.shape != y_ref.shape or not np.allclose(y, y_ref, rtol=1e-9, atol=1e-9):
       return False
   return True
@@ -221,7 +221,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
   lay = None
   if net is not None:
     with jax.enable_x64(True):
-      lay = layered.from_network(net)
+      lay = chain.from_network(net)
     if not _matches(lay, replay, regions, np.random.default_rng(key)):
       lay = None
   high_dim = any(r.dim > input_split_dims for r in regions)
@@ -294,7 +294,7 @@ def _input_split_portfolio(input_bab, lay, region, disjunct, replay, deadline: D
                            sample_seconds: float = 10.0, **kwargs: Any):
   """Input splitting with the parent's bounds met layer by layer and the smear branching for
   the first third of the time left, then, if that timed out, in the "post" mode
-  (`layered.crown_batch`) with look-ahead branching (`input_bab`) for the rest.
+  (`chain.crown_batch`) with look-ahead branching (`input_bab`) for the rest.
 
   The two runs branch differently and neither dominates on ACAS Xu: the cheap smear run
   finishes most instances within seconds and is the faster on those needing many small boxes

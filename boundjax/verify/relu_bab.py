@@ -1,15 +1,25 @@
 """Branch and bound by ReLU splitting (β-CROWN style), for networks with many inputs (MNIST).
 
+Every bound comes from the engine (`boundjax.crown` with ``splits=True, beta=True``) applied
+to ``g(x) = C f(x) - d``, ``f`` the extracted affine/ReLU chain in float64 (its weights, ``C``
+and ``d`` are arguments, so one compilation serves every disjunct and network of a shape).
 Root: CROWN intermediate bounds of every hidden layer on the box, then α-CROWN on the output
-rows (`layered.optimise`). A *domain* is a split mask per hidden layer; its intermediate bounds
-are the root's clipped by its splits (kept fixed, as in β-CROWN's fast mode, Wang et al. 2021,
-§3.3) and its output bound is optimised over α and the split multipliers β, warm-started from the
-parent's. Each round takes the ``batch // 2`` open domains with the lowest bounds (the hardest
-first), splits each on the unstable neuron with the largest BaBSR-style score (Bunel et al.
-2020, §5.1: the part of the bound that the upper relaxation's intercept costs,
-``max(-Λ_j, 0) · u_j (-l_j) / (u_j - l_j)``, ``Λ_j`` the coefficient of ``h_j``), and bounds
-both children in one jitted batch. Domains whose bound is > 0 are dropped; the minimiser of
-each linear bound (a box corner) is replayed as a counterexample candidate.
+rows. A *domain* is a split mask per hidden layer; its intermediate bounds are the root's
+clipped by its splits (given to the engine as known bounds with ``intermediate="ibp"``, which
+meets them with a forward interval pass: β-CROWN's fast mode, Wang et al. 2021, §3.3) and its
+output bound is optimised over α and the split multipliers β, warm-started from the parent's.
+Each round takes the ``batch // 2`` open domains with the lowest bounds (the hardest first),
+splits each on the unstable neuron with the largest BaBSR-style score (Bunel et al. 2020,
+§5.1: the part of the bound that the upper relaxation's intercept costs,
+``max(-Λ_j, 0) · u_j (-l_j) / (u_j - l_j)``, ``Λ_j`` the coefficient of ``h_j``, the engine's
+``info.relu_coeffs``), and bounds both children in one jitted batch. Domains whose bound is
+> 0 (or whose splits are infeasible) are dropped; the minimiser of each linear bound (a box
+corner, from ``info.input_coeffs``) is replayed as a counterexample candidate.
+
+Cost (measured on the loaded 2-core machine, sound mode, a 784-256-256-10 chain, 256 domains
+per round, 15 steps): 0.48 s per round against 0.26 s for the former dense float64 copy
+(`layered.optimise`, which bounded the lower rows only), and 13 s of compilation against 4 s,
+paid once per process and shape.
 
 MILP fallback (Tjeng et al. 2019, through `milp.property.check_property`): when the problem has
 few unstable neurons, when the frontier grows past ``max_domains``, when a domain has no
@@ -24,9 +34,18 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.verify import layered
+from boundjax.verify import chain
 from boundjax.verify.outcome import Deadline
 from boundjax.verify.spec import Disjunct, Region
+
+
+_chain = chain.chain_fn
+_params = chain.chain_params
+
+
+def _bounder(sound: bool, intermediate: str, steps: int, lr: float):
+  """The engine's bound of the chain with split constraints, β and the details."""
+  return chain.bounder(sound, intermediate, steps, lr, beta=True)
 
 
 def _clip_np(lbs, ubs, splits):
@@ -74,7 +93,7 @@ def _milp(net, region: Region, disjunct: Disjunct, lbs, ubs, deadline: Deadline,
   return res.status, None
 
 
-def relu_split(lay: layered.Layers, net: Any, region: Region, disjunct: Disjunct, replay: Any,
+def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, replay: Any,
                deadline: Deadline, *, sound: bool = True, batch: int = 256,
                root_steps: int = 50, steps: int = 15, lr: float = 0.1,
                max_domains: int = 20_000, milp_unstable: int = 40, use_milp: bool = True,
@@ -84,19 +103,18 @@ def relu_split(lay: layered.Layers, net: Any, region: Region, disjunct: Disjunct
   Returns ``(status, counterexample or None, nodes, how)`` with ``how`` in ``"bounds"``,
   ``"bab"``, ``"milp"``.
   """
-  R = disjunct.C.shape[0]
-  C, d = jnp.asarray(disjunct.C), jnp.asarray(disjunct.d)
-  lo, hi = jnp.asarray(region.lower[None]), jnp.asarray(region.upper[None])
+  from boundjax.core.interval import Interval
+  p = _params(lay, disjunct.C, disjunct.d)
+  lo, hi = np.asarray(region.lower[None], np.float64), np.asarray(region.upper[None], np.float64)
   hidden = lay.hidden
-  zeros = tuple(jnp.zeros((1, n), jnp.int8) for n in hidden)
-  lbs, ubs, _ = layered.intermediate_batch(lay, lo, hi, zeros, sound)
-  alphas = layered.default_alphas(lbs, ubs, R)
-  betas = tuple(jnp.zeros_like(a) for a in alphas)
-  best, alphas, betas, lam0, lams = layered.optimise(lay, C, d, lo, hi, lbs, ubs, zeros, alphas,
-                                                     betas, root_steps, lr, sound)
-  root_l = [np.asarray(l)[0] for l in lbs]
-  root_u = [np.asarray(u)[0] for u in ubs]
-  best = np.asarray(best)
+  out, info = _bounder(sound, "crown", root_steps, lr)(p, Interval(jnp.asarray(lo),
+                                                                   jnp.asarray(hi)))
+  best = np.asarray(out.lower)
+  lam0 = np.asarray(info.input_coeffs[0])
+  lams = info.relu_coeffs
+  alphas, betas = info.alpha, info.beta
+  root_l = [np.asarray(l)[0] for l, _ in info.pre]
+  root_u = [np.asarray(u)[0] for _, u in info.pre]
   if best.max() > 0:
     return "unsat", None, 1, "bounds"
   sub = Region(region.lower, region.upper, (disjunct,))
@@ -105,13 +123,13 @@ def relu_split(lay: layered.Layers, net: Any, region: Region, disjunct: Disjunct
     row = np.argmax(bnd_b, axis=1)
     lam = np.take_along_axis(lam0_b, row[:, None, None], axis=1)[:, 0]
     xs = np.where(lam > 0, region.lower, region.upper)
-    y = layered.forward_np(lay, xs)
+    y = chain.forward_np(lay, xs)
     hit_mask = disjunct.violated_by(y)
     if np.any(hit_mask):
       return replay.find(sub, xs[hit_mask])
     return None
 
-  hit = candidates(np.asarray(lam0), best)
+  hit = candidates(lam0, best)
   if hit is not None:
     return "sat", hit, 1, "bab"
   n_unstable = sum(int(np.sum((l < 0) & (u > 0))) for l, u in zip(root_l, root_u))
@@ -171,13 +189,15 @@ def relu_split(lay: layered.Layers, net: Any, region: Region, disjunct: Disjunct
 
       cl, cu = _clip_np([np.broadcast_to(l, (n, l.size)) for l in root_l],
                         [np.broadcast_to(u, (n, u.size)) for u in root_u], ch_splits)
-      lo_b = jnp.broadcast_to(lo, (size, lo.shape[1]))
-      hi_b = jnp.broadcast_to(hi, (size, hi.shape[1]))
-      bnd, al, be, l0, lm = layered.optimise(
-          lay, C, d, lo_b, hi_b, tuple(padded(x) for x in cl), tuple(padded(x) for x in cu),
-          tuple(padded(x) for x in ch_splits), tuple(padded(x) for x in ch_alpha),
-          tuple(padded(x) for x in ch_beta), steps, lr, sound)
-      bnd = np.asarray(bnd)[:n]
+      box = Interval(jnp.asarray(np.broadcast_to(lo, (size, lo.shape[1]))),
+                     jnp.asarray(np.broadcast_to(hi, (size, hi.shape[1]))))
+      known = [(jnp.asarray(np.broadcast_to(l, (size, l.size))),
+                jnp.asarray(np.broadcast_to(u, (size, u.size)))) for l, u in zip(root_l, root_u)]
+      out, inf = _bounder(sound, "ibp", steps, lr)(
+          p, box, splits=[padded(x) for x in ch_splits], pre=known,
+          warm=([padded(x) for x in ch_alpha], [padded(x) for x in ch_beta]))
+      bnd = np.asarray(out.lower)[:n]
+      al, be, l0, lm = inf.alpha, inf.beta, inf.input_coeffs[0], inf.relu_coeffs
       nodes += n
       if bar is not None:
         bar.update(n)

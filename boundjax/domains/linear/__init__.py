@@ -101,7 +101,21 @@ k, m) gives each example its own rows: the example-independent prefix (computed 
 
 α-CROWN (``alpha=True``; Xu et al., "Fast and Complete", ICLR 2021). The lower slopes of
 unstable ReLU neurons behind each output are optimised in [0, 1] with Adam, by gradients through
-the bound; the result is the entrywise best of CROWN's and the optimised bound.
+the bound, one set of slopes per row of the bounds; each row keeps its best iterate, and the
+result is the entrywise best of CROWN's and the optimised bound.
+
+Split constraints (``splits=True``; β-CROWN, Wang et al., NeurIPS 2021, §3.1). The bounded
+function then takes keyword arguments describing sub-problems: per ReLU node (the distinct
+box-dependent inputs ``z`` of ``max(z, c)``/``min(z, c)`` in program order) a sign array
+(``+1``: ``z >= 0``, ``-1``: ``z <= 0``, ``0``: free), known bounds ``pre`` (e.g. a parent's)
+and a warm start ``(alpha, beta)``, batched like the boxes. The bounds hold over the points of
+the box where the constraints hold: each node's bounds are met with ``pre`` and clipped by its
+signs (so split ReLUs are exact), a sub-problem whose clipped bounds are empty is infeasible
+(output ``[+inf, -inf]``), and with ``beta=True`` the multipliers ``β >= 0`` of the
+constraints are optimised with α (``min_{s z >= 0} g >= min (g - β s z)``), also in sound mode
+(the ``β s`` terms enter the rounding slack like any coefficient). ``return_info=True`` returns
+a `CrownInfo` with the nodes' bounds, infeasibility, α, β and the coefficients of the lower
+bounds on every node's output and every input (BaBSR scores, minimising corners).
 
 Batching (``batch_axis``). With ``batch_axis=0`` (default) the batch of boxes is split into
 examples and ``fn`` is bounded on each example as a batch of one: *only `Interval` leaves are
@@ -129,7 +143,7 @@ backward and forward passes), `windows` (the windowed pass), `api` (`crown`).
 """
 
 from boundjax.domains.linear import api, backward, prefix, rules, windows  # noqa: F401
-from boundjax.domains.linear.api import crown
+from boundjax.domains.linear.api import CrownInfo, crown  # noqa: F401
 from boundjax.domains.linear.rules import (INTERMEDIATE_MODES, OPS, SUPPORTED,
                                            CrownFallbackWarning, OpRecord)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -87,7 +87,8 @@ def _backward_operands(e) -> list:
 def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None = 0,
           sound: bool = False, chunk_size: int | None = None,
           memory_bytes: int = 1 << 30, patches: bool = True, spec: Any = None,
-          alpha: bool = False, alpha_steps: int = 20, alpha_lr: float = 0.1) -> Callable:
+          alpha: bool = False, alpha_steps: int = 20, alpha_lr: float = 0.1,
+          beta: bool = False, splits: bool = False, return_info: bool = False) -> Callable:
   """CROWN: backward linear bound propagation of ``fn`` over its `Interval` arguments.
 
   Args:
@@ -118,7 +119,35 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
     alpha: α-CROWN (Xu et al., ICLR 2021): optimise the lower slopes of unstable ReLU neurons
       in [0, 1] for the bounds of the outputs with ``alpha_steps`` Adam steps of learning rate
       ``alpha_lr`` (gradients through the bound); never looser than CROWN. Intermediate bounds
-      stay CROWN's.
+      stay CROWN's. One set of slopes per row of the bounds (per row of ``spec``).
+    beta: β-CROWN (Wang et al., NeurIPS 2021, §3.1): with split constraints (``splits``),
+      optimise their multipliers ``β >= 0`` together with α (implies ``alpha``): on the set
+      where ``s·z >= 0`` holds, ``min g >= min (g - β s z)`` for every ``β >= 0``.
+    splits: the returned function takes keyword-only arguments describing *sub-problems* of
+      the box (they are not passed to ``fn``); the bounds then hold over ``{x in the box : the
+      split constraints hold}``. The ReLU nodes are the distinct box-dependent inputs ``z`` of
+      ``max(z, c)`` / ``min(z, c)`` with a concrete ``c`` (``jax.nn.relu``, ``jnp.maximum(z,
+      0)``, clips), in program order; ``info.pre`` lists them. Arguments, one entry per node
+      (or None for none), each flattened per example and with a leading batch axis when
+      ``batch_axis=0`` (one sub-problem per example: its own box, splits and bounds):
+
+      * ``splits``: signs (n,) — ``+1``: ``σ(z - c) >= 0`` (a ReLU ``max(z, 0)`` is active,
+        ``z >= 0``), ``-1``: ``σ(z - c) <= 0`` (inactive, ``z <= 0``), ``0``: free (σ = 1 for
+        max, -1 for min). Split nodes' bounds are clipped (``l <- max(l, 0)``, ``u <- min(u,
+        0)``), so split ReLUs are exact; with ``beta`` the constraints enter the output's
+        bounds through their multipliers. A sub-problem whose clipped bounds are empty is
+        infeasible: its outputs get ``[+inf, -inf]`` (and ``info.infeasible``).
+      * ``pre``: ``(lo, hi)`` pairs known to bound the node's input on the sub-problem (e.g.
+        its parent's bounds; clipped by the parent's splits): met with the computed ones. With
+        ``intermediate="ibp"`` this reuses given intermediate bounds (β-CROWN's fast mode,
+        §3.3) at the cost of one forward interval pass.
+      * ``warm``: ``(alpha, beta)`` from an earlier call's info (same nodes, rows and batch),
+        the start of the optimisation.
+    return_info: return ``(bounds, info)``, with ``info`` a `CrownInfo` about ``fn``'s one
+      box-dependent output (its rows: ``spec``'s, or the flattened output): the nodes' input
+      bounds, infeasibility, α and β reached, and the coefficients ``Λ`` of the lower bounds
+      on every node's output and on every box input (for branching heuristics such as BaBSR,
+      Bunel et al. 2020, §5.1, and for the box corners that minimise the linear bound).
 
   Returns:
     A function with ``fn``'s signature: any pytree leaf may be an `Interval` (the input box;
@@ -143,6 +172,10 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
     raise ValueError(f"crown: chunk_size must be a positive int, got {chunk_size!r}")
   if not isinstance(alpha, bool):
     raise ValueError(f"crown: alpha must be a bool, got {alpha!r}")
+  for name, flag in (("beta", beta), ("splits", splits), ("return_info", return_info)):
+    if not isinstance(flag, bool):
+      raise ValueError(f"crown: {name} must be a bool, got {flag!r}")
+  alpha = alpha or beta
   alpha_steps = options.integer("crown: alpha_steps", alpha_steps, minimum=1)
   alpha_lr = options.number("crown: alpha_lr", alpha_lr, positive=True)
   memory_bytes = options.integer("crown: memory_bytes", memory_bytes, minimum=1)
@@ -163,11 +196,17 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
 
   @functools.wraps(fn)
   def bounded(*args, **kwargs):
+    data = None
+    if splits:
+      data = {"splits": kwargs.pop("splits", None), "pre": kwargs.pop("pre", None),
+              "warm": kwargs.pop("warm", None)}
     arguments = prog_lib.split_arguments(args, kwargs)
     validate_arguments(arguments.leaves, where="bj.crown")
     leaves, treedef, dyn = arguments.leaves, arguments.treedef, arguments.dynamic_index
     boxes_idx = [i for i in dyn if arguments.kinds[i] == "box"]
     if not boxes_idx:
+      if return_info:
+        raise ValueError("crown: return_info needs an Interval argument")
       return fn(*args, **kwargs)
     for i in boxes_idx:
       _check_box(leaves[i])
@@ -180,13 +219,20 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
         shape[axes[i]] = 1
       return tuple(shape)
 
+    def finish(results, out_tree, core, nodes):
+      if return_info:
+        results, info = results
+      results = prog_lib.check_outputs(results, where="bj.crown", program=core)
+      out = jax.tree_util.tree_unflatten(out_tree, results)
+      return (out, _make_info(info)) if return_info else out
+
     key = _cache_key(leaves, treedef, dyn)
     if key is not None and key in cache:
-      jitted, out_tree, core = cache[key]
+      jitted, out_tree, core, nodes = cache[key]
+      packed = _pack_data(data, nodes, None if axes is None else n_batch)
       with _precision(sound):
-        results = jitted([leaves[i] for i in dyn], spec)
-      results = prog_lib.check_outputs(results, where="bj.crown", program=core)
-      return jax.tree_util.tree_unflatten(out_tree, results)
+        results = jitted([leaves[i] for i in dyn], spec, packed)
+      return finish(results, out_tree, core, nodes)
     if axes is not None and n_batch > 1 and key is not None:
       _check_examples_independent(fn, arguments, axes, batch_axis)
     core = prog_lib.trace(fn, arguments, box_shape=one_example, precision_highest=sound)
@@ -195,8 +241,12 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
     _classify(prog, [v in core.depends for v in core.invars], sound)
     _warn_fallbacks(prog)
     spec_var = _spec_target(prog, spec, n_batch if axes is not None else None)
+    nodes = _relu_nodes(prog)
+    if return_info and spec_var is None:
+      _spec_target(prog, jnp.zeros((1, _one_output(prog).size)), None)
+    packed = _pack_data(data, nodes, None if axes is None else n_batch)
 
-    def compute(values, spec_arr):
+    def compute(values, spec_arr, packed):
       """The numeric part, one XLA program (inlined when already under jit)."""
       cenv = _eval_concrete(prog, [None if is_interval(v) else v for v in values])
       targets = _targets(prog, intermediate)
@@ -208,23 +258,26 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
         plans = {t: p for t, p in plans.items() if p is not None}
       ctx = _Ctx(prog, cenv, sound, intermediate, prefixes, ancestors, plans,
                  spec_var, spec_var is not None and axes is not None,
-                 alpha_steps if alpha else 0, float(alpha_lr))
+                 alpha_steps if alpha else 0, float(alpha_lr), beta, nodes, return_info)
       box_list = [v for v in values if is_interval(v)]
       if axes is None:
-        outs = _run(ctx, box_list, spec_arr)
+        outs = _run(ctx, box_list, spec_arr, packed)
       else:
         outs = _batched(ctx, box_list, [axes[i] for i in boxes_idx], n_batch, batch_axis,
                         chunk_size or _auto_chunk(prog, targets, ancestors, memory_bytes),
-                        spec_arr)
-      return [o if o is not None else _read(cenv, v) for v, o in zip(prog.outvars, outs)]
+                        spec_arr, packed)
+      info = None
+      if return_info:
+        outs, info = outs
+      outs = [o if o is not None else _read(cenv, v) for v, o in zip(prog.outvars, outs)]
+      return (outs, info) if return_info else outs
 
     jitted = jax.jit(compute)
     if key is not None and len(cache) < 16:
-      cache[key] = (jitted, out_tree, core)
+      cache[key] = (jitted, out_tree, core, nodes)
     with _precision(sound):  # the backward pass's own products too, not only fn's
-      results = jitted([leaves[i] for i in dyn], spec)
-    results = prog_lib.check_outputs(results, where="bj.crown", program=core)
-    return jax.tree_util.tree_unflatten(out_tree, results)
+      results = jitted([leaves[i] for i in dyn], spec, packed)
+    return finish(results, out_tree, core, nodes)
 
   return bounded
 
@@ -365,7 +418,8 @@ def _batch_axes(leaves, boxes_idx, batch_axis):
   return axes
 
 
-def _batched(ctx: _Ctx, boxes, axes, n_batch: int, batch_axis: int, chunk: int, spec=None):
+def _batched(ctx: _Ctx, boxes, axes, n_batch: int, batch_axis: int, chunk: int, spec=None,
+             data=None):
   """Runs the per-example pass over the batch (lax.map over vmapped chunks). ``spec``: None,
   one (k, m) matrix for every example, or (batch, k, m) (row i of the batch gets ``spec[i]``)."""
   los = [jnp.moveaxis(b.lower, a, 0) for b, a in zip(boxes, axes)]
@@ -374,17 +428,21 @@ def _batched(ctx: _Ctx, boxes, axes, n_batch: int, batch_axis: int, chunk: int, 
   specs = spec if per_example else jnp.zeros((n_batch, 0))
 
   def one(xs):
-    lo, hi, sp = xs
+    lo, hi, sp, dt = xs
     ex = [Interval(jnp.expand_dims(l, a), jnp.expand_dims(h, a), validate=False)
           for l, h, a in zip(lo, hi, axes)]
-    outs = _run(ctx, ex, sp if per_example else spec)
-    return [None if o is None else (o.lower, o.upper) for o in outs]
+    outs = _run(ctx, ex, sp if per_example else spec, dt)
+    info = None
+    if ctx.info:
+      outs, info = outs
+    return [None if o is None else (o.lower, o.upper) for o in outs], info
 
   if n_batch == 1:
-    stacked = jax.tree_util.tree_map(lambda a: a[None], one(([l[0] for l in los],
-                                                              [h[0] for h in his], specs[0])))
+    stacked, info = jax.tree_util.tree_map(
+        lambda a: a[None], one(([l[0] for l in los], [h[0] for h in his], specs[0],
+                                jax.tree_util.tree_map(lambda a: a[0], data))))
   else:
-    stacked = lax.map(one, (los, his, specs), batch_size=min(chunk, n_batch))
+    stacked, info = lax.map(one, (los, his, specs, data), batch_size=min(chunk, n_batch))
   outs = []
   for o in stacked:
     if o is None:
@@ -401,4 +459,115 @@ def _batched(ctx: _Ctx, boxes, axes, n_batch: int, batch_axis: int, chunk: int, 
     lo = jnp.squeeze(jnp.moveaxis(lo, 0, ax), ax + 1)
     hi = jnp.squeeze(jnp.moveaxis(hi, 0, ax), ax + 1)
     outs.append(Interval(lo, hi, validate=False))
-  return outs
+  return (outs, info) if ctx.info else outs
+
+
+# ----------------------------------------------------------------------------------------------
+# Split constraints (β-CROWN sub-problems) and the details returned with ``return_info``
+# ----------------------------------------------------------------------------------------------
+
+class CrownInfo(NamedTuple):
+  """Details of `crown`'s bounds of the one box-dependent output (``return_info=True``), one
+  entry per ReLU node (see ``splits``) or per box input; arrays carry the batch axis first when
+  ``batch_axis=0``. ``k``: the rows of the bounds (``spec``'s, or the flattened output).
+
+  Attributes:
+    pre: ``(lo, hi)`` per node, (n,) each: the bounds of the node's input used by the relaxation
+      (met with ``pre`` and clipped by ``splits``).
+    infeasible: True where the split constraints are unsatisfiable on the box (empty bounds).
+    alpha: (2, k, n) per node: the lower ReLU slopes of the lower rows ([0]) and the upper rows
+      ([1]) of the returned bounds' last pass (CROWN's adaptive slopes without optimisation).
+    beta: (2, k, n) per node: the split multipliers (zeros without ``beta``).
+    relu_coeffs: (k, n) per node: coefficients ``Λ`` of the lower bounds on the node's output
+      ``max(z, c)`` (``min(z, c)``).
+    input_coeffs: (k, size) per box input: the lower bounds' coefficients on the (flattened)
+      input; the bound's minimiser over the box is the corner ``lower`` where ``Λ > 0``,
+      ``upper`` elsewhere.
+  """
+
+  pre: tuple
+  infeasible: Any
+  alpha: tuple
+  beta: tuple
+  relu_coeffs: tuple
+  input_coeffs: tuple
+
+
+def _make_info(info: dict) -> CrownInfo:
+  return CrownInfo(tuple(tuple(p) for p in info["pre"]), info["infeasible"],
+                   tuple(info["alpha"]), tuple(info["beta"]), tuple(info["relu_coeffs"]),
+                   tuple(info["input_coeffs"]))
+
+
+def _relu_nodes(prog: _Program) -> tuple:
+  """``(z, first equation index)`` of every distinct box-dependent input of a ReLU-like
+  equation (``max(z, c)``/``min(z, c)``, concrete ``c``), in program order."""
+  seen, nodes = set(), []
+  for i, e in enumerate(prog.eqns):
+    if e.kind == "relu":
+      x = e.invars[e.abstract_pos[0]]
+      if x not in seen:
+        seen.add(x)
+        nodes.append((x, i))
+  return tuple(nodes)
+
+
+def _one_output(prog: _Program):
+  outs = [v for v in prog.outvars if isinstance(v, _Var) and v in prog.abstract]
+  if len(outs) != 1:
+    raise ValueError(f"crown: return_info needs fn to have exactly one box-dependent output, "
+                     f"got {len(outs)}")
+  return outs[0]
+
+
+def _pack_data(data, nodes, n_batch):
+  """Checks and converts the call's ``splits``/``pre``/``warm`` (see `crown`) into the
+  per-node lists `_run` reads; None without split constraints."""
+  if data is None:
+    return None
+  lead = () if n_batch is None else (n_batch,)
+  n_nodes = len(nodes)
+
+  def per_node(name, value):
+    if value is None:
+      return [None] * n_nodes
+    value = list(value)
+    if len(value) != n_nodes:
+      raise ValueError(f"crown: {name} needs one entry per ReLU node ({n_nodes}), got "
+                       f"{len(value)}")
+    return value
+
+  def arr(name, a, x, tail=(), dtype=None):
+    a = jnp.asarray(a, dtype)
+    want = lead + tail + (x.size,)
+    if a.shape != want:
+      raise ValueError(f"crown: {name} for a ReLU node of {x.size} entries needs shape {want}, "
+                       f"got {a.shape}")
+    return a
+
+  out_s = []
+  for (x, _), s in zip(nodes, per_node("splits", data["splits"])):
+    if s is None:
+      out_s.append(None)
+      continue
+    s = arr("splits", s, x, dtype=jnp.int8 if not isinstance(s, jax.core.Tracer) else None)
+    if not isinstance(s, jax.core.Tracer) and not bool(jnp.all(jnp.abs(s) <= 1)):
+      raise ValueError("crown: splits must hold -1, 0 or +1")
+    out_s.append(s.astype(jnp.int8))
+  out_p = []
+  for (x, _), p in zip(nodes, per_node("pre", data["pre"])):
+    if p is None:
+      out_p.append(None)
+      continue
+    lo, hi = p
+    dt = x.aval.dtype
+    out_p.append((arr("pre", lo, x, dtype=dt), arr("pre", hi, x, dtype=dt)))
+  packed = {"splits": out_s, "pre": out_p}
+  if data["warm"] is not None:
+    al, be = data["warm"]
+    rows = jnp.shape(al[0])[len(lead) + 1] if len(al) else 0
+    packed["alpha"] = [arr("warm alpha", a, x, (2, rows), x.aval.dtype)
+                       for (x, _), a in zip(nodes, per_node("warm alpha", al))]
+    packed["beta"] = [arr("warm beta", b, x, (2, rows), x.aval.dtype)
+                      for (x, _), b in zip(nodes, per_node("warm beta", be))]
+  return packed

@@ -41,6 +41,9 @@ class _Ctx:
   spec_batched: bool = False  # results get a leading batch axis of size 1
   alpha_steps: int = 0  # α-CROWN: Adam steps on the ReLU lower slopes of the outputs' bounds
   alpha_lr: float = 0.1
+  beta: bool = False  # β-CROWN: optimise the split constraints' multipliers with α
+  nodes: tuple = ()  # ReLU nodes (distinct box-dependent inputs of max/min with a constant)
+  info: bool = False  # also return `_run`'s per-example details of the bounded output
 
 
 def _mag(iv: Interval):
@@ -339,17 +342,26 @@ def _spec_prefix(px: _Prefix, spec) -> _Prefix:
 
 
 def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = None,
-              spec=None, alphas: dict | None = None):
+              spec=None, alphas: dict | None = None, betas: dict | None = None,
+              splits: dict | None = None, record: dict | None = None):
   """CROWN lower and upper bounds of ``target`` (flattened, shape (m,)) for one example.
 
   ``ivs``: forward intervals of abstract variables; ``pre``: ReLU input var -> (l, u);
   ``rel``: nonlinear equation index -> its `_Lines` on this example; ``spec``: start from
   ``Λ = C``; ``alphas``: ReLU input var -> (2, n) lower slopes of its unstable neurons for the
-  lower and the upper bound (α-CROWN; any value in [0, 1] is a valid lower line).
+  lower and the upper bound (α-CROWN; any value in [0, 1] is a valid lower line), or (2, m, n):
+  one slope per row; ``betas``: ReLU input var -> (2, m, n) multipliers ``β >= 0`` of the split
+  constraints ``splits`` (var -> (n,) signs ``s``, meaning ``s·t >= 0`` for the ReLU argument
+  ``t = σ(x - c)``): on the set where they hold, ``min g >= min (g - β s t)`` and ``max g <=
+  max (g + β s t)`` (β-CROWN, Wang et al. 2021, §3.1, Lagrangian of the split constraints), so
+  ``∓β s`` is added to the lower / upper rows' coefficient of ``t``; entries whose ``c`` is
+  infinite carry no multiplier. ``record``: filled with the lower-bound rows' coefficients
+  (m, n) of each ReLU's output (keyed by the ReLU's input var) and (m, *shape) of each input.
   """
   rel = {} if rel is None else rel
   plan = ctx.plans.get(target)
-  if plan is not None and spec is None and alphas is None:
+  if plan is not None and spec is None and alphas is None and betas is None \
+      and record is None:
     return _windows._backward_patches(plan, target, ivs, pre)
   prog, cenv, sound = ctx.prog, ctx.cenv, ctx.sound
   px: _Prefix = ctx.prefixes[target]
@@ -417,6 +429,8 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
           if shared is not None:
             own = own + shared[None]
           mu = flat(own)  # (2, m, n)
+        if record is not None:
+          record[x] = mu[0]
         if not c_zero:  # y = c where c is ±inf (see `_relu_argument`): Λ·c, with 0·inf = 0
           pinned_rows = _safe_rowdot(mu.reshape((-1, n)), flat(pinned))
           bias = bias + pinned_rows.reshape((mu.shape[0], m))
@@ -430,10 +444,22 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
           a_neg = jnp.stack([a_up, a_lo])[:, None]
         else:  # α-CROWN: optimised lower slopes of unstable neurons (lower rows, upper rows)
           unstable = (lt.reshape(-1) < 0) & (ut.reshape(-1) > 0)
-          al = jnp.where(unstable[None], jnp.clip(alpha, 0.0, 1.0).astype(a_lo.dtype), a_lo[None])
-          a_pos = jnp.stack([al[0], a_up])[:, None]
-          a_neg = jnp.stack([a_up, al[1]])[:, None]
+          alpha = alpha if alpha.ndim == 3 else alpha[:, None]  # (2, m or 1, n)
+          al = jnp.where(unstable, jnp.clip(alpha, 0.0, 1.0).astype(a_lo.dtype), a_lo)
+          up = jnp.broadcast_to(a_up, al.shape[1:])
+          a_pos = jnp.stack([al[0], up])
+          a_neg = jnp.stack([up, al[1]])
         nu = mu * jnp.where(mu > 0, a_pos, a_neg)  # (2, m, n)
+        beta = None if betas is None or splits is None else betas.get(x)
+        if beta is not None and splits.get(x) is not None:
+          sgn = splits[x].astype(nu.dtype)
+          if not c_zero:  # an infinite constant: t is not σ(x - c) there (see _relu_argument)
+            sgn = jnp.where(jnp.isfinite(flat(_relu_parts(e, cenv)[1])), sgn, 0.0)
+          bt = jnp.maximum(beta, 0.0).astype(nu.dtype) * sgn  # (2, m, n)
+          nu = nu + jnp.stack([-bt[0], bt[1]])
+          beta_mag = jnp.abs(bt)
+        else:
+          beta_mag = None
         mu_lo, mu_hi = mu[0], mu[-1]
         bias = bias + jnp.stack([jnp.minimum(mu_lo, 0) @ b_up, jnp.maximum(mu_hi, 0) @ b_up])
         if not c_zero:
@@ -441,15 +467,17 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
           bias = bias + sigma * _rowdot(mu2, flat(c), 2) - sigma * _rowdot(nu, flat(c), 2)
         nu = nu.reshape((2, m, *x.shape))
         _add_to(lam, x, nu if sigma > 0 else -nu)
-        if sound:
-          k = prog.uses.get(x, 1) + 1
-          slack = slack + _coefficient_slack(1 + k, dtype, _rowdot(jnp.abs(nu), _mag(ivs[x]), 2),
+        if sound:  # (β: one more term per entry, |Λ_t| + β|s| bounds the summands)
+          k = prog.uses.get(x, 1) + 1 + (beta_mag is not None)
+          anu = jnp.abs(nu) if beta_mag is None else \
+              jnp.abs(nu) + 2 * beta_mag.reshape(nu.shape)
+          slack = slack + _coefficient_slack(1 + k, dtype, _rowdot(anu, _mag(ivs[x]), 2),
                                              ivs[x])
           amu = jnp.abs(jnp.stack([mu_lo, mu_hi]))
           absum = _rowdot(amu, b_up, 2)
           if not c_zero:
             absum = (absum + _rowdot(amu, jnp.abs(flat(c)), 2)
-                     + _rowdot(jnp.abs(nu), jnp.abs(c), 2))
+                     + _rowdot(anu, jnp.abs(c), 2))
           n = 3 * x.size + n_eq
           slack = slack + rounding.gamma(n, dtype) * absum + rounding.flush_error(n, dtype)
         continue
@@ -484,6 +512,8 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
       continue
     tot = l_p[None] if l_2 is None else (l_2 if l_p is None else l_2 + l_p[None])
     tot = jnp.broadcast_to(tot, (2, m, *v.shape))
+    if record is not None:
+      record[v] = tot[0]
     c, r = _center_radius(ivs[v], sound)
     lower = lower + _rowdot(tot[0], c) - _rowdot(jnp.abs(tot[0]), r)
     upper = upper + _rowdot(tot[1], c) + _rowdot(jnp.abs(tot[1]), r)
@@ -695,60 +725,156 @@ def _spec_interval(iv: Interval, spec):
                   _safe_rowdot(cp, u) + _safe_rowdot(cn, l), validate=False)
 
 
-def _final_bounds(ctx: _Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec):
+def _final_bounds(ctx: _Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
+                  data: dict | None = None):
   """CROWN bounds of an output; with ``ctx.alpha_steps > 0`` also α-CROWN's (Xu et al.,
   "Fast and Complete", ICLR 2021, §3.1): the lower slopes ``α ∈ [0, 1]`` of the unstable ReLU
   neurons behind ``v`` are optimised by Adam (gradients through the bound; projected onto
-  [0, 1] after each step), one set for the lower and one for the upper bounds, starting from
-  CROWN's adaptive slopes. Every α gives valid lines, so every iterate's bound is sound; the
-  result is the entrywise best of CROWN's and the last iterate's bounds."""
-  lo, hi = _backward(ctx, v, ivs, pre, rel, spec=spec)
-  if not ctx.alpha_steps:
-    return lo, hi
-  import optax
-  relus = [ctx.prog.eqns[i] for i in ctx.ancestors[v] if ctx.prog.eqns[i].kind == "relu"]
-  init = {}
-  for e in relus:
-    x, c, sigma = _relu_parts(e, ctx.cenv)
-    if x in init:
-      continue
+  [0, 1] after each step), one set per row of the lower and of the upper bounds, starting from
+  CROWN's adaptive slopes (or ``data["alpha"]``, a warm start). With ``ctx.beta`` the
+  multipliers ``β >= 0`` of the split constraints ``data["splits"]`` are optimised with them
+  (β-CROWN, Wang et al. 2021, §3.1; projected onto ``β >= 0``), starting from 0 (or
+  ``data["beta"]``). Every α in [0, 1] and β >= 0 gives a valid bound, so every iterate's bound
+  is sound: each row keeps the parameters of the best bound seen (float arithmetic), which are
+  evaluated once more in ``ctx``'s mode (sound mode: with its rounding slack); the result is
+  the entrywise best of that and CROWN's bound. With β (branch and bound, where compilation
+  time counts) the separate CROWN pass is skipped: the first iterate is CROWN's slopes with
+  β = 0 (or the warm start), so the best iterate is at least as tight in float arithmetic.
+
+  Returns ``(lower, upper, details)``; ``details`` (when ``ctx.info``): ``alpha`` and ``beta``,
+  one (2, m, n) array per ReLU node (lower rows, upper rows), and ``coeffs``, the lower-bound
+  rows' coefficients of every ReLU node's output (m, n) and of every input (m, *shape)."""
+  data = data or {}
+  m = spec.shape[0] if spec is not None else v.size
+  splits = {x: s for (x, _), s in zip(ctx.nodes, data.get("splits") or ()) if s is not None}
+  rec = {} if ctx.info else None
+  # β mode (branch and bound: warm starts, compile time matters) skips the separate CROWN pass
+  # and the post-loop evaluation; the iterates' best, from CROWN's slopes or the warm start, is
+  # evaluated once in ctx's mode
+  lean = bool(ctx.alpha_steps) and ctx.beta
+  if lean:
+    lo = hi = None
+    dtype = v.aval.dtype
+  else:
+    lo, hi = _backward(ctx, v, ivs, pre, rel, spec=spec,
+                       record=rec if not ctx.alpha_steps else None)
+    dtype = lo.dtype
+
+  def default_alpha(x, i):
+    e = ctx.prog.eqns[i]
+    _, c, sigma = _relu_parts(e, ctx.cenv)
     l, u = pre[x]
     lt, ut, _, _ = _relu_argument(l, u, c, sigma, False)
-    a_lo = _relu_lines(lt, ut, False)[0].reshape(-1)
-    init[x] = jnp.stack([a_lo, a_lo])
-  if not init:
-    return lo, hi
+    a_lo = _relu_lines(lt, ut, False)[0].reshape(-1).astype(dtype)
+    return jnp.broadcast_to(a_lo, (2, m, x.size))
 
-  keys = list(init)  # pytrees keyed by variables do not sort: a list in a fixed order
-  as_dict = lambda vals: dict(zip(keys, vals))  # noqa: E731
+  warm_a = data.get("alpha") or (None,) * len(ctx.nodes)
+  warm_b = data.get("beta") or (None,) * len(ctx.nodes)
+  alphas0 = [default_alpha(x, i) if w is None else w.astype(dtype)
+             for (x, i), w in zip(ctx.nodes, warm_a)]
+  betas0 = [jnp.zeros((2, m, x.size), dtype) if w is None else w.astype(dtype)
+            for (x, _), w in zip(ctx.nodes, warm_b)]
+
+  def details(alphas, betas):
+    if not ctx.info:
+      return None
+    coeffs = {x: rec.get(x, jnp.zeros((m, x.size), dtype)) for x, _ in ctx.nodes}
+    coeffs.update({u: rec[u] for u in rec if u in ctx.prog.invars})
+    return {"alpha": list(alphas), "beta": list(betas), "coeffs": coeffs}
+
+  behind = {ctx.prog.eqns[i].invars[ctx.prog.eqns[i].abstract_pos[0]]
+            for i in ctx.ancestors[v] if ctx.prog.eqns[i].kind == "relu"}
+  if not ctx.alpha_steps or not any(x in behind for x, _ in ctx.nodes):
+    if ctx.alpha_steps and (ctx.info or lean):  # nothing to optimise: CROWN's pass
+      lo, hi = _backward(ctx, v, ivs, pre, rel, spec=spec, record=rec)
+    return lo, hi, details(alphas0, betas0)
+  import optax
+  keys = [x for x, _ in ctx.nodes]  # pytrees keyed by variables do not sort: lists in order
+  use_beta = ctx.beta and bool(splits)
+
+  def as_dicts(params):
+    al, be = params
+    return dict(zip(keys, al)), (dict(zip(keys, be)) if use_beta else None)
 
   fast = dataclasses.replace(ctx, sound=False)  # gradients of the float bound (sound: final)
 
-  def loss(vals):
-    l2, h2 = _backward(fast, v, ivs, pre, rel, spec=spec, alphas=as_dict(vals))
-    return jnp.sum(h2) - jnp.sum(l2)
+  def fast_bounds(params):
+    al, be = as_dicts(params)
+    l2, h2 = _backward(fast, v, ivs, pre, rel, spec=spec, alphas=al, betas=be, splits=splits)
+    return l2.reshape(-1), h2.reshape(-1)
+
+  def loss(params):
+    l2, h2 = fast_bounds(params)
+    return (jnp.sum(jnp.where(jnp.isfinite(h2), h2, 0.0))
+            - jnp.sum(jnp.where(jnp.isfinite(l2), l2, 0.0))), (l2, h2)
+
+  def keep_best(params, best, l2, h2):
+    bp, b_lo, b_hi = best
+    l2 = jnp.where(jnp.isnan(l2), -jnp.inf, l2)
+    h2 = jnp.where(jnp.isnan(h2), jnp.inf, h2)
+    better = jnp.stack([l2 > b_lo, h2 < b_hi])[:, :, None]  # (2, m, 1)
+    bp = jax.tree_util.tree_map(lambda new, old: jnp.where(better, new, old), params, bp)
+    return bp, jnp.maximum(b_lo, l2), jnp.minimum(b_hi, h2)
 
   opt = optax.adam(ctx.alpha_lr)
 
   def step(_, st):
-    alphas, state = st
-    g = jax.grad(loss)(alphas)
-    upd, state = opt.update(g, state, alphas)
-    alphas = [jnp.clip(a, 0.0, 1.0) for a in optax.apply_updates(alphas, upd)]
-    return alphas, state
+    params, state, best = st
+    (_, (l2, h2)), g = jax.value_and_grad(loss, has_aux=True)(params)
+    best = keep_best(params, best, l2, h2)
+    upd, state = opt.update(g, state, params)
+    al, be = optax.apply_updates(params, upd)
+    params = ([jnp.clip(a, 0.0, 1.0) for a in al], [jnp.maximum(b, 0.0) for b in be])
+    return params, state, best
 
-  vals0 = [init[k] for k in keys]
-  vals, _ = lax.fori_loop(0, ctx.alpha_steps, step, (vals0, opt.init(vals0)))
-  vals = jax.lax.stop_gradient(vals)
-  l2, h2 = _backward(ctx, v, ivs, pre, rel, spec=spec, alphas=as_dict(vals))
-  return jnp.maximum(lo, l2), jnp.minimum(hi, h2)
+  params0 = (alphas0, betas0)
+  inf = jnp.full((m,), jnp.inf, dtype)
+  best0 = (params0, -inf, inf)
+  params, _, best = lax.fori_loop(0, ctx.alpha_steps, step, (params0, opt.init(params0), best0))
+  if not lean:
+    best = keep_best(params, best, *fast_bounds(params))
+  bp = jax.lax.stop_gradient(best[0])
+  al, be = as_dicts(bp)
+  l2, h2 = _backward(ctx, v, ivs, pre, rel, spec=spec, alphas=al, betas=be, splits=splits,
+                     record=rec)
+  if lean:
+    return l2, h2, details(*bp)
+  return (jnp.maximum(lo, l2.reshape(lo.shape)), jnp.minimum(hi, h2.reshape(hi.shape)),
+          details(*bp))
 
 
-def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None) -> list:
+def _constrain(iv: Interval, known, split, c, sigma: float):
+  """A ReLU node's input box met with bounds ``known = (lo, hi)`` that hold on the sub-problem
+  (e.g. its parent's) and clipped by its split signs (``s·σ(x - c) >= 0``: ``x >= c`` where
+  ``s σ > 0``, ``x <= c`` where ``s σ < 0``; β-CROWN, Wang et al. 2021, §3.1, with ``c = 0``,
+  ``σ = 1``: ``l <- max(l, 0)`` for ``s = +1``, ``u <- min(u, 0)`` for ``s = -1``). Both keep
+  every point of the sub-problem. Returns the box and whether it is empty (the sub-problem is
+  infeasible); an empty box is replaced by ``[l, max(u, l)]`` to keep the relaxations defined
+  (any bound is valid on an empty set)."""
+  lo, hi = iv.lower, iv.upper
+  if known is not None:
+    lo = jnp.maximum(lo, known[0].reshape(lo.shape).astype(lo.dtype))
+    hi = jnp.minimum(hi, known[1].reshape(hi.shape).astype(hi.dtype))
+  if split is not None:
+    ss = split.reshape(lo.shape) * sigma
+    lo = jnp.where(ss > 0, jnp.maximum(lo, c), lo)
+    hi = jnp.where(ss < 0, jnp.minimum(hi, c), hi)
+  empty = jnp.any(lo > hi)
+  return Interval(lo, jnp.maximum(hi, lo), validate=False), empty
+
+
+def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None, data: dict | None = None):
   """The per-example pass: forward intervals, pre-activation bounds of every ReLU and relaxed
   equation in order (with their lines), and the final CROWN bounds of every abstract output.
-  Returns Intervals for abstract outputs."""
+  Returns Intervals for abstract outputs.
+
+  ``data`` (split constraints, see `crown`'s ``splits``): ``"splits"`` and ``"pre"``, one entry
+  per ReLU node of ``ctx.nodes`` (flat signs; known ``(lo, hi)``; or None), ``"alpha"`` and
+  ``"beta"`` (warm starts, see `_final_bounds`). With ``ctx.info`` returns ``(results,
+  details)``: the nodes' input bounds, whether the sub-problem is infeasible (its outputs then
+  get the empty bounds ``[+inf, -inf]``), α, β and the coefficients of the bounded output."""
   prog, cenv = ctx.prog, ctx.cenv
+  data = data or {}
   ivs = {}
   it = iter(boxes)
   for v in prog.invars:
@@ -757,12 +883,23 @@ def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None) -> list:
       ivs[v] = Interval(b.lower, b.upper, validate=False)
   pre: dict = {}
   rel: dict = {}
+  node_of = {x: k for k, (x, _) in enumerate(ctx.nodes)}
+  n_nodes = len(ctx.nodes)
+  splits = list(data.get("splits") or (None,) * n_nodes)
+  knowns = list(data.get("pre") or (None,) * n_nodes)
+  empty = jnp.zeros((), bool)
 
   def tighten(x):
+    nonlocal empty
     if x not in pre:
       if ctx.intermediate == "crown" and x in ctx.prefixes:
         lo, hi = _backward(ctx, x, ivs, pre, rel)
         ivs[x] = _intersect(ivs[x], lo, hi, ctx.sound)
+      k = node_of.get(x)
+      if k is not None and (splits[k] is not None or knowns[k] is not None):
+        _, c, sigma = _relu_parts(prog.eqns[ctx.nodes[k][1]], cenv)
+        ivs[x], e_k = _constrain(ivs[x], knowns[k], splits[k], c, sigma)
+        empty = empty | e_k
       pre[x] = (ivs[x].lower, ivs[x].upper)
     return pre[x]
 
@@ -808,22 +945,43 @@ def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None) -> list:
         rel[i] = _dot_planes(e, ivs[e.invars[piv]], ivs[e.invars[1 - piv]], ctx.sound)
       else:
         rel[i] = _relax_lines(e, cenv, bounds, ivs[e.outvars[0]], ctx.sound, pred)
+  for k, (x, _) in enumerate(ctx.nodes):  # a node no equation needed bounds for
+    if x not in pre and x in ivs:
+      tighten(x)
   results = []
+  det = None
   for v in prog.outvars:
     if isinstance(v, _Var) and v in prog.abstract:
       if spec is not None and v is ctx.spec_var:
-        lo, hi = _final_bounds(ctx, v, ivs, pre, rel, spec)
+        lo, hi, det = _final_bounds(ctx, v, ivs, pre, rel, spec, data)
         res = _intersect(_spec_interval(ivs[v], spec), lo, hi, ctx.sound)
         if ctx.spec_batched:
           res = Interval(res.lower[None], res.upper[None], validate=False)
-        results.append(res)
-      elif v in ctx.prefixes and v in pre and ctx.intermediate == "crown" and not ctx.alpha_steps:
-        results.append(ivs[v])  # already bounded by its own pass (an intermediate target)
+      elif v in ctx.prefixes and v in pre and ctx.intermediate == "crown" \
+          and not ctx.alpha_steps and not ctx.info:
+        res = ivs[v]  # already bounded by its own pass (an intermediate target)
       elif v in ctx.prefixes:
-        lo, hi = _final_bounds(ctx, v, ivs, pre, rel, None)
-        results.append(_intersect(ivs[v], lo, hi, ctx.sound))
+        lo, hi, det = _final_bounds(ctx, v, ivs, pre, rel, None, data)
+        res = _intersect(ivs[v], lo, hi, ctx.sound)
       else:
-        results.append(ivs[v])
+        res = ivs[v]
+      if any(a is not None for a in splits + knowns):
+        res = Interval(jnp.where(empty, jnp.inf, res.lower),
+                       jnp.where(empty, -jnp.inf, res.upper), validate=False)
+      results.append(res)
     else:
       results.append(None)
-  return results
+  if not ctx.info:
+    return results
+  m = det["alpha"][0].shape[1] if det and det["alpha"] else 0
+  info = {
+      "pre": [(pre[x][0].reshape(-1), pre[x][1].reshape(-1)) for x, _ in ctx.nodes],
+      "infeasible": empty,
+      "alpha": det["alpha"] if det else [],
+      "beta": det["beta"] if det else [],
+      "relu_coeffs": [det["coeffs"][x] for x, _ in ctx.nodes] if det else [],
+      "input_coeffs": [det["coeffs"].get(u, jnp.zeros((m, u.size), ivs[u].lower.dtype)
+                                         ).reshape((m, -1))
+                       for u in prog.invars if u in prog.abstract] if det else [],
+  }
+  return results, info

@@ -1,0 +1,291 @@
+"""Split constraints in the engine (`bj.crown(..., splits=True, beta=True)`): bounds over
+``{x in box : s_j z_j(x) >= 0}`` (β-CROWN, Wang et al. 2021, §3.1).
+
+Soundness: points sampled in each sub-problem's box and kept when they satisfy its splits
+(rejection sampling; at least 10^4 feasible points over the sub-problems) lie within the bounds,
+float64 evaluation, tol 0 in sound mode. Tightness only where it is guaranteed: with every ReLU
+split the network is linear on the feasible polytope, so the β-optimised bound tends to the LP
+minimum (strong duality) and never exceeds it (scipy's linprog). Against the verifier's dense
+float64 implementation (`boundjax.verify.layered.crown_batch`): at least as tight.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import boundjax as bj
+
+
+@pytest.fixture(autouse=True)
+def x64():
+  with jax.enable_x64(True):
+    yield
+
+
+def _net(seed: int, sizes=(3, 12, 12, 4)):
+  rng = np.random.default_rng(seed)
+  ws = [rng.normal(size=(o, i)) / np.sqrt(i) for i, o in zip(sizes[:-1], sizes[1:])]
+  bs = [0.3 * rng.normal(size=o) for o in sizes[1:]]
+  return ws, bs
+
+
+def _apply(ws, bs):
+  def f(x):  # x: (batch, n0)
+    h = x
+    for k, (w, b) in enumerate(zip(ws, bs)):
+      h = h @ jnp.asarray(w).T + jnp.asarray(b)
+      if k < len(ws) - 1:
+        h = jax.nn.relu(h)
+    return h
+  return f
+
+
+def _pre_np(ws, bs, x):
+  """Pre-activations of every hidden layer and the outputs, float64 NumPy."""
+  zs, h = [], x
+  for k, (w, b) in enumerate(zip(ws, bs)):
+    z = h @ w.T + b
+    if k < len(ws) - 1:
+      zs.append(z)
+      h = np.maximum(z, 0.0)
+  return zs, z
+
+
+def _subproblems(ws, bs, B: int, seed: int, n_split: int):
+  """``B`` sub-boxes of [-1, 1]^n0 with splits on ``n_split`` neurons per hidden layer, signed
+  as at a random point of the box (so the sub-problem is feasible) except the last two
+  sub-problems, whose signs are random (possibly infeasible)."""
+  rng = np.random.default_rng(seed)
+  n0 = ws[0].shape[1]
+  centre = rng.uniform(-0.6, 0.6, (B, n0))
+  rad = rng.uniform(0.2, 0.5, (B, n0))
+  lo, hi = centre - rad, centre + rad
+  x0 = rng.uniform(lo, hi)
+  zs, _ = _pre_np(ws, bs, x0)
+  splits = []
+  for z in zs:
+    s = np.zeros(z.shape, np.int8)
+    for i in range(B):
+      j = rng.choice(z.shape[1], n_split, replace=False)
+      s[i, j] = np.where(z[i, j] >= 0, 1, -1)
+      if i >= B - 2:
+        s[i, j] = rng.choice([-1, 1], n_split)
+    splits.append(s)
+  return lo, hi, splits
+
+
+def _feasible_samples(ws, bs, lo, hi, splits, n: int, seed: int):
+  """Per sub-problem: points of its box (uniform plus corners) satisfying its splits."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for i in range(lo.shape[0]):
+    x = rng.uniform(lo[i], hi[i], (n, lo.shape[1]))
+    corners = np.array(np.meshgrid(*[[a, b] for a, b in zip(lo[i], hi[i])],
+                                   indexing="ij")).reshape(lo.shape[1], -1).T
+    x = np.concatenate([x, corners])
+    zs, y = _pre_np(ws, bs, x)
+    ok = np.ones(len(x), bool)
+    for z, s in zip(zs, splits):
+      ok &= np.all((s[i] * z >= 0) | (s[i] == 0), axis=1)
+    out.append((x[ok], y[ok]))
+  return out
+
+
+def _check(out, samples, C, d, tol, what):
+  lo_b, hi_b = np.asarray(out.lower), np.asarray(out.upper)
+  assert not np.any(np.isnan(lo_b)) and not np.any(np.isnan(hi_b)), what
+  total = 0
+  for i, (_, y) in enumerate(samples):
+    v = y @ C.T - d
+    total += len(v)
+    assert np.all(v >= lo_b[i] - tol), (what, i, (v - lo_b[i]).min())
+    assert np.all(v <= hi_b[i] + tol), (what, i, (hi_b[i] - v).min())
+  return total
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_split_bounds_are_sound_on_sampled_feasible_points(seed):
+  ws, bs = _net(seed)
+  f = _apply(ws, bs)
+  B = 6
+  lo, hi, splits = _subproblems(ws, bs, B, seed, n_split=3)
+  rng = np.random.default_rng(seed + 10)
+  C = rng.normal(size=(3, 4))
+  d = rng.normal(size=3)
+  samples = _feasible_samples(ws, bs, lo, hi, splits, 10_000, seed)
+  box = bj.Interval(jnp.asarray(lo), jnp.asarray(hi))
+  feasible = sum(len(x) for x, _ in samples)
+  assert feasible >= 10_000
+  g = lambda x: f(x) @ jnp.asarray(C).T - jnp.asarray(d)  # noqa: E731
+  runs = {
+      "crown": bj.crown(f, spec=C, splits=True, return_info=True),
+      "beta": bj.crown(f, spec=C, splits=True, beta=True, alpha_steps=30, return_info=True),
+      "beta-ibp": bj.crown(f, spec=C, splits=True, beta=True, intermediate="ibp",
+                           return_info=True),
+  }
+  outs = {}
+  for name, fn in runs.items():
+    out, info = fn(box, splits=splits)
+    out = bj.Interval(out.lower - d, out.upper - d, validate=False)
+    outs[name] = out
+    assert _check(out, samples, C, d, 1e-9, name) == feasible
+    inf = np.asarray(info.infeasible)
+    for i in range(B):
+      if inf[i]:  # declared empty: no sampled point may satisfy the splits
+        assert len(samples[i][0]) == 0, (name, i)
+  # sound mode (the specification composed into the function): tol 0 against float64
+  for name, kw in (("sound-crown", {}), ("sound-beta", {"beta": True, "alpha_steps": 30})):
+    out, _ = bj.crown(g, sound=True, splits=True, return_info=True, **kw)(box, splits=splits)
+    assert _check(out, samples, C, d, 0.0, name) == feasible
+  # β never loosens CROWN's bound with the same splits
+  assert np.all(np.asarray(outs["beta"].lower) >= np.asarray(outs["crown"].lower) - 1e-9)
+
+
+def test_infeasible_splits_give_empty_bounds_without_nan():
+  ws, bs = _net(3, (2, 6, 3))
+  f = _apply(ws, bs)
+  # neuron 0 of the layer: z = w x + b; demand z >= 0 on a box where z < 0 everywhere
+  lo = np.full((1, 2), -1.0)
+  hi = np.full((1, 2), 1.0)
+  w, b = ws[0][0], bs[0][0]
+  zmax = np.abs(w).sum() + b
+  bs2 = [bs[0].copy(), bs[1]]
+  bs2[0][0] = -zmax - 1.0  # now z_0 <= -1 on the box
+  f2 = _apply(ws, bs2)
+  s = np.zeros((1, 6), np.int8)
+  s[0, 0] = 1
+  out, info = bj.crown(f2, splits=True, beta=True, return_info=True)(
+      bj.Interval(jnp.asarray(lo), jnp.asarray(hi)), splits=[s])
+  assert bool(np.asarray(info.infeasible)[0])
+  assert np.all(np.asarray(out.lower) == np.inf) and not np.any(np.isnan(np.asarray(out.upper)))
+  del f
+
+
+def _lp_min(ws, bs, c, lo, hi, pattern):
+  """``min c·f(x)`` over ``{x in [lo, hi] : the activation pattern holds}`` by linprog (the
+  network is affine there: ``z_k = A_k x + a_k``)."""
+  from scipy.optimize import linprog
+  n0 = lo.shape[0]
+  A, a = np.eye(n0), np.zeros(n0)
+  rows, rhs = [], []
+  for k, (w, b) in enumerate(zip(ws, bs)):
+    Az, az = w @ A, w @ a + b
+    if k == len(ws) - 1:
+      obj, const = c @ Az, c @ az
+      break
+    s = pattern[k]
+    for j in range(len(s)):  # s z >= 0  <=>  -s (A x + a) <= 0
+      rows.append(-s[j] * Az[j])
+      rhs.append(s[j] * az[j])
+    act = (s > 0).astype(float)
+    A, a = act[:, None] * Az, act * az
+  res = linprog(obj, A_ub=np.array(rows), b_ub=np.array(rhs), bounds=list(zip(lo, hi)),
+                method="highs")
+  assert res.status in (0, 2)
+  return None if res.status == 2 else res.fun + const
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fully_split_network_reaches_the_lp_minimum(seed):
+  """Every neuron split: the ReLUs are exact, so the bound is the Lagrangian dual of an LP;
+  it never exceeds the LP minimum, and the optimised β reach it (strong duality)."""
+  ws, bs = _net(seed + 20, (2, 5, 5, 1))
+  f = _apply(ws, bs)
+  rng = np.random.default_rng(seed)
+  lo = rng.uniform(-1, -0.2, 2)
+  hi = lo + rng.uniform(0.5, 1.2, 2)
+  x0 = rng.uniform(lo, hi, (1, 2))
+  zs, _ = _pre_np(ws, bs, x0)
+  pattern = [np.where(z[0] >= 0, 1, -1).astype(np.int8) for z in zs]
+  lp = _lp_min(ws, bs, np.ones(1), lo, hi, pattern)
+  assert lp is not None
+  box = bj.Interval(jnp.asarray(lo[None]), jnp.asarray(hi[None]))
+  sp = [p[None] for p in pattern]
+  crown_lb = float(bj.crown(f, splits=True)(box, splits=sp).lower[0, 0])
+  beta_lb = float(bj.crown(f, splits=True, beta=True, alpha_steps=400, alpha_lr=0.05)(
+      box, splits=sp).lower[0, 0])
+  sound_lb = float(bj.crown(f, splits=True, beta=True, alpha_steps=400, alpha_lr=0.05,
+                            sound=True)(box, splits=sp).lower[0, 0])
+  assert crown_lb <= lp + 1e-9 and beta_lb <= lp + 1e-9 and sound_lb <= lp
+  assert beta_lb >= crown_lb - 1e-9
+  assert beta_lb >= lp - 1e-3 * (1 + abs(lp)), (crown_lb, beta_lb, lp)
+
+
+def test_at_least_as_tight_as_the_dense_verifier_path():
+  """The engine's CROWN bounds of the same sub-problems (boxes and splits) are at least as
+  tight as `layered.crown_batch`'s (the same relaxations; float order may differ by ~1e-12),
+  in float and in sound mode."""
+  from boundjax.verify import layered
+  ws, bs = _net(5, (3, 16, 16, 16, 4))
+  f = _apply(ws, bs)
+  B = 8
+  lo, hi, splits = _subproblems(ws, bs, B, 5, n_split=4)
+  C = np.random.default_rng(7).normal(size=(3, 4))
+  d = np.zeros(3)
+  lay = layered.Layers(tuple(jnp.asarray(w) for w in ws), tuple(jnp.asarray(b) for b in bs),
+                       tuple(jnp.abs(jnp.asarray(w)) for w in ws))
+  box = bj.Interval(jnp.asarray(lo), jnp.asarray(hi))
+  for sound in (False, True):
+    ref, *_ = layered.crown_batch(lay, jnp.asarray(C), jnp.asarray(d), jnp.asarray(lo),
+                                  jnp.asarray(hi), tuple(jnp.asarray(s) for s in splits), sound)
+    if sound:
+      g = lambda x: f(x) @ jnp.asarray(C).T  # noqa: E731
+      out = bj.crown(g, sound=True, splits=True)(box, splits=splits)
+    else:
+      out = bj.crown(f, spec=C, splits=True)(box, splits=splits)
+    ref, mine = np.asarray(ref), np.asarray(out.lower)
+    fin = np.isfinite(ref)
+    assert np.array_equal(fin, np.isfinite(mine))  # the same infeasible sub-problems
+    assert np.all(mine[fin] >= ref[fin] - 1e-6 * (1 + np.abs(ref[fin]))), (sound, mine - ref)
+
+
+def test_known_bounds_and_warm_start_and_coefficients():
+  ws, bs = _net(8)
+  f = _apply(ws, bs)
+  B = 5
+  lo, hi, splits = _subproblems(ws, bs, B, 8, n_split=2)
+  C = np.random.default_rng(9).normal(size=(2, 4))
+  box = bj.Interval(jnp.asarray(lo), jnp.asarray(hi))
+  # root bounds (no splits) reused as known bounds with interval propagation (fast mode)
+  _, root = bj.crown(f, spec=C, splits=True, return_info=True)(box)
+  ibp_only, _ = bj.crown(f, spec=C, splits=True, intermediate="ibp", return_info=True)(
+      box, splits=splits)
+  fast, info = bj.crown(f, spec=C, splits=True, beta=True, intermediate="ibp",
+                        return_info=True)(box, splits=splits, pre=root.pre)
+  samples = _feasible_samples(ws, bs, lo, hi, splits, 4000, 8)
+  _check(fast, samples, C, np.zeros(2), 1e-9, "known bounds")
+  assert np.all(np.asarray(fast.lower) >= np.asarray(ibp_only.lower) - 1e-9)
+  ok = ~np.asarray(info.infeasible)  # (an empty box is kept well defined as [l, max(u, l)])
+  for (l, u), (l0, u0), s in zip(info.pre, root.pre, splits):  # met and clipped
+    l, u, l0, u0, s = (np.asarray(a)[ok] for a in (l, u, l0, u0, s))
+    assert np.all(l >= np.asarray(l0) - 1e-12) and np.all(u <= np.asarray(u0) + 1e-12)
+    assert np.all(l[s > 0] >= 0) and np.all(u[s < 0] <= 0)
+  # a warm start from the optimised parameters is never looser than their bound
+  warm, info2 = bj.crown(f, spec=C, splits=True, beta=True, intermediate="ibp",
+                         return_info=True, alpha_steps=5)(
+      box, splits=splits, pre=root.pre, warm=(info.alpha, info.beta))
+  assert np.all(np.asarray(warm.lower) >= np.asarray(fast.lower) - 1e-9)
+  _check(warm, samples, C, np.zeros(2), 1e-9, "warm start")
+  # the input coefficients: the bound's minimising corner evaluates above the bound
+  lam = np.asarray(info2.input_coeffs[0])  # (B, k, n0)
+  assert lam.shape == (B, 2, 3) and info2.relu_coeffs[0].shape == (B, 2, 12)
+  corners = np.where(lam > 0, lo[:, None, :], hi[:, None, :])
+  _, y = _pre_np(ws, bs, corners.reshape(-1, 3))
+  vals = np.einsum("bkm,km->bk", y.reshape(B, 2, 4), C)
+  inf = np.asarray(info2.infeasible)
+  assert np.all(vals[~inf] >= np.asarray(warm.lower)[~inf] - 1e-9)
+
+
+def test_bad_split_arguments_are_refused():
+  ws, bs = _net(0, (2, 4, 1))
+  f = bj.crown(_apply(ws, bs), splits=True)
+  box = bj.Interval(jnp.zeros((1, 2)), jnp.ones((1, 2)))
+  with pytest.raises(ValueError, match="one entry per ReLU node"):
+    f(box, splits=[np.zeros((1, 4)), np.zeros((1, 4))])
+  with pytest.raises(ValueError, match="shape"):
+    f(box, splits=[np.zeros((1, 3))])
+  with pytest.raises(ValueError, match="-1, 0 or"):
+    f(box, splits=[np.full((1, 4), 2)])
