@@ -85,6 +85,17 @@ def mlp_apply(params, z):
   return h
 
 
+def chain_apply(p, x):
+  """A ReLU chain given as ``{"w": [W_0, ...], "b": [b_0, ...]}`` (``h <- W h + b``) on one
+  flattened input, no ReLU at the end: the verifier tests' network."""
+  h = jnp.reshape(x, (-1,))
+  for k, (w, b) in enumerate(zip(p["w"], p["b"])):
+    h = w @ h + b
+    if k < len(p["w"]) - 1:
+      h = jax.nn.relu(h)
+  return h
+
+
 def random_mlp(seed, sizes):
   """Layers for `mlp_apply` with entries ``U(-1, 1) / sqrt(fan_in)``."""
   rng = np.random.default_rng(seed)

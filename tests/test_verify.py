@@ -19,6 +19,7 @@ import pytest
 
 import boundjax.verify as mc
 from boundjax.verify import attack, layered
+from tests.helpers import chain_apply
 from boundjax.verify.spec import Disjunct, Region
 from milp.network import AffineLayer, Network
 
@@ -31,13 +32,7 @@ def _mlp(seed: int, sizes=(2, 12, 12, 3)):
   bs = [0.3 * rng.normal(size=o) for o in sizes[1:]]
   params = {"w": [w.astype(np.float32) for w in ws], "b": [b.astype(np.float32) for b in bs]}
 
-  def apply_fn(p, x):
-    h = jnp.reshape(x, (-1,))
-    for k, (w, b) in enumerate(zip(p["w"], p["b"])):
-      h = w @ h + b
-      if k < len(p["w"]) - 1:
-        h = jax.nn.relu(h)
-    return h
+  apply_fn = chain_apply
 
   net = Network(tuple(AffineLayer.point(np.asarray(w, np.float64), np.asarray(b, np.float64))
                       for w, b in zip(params["w"], params["b"])), (sizes[0],))

@@ -12,6 +12,7 @@ import pytest
 
 from boundjax.verify import attack, layered, relu_bab
 from boundjax.verify.outcome import Deadline
+from tests.helpers import chain_apply
 from boundjax.verify.spec import Disjunct, Region
 
 
@@ -20,13 +21,7 @@ def _net(seed, sizes):
   ws = [rng.normal(size=(o, i)) / np.sqrt(i) for i, o in zip(sizes[:-1], sizes[1:])]
   bs = [0.3 * rng.normal(size=o) for o in sizes[1:]]
 
-  def apply_fn(p, x):
-    h = jnp.reshape(x, (-1,))
-    for k, (w, b) in enumerate(zip(p["w"], p["b"])):
-      h = w @ h + b
-      if k < len(p["w"]) - 1:
-        h = jax.nn.relu(h)
-    return h
+  apply_fn = chain_apply
   return ws, bs, apply_fn, {"w": ws, "b": bs}
 
 
