@@ -27,14 +27,63 @@ def test_gamma_values_and_limits():
   assert 0 < rounding.gamma(100, jnp.bfloat16) < 1
 
 
+def _ulp_steps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """How many representable float32 numbers lie from a to b (b > a, same sign or zero)."""
+  ia = a.view(np.int32).astype(np.int64)
+  ib = b.view(np.int32).astype(np.int64)
+  ia = np.where(ia < 0, -(ia & 0x7FFFFFFF), ia)
+  ib = np.where(ib < 0, -(ib & 0x7FFFFFFF), ib)
+  return ib - ia
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(F32, min_size=1, max_size=8))
-def test_round_up_down_are_one_step(xs):
+def test_round_up_down_move_at_least_one_ulp_and_at_most_four(xs):
   x = np.asarray(xs, np.float32)
+  x = x[np.abs(x) >= np.finfo(np.float32).tiny * 2**40]  # where |x|·eps dwarfs the 2λ term
+  if x.size == 0:
+    return
   up, down = np.asarray(rounding.round_up(x)), np.asarray(rounding.round_down(x))
-  assert np.all(up > x) and np.all(down < x)
-  np.testing.assert_array_equal(up, np.nextafter(x, np.float32(np.inf)))
-  np.testing.assert_array_equal(down, np.nextafter(x, np.float32(-np.inf)))
+  assert np.all(up >= np.nextafter(x, np.float32(np.inf)))
+  assert np.all(down <= np.nextafter(x, np.float32(-np.inf)))
+  assert np.all(_ulp_steps(x, up) <= 4) and np.all(_ulp_steps(down, x) <= 4)
+
+
+def test_round_up_down_on_10k_values_of_every_magnitude():
+  """≥ 10⁴ float32 values from 1e-38 to 3e38, both signs, zeros, ±tiny, ±max and ±inf: the
+  result is strictly past the value (by ≥ one ulp) and never NaN."""
+  rng = np.random.default_rng(0)
+  mag = np.exp(rng.uniform(np.log(1e-38), np.log(3e38), 20_000)).astype(np.float32)
+  fi = np.finfo(np.float32)
+  special = np.asarray([0.0, fi.tiny, 2 * fi.tiny, fi.max, fi.eps, 1.0], np.float32)
+  x = np.concatenate([mag, -mag, special, -special])
+  up, down = np.asarray(rounding.round_up(x)), np.asarray(rounding.round_down(x))
+  assert not np.any(np.isnan(up)) and not np.any(np.isnan(down))
+  assert np.all(up.astype(np.float64) > x) and np.all(down.astype(np.float64) < x)
+  assert np.all(up >= np.nextafter(x, np.float32(np.inf)))
+  assert np.all(down <= np.nextafter(x, np.float32(-np.inf)))
+  inf = np.asarray([np.inf, -np.inf], np.float32)
+  np.testing.assert_array_equal(np.asarray(rounding.round_down(inf)), [fi.max, -np.inf])
+  np.testing.assert_array_equal(np.asarray(rounding.round_up(inf)), [np.inf, -fi.max])
+
+
+@pytest.mark.parametrize("ulps", [0, 1, 4])
+def test_outward_covers_its_budget_exactly_in_float64(ulps):
+  """``outward(lo, hi, ulps, abs_err)`` lies strictly past ``x ∓ ulps·eps·|x|``, ``x = lo ∓
+  abs_err`` computed exactly (float64; the ratio of the two is kept below 2^29, so the
+  difference of two float32 numbers is exact), for ≥ 10⁴ random ends and errors, including
+  errors that cancel most of ``lo`` and errors that make the float32 subtraction round."""
+  rng = np.random.default_rng(ulps)
+  n = 20_000
+  lo = (rng.standard_normal(n) * np.exp(rng.uniform(-80, 80, n))).astype(np.float32)
+  err = (np.abs(lo) * np.exp(rng.uniform(-20, 0, n))).astype(np.float32)
+  lo2, hi2 = rounding.outward(jnp.asarray(lo), jnp.asarray(lo), ulps=ulps,
+                              abs_err=jnp.asarray(err))
+  eps = float(np.finfo(np.float32).eps)
+  x_lo = lo.astype(np.float64) - err
+  x_hi = lo.astype(np.float64) + err
+  assert np.all(np.asarray(lo2, np.float64) < x_lo - ulps * eps * np.abs(x_lo))
+  assert np.all(np.asarray(hi2, np.float64) > x_hi + ulps * eps * np.abs(x_hi))
 
 
 def test_round_at_zero_and_subnormals():
