@@ -94,10 +94,17 @@ def _check_point_network(net: Network) -> list[tuple[np.ndarray, np.ndarray]]:
   return [(_dense(l.w_lower), np.asarray(l.b_lower, np.float64)) for l in net.layers]
 
 
-def _widen(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Outward by ``1e-9`` relative plus ``1e-12``: covers float64 rounding of the bounds."""
-  pad = 1e-9 * np.maximum(np.abs(lo), np.abs(hi)) + 1e-12
-  return lo - pad, hi + pad
+def interval_image(W: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """``{x W : lo <= x <= hi}`` (rows of ``lo``/``hi`` are separate boxes), rounded outward in
+  float64: the sign-split sums ``lo W⁺ + hi W⁻`` and ``hi W⁺ + lo W⁻`` (2n products each) move
+  out by the a-priori error ``γ_{4n+2} Σ max(|lo|, |hi|) |W|`` (Higham, §3.1; `rounding.sum_error`)
+  and then one more ulp, which covers the rounding of that subtraction."""
+  from boundjax.core import rounding
+  wp, wn = np.maximum(W, 0.0), np.minimum(W, 0.0)
+  low, high = lo @ wp + hi @ wn, hi @ wp + lo @ wn
+  err = rounding.sum_error(2 * W.shape[0], np.maximum(np.abs(lo), np.abs(hi)) @ np.abs(W),
+                           np.float64)
+  return np.nextafter(low - err, -np.inf), np.nextafter(high + err, np.inf)
 
 
 @dataclasses.dataclass
@@ -142,8 +149,9 @@ def backward_bounds(weights: list[np.ndarray], pre_bounds: list,
   pass of FastLip (Weng et al. 2018: derivative of an unstable ReLU in ``[0, 1]``), all
   vertices in one numpy batch; the hull is intersected with one interval pass over the whole
   ``c`` box. Tighter bounds are tighter big-M constants for the McCormick rows of ``g = δ q`` and
-  the sign split of ``|γ_j|``, which is what the solve time depends on. Widened outward for
-  float64 rounding (`_widen`).
+  the sign split of ``|γ_j|``, which is what the solve time depends on. Every layer's image is
+  rounded outward by its a-priori float64 error (`interval_image`), so the bounds hold for the
+  exact products.
   """
   m = weights[-1].shape[0]
   c_lo = np.r_[1.0 if out_norm == "l1" else 0.0, -np.ones(m - 1)]
@@ -153,12 +161,11 @@ def backward_bounds(weights: list[np.ndarray], pre_bounds: list,
   g_hi = np.concatenate([np.ones((1, m)), verts]) if verts is not None else np.ones((1, m))
 
   def image(W, lo, hi):
-    mid, rad = ((lo + hi) / 2) @ W, ((hi - lo) / 2) @ np.abs(W)
-    lo, hi = mid - rad, mid + rad
+    lo, hi = interval_image(W, lo, hi)
     a = (lo[0], hi[0])
     if lo.shape[0] > 1:   # the vertex hull, intersected with the box pass
       a = (np.maximum(a[0], lo[1:].min(0)), np.minimum(a[1], hi[1:].max(0)))
-    return lo, hi, _widen(*a)
+    return lo, hi, a
 
   q_bounds: list = [None] * (len(weights) - 1)
   for i in range(len(weights) - 2, -1, -1):

@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from boundjax.core import rounding
 from boundjax.core.interval import Interval
 from boundjax.core.transforms import ibp
 
@@ -409,8 +410,12 @@ def enumerate_patterns(W1: np.ndarray, b1: np.ndarray, W2: np.ndarray, center: A
   lo, hi = z - radius, z + radius
   mid = W1 @ z + b1
   rad = np.abs(W1) @ np.full_like(z, radius)
-  slack = 1e-12 * (np.abs(W1) @ np.abs(z) + np.abs(b1) + rad) + 1e-300
-  pre_lo, pre_hi = mid - rad - slack, mid + rad + slack
+  # a-priori float64 error of the (n+1)-term sums above (Higham §3.1, `rounding.sum_error`); the
+  # excess of γ_{2n+4} over γ_{n+1} covers the two subtractions, the ulp step their rounding
+  slack = rounding.sum_error(W1.shape[1] + 1, np.abs(W1) @ np.abs(z) + np.abs(b1) + rad,
+                             np.float64)
+  pre_lo = np.nextafter(mid - rad - slack, -np.inf)
+  pre_hi = np.nextafter(mid + rad + slack, np.inf)
   fixed = pre_lo > 0
   unstable = np.flatnonzero(~fixed & (pre_hi > 0))
   if unstable.size > max_unstable:

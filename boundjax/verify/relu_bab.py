@@ -8,7 +8,8 @@ rows. A *domain* is a split mask per hidden layer; its intermediate bounds are t
 clipped by its splits (given to the engine as known bounds with ``intermediate="ibp"``, which
 meets them with a forward interval pass: β-CROWN's fast mode, Wang et al. 2021, §3.3) and its
 output bound is optimised over α and the split multipliers β, warm-started from the parent's.
-Each round takes the ``batch // 2`` open domains with the lowest bounds (the hardest first),
+The search is `boundjax.verify.bab.search` with a `Heap` of domains keyed by their bound:
+each round takes the ``batch // 2`` open domains with the lowest bounds (the hardest first),
 splits each on the unstable neuron with the largest BaBSR-style score (Bunel et al. 2020,
 §5.1: the part of the bound that the upper relaxation's intercept costs,
 ``max(-Λ_j, 0) · u_j (-l_j) / (u_j - l_j)``, ``Λ_j`` the coefficient of ``h_j``, the engine's
@@ -34,7 +35,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.verify import chain
+from boundjax.verify import bab, chain
 from boundjax.verify.outcome import Deadline
 from boundjax.verify.spec import Disjunct, Region
 
@@ -137,86 +138,99 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
     st, cex = _milp(net, region, disjunct, root_l, root_u, deadline, replay)
     return st, cex, 1, "milp"
 
-  # frontier (numpy): splits per layer, alphas/betas per layer, bounds (N, R), branch choice
-  f_splits = [np.zeros((1, n), np.int8) for n in hidden]
-  f_alpha = [np.asarray(a) for a in alphas]
-  f_beta = [np.asarray(b) for b in betas]
-  f_bound = best
-  lam_np = [np.asarray(x) for x in lams]
-  cl, cu = _clip_np([l[None] for l in root_l], [u[None] for u in root_u], f_splits)
-  f_score = _scores(lam_np, cl, cu, f_splits, np.argmax(best, axis=1))
-  nodes = 1
+  # the search (`boundjax.verify.bab`): a node is a row of a column batch holding its split
+  # signs, its α and β (the warm start of its children), its bound and its branching scores
+  cl, cu = _clip_np([l[None] for l in root_l], [u[None] for u in root_u],
+                    [np.zeros((1, n), np.int8) for n in hidden])
+  root = bab.Bounded(
+      {"splits": tuple(np.zeros((1, n), np.int8) for n in hidden),
+       "alpha": tuple(np.asarray(a) for a in alphas), "beta": tuple(np.asarray(b) for b in betas),
+       "score": _scores([np.asarray(x) for x in lams], cl, cu,
+                        [np.zeros((1, n), np.int8) for n in hidden], np.argmax(best, axis=1))},
+      priority=best.max(axis=1))
   offsets = np.cumsum([0] + list(hidden))
-  half = batch // 2
-  start_time = deadline.elapsed()
+  box = Interval(jnp.asarray(np.broadcast_to(lo, (batch, lo.shape[1]))),
+                 jnp.asarray(np.broadcast_to(hi, (batch, hi.shape[1]))))
+  known = [(jnp.asarray(np.broadcast_to(l, (batch, l.size))),
+            jnp.asarray(np.broadcast_to(u, (batch, u.size)))) for l, u in zip(root_l, root_u)]
+  bounder = _bounder(sound, "ibp", steps, lr)
   bar = None
   if progress:
     from tqdm.auto import tqdm
     bar = tqdm(desc="relu split", unit="dom", leave=False)
+
+  def branch(nodes):
+    """Both children (+1 active, then -1 inactive) of every node on its best-scored neuron;
+    None (a leaf) when a node has no unstable neuron left."""
+    score = nodes["score"]
+    if np.any(np.all(~np.isfinite(score), axis=1)):
+      return None
+    k = len(score)
+    choice = np.argmax(score, axis=1)
+    layer_of = np.searchsorted(offsets, choice, side="right") - 1
+    idx = choice - offsets[layer_of]
+    splits = [np.concatenate([sp, sp]) for sp in nodes["splits"]]
+    for sign, rows in ((1, np.arange(k)), (-1, np.arange(k, 2 * k))):
+      for m in range(len(hidden)):
+        sel = layer_of == m
+        splits[m][rows[sel], idx[sel]] = sign
+    twice = lambda xs: tuple(np.concatenate([x, x]) for x in xs)
+    return {"splits": tuple(splits), "alpha": twice(nodes["alpha"]), "beta": twice(nodes["beta"])}
+
+  def bound(children):
+    """α-β-CROWN on a batch of children (padded to ``batch`` rows: one compilation), their
+    corners replayed; a child is closed when every row's bound is > 0."""
+    n = len(children["splits"][0])
+    pad = batch - n
+
+    def padded(x):
+      return jnp.asarray(np.concatenate([x, np.repeat(x[-1:], pad, 0)]) if pad else x)
+
+    out, inf = bounder(p, box, splits=[padded(x) for x in children["splits"]], pre=known,
+                       warm=([padded(x) for x in children["alpha"]],
+                             [padded(x) for x in children["beta"]]))
+    bnd = np.asarray(out.lower)[:n]
+    if bar is not None:
+      bar.update(n)
+    hit = candidates(np.asarray(inf.input_coeffs[0])[:n], bnd)
+    if hit is not None:
+      return bab.Bounded(None, counterexample=hit)
+    cl, cu = _clip_np([np.broadcast_to(l, (n, l.size)) for l in root_l],
+                      [np.broadcast_to(u, (n, u.size)) for u in root_u], children["splits"])
+    score = _scores([np.asarray(x)[:n] for x in inf.relu_coeffs], cl, cu, children["splits"],
+                    np.argmax(bnd, axis=1))
+    nodes = {"splits": children["splits"],
+             "alpha": tuple(np.asarray(a)[:n] for a in inf.alpha),
+             "beta": tuple(np.asarray(b)[:n] for b in inf.beta), "score": score}
+    return bab.Bounded(nodes, priority=bnd.max(axis=1), closed=bnd.max(axis=1) > 0)
+
+  # with the MILP to fall back on, branching gets half of the time that is left
+  half = _Until(deadline.elapsed() + 0.5 * deadline.remaining(), deadline) if use_milp else deadline
   try:
-    while len(f_bound):
-      if deadline.expired():
-        return "timeout", None, nodes, "bab"
-      stuck = np.all(~np.isfinite(f_score), axis=1)
-      time_up = deadline.elapsed() - start_time > 0.5 * (deadline.remaining() +
-                                                         deadline.elapsed() - start_time)
-      if use_milp and (len(f_bound) > max_domains or np.any(stuck) or time_up):
-        st, cex = _milp(net, region, disjunct, root_l, root_u, deadline, replay)
-        return st, cex, nodes, "milp"
-      if np.any(stuck):
-        return "unknown", None, nodes, "bab"
-      order = np.argsort(f_bound.max(axis=1))
-      take = order[:half]
-      keep = order[half:]
-      k = len(take)
-      choice = np.argmax(f_score[take], axis=1)
-      layer_of = np.searchsorted(offsets, choice, side="right") - 1
-      idx = choice - offsets[layer_of]
-      # children: +1 (active) then -1 (inactive)
-      ch_splits = [np.concatenate([s[take], s[take]]) for s in f_splits]
-      for sign, rows in ((1, np.arange(k)), (-1, np.arange(k, 2 * k))):
-        for m in range(len(hidden)):
-          sel = layer_of == m
-          ch_splits[m][rows[sel], idx[sel]] = sign
-      ch_alpha = [np.concatenate([a[take], a[take]]) for a in f_alpha]
-      ch_beta = [np.concatenate([b[take], b[take]]) for b in f_beta]
-      n = 2 * k
-      size = batch
-      pad = size - n
-
-      def padded(x):
-        return jnp.asarray(np.concatenate([x, np.repeat(x[-1:], pad, 0)]) if pad else x)
-
-      cl, cu = _clip_np([np.broadcast_to(l, (n, l.size)) for l in root_l],
-                        [np.broadcast_to(u, (n, u.size)) for u in root_u], ch_splits)
-      box = Interval(jnp.asarray(np.broadcast_to(lo, (size, lo.shape[1]))),
-                     jnp.asarray(np.broadcast_to(hi, (size, hi.shape[1]))))
-      known = [(jnp.asarray(np.broadcast_to(l, (size, l.size))),
-                jnp.asarray(np.broadcast_to(u, (size, u.size)))) for l, u in zip(root_l, root_u)]
-      out, inf = _bounder(sound, "ibp", steps, lr)(
-          p, box, splits=[padded(x) for x in ch_splits], pre=known,
-          warm=([padded(x) for x in ch_alpha], [padded(x) for x in ch_beta]))
-      bnd = np.asarray(out.lower)[:n]
-      al, be, l0, lm = inf.alpha, inf.beta, inf.input_coeffs[0], inf.relu_coeffs
-      nodes += n
-      if bar is not None:
-        bar.update(n)
-        bar.set_postfix_str(f"open {len(keep)} worst {f_bound.max(axis=1).min():.4f}")
-      hit = candidates(np.asarray(l0)[:n], bnd)
-      if hit is not None:
-        return "sat", hit, nodes, "bab"
-      open_ = bnd.max(axis=1) <= 0
-      lm = [np.asarray(x)[:n][open_] for x in lm]
-      new_splits = [s[open_] for s in ch_splits]
-      cl = [x[open_] for x in cl]
-      cu = [x[open_] for x in cu]
-      new_score = _scores(lm, cl, cu, new_splits, np.argmax(bnd[open_], axis=1))
-      f_splits = [np.concatenate([s[keep], ns]) for s, ns in zip(f_splits, new_splits)]
-      f_alpha = [np.concatenate([a[keep], np.asarray(x)[:n][open_]]) for a, x in zip(f_alpha, al)]
-      f_beta = [np.concatenate([b[keep], np.asarray(x)[:n][open_]]) for b, x in zip(f_beta, be)]
-      f_bound = np.concatenate([f_bound[keep], bnd[open_]])
-      f_score = np.concatenate([f_score[keep], new_score])
+    res = bab.search(root, bound, branch, frontier=bab.Heap(), batch=batch, pop=batch // 2,
+                     deadline=half, max_frontier=max_domains if use_milp else None)
   finally:
     if bar is not None:
       bar.close()
-  return "unsat", None, nodes, "bab"
+  nodes = 1 + res.bounded
+  if res.reason == bab.COUNTEREXAMPLE:
+    return "sat", res.counterexample, nodes, "bab"
+  if res.reason == bab.PROVED:
+    return "unsat", None, nodes, "bab"
+  if deadline.expired():
+    return "timeout", None, nodes, "bab"
+  if use_milp:  # a leaf, a frontier too large, or half of the time gone
+    st, cex = _milp(net, region, disjunct, root_l, root_u, deadline, replay)
+    return st, cex, nodes, "milp"
+  return ("unknown" if res.reason == bab.LEAF else bab.VERDICTS.get(res.reason, "unknown"),
+          None, nodes, "bab")
+
+
+class _Until:
+  """``remaining()`` until ``elapsed`` seconds into ``deadline`` (and never past it)."""
+
+  def __init__(self, elapsed: float, deadline: Deadline):
+    self.elapsed, self.deadline = elapsed, deadline
+
+  def remaining(self) -> float:
+    return min(self.elapsed - self.deadline.elapsed(), self.deadline.remaining())
