@@ -47,6 +47,13 @@ def _inside(bound, ys, rtol, what):
   assert not bad.any(), f"{what}: {int(bad.sum())} sampled values outside the bound"
 
 
+def _evaluate(fn, points):
+  """``fn`` on every point, vectorised 500 at a time: a vmap over all 12,002 points of a
+  convolution whose kernel is batched becomes one grouped convolution with 12,002 groups, which
+  XLA's CPU backend ran for 15 minutes (the whole test: 878 s, now 136 s on a loaded machine)."""
+  return jax.lax.map(lambda args: fn(*args), tuple(points), batch_size=500)
+
+
 def _check(fn, boxes, what, *, batch_axis=None, **kw):
   """Both modes against sampled values; returns the float (non-sound) CROWN and IBP bounds."""
   pts = _points(boxes)
@@ -56,14 +63,14 @@ def _check(fn, boxes, what, *, batch_axis=None, **kw):
     kw_sound = {k: v for k, v in kw.items() if k != "spec"}
     sound = bj.crown(fn, batch_axis=batch_axis, sound=True, **kw_sound)(*boxes)
   ib = bj.ibp(fn)(*boxes)
-  ys = np.asarray(jax.vmap(fn)(*[jnp.asarray(p, jnp.float32) for p in pts]), np.float64)
+  ys = np.asarray(_evaluate(fn, [jnp.asarray(p, jnp.float32) for p in pts]), np.float64)
   if "spec" in kw:
     ys = ys.reshape(ys.shape[0], -1) @ np.asarray(kw["spec"], np.float64).T
   else:
     assert np.all(out.lower >= ib.lower) and np.all(out.upper <= ib.upper), what
   _inside(out, ys, 1e-5, what)
   with jax.enable_x64(True):
-    ys64 = np.asarray(jax.vmap(fn)(*[jnp.asarray(p) for p in pts]))
+    ys64 = np.asarray(_evaluate(fn, [jnp.asarray(p) for p in pts]))
   _inside(sound, ys64, 0.0, what + " (sound, float64; spec is not a sound-mode option)")
   # sound mode: the engine's own forward interval pass rounds differently from bj.ibp's (a few
   # ulps either way), so "never looser" holds up to that
