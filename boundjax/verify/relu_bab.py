@@ -35,6 +35,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from boundjax.core import rounding
 from boundjax.verify import bab, chain
 from boundjax.verify.outcome import Deadline
 from boundjax.verify.spec import Disjunct, Region
@@ -83,8 +84,11 @@ def _milp(net, region: Region, disjunct: Disjunct, lbs, ubs, deadline: Deadline,
   hl, hu = np.maximum(lbs[-1], 0.0), np.maximum(ubs[-1], 0.0)
   wp, wn = np.maximum(w, 0.0), np.minimum(w, 0.0)
   yl, yu = wp @ hl + wn @ hu + b, wp @ hu + wn @ hl + b
-  pad = 1e-9 * (np.abs(w) @ hu + np.abs(b)) + 1e-12  # float64 rounding of the IBP step above
-  bounds = [(l.copy(), u.copy()) for l, u in zip(lbs, ubs)] + [(yl - pad, yu + pad)]
+  # the a-priori float64 error of these (2n+1)-term sums (Higham §3.1), then one ulp for the
+  # rounding of the subtraction (hl, hu >= 0, so |hu| bounds every term)
+  pad = rounding.sum_error(2 * w.shape[1] + 1, np.abs(w) @ hu + np.abs(b), np.float64)
+  bounds = [(l.copy(), u.copy()) for l, u in zip(lbs, ubs)] + [
+      (np.nextafter(yl - pad, -np.inf), np.nextafter(yu + pad, np.inf))]
   res = check_property(net, region.lower, region.upper, disjunct.C, disjunct.d,
                        time_limit=left, bounds=bounds)
   if res.status == "sat":
