@@ -400,8 +400,8 @@ def _lipschitz_milp(net: Network, center: Any, radius: float, out_norm: str,
   was needed, or the solve is optimal and its witness meets the dual bound (``1e-5`` relative,
   before the pad). Then intersecting with other bounds cannot improve it."""
   t0 = time.perf_counter()
-  bj_lip._check_out_norm(out_norm)
-  bj_lip._check_radius(radius)
+  bj_lip.check_out_norm(out_norm)
+  bj_lip.check_radius(radius)
   weights = _check_point_network(net)
   z = np.asarray(center, np.float64).reshape(-1)
   if z.size != net.input_size:
@@ -412,7 +412,7 @@ def _lipschitz_milp(net: Network, center: Any, radius: float, out_norm: str,
   J = _constant_jacobian(weights, pre)
   if J is not None:   # no unstable ReLU: one linear piece, its norm by enumeration (no solve)
     value = operator_norm(J, out_norm)
-    factor = bj_lip._outward_sum_factor(J.size, np.float64)
+    factor = bj_lip.outward_sum_factor(J.size, np.float64)
     upper = float((value + _rounding_bound(weights, pre)) * factor)
     return LipschitzBound(upper=upper, lower=value, method="milp", exact=_agree(upper, value),
                           argmax=z, out_norm=out_norm, seconds=time.perf_counter() - t0), True
@@ -506,7 +506,7 @@ def local_lipschitz(apply_fn: Callable, params: Any, center: Any, radius: float,
   if method not in ("milp", "auto"):
     return bj_lip.local_lipschitz(apply_fn, params, center, radius, method=method,
                                   out_norm=out_norm, **kwargs)
-  bj_lip._check_radius(radius)
+  bj_lip.check_radius(radius)
   if method == "auto":
     try:
       res = bj_lip.local_lipschitz(apply_fn, params, center, radius, method="enumerate",
@@ -579,8 +579,8 @@ def lipschitz_decide(net: Network, center: Any, radius: float, threshold: float,
   `EXACT_RTOL`) only in the last case, as in `lipschitz_milp`.
   """
   t0 = time.perf_counter()
-  bj_lip._check_out_norm(out_norm)
-  bj_lip._check_radius(radius)
+  bj_lip.check_out_norm(out_norm)
+  bj_lip.check_radius(radius)
   if not (isinstance(threshold, (int, float, np.floating)) and math.isfinite(threshold)):
     raise ValueError(f"lipschitz_decide: threshold must be a finite number, got {threshold!r}.")
   weights = _check_point_network(net)

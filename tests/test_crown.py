@@ -362,15 +362,15 @@ def test_conv_transpose_matches_vjp(layout, strides, padding, rhs_dil):
                                              dimension_numbers=layout)
   closed = jax.make_jaxpr(f)(jnp.zeros(xs))
   from boundjax.core import program as prog_lib
-  prog = linear.rules._from_core(prog_lib.flatten(closed))
-  linear.rules._classify(prog, [True])
-  cenv = linear.rules._eval_concrete(prog, [None])
+  prog = linear.rules.from_core(prog_lib.flatten(closed))
+  linear.rules.classify_program(prog, [True])
+  cenv = linear.rules.eval_concrete(prog, [None])
   (e,) = [q for q in prog.eqns if q.name == "conv_general_dilated"]
   y_shape = e.outvars[0].shape
   rows = jax.random.normal(jax.random.PRNGKey(1), (5, *y_shape))
   _, vjp = jax.vjp(f, jnp.zeros(xs))
   want = jax.vmap(vjp)(rows)[0]
-  got = linear.backward._transpose_rows(e, cenv, vjp, rows)[0]
+  got = linear.backward.transpose_rows(e, cenv, vjp, rows)[0]
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -406,7 +406,7 @@ def test_patches_equal_dense_pass_on_random_cnns(cfg, monkeypatch):
   path is really taken, and the bounds hold on sampled points."""
   from boundjax.domains import linear
   calls = []
-  real = linear.windows._backward_patches
+  real = linear.windows.backward_patches
   monkeypatch.setattr(linear.windows, "_backward_patches",
                       lambda *a: calls.append(1) or real(*a))
   hw, c = cfg.pop("hw"), cfg.pop("c")
@@ -434,7 +434,7 @@ def test_patches_flag_is_checked_and_sound_mode_keeps_dense_pass(monkeypatch):
   with pytest.raises(ValueError, match="patches"):
     crown(lambda x: x, patches=1)
   calls = []
-  real = linear.windows._backward_patches
+  real = linear.windows.backward_patches
   monkeypatch.setattr(linear.windows, "_backward_patches", lambda *a: calls.append(1) or real(*a))
   model = _TwoConv(3, 4, 3, 3, 1, 1, "SAME", "SAME")
   params = _init(model, (8, 8, 1), 0)

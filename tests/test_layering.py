@@ -169,3 +169,41 @@ def test_importing_the_library_never_loads_milp(entry):
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                         env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"}, timeout=300)
   assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+
+
+def private_imports(source: str) -> list[str]:
+  """Private names (``_x``, not dunder) taken from another module of ours: ``from boundjax.m
+  import _x`` and ``alias._x`` where ``alias`` names a module imported from our packages."""
+  tree = ast.parse(source)
+  aliases: set[str] = set()
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+      for a in node.names:
+        if a.name.startswith("_") and not a.name.startswith("__"):
+          found.append(f"from {node.module} import {a.name}")
+        elif (ROOT / path_of(f"{node.module}.{a.name}")).exists():
+          aliases.add(a.asname or a.name)  # a module imported by name
+    elif isinstance(node, ast.Import):
+      for a in node.names:
+        if a.name.split(".")[0] in PACKAGES and a.asname:
+          aliases.add(a.asname)
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        and node.value.id in aliases and node.attr.startswith("_")
+        and not node.attr.startswith("__")):
+      found.append(f"{node.value.id}.{node.attr}")
+  return found
+
+
+def test_no_private_name_crosses_a_file():
+  """A name a module shares is public: no module of ours reads another's ``_private`` name."""
+  bad = {name: private_imports(path.read_text()) for name, path in module_files().items()}
+  bad = {k: v for k, v in bad.items() if v}
+  assert not bad, f"private names imported across files: {bad}"
+
+
+def test_private_import_finder_finds_both_forms():
+  src = ("from boundjax.core import rounding as r\nfrom boundjax.core.ir import _x\n"
+         "y = r._step(1)\nz = r.gamma\n")
+  assert private_imports(src) == ["from boundjax.core.ir import _x", "r._step"]

@@ -136,11 +136,11 @@ def sample_grad_bounds(param_bounds: Any, x: Array, y: Array, loss: str,
   d = losses.logit_grad_bounds(loss, pre[-1], y)
   grads = [None] * len(ls)
   for i in range(len(ls) - 1, -1, -1):
-    z_prev = x if i == 0 else mlp._relu(pre[i - 1])
-    grads[i] = {"kernel": mlp._outer(z_prev, d, nonneg=i > 0), "bias": d}
+    z_prev = x if i == 0 else mlp.interval_relu(pre[i - 1])
+    grads[i] = {"kernel": mlp.interval_outer(z_prev, d, nonneg=i > 0), "bias": d}
     if i > 0:
-      dz = mlp._matmul(ls[i]["kernel"], d, matmul)
-      d = mlp._heaviside_times(pre[i - 1], dz)
+      dz = mlp.interval_matmul(ls[i]["kernel"], d, matmul)
+      d = mlp.heaviside_times(pre[i - 1], dz)
   return mlp.rebuild(param_bounds, grads)
 
 

@@ -80,7 +80,7 @@ def _bilinear(matmul: str) -> Callable:
                    f"{matmul!r}; use the 'ibp' back-end for {matmul!r}.")
 
 
-def _matmul(a: Any, b: Any, matmul: str) -> Interval:
+def interval_matmul(a: Any, b: Any, matmul: str) -> Interval:
   if not isinstance(a, Interval) and not isinstance(b, Interval):
     v = a @ b
     return Interval(v, v, validate=False)
@@ -93,7 +93,7 @@ def _add(a: Interval, b: Any) -> Interval:
   return Interval(a.lower + b.lower, a.upper + b.upper, validate=False)
 
 
-def _relu(a: Interval) -> Interval:
+def interval_relu(a: Interval) -> Interval:
   return Interval(jax.nn.relu(a.lower), jax.nn.relu(a.upper), validate=False)
 
 
@@ -108,13 +108,13 @@ def forward_bounds(param_bounds: Any, x: Any, matmul: str = "midrad",
   z: Any = x
   cache = []
   for i, l in enumerate(ls):
-    zh = _add(_matmul(z, l["kernel"], matmul), l["bias"])
+    zh = _add(interval_matmul(z, l["kernel"], matmul), l["bias"])
     cache.append((z, zh))
-    z = _relu(zh) if i < len(ls) - 1 else zh
+    z = interval_relu(zh) if i < len(ls) - 1 else zh
   return (z, cache) if keep else z
 
 
-def _outer(z: Any, d: Interval, nonneg: bool = False) -> Interval:
+def interval_outer(z: Any, d: Interval, nonneg: bool = False) -> Interval:
   """Bounds of the outer product ``z d^T`` (one sample), exact element-wise.
 
   A point ``z`` or a non-negative interval ``z`` (post-ReLU) needs two products per entry
@@ -134,7 +134,7 @@ def _outer(z: Any, d: Interval, nonneg: bool = False) -> Interval:
   return Interval(lo, hi, validate=False)
 
 
-def _heaviside_times(zh: Interval, d: Interval) -> Interval:
+def heaviside_times(zh: Interval, d: Interval) -> Interval:
   """``H(zhat) (.) d`` with H = 1[zhat > 0] applied to both bounds (H(0) = 0, as jax.nn.relu)."""
   hl, hu = zh.lower > 0, zh.upper > 0
   zero = jnp.zeros_like(d.lower)
@@ -161,11 +161,11 @@ def sample_grad_bounds(param_bounds: Any, x: Any, y: Array, loss: str,
   grads = [None] * len(ls)
   for i in range(len(ls) - 1, -1, -1):
     z_prev, _ = cache[i]
-    grads[i] = {"kernel": _outer(z_prev, d, nonneg=i > 0), "bias": d}
+    grads[i] = {"kernel": interval_outer(z_prev, d, nonneg=i > 0), "bias": d}
     if i > 0:
       w = ls[i]["kernel"]                              # (in, out)
-      dz = _matmul(w, d, matmul)                       # d loss / d z^{i-1} = W (x) d
-      d = _heaviside_times(cache[i - 1][1], dz)        # d loss / d zhat^{i-1}
+      dz = interval_matmul(w, d, matmul)                       # d loss / d z^{i-1} = W (x) d
+      d = heaviside_times(cache[i - 1][1], dz)        # d loss / d zhat^{i-1}
   return rebuild(param_bounds, grads)
 
 
@@ -213,7 +213,7 @@ def margin_bounds(param_bounds: Any, x: Array, cls: Array, matmul: str = "midrad
   ls = layers(param_bounds)
   h: Any = x
   for l in ls[:-1]:
-    h = _relu(_add(_matmul(h, l["kernel"], matmul), l["bias"]))
+    h = interval_relu(_add(interval_matmul(h, l["kernel"], matmul), l["bias"]))
   w, b = _as_iv(ls[-1]["kernel"]), _as_iv(ls[-1]["bias"])
   wc_l = jnp.take(w.lower, cls, axis=1).T[:, :, None]       # (batch, in, 1)
   wc_u = jnp.take(w.upper, cls, axis=1).T[:, :, None]

@@ -28,7 +28,7 @@ from boundjax import training
 from boundjax.agt import losses
 from boundjax.agt.certify import certify, predict
 from boundjax.agt.config import Config
-from boundjax.agt.retrain import _full_schedule, agt_trajectory
+from boundjax.agt.retrain import full_schedule, agt_trajectory
 from boundjax.agt.train import nominal_grad_fn, point_optimizer
 from boundjax.core.interval import split_tree
 from boundjax.training import Schedule
@@ -93,7 +93,7 @@ def make_poisoned(seed: int, apply_fn: Callable, params: Any, x: Array, y: Array
   ``adversarial`` (the allowed label with the largest loss at ``params``). Every third set uses
   random counts up to the budget instead of the full budget.
   """
-  sched = _full_schedule(x.shape[0], config, schedule).distinct_batches()
+  sched = full_schedule(x.shape[0], config, schedule).distinct_batches()
   xn, yn = np.array(x), np.array(y)
   rng = np.random.default_rng(seed)
   eps, leps = config.epsilon, config.label_epsilon
@@ -187,7 +187,7 @@ def retrain(apply_fn: Callable, params: Any, xs: Array, ys: Array, config: Confi
   """Plain clipped training on every dataset ``xs[m], ys[m]`` (the same schedule, step sizes,
   optimiser and clipping as AGT's nominal run, `boundjax.agt.train.point_optimizer`); the
   parameters after every step, leaves of shape (M, steps, *param_shape)."""
-  sched = _full_schedule(xs.shape[1], config, schedule)
+  sched = full_schedule(xs.shape[1], config, schedule)
   grad_fn = training.clipped_mean_gradient(nominal_grad_fn(apply_fn, config.loss), config.gamma,
                                            "kept")
   opt = point_optimizer(config)

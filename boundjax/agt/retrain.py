@@ -65,7 +65,7 @@ class Neighbours:
     return int(np.sum(np.asarray(self.w_add)))
 
 
-def _full_schedule(n: int, config: Config, schedule: Optional[Schedule]) -> Schedule:
+def full_schedule(n: int, config: Config, schedule: Optional[Schedule]) -> Schedule:
   """``schedule`` (default ``config.schedule(n)``), checked to have no empty slots: a
   retraining scan needs batches of one size."""
   sched = config.schedule(n) if schedule is None else schedule
@@ -103,7 +103,7 @@ def agt_trajectory(apply_fn: Callable, params: Any, x: Array, y: Array, config: 
                    backend: str = "mlp", schedule: Optional[Schedule] = None) -> Trajectory:
   """AGT over the schedule's steps, keeping the nominal parameters and boxes after EVERY step
   (leading axis of length ``schedule.steps``)."""
-  sched = _full_schedule(x.shape[0], config, schedule)
+  sched = full_schedule(x.shape[0], config, schedule)
   step = make_step(apply_fn, config, backend)
 
   def body(state, i):
@@ -160,7 +160,7 @@ def retrain(apply_fn: Callable, params: Any, x: Array, y: Array, config: Config,
   (M, steps, *param_shape).
   """
   normalise = check_normalise(config, nb, normalise)
-  sched = _full_schedule(x.shape[0], config, schedule)
+  sched = full_schedule(x.shape[0], config, schedule)
   n = x.shape[0]
   idx, w = _extended_steps(n, sched, nb)
   m, n_slots, k = nb.w_add.shape
@@ -194,7 +194,7 @@ def make_neighbours(seed: int, apply_fn: Callable, params: Any, x: Array, y: Arr
   """
   X = x
   k = config.k_private if k is None else k
-  sched = _full_schedule(X.shape[0], config, schedule).distinct_batches()
+  sched = full_schedule(X.shape[0], config, schedule).distinct_batches()
   n_b, b = sched.shape
   Xn, yn = np.asarray(X), np.asarray(y)
   rng = np.random.default_rng(seed)

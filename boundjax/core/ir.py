@@ -110,7 +110,7 @@ _LIBRARY_DIRS = ("/boundjax/", "/jax/", "/jaxlib/", "/flax/", "/optax/", "/chex/
                  "/contextlib.py", "/functools.py")
 
 
-def _user_frame(source_info):
+def source_frame(source_info):
   try:
     tb = source_info.traceback
     for frame in (tb.frames if tb is not None else []):
@@ -124,7 +124,7 @@ def _user_frame(source_info):
 def source_line(source_info) -> str:
   """The user's line of an equation: the innermost frame of its traceback outside boundjax,
   jax, flax, optax and the standard library, e.g. ``model.py:12 (__call__)``."""
-  frame = _user_frame(source_info)
+  frame = source_frame(source_info)
   if frame is not None:
     line = getattr(frame, "line_num", None) or getattr(frame, "start_line", "?")
     return f"{frame.file_name}:{line} ({frame.function_name})"

@@ -47,7 +47,7 @@ from jax.extend import core as jcore
 
 from boundjax import nn
 from boundjax.core import composite
-from boundjax.core.ir import Eqn, Lit, Program, Var, _user_frame, source_line  # noqa: F401  (the IR, re-exported)
+from boundjax.core.ir import Eqn, Lit, Program, Var, source_frame, source_line  # noqa: F401  (the IR, re-exported)
 from boundjax.core.errors import UnsupportedPrimitiveError
 from boundjax.core.interval import Interval, is_interval
 
@@ -211,7 +211,7 @@ def flatten(closed: jcore.ClosedJaxpr, *, recognise: Callable | None = None) -> 
     for e in jaxpr.eqns:
       ins = [read(a) for a in e.invars]
       info = e.source_info
-      if caller_info is not None and _user_frame(info) is None:
+      if caller_info is not None and source_frame(info) is None:
         info = caller_info
       replaced = recognise(e) if recognise is not None else None
       if replaced is not None:

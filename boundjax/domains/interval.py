@@ -113,7 +113,7 @@ def _finish(ctx: IntervalContext, lo, hi, ulps: int = 0, err=None, *, sign_exact
     floor, ceil: a range the exact values are known to lie in (e.g. ``[-1, 1]`` for tanh).
   """
   if jnp.issubdtype(jnp.result_type(lo), jnp.floating):
-    lo, hi = _no_nan(lo, hi)
+    lo, hi = no_nan(lo, hi)
     if ctx.sound:
       lo0, hi0 = lo, hi
       lo, hi = rounding.outward(lo, hi, ulps=max(ulps, 1), abs_err=err)
@@ -129,7 +129,7 @@ def _finish(ctx: IntervalContext, lo, hi, ulps: int = 0, err=None, *, sign_exact
   return _iv(lo, hi)
 
 
-def _no_nan(lo, hi):
+def no_nan(lo, hi):
   """A NaN endpoint (an operation evaluated outside its real domain, e.g. log of a box reaching
   below 0, ``inf − inf``) makes the whole box ``[−inf, +inf]``: every real value stays enclosed,
   the box says "may be NaN" to comparisons (see `_may_be_nan`), and no NaN reaches a bound."""
@@ -313,7 +313,7 @@ def _abs(ctx, x, **_):
   lo = jnp.where(straddle, jnp.zeros_like(al), jnp.minimum(al, au))
   hi = jnp.maximum(al, au)
   if jnp.issubdtype(jnp.result_type(lo), jnp.floating):
-    lo, hi = _no_nan(lo, hi)
+    lo, hi = no_nan(lo, hi)
   return _iv(lo, hi)
 
 
@@ -885,13 +885,13 @@ def _bilinear(prim_bind, exact_fn=None, count=None):
   return rule
 
 
-def _dot_count(x_shape, y_shape, params) -> int:
+def dot_count(x_shape, y_shape, params) -> int:
   """Terms per output of dot_general: the product of the contracting dimensions."""
   (lc, _), _ = params["dimension_numbers"]
   return int(np.prod([x_shape[d] for d in lc], dtype=np.int64))
 
 
-def _conv_count(x_shape, y_shape, params) -> int:
+def conv_count(x_shape, y_shape, params) -> int:
   """Terms per output of a convolution: input features per group × kernel window, i.e. every
   kernel entry of one output feature (``rhs.size / rhs.shape[out_feature_dim]``)."""
   rhs_spec = params["dimension_numbers"].rhs_spec
@@ -944,8 +944,8 @@ def _build_rules() -> dict[str, Callable]:
       "reduce_window_min": _increasing(lax.reduce_window_min_p.bind, elementwise=False),
       "cumsum": _cumsum, "cummax": _cumulative(lax.cummax_p),
       "cummin": _cumulative(lax.cummin_p), "cumlogsumexp": _cumlogsumexp,
-      "dot_general": _bilinear(lax.dot_general_p.bind, _dot_exact, _dot_count),
-      "conv_general_dilated": _bilinear(lax.conv_general_dilated_p.bind, None, _conv_count),
+      "dot_general": _bilinear(lax.dot_general_p.bind, _dot_exact, dot_count),
+      "conv_general_dilated": _bilinear(lax.conv_general_dilated_p.bind, None, conv_count),
       "stop_gradient": lambda ctx, x: x,
       "copy": lambda ctx, x: x,
       "optimization_barrier": lambda ctx, *xs: list(xs),
@@ -1046,7 +1046,7 @@ _NATIVE_LOW = frozenset({"convert_element_type", "reduce_precision"})
 """Rules whose meaning is the rounding to a format itself: evaluated in their own dtypes."""
 
 
-def _sound_low_precision(ctx, rule, eqn: prog_lib.Eqn, invals: list):
+def sound_low_precision(ctx, rule, eqn: prog_lib.Eqn, invals: list):
   """Sound mode with bfloat16/float16 operands or outputs: the rule runs in float32 (its error
   budgets are float32's; XLA's own low-precision library functions can be several of their ulps
   off, e.g. bfloat16 ``exp2``) and the result is rounded outward to the equation's dtype. The
@@ -1084,7 +1084,7 @@ def abstract_eqn(ctx: IntervalContext, eqn: prog_lib.Eqn, invals: list) -> list:
       any(_is_low(v.aval.dtype) for v in eqn.outvars)
       or any(_is_low(jnp.result_type(lo_(v))) for v in invals if hasattr(lo_(v), "dtype")))
   try:
-    out = _sound_low_precision(ctx, rule, eqn, invals) if low else \
+    out = sound_low_precision(ctx, rule, eqn, invals) if low else \
         rule(ctx, *invals, **eqn.params)
   except UnsupportedPrimitiveError as e:
     raise UnsupportedPrimitiveError(f"{e} (at {eqn.where()})") from None
@@ -1093,7 +1093,7 @@ def abstract_eqn(ctx: IntervalContext, eqn: prog_lib.Eqn, invals: list) -> list:
                            precision_highest=ctx.sound)
     return evaluate(body, invals, ctx)
   outs = list(out) if eqn.prim.multiple_results else [out]
-  return [_iv(*_no_nan(o.lower, o.upper)) if isinstance(o, Interval) and jnp.issubdtype(
+  return [_iv(*no_nan(o.lower, o.upper)) if isinstance(o, Interval) and jnp.issubdtype(
       o.dtype, jnp.floating) else o for o in outs]
 
 

@@ -102,7 +102,7 @@ def sign_vectors(m: int, dtype: Any = jnp.float32) -> Array:
 def output_directions(m: int, out_norm: str = "l1", dtype: Any = jnp.float32) -> Array:
   """Vectors ``c`` with ``||G||_norm = max_c ||G^T c||_1``: sign vectors (∞→1), or the unit
   vectors ``e_i`` (∞→∞, the rows of ``G``)."""
-  _check_out_norm(out_norm)
+  check_out_norm(out_norm)
   if out_norm == "linf_as_code":
     return jnp.eye(m, dtype=dtype)
   if m > MAX_SIGN_OUTPUTS:
@@ -120,12 +120,12 @@ def operator_norm(jac: Any, out_norm: str = "l1") -> Array:
   return jnp.max(jnp.sum(jnp.abs(jnp.einsum("km,...mq->...kq", c, jac)), axis=-1), axis=-1)
 
 
-def _check_out_norm(out_norm: str) -> None:
+def check_out_norm(out_norm: str) -> None:
   if out_norm not in OUT_NORMS:
     raise ValueError(f"out_norm must be one of {OUT_NORMS}, got {out_norm!r}.")
 
 
-def _check_radius(radius: Any) -> None:
+def check_radius(radius: Any) -> None:
   """Raises for a negative or non-finite concrete radius (traced radii are not checked)."""
   if isinstance(radius, jax.core.Tracer):
     return
@@ -157,7 +157,7 @@ def _ends(v: Any) -> tuple[Array, Array]:
   return (v.lower, v.upper) if isinstance(v, Interval) else (v, v)
 
 
-def _outward_sum_factor(n: int, dtype: Any) -> float:
+def outward_sum_factor(n: int, dtype: Any) -> float:
   """``1 + 2 n u``: bounds the rounding of a sum of ``n`` non-negative terms from above."""
   return 1.0 + 2.0 * (n + 1) * float(jnp.finfo(dtype).eps)
 
@@ -179,10 +179,10 @@ def ibp_upper(apply_fn: ApplyFn, params: Any, center: Any, radius: Any, *, metho
     sound: round every interval step outward (`boundjax.ibp(..., sound=True)`), so the bound holds
       in real arithmetic; not differentiable. ``False``: plain float bounds, differentiable.
   """
-  _check_out_norm(out_norm)
+  check_out_norm(out_norm)
   if method not in ("ibp", "ibp_cheap"):
     raise ValueError(f"ibp_upper: method must be 'ibp' or 'ibp_cheap', got {method!r}.")
-  _check_radius(radius)
+  check_radius(radius)
   center = jnp.asarray(center)
   dtype = center.dtype if jnp.issubdtype(center.dtype, jnp.floating) else jnp.float32
   z = jnp.reshape(center, (-1,)).astype(dtype)
@@ -203,7 +203,7 @@ def ibp_upper(apply_fn: ApplyFn, params: Any, center: Any, radius: Any, *, metho
     gamma = jax.vmap(lambda c: ibp(vjp, sound=sound)(params, box, c))(cs)
     mag = jnp.maximum(*map(jnp.abs, _ends(gamma)))
     value, terms = jnp.max(jnp.sum(mag, axis=-1)), q
-  return value * _outward_sum_factor(terms, value.dtype) if sound else value
+  return value * outward_sum_factor(terms, value.dtype) if sound else value
 
 
 @functools.lru_cache(maxsize=64)
@@ -223,7 +223,7 @@ def ibp_upper_batch(apply_fn: ApplyFn, params: Any, centers: Any, radii: Any, *,
   """`ibp_upper` for many boxes at once: ``centers`` ``(n, ...)``, ``radii`` scalar or ``(n,)``;
   one compiled ``vmap`` (cached per ``apply_fn``, method and norm)."""
   centers = jnp.asarray(centers)
-  _check_radius(radii)
+  check_radius(radii)
   radii = jnp.broadcast_to(jnp.asarray(radii, centers.dtype), centers.shape[:1])
   return _cached(_batched, apply_fn, method, out_norm, sound)(params, centers, radii)
 
@@ -424,7 +424,7 @@ def enumerate_patterns(W1: np.ndarray, b1: np.ndarray, W2: np.ndarray, center: A
   patterns = ((np.arange(2 ** unstable.size)[:, None] >> np.arange(unstable.size)[None]) & 1
               ).astype(bool)
   values = _pattern_values(W1, W2, fixed, unstable, patterns, out_norm)
-  pad = _outward_sum_factor(W1.shape[0] * W1.shape[1], np.float64)
+  pad = outward_sum_factor(W1.shape[0] * W1.shape[1], np.float64)
   if not lp_prune or unstable.size == 0:
     up = float(values.max()) * pad
     if unstable.size == 0:  # one linear piece: the constant is attained at the centre
@@ -470,8 +470,8 @@ def local_lipschitz(apply_fn: ApplyFn, params: Any, center: Any, radius: float, 
       network ``"enumerate"`` cannot handle.
   """
   t0 = time.perf_counter()
-  _check_out_norm(out_norm)
-  _check_radius(radius)
+  check_out_norm(out_norm)
+  check_radius(radius)
   if method in ("milp", "auto"):
     raise ValueError(f"method={method!r} is the MILP oracle: call milp.lipschitz.local_lipschitz "
                      "(boundjax cannot import milp).")

@@ -29,7 +29,7 @@ no CROWN-IBP pass before CROWN.
 interrupted. Each bound runs in a worker thread joined for at most its time budget; when the
 budget runs out the verifier goes on without it (the thread finishes in the background and its
 compiled program stays cached for the next instance of the same architecture, see
-`_bound_function`).
+`bound_function`).
 
 **Dense-path memory** (`dense_plan`): the extraction to an affine/ReLU chain densified in
 float64 (`boundjax.verify.layered`) costs about ``8 (2 Σ n_k n_{k-1} + B · 2 max_k n_k n_{k-1}
@@ -123,7 +123,7 @@ _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 8
 
 
-def _bound_function(apply_fn: Callable, key: str, input_shape: tuple[int, ...], sound: bool,
+def bound_function(apply_fn: Callable, key: str, input_shape: tuple[int, ...], sound: bool,
                     mode: str, memory_bytes: int) -> _Entry:
   """``bound(params, C, d, box) -> Interval`` of ``C flatten(apply_fn(params, x)) - d`` for a
   batch of boxes (``mode``: ``"ibp"``, ``"crown"``, ``"alpha"`` or ``"alpha-ibp"``, α-CROWN on
@@ -178,8 +178,8 @@ def region_lower(apply_fn: Callable, params: Any, input_shape: Sequence[int], ke
   lo, hi = box_f32(region.lower, region.upper)
   box = _interval(lo[None], hi[None])
   exact = spec_f32(C, d)
-  entry = _bound_function(apply_fn, key, shape, sound, mode, memory_bytes)
-  p32 = jax.tree_util.tree_map(_to_f32, params)
+  entry = bound_function(apply_fn, key, shape, sound, mode, memory_bytes)
+  p32 = jax.tree_util.tree_map(to_f32, params)
   with entry.lock:
     if exact is not None:
       out = entry.fn(p32, jnp.asarray(exact[0]), jnp.asarray(exact[1]), box)
@@ -205,7 +205,7 @@ def params_exact_f32(params: Any) -> bool:
   return True
 
 
-def _to_f32(a: Any) -> Any:
+def to_f32(a: Any) -> Any:
   if isinstance(a, (np.ndarray, jax.Array)) and jnp.issubdtype(a.dtype, jnp.floating):
     return jnp.asarray(a, jnp.float32)
   return a

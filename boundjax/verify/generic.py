@@ -43,7 +43,7 @@ def input_split_generic(apply_fn: Callable, params: Any, input_shape: Sequence[i
   if not engine.params_exact_f32(params):  # the engine bounds float32 weights: not this network
     return "unknown", None, 0
   key = engine.fingerprint(apply_fn, params, shape)
-  p32 = jax.tree_util.tree_map(engine._to_f32, params)
+  p32 = jax.tree_util.tree_map(engine.to_f32, params)
   modes = ["crown", "ibp"]
 
   def bound_rows(l32, h32, C, d):
@@ -51,7 +51,7 @@ def input_split_generic(apply_fn: Callable, params: Any, input_shape: Sequence[i
     exact = engine.spec_f32(C, d)
     box = bj.Interval(jnp.asarray(l32), jnp.asarray(h32))
     while True:
-      entry = engine._bound_function(apply_fn, key, shape, sound, modes[0], memory_bytes)
+      entry = engine.bound_function(apply_fn, key, shape, sound, modes[0], memory_bytes)
       try:
         with entry.lock:
           if exact is not None:

@@ -13,7 +13,7 @@ Activation Functions", NeurIPS 2018, §3; the backward form of auto_LiRPA):
   mul/div by a concrete value, dot_general/conv with a concrete operand, reshapes, slices, pads,
   reduce_sum, average pooling, ...) are transposed exactly; ``max(x, c)`` / ``min(x, c)`` with
   concrete ``c`` are ReLUs; *nonlinear* equations get sound linear relaxations on their input
-  box (`_Lines`): exp, expm1, log, log1p, sqrt, rsqrt, even integer powers / square, abs
+  box (`Lines`): exp, expm1, log, log1p, sqrt, rsqrt, even integer powers / square, abs
   (convex/concave: chord and tangent at the midpoint, CROWN §3.2), tanh, logistic, erf, erfc,
   atan (S-shaped: CROWN's tangent-through-an-end-point construction, `_s_shaped`), ``c / d``
   with a box-dependent denominator of one sign (reciprocal lines), products of two

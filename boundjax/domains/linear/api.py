@@ -18,12 +18,12 @@ from boundjax.core.interval import Interval, is_interval, validate_arguments
 
 
 from boundjax.domains.linear.rules import (
-    INTERMEDIATE_MODES, _Program, _classify, _eval_concrete, _from_core, _is_float,
-    _low_precision, _read, _warn_fallbacks)
-from boundjax.domains.linear.backward import _Ctx, _run
-from boundjax.domains.linear.prefix import _ancestors, _prefix
+    INTERMEDIATE_MODES, CrownProgram, classify_program, eval_concrete, from_core, is_float,
+    low_precision, read_value, warn_fallbacks)
+from boundjax.domains.linear.backward import Ctx, run_backward
+from boundjax.domains.linear.prefix import ancestors_of, build_prefix
 from boundjax.domains.linear.windows import (
-    _patch_plan)
+    patch_plan)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -34,15 +34,15 @@ def _is_array_like(x: Any) -> bool:
   return isinstance(x, (jax.Array, np.ndarray, np.generic)) or isinstance(x, jax.core.Tracer)
 
 
-def _targets(prog: _Program, intermediate: str) -> list[_Var]:
+def _targets(prog: CrownProgram, intermediate: str) -> list[_Var]:
   """Variables bounded by a backward pass of their own, in program order: with
   ``intermediate="crown"`` the inputs of every ReLU and relaxed equation and the affine inputs of
   fallback equations; always the abstract outputs (full-precision floats only)."""
   targets: list = []
 
   def add(x):
-    if isinstance(x, _Var) and x in prog.abstract and _is_float(x.aval) \
-        and not _low_precision(x.aval) and x not in targets:
+    if isinstance(x, _Var) and x in prog.abstract and is_float(x.aval) \
+        and not low_precision(x.aval) and x not in targets:
       targets.append(x)
 
   if intermediate == "crown":
@@ -67,7 +67,7 @@ def _targets(prog: _Program, intermediate: str) -> list[_Var]:
   return targets
 
 
-def _lambda_bytes(prog: _Program, targets: list[_Var], ancestors: dict) -> int:
+def _lambda_bytes(prog: CrownProgram, targets: list[_Var], ancestors: dict) -> int:
   """Largest per-example backward state (both bounds), in bytes: sizes the chunks."""
   best = 0
   for t in targets:
@@ -237,9 +237,9 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       _check_examples_independent(fn, arguments, axes, batch_axis)
     core = prog_lib.trace(fn, arguments, box_shape=one_example, precision_highest=sound)
     out_tree = core.out_tree
-    prog = _from_core(core)
-    _classify(prog, [v in core.depends for v in core.invars], sound)
-    _warn_fallbacks(prog)
+    prog = from_core(core)
+    classify_program(prog, [v in core.depends for v in core.invars], sound)
+    warn_fallbacks(prog)
     spec_var = _spec_target(prog, spec, n_batch if axes is not None else None)
     nodes = _relu_nodes(prog)
     if return_info and spec_var is None:
@@ -248,20 +248,20 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
 
     def compute(values, spec_arr, packed):
       """The numeric part, one XLA program (inlined when already under jit)."""
-      cenv = _eval_concrete(prog, [None if is_interval(v) else v for v in values])
+      cenv = eval_concrete(prog, [None if is_interval(v) else v for v in values])
       targets = _targets(prog, intermediate)
-      ancestors = {t: _ancestors(prog, t) for t in targets}
-      prefixes = {t: _prefix(prog, cenv, t, ancestors[t], sound) for t in targets}
+      ancestors = {t: ancestors_of(prog, t) for t in targets}
+      prefixes = {t: build_prefix(prog, cenv, t, ancestors[t], sound) for t in targets}
       plans = {}
       if patches and not sound:
-        plans = {t: _patch_plan(prog, cenv, t, prefixes, ancestors) for t in targets}
+        plans = {t: patch_plan(prog, cenv, t, prefixes, ancestors) for t in targets}
         plans = {t: p for t, p in plans.items() if p is not None}
-      ctx = _Ctx(prog, cenv, sound, intermediate, prefixes, ancestors, plans,
+      ctx = Ctx(prog, cenv, sound, intermediate, prefixes, ancestors, plans,
                  spec_var, spec_var is not None and axes is not None,
                  alpha_steps if alpha else 0, float(alpha_lr), beta, nodes, return_info)
       box_list = [v for v in values if is_interval(v)]
       if axes is None:
-        outs = _run(ctx, box_list, spec_arr, packed)
+        outs = run_backward(ctx, box_list, spec_arr, packed)
       else:
         outs = _batched(ctx, box_list, [axes[i] for i in boxes_idx], n_batch, batch_axis,
                         chunk_size or _auto_chunk(prog, targets, ancestors, memory_bytes),
@@ -269,7 +269,7 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       info = None
       if return_info:
         outs, info = outs
-      outs = [o if o is not None else _read(cenv, v) for v, o in zip(prog.outvars, outs)]
+      outs = [o if o is not None else read_value(cenv, v) for v, o in zip(prog.outvars, outs)]
       return (outs, info) if return_info else outs
 
     jitted = jax.jit(compute)
@@ -287,13 +287,13 @@ def _precision(sound: bool):
   return jax.default_matmul_precision("highest" if sound else None)
 
 
-def _spec_target(prog: _Program, spec, n_batch: int | None):
+def _spec_target(prog: CrownProgram, spec, n_batch: int | None):
   """The output a ``spec`` applies to (the one box-dependent float output), checked against the
   spec's shape; None without a spec."""
   if spec is None:
     return None
   outs = [v for v in prog.outvars if isinstance(v, _Var) and v in prog.abstract]
-  if len(outs) != 1 or not _is_float(outs[0].aval) or _low_precision(outs[0].aval):
+  if len(outs) != 1 or not is_float(outs[0].aval) or low_precision(outs[0].aval):
     raise ValueError(f"crown: spec needs fn to have exactly one box-dependent float32/float64 "
                      f"output, got {len(outs)}")
   v = outs[0]
@@ -418,7 +418,7 @@ def _batch_axes(leaves, boxes_idx, batch_axis):
   return axes
 
 
-def _batched(ctx: _Ctx, boxes, axes, n_batch: int, batch_axis: int, chunk: int, spec=None,
+def _batched(ctx: Ctx, boxes, axes, n_batch: int, batch_axis: int, chunk: int, spec=None,
              data=None):
   """Runs the per-example pass over the batch (lax.map over vmapped chunks). ``spec``: None,
   one (k, m) matrix for every example, or (batch, k, m) (row i of the batch gets ``spec[i]``)."""
@@ -431,7 +431,7 @@ def _batched(ctx: _Ctx, boxes, axes, n_batch: int, batch_axis: int, chunk: int, 
     lo, hi, sp, dt = xs
     ex = [Interval(jnp.expand_dims(l, a), jnp.expand_dims(h, a), validate=False)
           for l, h, a in zip(lo, hi, axes)]
-    outs = _run(ctx, ex, sp if per_example else spec, dt)
+    outs = run_backward(ctx, ex, sp if per_example else spec, dt)
     info = None
     if ctx.info:
       outs, info = outs
@@ -499,7 +499,7 @@ def _make_info(info: dict) -> CrownInfo:
                    tuple(info["input_coeffs"]))
 
 
-def _relu_nodes(prog: _Program) -> tuple:
+def _relu_nodes(prog: CrownProgram) -> tuple:
   """``(z, first equation index)`` of every distinct box-dependent input of a ReLU-like
   equation (``max(z, c)``/``min(z, c)``, concrete ``c``), in program order."""
   seen, nodes = set(), []
@@ -512,7 +512,7 @@ def _relu_nodes(prog: _Program) -> tuple:
   return tuple(nodes)
 
 
-def _one_output(prog: _Program):
+def _one_output(prog: CrownProgram):
   outs = [v for v in prog.outvars if isinstance(v, _Var) and v in prog.abstract]
   if len(outs) != 1:
     raise ValueError(f"crown: return_info needs fn to have exactly one box-dependent output, "
@@ -522,7 +522,7 @@ def _one_output(prog: _Program):
 
 def _pack_data(data, nodes, n_batch):
   """Checks and converts the call's ``splits``/``pre``/``warm`` (see `crown`) into the
-  per-node lists `_run` reads; None without split constraints."""
+  per-node lists `run_backward` reads; None without split constraints."""
   if data is None:
     return None
   lead = () if n_batch is None else (n_batch,)

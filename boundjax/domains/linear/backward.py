@@ -1,6 +1,6 @@
 """The backward pass of CROWN: per-equation transposes, the example-independent prefix, the
 per-example pass through ReLUs, relaxations and interval fallbacks, specifications and
-α-CROWN, and the forward pass that computes every intermediate bound (`_run`)."""
+α-CROWN, and the forward pass that computes every intermediate bound (`run_backward`)."""
 
 from __future__ import annotations
 
@@ -18,19 +18,19 @@ from boundjax.domains import interval as interval_domain
 from boundjax.core.interval import Interval
 
 from boundjax.domains.linear.rules import (
-    _Eqn, _Lines, _Program, _bind1, _endpoint_check, _finite_or_constant, _is_float,
-    _leaky_lines, _low_precision, _mccormick, _read, _reciprocal_lines, _relu_argument,
-    _relu_lines,
-    _relu_parts, _unary_fn, _unary_relaxation)
+    CrownEqn, Lines, CrownProgram, bind1, endpoint_check, finite_or_constant, is_float,
+    leaky_lines, low_precision, mccormick, read_value, reciprocal_lines, relu_argument,
+    relu_lines,
+    relu_parts, unary_fn, unary_relaxation)
 from boundjax.domains.linear import windows as _windows
 from boundjax.domains.linear.prefix import (  # noqa: F401  (names used by the windowed pass too)
-    _Prefix, _abs_linear, _add_to, _affine_vjp, _center_radius, _has_offset, _is_zero, _rowdot,
-    _transpose_rows, _transpose_terms)
+    Prefix, abs_linear, add_to, affine_vjp, center_radius, has_offset, is_zero, rowdot,
+    transpose_rows, transpose_terms)
 
 
 @dataclasses.dataclass
-class _Ctx:
-  prog: _Program
+class Ctx:
+  prog: CrownProgram
   cenv: dict
   sound: bool
   intermediate: str
@@ -43,7 +43,7 @@ class _Ctx:
   alpha_lr: float = 0.1
   beta: bool = False  # β-CROWN: optimise the split constraints' multipliers with α
   nodes: tuple = ()  # ReLU nodes (distinct box-dependent inputs of max/min with a constant)
-  info: bool = False  # also return `_run`'s per-example details of the bounded output
+  info: bool = False  # also return `run_backward`'s per-example details of the bounded output
 
 
 def _mag(iv: Interval):
@@ -85,7 +85,7 @@ def _safe_rowdot(rows, b):
   return jnp.sum(prod.reshape((rows.shape[0], -1)), axis=1)
 
 
-def _relaxed_step(ln: _Lines, e: _Eqn, mu, m: int, lam: dict, bias, sound_terms=None):
+def _relaxed_step(ln: Lines, e: CrownEqn, mu, m: int, lam: dict, bias, sound_terms=None):
   """One nonlinear equation of the backward pass: for the lower bound positive entries of
   ``Λ_y`` take the lower line and negative ones the upper line, for the upper bound the other
   way round (CROWN, Zhang et al. 2018, Theorem 3.2): ``Λ_x += L_loᵀ Λ⁺ + L_upᵀ Λ⁻`` and
@@ -110,7 +110,7 @@ def _relaxed_step(ln: _Lines, e: _Eqn, mu, m: int, lam: dict, bias, sound_terms=
     parts = [q for q in (_apply_map(t_lo, lo_rows), _apply_map(t_up, up_rows)) if q is not None]
     if parts:
       contrib = sum(parts[1:], parts[0]).reshape((2, m, *x.shape))
-      _add_to(lam, x, contrib)
+      add_to(lam, x, contrib)
       if slack is not None:
         absdot = _safe_rowdot(jnp.abs(contrib).reshape((2 * m, -1)),
                               _mag(ivs[x]).reshape(-1)).reshape((2, m))
@@ -145,30 +145,30 @@ class _DotPlanes:
   w_zc: Any = None
 
 
-def _dot_fwd(e: _Eqn, pivot: int, p_arr, q_arr):
+def _dot_fwd(e: CrownEqn, pivot: int, p_arr, q_arr):
   """The equation's own product with ``p_arr`` in the pivot's position and ``q_arr`` in the
   other one."""
-  return _bind1(e, [p_arr, q_arr] if pivot == 0 else [q_arr, p_arr])
+  return bind1(e, [p_arr, q_arr] if pivot == 0 else [q_arr, p_arr])
 
 
-def _dot_transpose(e: _Eqn, pos: int, other, rows):
+def _dot_transpose(e: CrownEqn, pos: int, other, rows):
   """``L_posᵀ`` applied to each row (leading axis) of ``rows``, where ``L_pos`` is the linear map
   ``v -> op(v, other)`` with ``v`` in operand position ``pos``."""
   x = e.invars[pos]
-  f = (lambda v: _bind1(e, [v, other])) if pos == 0 else (lambda v: _bind1(e, [other, v]))
+  f = (lambda v: bind1(e, [v, other])) if pos == 0 else (lambda v: bind1(e, [other, v]))
   _, vjp = jax.vjp(f, jnp.zeros(x.shape, x.aval.dtype))
   return jax.vmap(lambda r: vjp(r)[0])(rows)
 
 
-def _dot_terms(e: _Eqn) -> int:
+def _dot_terms(e: CrownEqn) -> int:
   """Scalar products summed into one output entry (the contraction length; for a convolution
   every kernel entry of one output feature)."""
   a, b = e.invars
-  count = interval_domain._dot_count if e.name == "dot_general" else interval_domain._conv_count
+  count = interval_domain.dot_count if e.name == "dot_general" else interval_domain.conv_count
   return count(a.shape, b.shape, e.params)
 
 
-def _dot_planes(e: _Eqn, p_iv: Interval, q_iv: Interval, sound: bool) -> _DotPlanes:
+def _dot_planes(e: CrownEqn, p_iv: Interval, q_iv: Interval, sound: bool) -> _DotPlanes:
   """Linear bounds of ``y = Σ_k P_k Q_k`` (each output entry a sum of scalar products of two
   boxes; a dot_general or a convolution) from the McCormick planes of every product
   (McCormick 1976, "Computability of global solutions to factorable nonconvex programs", §3):
@@ -219,7 +219,7 @@ def _dot_planes(e: _Eqn, p_iv: Interval, q_iv: Interval, sound: bool) -> _DotPla
     lp_t, up_t = (1 - t) * lp, t * up
   b_lo = -(fwd(lp_t, lq) + fwd(up_t, uq))
   b_up = -(fwd(lp_t, uq) + fwd(up_t, lq))
-  c, r = _center_radius(Interval(lq, uq, validate=False), sound)
+  c, r = center_radius(Interval(lq, uq, validate=False), sound)
   pl = _DotPlanes(_dot_roles_of(e), t, z, lq, uq, c, r, b_lo, b_up, ok)
   if sound:
     dtype = b_lo.dtype
@@ -237,11 +237,11 @@ def _dot_planes(e: _Eqn, p_iv: Interval, q_iv: Interval, sound: bool) -> _DotPla
   return pl
 
 
-def _dot_roles_of(e: _Eqn):
+def _dot_roles_of(e: CrownEqn):
   return e.aux
 
 
-def _dot_step(pl: _DotPlanes, e: _Eqn, mu, m: int, lam: dict, bias, y_iv: Interval,
+def _dot_step(pl: _DotPlanes, e: CrownEqn, mu, m: int, lam: dict, bias, y_iv: Interval,
               sound_terms=None):
   """The backward step through ``y = P ⋆ Q`` with the planes of `_dot_planes` (CROWN, Zhang et
   al. 2018, Theorem 3.2: positive entries of ``Λ_y`` take the lower planes for the lower bound
@@ -283,19 +283,19 @@ def _dot_step(pl: _DotPlanes, e: _Eqn, mu, m: int, lam: dict, bias, y_iv: Interv
     sgn = jnp.concatenate([-jnp.ones((m,), dtype), jnp.ones((m,), dtype)])
     sgn = sgn.reshape((2 * m,) + (1,) * len(y.shape))
     lam_p = tr_p(rows, pl.cq) + (1 - 2 * pl.t)[None] * tr_p(sgn * jnp.abs(rows), pl.rq)
-  _add_to(lam, P, lam_p.reshape((2, m, *P.shape)))
+  add_to(lam, P, lam_p.reshape((2, m, *P.shape)))
   abs_rows = jnp.abs(rows)
   if roles.concretise:
     if roles.rank1:
-      lin = _rowdot(rows, _dot_fwd(e, roles.pivot, pl.z, pl.cq))
-      spread = _rowdot(abs_rows, _dot_fwd(e, roles.pivot, jnp.abs(pl.z), pl.rq))
+      lin = rowdot(rows, _dot_fwd(e, roles.pivot, pl.z, pl.cq))
+      spread = rowdot(abs_rows, _dot_fwd(e, roles.pivot, jnp.abs(pl.z), pl.rq))
     else:
       lam_q = tr_q(rows, pl.z)
-      lin, spread = _rowdot(lam_q, pl.cq), _rowdot(jnp.abs(lam_q), pl.rq)
+      lin, spread = rowdot(lam_q, pl.cq), rowdot(jnp.abs(lam_q), pl.rq)
     lin, spread = lin.reshape((2, m)), spread.reshape((2, m))
     bias = bias + jnp.stack([lin[0] - spread[0], lin[1] + spread[1]])
   else:
-    _add_to(lam, Q, tr_q(rows, pl.z).reshape((2, m, *Q.shape)))
+    add_to(lam, Q, tr_q(rows, pl.z).reshape((2, m, *Q.shape)))
   if sound_terms is None:
     return bias
   ivs, uses, n_eq, sdtype = sound_terms
@@ -304,18 +304,18 @@ def _dot_step(pl: _DotPlanes, e: _Eqn, mu, m: int, lam: dict, bias, y_iv: Interv
   absb = (_safe_rowdot(jnp.abs(lo_rows), jnp.abs(b_lo))
           + _safe_rowdot(jnp.abs(up_rows), jnp.abs(b_up))).reshape((2, m))
   slack = rounding.gamma(n, sdtype) * absb + rounding.flush_error(n, sdtype)
-  absdot = _rowdot(abs_rows, pl.w_pq).reshape((2, m))
-  slack = slack + _coefficient_slack(_transpose_terms(e, roles.pivot) + uses.get(P, 1) + 3,
+  absdot = rowdot(abs_rows, pl.w_pq).reshape((2, m))
+  slack = slack + _coefficient_slack(transpose_terms(e, roles.pivot) + uses.get(P, 1) + 3,
                                      sdtype, absdot, ivs[P])
   if roles.concretise:
     n = _dot_terms(e) + n_y + 4
     if not roles.rank1:
-      n += _transpose_terms(e, 1 - roles.pivot) + Q.size
-    slack = slack + rounding.gamma(n, sdtype) * _rowdot(abs_rows, pl.w_zc).reshape((2, m)) \
+      n += transpose_terms(e, 1 - roles.pivot) + Q.size
+    slack = slack + rounding.gamma(n, sdtype) * rowdot(abs_rows, pl.w_zc).reshape((2, m)) \
         + rounding.flush_error(n, sdtype)
   else:
-    absdot = _rowdot(abs_rows, pl.w_zq).reshape((2, m))
-    slack = slack + _coefficient_slack(_transpose_terms(e, 1 - roles.pivot) + uses.get(Q, 1)
+    absdot = rowdot(abs_rows, pl.w_zq).reshape((2, m))
+    slack = slack + _coefficient_slack(transpose_terms(e, 1 - roles.pivot) + uses.get(Q, 1)
                                        + 2, sdtype, absdot, ivs[Q])
   return bias, slack
 
@@ -331,23 +331,23 @@ def _fallback_step(iv: Interval, mu, m: int):
   return jnp.stack([low, up]), mag
 
 
-def _spec_prefix(px: _Prefix, spec) -> _Prefix:
+def _spec_prefix(px: Prefix, spec) -> Prefix:
   """The prefix of ``C @ target`` (start ``Λ = C`` instead of ``I``): every shared row block is
   mapped by ``C`` (k, m), which is exact linear algebra on the example-independent part."""
   k = spec.shape[0]
   mapc = lambda a: jnp.tensordot(spec.astype(a.dtype), a, axes=1)  # noqa: E731
-  return _Prefix(k, {v: mapc(a) for v, a in px.pending.items()},
+  return Prefix(k, {v: mapc(a) for v, a in px.pending.items()},
                  {v: mapc(a) for v, a in px.at_input.items()}, spec.astype(px.bias.dtype) @ px.bias,
                  jnp.zeros((k,), px.bias.dtype), [])
 
 
-def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = None,
+def _backward(ctx: Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = None,
               spec=None, alphas: dict | None = None, betas: dict | None = None,
               splits: dict | None = None, record: dict | None = None):
   """CROWN lower and upper bounds of ``target`` (flattened, shape (m,)) for one example.
 
   ``ivs``: forward intervals of abstract variables; ``pre``: ReLU input var -> (l, u);
-  ``rel``: nonlinear equation index -> its `_Lines` on this example; ``spec``: start from
+  ``rel``: nonlinear equation index -> its `Lines` on this example; ``spec``: start from
   ``Λ = C``; ``alphas``: ReLU input var -> (2, n) lower slopes of its unstable neurons for the
   lower and the upper bound (α-CROWN; any value in [0, 1] is a valid lower line), or (2, m, n):
   one slope per row; ``betas``: ReLU input var -> (2, m, n) multipliers ``β >= 0`` of the split
@@ -362,9 +362,9 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
   plan = ctx.plans.get(target)
   if plan is not None and spec is None and alphas is None and betas is None \
       and record is None:
-    return _windows._backward_patches(plan, target, ivs, pre)
+    return _windows.backward_patches(plan, target, ivs, pre)
   prog, cenv, sound = ctx.prog, ctx.cenv, ctx.sound
-  px: _Prefix = ctx.prefixes[target]
+  px: Prefix = ctx.prefixes[target]
   if spec is not None:
     px = _spec_prefix(px, spec)
   dtype = target.aval.dtype
@@ -374,7 +374,7 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
   slack = jnp.zeros((2, m), dtype) + px.slack_const
   for (abs_lam, e, p, n) in px.steps:
     x = e.invars[p]
-    slack = slack + _coefficient_slack(n, dtype, _rowdot(abs_lam, _abs_linear(
+    slack = slack + _coefficient_slack(n, dtype, rowdot(abs_lam, abs_linear(
         e, cenv, p, _mag(ivs[x]))), ivs[x])
   fb_abs, n_fb = jnp.zeros((2, m), dtype), 0
   if px.pending:
@@ -410,16 +410,16 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
         shared = px.pending.get(y)  # (m, ...) from the prefix, or None
         if own is None and shared is None:
           continue
-        x, c, sigma = _relu_parts(e, cenv)
-        c_zero = _is_zero(e.invars[1 - e.abstract_pos[0]])
+        x, c, sigma = relu_parts(e, cenv)
+        c_zero = is_zero(e.invars[1 - e.abstract_pos[0]])
         l, u = pre[x]
         if c_zero:
           lt, ut = (l, u) if sigma > 0 else (-u, -l)
           if sound:
             lt, ut = rounding.round_down(lt), rounding.round_up(ut)
         else:
-          lt, ut, c, pinned = _relu_argument(l, u, c, sigma, sound)
-        a_lo, a_up, b_up = _relu_lines(lt, ut, sound)
+          lt, ut, c, pinned = relu_argument(l, u, c, sigma, sound)
+        a_lo, a_up, b_up = relu_lines(lt, ut, sound)
         n = x.size
         flat = lambda a: a.reshape(a.shape[:a.ndim - len(x.shape)] + (n,))  # noqa: E731
         a_lo, a_up, b_up = flat(a_lo), flat(a_up), flat(b_up)
@@ -431,7 +431,7 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
           mu = flat(own)  # (2, m, n)
         if record is not None:
           record[x] = mu[0]
-        if not c_zero:  # y = c where c is ±inf (see `_relu_argument`): Λ·c, with 0·inf = 0
+        if not c_zero:  # y = c where c is ±inf (see `relu_argument`): Λ·c, with 0·inf = 0
           pinned_rows = _safe_rowdot(mu.reshape((-1, n)), flat(pinned))
           bias = bias + pinned_rows.reshape((mu.shape[0], m))
         if sigma < 0:
@@ -454,7 +454,7 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
         if beta is not None and splits.get(x) is not None:
           sgn = splits[x].astype(nu.dtype)
           if not c_zero:  # an infinite constant: t is not σ(x - c) there (see _relu_argument)
-            sgn = jnp.where(jnp.isfinite(flat(_relu_parts(e, cenv)[1])), sgn, 0.0)
+            sgn = jnp.where(jnp.isfinite(flat(relu_parts(e, cenv)[1])), sgn, 0.0)
           bt = jnp.maximum(beta, 0.0).astype(nu.dtype) * sgn  # (2, m, n)
           nu = nu + jnp.stack([-bt[0], bt[1]])
           beta_mag = jnp.abs(bt)
@@ -464,40 +464,40 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
         bias = bias + jnp.stack([jnp.minimum(mu_lo, 0) @ b_up, jnp.maximum(mu_hi, 0) @ b_up])
         if not c_zero:
           mu2 = jnp.broadcast_to(mu, nu.shape)
-          bias = bias + sigma * _rowdot(mu2, flat(c), 2) - sigma * _rowdot(nu, flat(c), 2)
+          bias = bias + sigma * rowdot(mu2, flat(c), 2) - sigma * rowdot(nu, flat(c), 2)
         nu = nu.reshape((2, m, *x.shape))
-        _add_to(lam, x, nu if sigma > 0 else -nu)
+        add_to(lam, x, nu if sigma > 0 else -nu)
         if sound:  # (β: one more term per entry, |Λ_t| + β|s| bounds the summands)
           k = prog.uses.get(x, 1) + 1 + (beta_mag is not None)
           anu = jnp.abs(nu) if beta_mag is None else \
               jnp.abs(nu) + 2 * beta_mag.reshape(nu.shape)
-          slack = slack + _coefficient_slack(1 + k, dtype, _rowdot(anu, _mag(ivs[x]), 2),
+          slack = slack + _coefficient_slack(1 + k, dtype, rowdot(anu, _mag(ivs[x]), 2),
                                              ivs[x])
           amu = jnp.abs(jnp.stack([mu_lo, mu_hi]))
-          absum = _rowdot(amu, b_up, 2)
+          absum = rowdot(amu, b_up, 2)
           if not c_zero:
-            absum = (absum + _rowdot(amu, jnp.abs(flat(c)), 2)
-                     + _rowdot(anu, jnp.abs(c), 2))
+            absum = (absum + rowdot(amu, jnp.abs(flat(c)), 2)
+                     + rowdot(anu, jnp.abs(c), 2))
           n = 3 * x.size + n_eq
           slack = slack + rounding.gamma(n, dtype) * absum + rounding.flush_error(n, dtype)
         continue
       if y not in lam:
         continue
       lam_y = lam.pop(y)
-      y0, vjp = _affine_vjp(e, cenv)
-      contribs = _transpose_rows(e, cenv, vjp, lam_y.reshape((2 * m, *y.shape)))
-      if _has_offset(e):
-        bias = bias + _rowdot(lam_y, y0, 2)
-      if sound and _has_offset(e):
+      y0, vjp = affine_vjp(e, cenv)
+      contribs = transpose_rows(e, cenv, vjp, lam_y.reshape((2 * m, *y.shape)))
+      if has_offset(e):
+        bias = bias + rowdot(lam_y, y0, 2)
+      if sound and has_offset(e):
         n = y.size + n_eq
-        slack = slack + rounding.gamma(n, dtype) * _rowdot(jnp.abs(lam_y), jnp.abs(y0), 2) \
+        slack = slack + rounding.gamma(n, dtype) * rowdot(jnp.abs(lam_y), jnp.abs(y0), 2) \
             + rounding.flush_error(n, dtype)
       for p, cb in zip(e.abstract_pos, contribs):
         x = e.invars[p]
-        _add_to(lam, x, cb.reshape((2, m, *x.shape)))
+        add_to(lam, x, cb.reshape((2, m, *x.shape)))
         if sound:
-          absdot = _rowdot(jnp.abs(lam_y), _abs_linear(e, cenv, p, _mag(ivs[x])), 2)
-          slack = slack + _coefficient_slack(_transpose_terms(e, p) + prog.uses.get(x, 1) + 1,
+          absdot = rowdot(jnp.abs(lam_y), abs_linear(e, cenv, p, _mag(ivs[x])), 2)
+          slack = slack + _coefficient_slack(transpose_terms(e, p) + prog.uses.get(x, 1) + 1,
                                              dtype, absdot, ivs[x])
   # concretise at the input boxes
   lower, upper = bias[0], bias[1]
@@ -514,13 +514,13 @@ def _backward(ctx: _Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = 
     tot = jnp.broadcast_to(tot, (2, m, *v.shape))
     if record is not None:
       record[v] = tot[0]
-    c, r = _center_radius(ivs[v], sound)
-    lower = lower + _rowdot(tot[0], c) - _rowdot(jnp.abs(tot[0]), r)
-    upper = upper + _rowdot(tot[1], c) + _rowdot(jnp.abs(tot[1]), r)
+    c, r = center_radius(ivs[v], sound)
+    lower = lower + rowdot(tot[0], c) - rowdot(jnp.abs(tot[0]), r)
+    upper = upper + rowdot(tot[1], c) + rowdot(jnp.abs(tot[1]), r)
     n_in += v.size
     if sound:
       ac = jnp.abs(c) + r
-      absum = absum + _rowdot(jnp.abs(tot[0]), ac) + _rowdot(jnp.abs(tot[1]), ac)
+      absum = absum + rowdot(jnp.abs(tot[0]), ac) + rowdot(jnp.abs(tot[1]), ac)
   if sound:
     n = 2 * n_in + 3 + n_eq
     err = rounding.gamma(n, dtype) * absum + rounding.flush_error(n, dtype)
@@ -544,19 +544,19 @@ def _intersect(a: Interval, lo, hi, sound: bool) -> Interval:
   return Interval(lo2, hi2, validate=False)
 
 
-def _interval_of(e: _Eqn, vals: list, sound: bool, matmul: str = "midrad") -> list:
+def _interval_of(e: CrownEqn, vals: list, sound: bool, matmul: str = "midrad") -> list:
   """The forward interval rule of an equation (a composite through the interval domain, which
   may bound its body instead); low-precision arithmetic always in the domain's sound mode, whose
   outward rounding covers the float error of evaluating the operation in that precision.
   ``matmul``: the interval domain's product of two boxes (a relaxed product of two boxes uses
   "best", midpoint-radius met with sign-split: exact per entry when an operand is sign-definite,
   e.g. a post-ReLU activation times a weight box)."""
-  low = any(_low_precision(o.aval) for o in e.outvars) or any(
-      isinstance(v, Interval) and _low_precision(jax.typeof(v.lower)) for v in vals)
+  low = any(low_precision(o.aval) for o in e.outvars) or any(
+      isinstance(v, Interval) and low_precision(jax.typeof(v.lower)) for v in vals)
   ivctx = interval_domain.IntervalContext(sound=sound, matmul=matmul)
   if low and e.name in interval_domain.RULES:
     if sound:  # the real-number value: the float32 rule, sound, rounded outward
-      out = interval_domain._sound_low_precision(ivctx, interval_domain.RULES[e.name], e, vals)
+      out = interval_domain.sound_low_precision(ivctx, interval_domain.RULES[e.name], e, vals)
       return _no_nan_all(list(out) if e.prim.multiple_results else [out])
     return _no_nan_all(_interval_low_precision(e, vals))
   if e.prim is e.orig.prim:
@@ -566,8 +566,8 @@ def _interval_of(e: _Eqn, vals: list, sound: bool, matmul: str = "midrad") -> li
 
 
 def _no_nan_all(outs: list) -> list:
-  """NaN ends of float boxes become the full line (see `interval_domain._no_nan`)."""
-  return [Interval(*interval_domain._no_nan(o.lower, o.upper), validate=False)
+  """NaN ends of float boxes become the full line (see `interval_domain.no_nan`)."""
+  return [Interval(*interval_domain.no_nan(o.lower, o.upper), validate=False)
           if isinstance(o, Interval) and jnp.issubdtype(o.dtype, jnp.floating) else o
           for o in outs]
 
@@ -579,7 +579,7 @@ def _is_low_dtype(d) -> bool:
     return False
 
 
-def _interval_low_precision(e: _Eqn, vals: list) -> list:
+def _interval_low_precision(e: CrownEqn, vals: list) -> list:
   """Interval of a bfloat16/float16 equation: the rule in float32 (every low-precision operand
   and dtype parameter raised to float32), widened by two units of the low format's roundoff
   plus its smallest subnormal, then rounded outward to the output dtype (rounding to nearest is
@@ -589,7 +589,7 @@ def _interval_low_precision(e: _Eqn, vals: list) -> list:
   f32 = jnp.float32
   up = lambda a: a.astype(f32) if _is_low_dtype(jnp.result_type(a)) else a  # noqa: E731
   vals32 = [Interval(up(v.lower), up(v.upper), validate=False) if isinstance(v, Interval)
-            else (up(jnp.asarray(v)) if _is_float(jax.typeof(jnp.asarray(v))) else v)
+            else (up(jnp.asarray(v)) if is_float(jax.typeof(jnp.asarray(v))) else v)
             for v in vals]
   params = {k: (np.dtype(f32) if not isinstance(v, bool) and _is_low_dtype_param(v) else v)
             for k, v in e.params.items()}
@@ -620,16 +620,16 @@ def _is_low_dtype_param(v) -> bool:
     return False
 
 
-def _leaky_slopes(e: _Eqn, cenv: dict, x: _Var):
+def _leaky_slopes(e: CrownEqn, cenv: dict, x: _Var):
   """Slopes ``(p, n)`` of a leaky-ReLU equation on the positive and negative side."""
   kind, atom = e.aux
-  alpha = jnp.broadcast_to(jnp.asarray(_read(cenv, atom), x.aval.dtype), x.shape)
+  alpha = jnp.broadcast_to(jnp.asarray(read_value(cenv, atom), x.aval.dtype), x.shape)
   if kind == "select":
     return jnp.ones_like(alpha), alpha
   return jnp.maximum(alpha, 1.0), jnp.minimum(alpha, 1.0)
 
 
-def _select_lines(e: _Eqn, cenv: dict, pred: Any, y_iv: Interval) -> _Lines:
+def _select_lines(e: CrownEqn, cenv: dict, pred: Any, y_iv: Interval) -> Lines:
   """``y = select_n(p, c_0, c_1, ...)`` with a box-dependent predicate ``p ∈ [p_lo, p_hi]``:
   where the predicate is decided (``p_lo = p_hi = k``) ``y = c_k`` exactly (slope 1 on ``c_k``
   if it is box-dependent, its value as offset if concrete); elsewhere the constant lines of the
@@ -649,19 +649,19 @@ def _select_lines(e: _Eqn, cenv: dict, pred: Any, y_iv: Interval) -> _Lines:
     if isinstance(c, _Var) and c in e.relax_in:
       slopes.append(jnp.where(chosen, 1.0, 0.0).astype(y_lo.dtype))
     else:
-      value = jnp.broadcast_to(jnp.asarray(_read(cenv, c), y_lo.dtype), y_lo.shape)
+      value = jnp.broadcast_to(jnp.asarray(read_value(cenv, c), y_lo.dtype), y_lo.shape)
       b = jnp.where(chosen, value, b)
   # one slope per relaxed operand, in the order of relax_in (an operand used twice: once)
   by_var = {}
   for c, sl in zip([c for c in e.invars[1:] if isinstance(c, _Var) and c in e.relax_in], slopes):
     by_var[c] = sl if c not in by_var else by_var[c] + sl
   lines = [by_var.pop(x) if x in by_var else jnp.zeros_like(y_lo) for x in e.relax_in]
-  return _Lines(lines, jnp.where(decided, b, y_lo), list(lines), jnp.where(decided, b, y_hi))
+  return Lines(lines, jnp.where(decided, b, y_lo), list(lines), jnp.where(decided, b, y_hi))
 
 
-def _relax_lines(e: _Eqn, cenv: dict, bounds: list, y_iv: Interval,
-                 sound: bool = False, pred: Any = None) -> _Lines:
-  """The lines of a nonlinear equation on this example's input bounds (see `_Lines`); ``pred``:
+def _relax_lines(e: CrownEqn, cenv: dict, bounds: list, y_iv: Interval,
+                 sound: bool = False, pred: Any = None) -> Lines:
+  """The lines of a nonlinear equation on this example's input bounds (see `Lines`); ``pred``:
   the predicate's value or interval (``select`` mode)."""
   y_lo, y_hi = y_iv.lower, y_iv.upper
   zeros = jnp.zeros_like(y_lo)
@@ -670,27 +670,27 @@ def _relax_lines(e: _Eqn, cenv: dict, bounds: list, y_iv: Interval,
   if e.mode in ("unary", "reciprocal", "leaky"):
     (l, u), = bounds
     if e.mode == "unary":
-      lines = _unary_relaxation(e.name, e.params)(l, u)
-      check = _endpoint_check(_unary_fn(e.name, e.params))(l, u)
+      lines = unary_relaxation(e.name, e.params)(l, u)
+      check = endpoint_check(unary_fn(e.name, e.params))(l, u)
     elif e.mode == "reciprocal":
-      c = jnp.broadcast_to(jnp.asarray(_read(cenv, e.invars[0]), l.dtype), l.shape)
-      lines = _reciprocal_lines(c, l, u)
-      check = _endpoint_check(lambda d: c / d)(l, u)
+      c = jnp.broadcast_to(jnp.asarray(read_value(cenv, e.invars[0]), l.dtype), l.shape)
+      lines = reciprocal_lines(c, l, u)
+      check = endpoint_check(lambda d: c / d)(l, u)
     else:
       p, n = _leaky_slopes(e, cenv, e.relax_in[0])
-      lines, check = _leaky_lines(p, n, l, u), None
-    a_lo, b_lo, a_up, b_up = _finite_or_constant(*lines, l, u, y_lo, y_hi, check)
-    return _Lines([a_lo], b_lo, [a_up], b_up)
+      lines, check = leaky_lines(p, n, l, u), None
+    a_lo, b_lo, a_up, b_up = finite_or_constant(*lines, l, u, y_lo, y_hi, check)
+    return Lines([a_lo], b_lo, [a_up], b_up)
   if e.mode == "product":
     (lx, ux), (lz, uz) = bounds
     if sound:  # single McCormick planes: exact slopes, offsets rounded outward
       a_lo, b_lo = [lz, lx], -rounding.round_up(lx * lz)  # x z - (l_z x + l_x z - l_x l_z)
       a_up, b_up = [uz, lx], -rounding.round_down(lx * uz)  # = (x - l_x)(z - l_z) >= 0, ...
     else:
-      a_lo, b_lo, a_up, b_up = _mccormick(lx, ux, lz, uz)
+      a_lo, b_lo, a_up, b_up = mccormick(lx, ux, lz, uz)
     ok = jnp.isfinite(lx) & jnp.isfinite(ux) & jnp.isfinite(lz) & jnp.isfinite(uz)
     keep = lambda a: jnp.where(ok, a, 0.0)  # noqa: E731
-    return _Lines([keep(a) for a in a_lo], jnp.where(ok, b_lo, y_lo),
+    return Lines([keep(a) for a in a_lo], jnp.where(ok, b_lo, y_lo),
                   [keep(a) for a in a_up], jnp.where(ok, b_up, y_hi))
   if e.mode in ("max2", "min2"):
     (l1, u1), (l2, u2) = bounds
@@ -700,20 +700,20 @@ def _relax_lines(e: _Eqn, cenv: dict, bounds: list, y_iv: Interval,
       sel = [jnp.where(first, one, zero), jnp.where(first, zero, one)]
       d1, d2 = l1 >= u2, l2 >= u1
       dom = [jnp.where(d1, one, zero), jnp.where(d2 & ~d1, one, zero)]
-      return _Lines(sel, zeros, dom, jnp.where(d1 | d2, zero, y_hi))
+      return Lines(sel, zeros, dom, jnp.where(d1 | d2, zero, y_hi))
     first = u1 <= u2
     sel = [jnp.where(first, one, zero), jnp.where(first, zero, one)]
     d1, d2 = u1 <= l2, u2 <= l1
     dom = [jnp.where(d1, one, zero), jnp.where(d2 & ~d1, one, zero)]
-    return _Lines(dom, jnp.where(d1 | d2, zero, y_lo), sel, zeros)
+    return Lines(dom, jnp.where(d1 | d2, zero, y_lo), sel, zeros)
   if e.mode == "pool":
     (l, u), = bounds
     is_max = e.name in ("reduce_max", "reduce_window_max")
-    _, vjp = jax.vjp(lambda z: _bind1(e, [z]), l if is_max else u)
+    _, vjp = jax.vjp(lambda z: bind1(e, [z]), l if is_max else u)
     sel = lambda g: vjp(g)[0]  # noqa: E731  a convex combination of the entries (ties split)
     if is_max:  # max >= the entry with the largest lower bound; <= the largest upper bound
-      return _Lines([sel], zeros, [None], y_hi)
-    return _Lines([None], y_lo, [sel], zeros)
+      return Lines([sel], zeros, [None], y_hi)
+    return Lines([None], y_lo, [sel], zeros)
   raise AssertionError(e.mode)
 
 
@@ -725,7 +725,7 @@ def _spec_interval(iv: Interval, spec):
                   _safe_rowdot(cp, u) + _safe_rowdot(cn, l), validate=False)
 
 
-def _final_bounds(ctx: _Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
+def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
                   data: dict | None = None):
   """CROWN bounds of an output; with ``ctx.alpha_steps > 0`` also α-CROWN's (Xu et al.,
   "Fast and Complete", ICLR 2021, §3.1): the lower slopes ``α ∈ [0, 1]`` of the unstable ReLU
@@ -762,10 +762,10 @@ def _final_bounds(ctx: _Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
 
   def default_alpha(x, i):
     e = ctx.prog.eqns[i]
-    _, c, sigma = _relu_parts(e, ctx.cenv)
+    _, c, sigma = relu_parts(e, ctx.cenv)
     l, u = pre[x]
-    lt, ut, _, _ = _relu_argument(l, u, c, sigma, False)
-    a_lo = _relu_lines(lt, ut, False)[0].reshape(-1).astype(dtype)
+    lt, ut, _, _ = relu_argument(l, u, c, sigma, False)
+    a_lo = relu_lines(lt, ut, False)[0].reshape(-1).astype(dtype)
     return jnp.broadcast_to(a_lo, (2, m, x.size))
 
   warm_a = data.get("alpha") or (None,) * len(ctx.nodes)
@@ -863,7 +863,7 @@ def _constrain(iv: Interval, known, split, c, sigma: float):
   return Interval(lo, jnp.maximum(hi, lo), validate=False), empty
 
 
-def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None, data: dict | None = None):
+def run_backward(ctx: Ctx, boxes: Sequence[Interval], spec=None, data: dict | None = None):
   """The per-example pass: forward intervals, pre-activation bounds of every ReLU and relaxed
   equation in order (with their lines), and the final CROWN bounds of every abstract output.
   Returns Intervals for abstract outputs.
@@ -897,7 +897,7 @@ def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None, data: dict | None = No
         ivs[x] = _intersect(ivs[x], lo, hi, ctx.sound)
       k = node_of.get(x)
       if k is not None and (splits[k] is not None or knowns[k] is not None):
-        _, c, sigma = _relu_parts(prog.eqns[ctx.nodes[k][1]], cenv)
+        _, c, sigma = relu_parts(prog.eqns[ctx.nodes[k][1]], cenv)
         ivs[x], e_k = _constrain(ivs[x], knowns[k], splits[k], c, sigma)
         empty = empty | e_k
       pre[x] = (ivs[x].lower, ivs[x].upper)
@@ -907,7 +907,7 @@ def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None, data: dict | None = No
     if e.kind == "concrete":
       continue
     if e.kind == "relu":
-      x, c, sigma = _relu_parts(e, cenv)
+      x, c, sigma = relu_parts(e, cenv)
       tighten(x)
       op = jnp.maximum if sigma > 0 else jnp.minimum
       ivs[e.outvars[0]] = Interval(op(ivs[x].lower, c), op(ivs[x].upper, c), validate=False)
@@ -918,7 +918,7 @@ def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None, data: dict | None = No
       for p in e.abstract_pos:
         if e.invars[p] in ctx.prefixes:
           tighten(e.invars[p])
-    vals = [ivs[a] if isinstance(a, _Var) and a in prog.abstract else _read(cenv, a)
+    vals = [ivs[a] if isinstance(a, _Var) and a in prog.abstract else read_value(cenv, a)
             for a in e.invars]
     if e.kind == "nonlinear" and e.mode == "leaky":
       (l, u), = bounds
@@ -939,7 +939,7 @@ def _run(ctx: _Ctx, boxes: Sequence[Interval], spec=None, data: dict | None = No
       pred = None
       if e.mode == "select":
         a = e.invars[0]
-        pred = ivs[a] if isinstance(a, _Var) and a in prog.abstract else _read(cenv, a)
+        pred = ivs[a] if isinstance(a, _Var) and a in prog.abstract else read_value(cenv, a)
       if e.mode == "dot":
         piv = e.aux.pivot
         rel[i] = _dot_planes(e, ivs[e.invars[piv]], ivs[e.invars[1 - piv]], ctx.sound)

@@ -16,27 +16,27 @@ from boundjax.core import rounding
 from boundjax.core.program import Lit as _Lit, Var as _Var
 from boundjax.core.interval import Interval
 
-from boundjax.domains.linear.rules import _Eqn, _Program, _bind1, _op, _read, upstream
+from boundjax.domains.linear.rules import CrownEqn, CrownProgram, bind1, op_record, read_value, upstream
 
 
 # ----------------------------------------------------------------------------------------------
 # Per-equation linear algebra
 # ----------------------------------------------------------------------------------------------
 
-def _operands(e: _Eqn, cenv: dict, abstract_vals: Sequence[Any]) -> list:
-  vals = [None if i in e.abstract_pos else _read(cenv, a) for i, a in enumerate(e.invars)]
+def _operands(e: CrownEqn, cenv: dict, abstract_vals: Sequence[Any]) -> list:
+  vals = [None if i in e.abstract_pos else read_value(cenv, a) for i, a in enumerate(e.invars)]
   for p, x in zip(e.abstract_pos, abstract_vals):
     vals[p] = x
   return vals
 
 
-def _affine_vjp(e: _Eqn, cenv: dict):
+def affine_vjp(e: CrownEqn, cenv: dict):
   """``(y0, vjp)`` of ``x -> op(x, consts)`` at x = 0: the offset and the transposed map."""
   zeros = [jnp.zeros(e.invars[p].shape, e.invars[p].aval.dtype) for p in e.abstract_pos]
-  return jax.vjp(lambda *xs: _bind1(e, _operands(e, cenv, xs)), *zeros)
+  return jax.vjp(lambda *xs: bind1(e, _operands(e, cenv, xs)), *zeros)
 
 
-def _transpose_rows(e: _Eqn, cenv: dict, vjp, rows) -> list:
+def transpose_rows(e: CrownEqn, cenv: dict, vjp, rows) -> list:
   """``[L_pᵀ row for each abstract operand p]`` for a batch of rows (leading axis)."""
   if (e.name == "conv_general_dilated" and e.abstract_pos == (0,)
       and e.params["feature_group_count"] == 1 and e.params["batch_group_count"] == 1):
@@ -44,7 +44,7 @@ def _transpose_rows(e: _Eqn, cenv: dict, vjp, rows) -> list:
   return list(jax.vmap(vjp)(rows))
 
 
-def _conv_transpose_lhs(e: _Eqn, cenv: dict, g):
+def _conv_transpose_lhs(e: CrownEqn, cenv: dict, g):
   """Transpose of ``x -> conv(x, W)`` applied to ``g`` (the lhs VJP, as in JAX's own rule),
   with the flipped kernel materialised in the (spatial..., in, out) layout: XLA:CPU runs a
   convolution whose kernel has swapped feature dimensions on a slow generic path."""
@@ -52,7 +52,7 @@ def _conv_transpose_lhs(e: _Eqn, cenv: dict, g):
   p = e.params
   lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
   x = e.invars[0]
-  w = _read(cenv, e.invars[1])
+  w = read_value(cenv, e.invars[1])
   nsp = len(lhs_spec) - 2
   lhs_sd, rhs_sd, out_sd = lhs_spec[2:], rhs_spec[2:], out_spec[2:]
   padding = conv_impl._conv_general_vjp_lhs_padding(
@@ -68,7 +68,7 @@ def _conv_transpose_lhs(e: _Eqn, cenv: dict, g):
   return out.astype(x.aval.dtype)
 
 
-def _abs_linear(e: _Eqn, cenv: dict, pos: int, v):
+def abs_linear(e: CrownEqn, cenv: dict, pos: int, v):
   """``|L_pos|(v)``: the linear part of the equation in operand ``pos`` with |coefficients|,
   applied to ``v >= 0`` (other abstract operands and additive constants set to 0)."""
   vals = []
@@ -79,10 +79,10 @@ def _abs_linear(e: _Eqn, cenv: dict, pos: int, v):
     if i in e.abstract_pos:
       vals.append(jnp.zeros(a.shape, a.aval.dtype))
       continue
-    c = _read(cenv, a)
+    c = read_value(cenv, a)
     if not jnp.issubdtype(jnp.result_type(c), jnp.floating):
       vals.append(c)  # indices / predicates
-    elif _op(e.name).additive:
+    elif op_record(e.name).additive:
       vals.append(jnp.zeros_like(c))
     else:
       vals.append(jnp.abs(c))
@@ -91,14 +91,14 @@ def _abs_linear(e: _Eqn, cenv: dict, pos: int, v):
   if e.name == "sub":
     out = vals[0] + vals[1]
     return jnp.broadcast_to(out, e.outvars[0].shape)
-  return _bind1(e, vals)
+  return bind1(e, vals)
 
 
-def _transpose_terms(e: _Eqn, pos: int) -> int:
+def transpose_terms(e: CrownEqn, pos: int) -> int:
   """How many terms the transpose sums into one entry of operand ``pos`` (for γ_n)."""
   x, y = e.invars[pos], e.outvars[0]
   name = e.name
-  if _op(name).exact_transpose or (name == "convert_element_type"
+  if op_record(name).exact_transpose or (name == "convert_element_type"
                                   and x.aval.dtype == y.aval.dtype):
     return 0
   if name == "dot_general":
@@ -120,7 +120,7 @@ def _transpose_terms(e: _Eqn, pos: int) -> int:
 # ----------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
-class _Prefix:
+class Prefix:
   """The example-independent start of a backward pass: from ``Λ = I`` at the target through the
   affine equations above it, stopping at ReLU outputs."""
   m: int
@@ -131,12 +131,12 @@ class _Prefix:
   steps: list  # (|Λ_y|, eqn, pos, n) for the example-dependent slack (sound mode): γ_n, 2nλ
 
 
-def _ancestors(prog: _Program, target: _Var) -> list[int]:
+def ancestors_of(prog: CrownProgram, target: _Var) -> list[int]:
   """The abstract equations the backward pass from ``target`` walks through, in order."""
   return sorted(upstream(prog, [target], through_fallback=False))
 
 
-def _rowdot(lam, vec, lead: int = 1):
+def rowdot(lam, vec, lead: int = 1):
   """Σ over a variable's entries of ``lam * vec``; lam has ``lead`` leading row axes.
 
   Computed as a matrix-vector product (much faster on CPU than a fused multiply-reduce)."""
@@ -146,17 +146,17 @@ def _rowdot(lam, vec, lead: int = 1):
   return (lam.reshape((-1, n)) @ vec).reshape(rows)
 
 
-def _is_zero(a) -> bool:
+def is_zero(a) -> bool:
   """Statically known to be zero (a literal 0)."""
   return isinstance(a, _Lit) and bool(np.all(np.asarray(a.val) == 0))
 
 
-def _has_offset(e: _Eqn) -> bool:
+def has_offset(e: CrownEqn) -> bool:
   """Whether ``op(0, consts)`` can be non-zero (an additive concrete operand)."""
-  if not _op(e.name).additive:
+  if not op_record(e.name).additive:
     return False
   for i, a in enumerate(e.invars):
-    if i in e.abstract_pos or _is_zero(a):
+    if i in e.abstract_pos or is_zero(a):
       continue
     if e.name == "select_n" and i == 0:
       continue
@@ -166,11 +166,11 @@ def _has_offset(e: _Eqn) -> bool:
   return False
 
 
-def _add_to(d: dict, k, v):
+def add_to(d: dict, k, v):
   d[k] = v if k not in d else d[k] + v
 
 
-def _prefix(prog: _Program, cenv: dict, target: _Var, anc: list[int], sound: bool) -> _Prefix:
+def build_prefix(prog: CrownProgram, cenv: dict, target: _Var, anc: list[int], sound: bool) -> Prefix:
   m = target.size
   dtype = target.aval.dtype
   lam = {target: jnp.eye(m, dtype=dtype).reshape((m, *target.shape))}
@@ -189,24 +189,24 @@ def _prefix(prog: _Program, cenv: dict, target: _Var, anc: list[int], sound: boo
     if y not in lam:
       continue
     lam_y = lam.pop(y)
-    y0, vjp = _affine_vjp(e, cenv)
-    contribs = _transpose_rows(e, cenv, vjp, lam_y)
-    if _has_offset(e):
-      bias = bias + _rowdot(lam_y, y0)
-    if sound and _has_offset(e):
+    y0, vjp = affine_vjp(e, cenv)
+    contribs = transpose_rows(e, cenv, vjp, lam_y)
+    if has_offset(e):
+      bias = bias + rowdot(lam_y, y0)
+    if sound and has_offset(e):
       n = y.size + n_eq
-      slack = slack + rounding.gamma(n, dtype) * _rowdot(jnp.abs(lam_y), jnp.abs(y0)) \
+      slack = slack + rounding.gamma(n, dtype) * rowdot(jnp.abs(lam_y), jnp.abs(y0)) \
           + rounding.flush_error(n, dtype)
     for p, c in zip(e.abstract_pos, contribs):
       x = e.invars[p]
-      _add_to(lam, x, c)
+      add_to(lam, x, c)
       if sound:
-        steps.append((jnp.abs(lam_y), e, p, _transpose_terms(e, p) + prog.uses.get(x, 1) + 1))
+        steps.append((jnp.abs(lam_y), e, p, transpose_terms(e, p) + prog.uses.get(x, 1) + 1))
   at_input = {v: l for v, l in lam.items()}
-  return _Prefix(m, pending, at_input, bias, slack, steps)
+  return Prefix(m, pending, at_input, bias, slack, steps)
 
 
-def _center_radius(iv: Interval, sound: bool):
+def center_radius(iv: Interval, sound: bool):
   """Centre and radius of a box; in sound mode the radius covers both ends exactly: rounded up,
   and at least λ = finfo.tiny unless the box is a point (a difference of two close tiny ends may
   be subnormal, which the next operation reads as 0)."""

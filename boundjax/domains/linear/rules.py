@@ -1,6 +1,6 @@
 """CROWN's knowledge of primitives: one `OpRecord` per primitive (`OPS`), the linear
-relaxations of nonlinear operations (`_Lines`), the classification of a flat program's equations
-(`_classify`) and the ReLU lines. See the package docstring for the method."""
+relaxations of nonlinear operations (`Lines`), the classification of a flat program's equations
+(`classify_program`) and the ReLU lines. See the package docstring for the method."""
 
 from __future__ import annotations
 
@@ -34,12 +34,12 @@ INTERMEDIATE_MODES = ("crown", "ibp")
 # A relaxation of ``y = f(x_1, ..., x_k)`` on the box ``x_p ∈ [l_p, u_p]`` is a pair of linear
 # functions ``L_lo(x) + b_lo <= y <= L_up(x) + b_up`` valid on the whole box (CROWN, Zhang et al.
 # 2018, §3.2 and appendix; auto_LiRPA, Xu et al. 2020, §3). Elementwise operations give one
-# slope per entry (``L(x) = a ⊙ x``); a pooling maximum gives a selection map. `_Lines` holds,
+# slope per entry (``L(x) = a ⊙ x``); a pooling maximum gives a selection map. `Lines` holds,
 # per relaxed operand, either an array of slopes (the output's shape) or a callable applying
 # ``Lᵀ`` to a row of ``Λ`` (None: a zero map).
 
 @dataclasses.dataclass
-class _Lines:
+class Lines:
   """``Σ_p lo[p](x_p) + b_lo <= y <= Σ_p up[p](x_p) + b_up`` on the box."""
   lo: list
   b_lo: Any
@@ -185,7 +185,7 @@ _UNARY_LINES: dict[str, Callable] = {
 }
 
 
-def _finite_or_constant(a_lo, b_lo, a_up, b_up, l, u, y_lo, y_hi, check: Callable | None):
+def finite_or_constant(a_lo, b_lo, a_up, b_up, l, u, y_lo, y_hi, check: Callable | None):
   """Replaces entries whose lines are not finite, whose box is (nearly) a point, or that fail
   the end-point check by the constant lines ``y_lo <= y <= y_hi`` (the interval bound)."""
   tiny = (u - l) <= 1e-6 * (1 + jnp.abs(l) + jnp.abs(u))
@@ -199,7 +199,7 @@ def _finite_or_constant(a_lo, b_lo, a_up, b_up, l, u, y_lo, y_hi, check: Callabl
           jnp.where(ok_up, a_up, zero), jnp.where(ok_up, b_up, y_hi))
 
 
-def _endpoint_check(f):
+def endpoint_check(f):
   """Both lines on the right side of ``f`` at the box ends (a cheap guard against a line made
   invalid by float error in its construction; the construction itself is the proof)."""
   def check(l, u):
@@ -219,7 +219,7 @@ _UNARY_FN = {"exp": jnp.exp, "expm1": jnp.expm1, "log": jnp.log, "log1p": jnp.lo
              "square": jnp.square}
 
 
-def _unary_relaxation(name: str, params: dict):
+def unary_relaxation(name: str, params: dict):
   """``(l, u) -> (a_lo, b_lo, a_up, b_up)`` for a unary primitive, or None."""
   if name == "integer_pow":
     n = params["y"]
@@ -232,13 +232,13 @@ def _unary_relaxation(name: str, params: dict):
   return _UNARY_LINES.get(name)
 
 
-def _unary_fn(name: str, params: dict):
+def unary_fn(name: str, params: dict):
   if name == "integer_pow":
     return lambda x: lax.integer_pow(x, params["y"])
   return _UNARY_FN[name]
 
 
-def _reciprocal_lines(c, l, u):
+def reciprocal_lines(c, l, u):
   """``y = c / d`` with ``d ∈ [l, u]`` not containing 0 (``1/d`` is convex for ``d > 0`` and
   concave for ``d < 0``; scaling by ``c < 0`` swaps the lines); straddling boxes get NaN (the
   caller substitutes the interval bound)."""
@@ -258,7 +258,7 @@ def _reciprocal_lines(c, l, u):
   return tuple(jnp.where(bad, nan, a) for a in (*lo, *up))
 
 
-def _mccormick(lx, ux, ly, uy):
+def mccormick(lx, ux, ly, uy):
   """``y = x · z``: the average of the two McCormick planes on each side (McCormick 1976;
   used for products in auto_LiRPA, Xu et al. 2020):
   ``x z >= ½[(l_z + u_z) x + (l_x + u_x) z - l_x l_z - u_x u_z]`` and
@@ -270,7 +270,7 @@ def _mccormick(lx, ux, ly, uy):
   return [cy, cx], b_lo, [cy, cx], b_up
 
 
-def _leaky_lines(p, n, l, u):
+def leaky_lines(p, n, l, u):
   """``y = p x`` for ``x >= 0`` and ``n x`` below (leaky ReLU: ``p = 1, n = α``; also
   ``max(x, α x)``): convex for ``n <= p`` (chord above; ``p x`` or ``n x`` below, the one closer
   on the box, as CROWN-Ada, Zhang et al. 2018 §3.2), concave otherwise (mirror image). Exact on
@@ -338,7 +338,7 @@ class OpRecord:
       "bilinear" (linear in one operand when the others are concrete: mul, div, dot_general,
       conv; a product of two box-dependent operands is relaxed or bounded by intervals),
       "relu" (``max(x, c)`` / ``min(x, c)`` with concrete ``c``; two box-dependent operands are
-      relaxed) or "nonlinear" (relaxed by lines on the input box, `_Lines`).
+      relaxed) or "nonlinear" (relaxed by lines on the input box, `Lines`).
     index_operands: operands that must be concrete (indices, predicates); None: every operand
       from position ``index_from`` on (the start indices of dynamic_slice and
       dynamic_update_slice, whose number is the operand's rank).
@@ -348,7 +348,7 @@ class OpRecord:
     pattern_safe: the transpose with every concrete float operand set to 1 gives a superset of
       the non-zero pattern of the true transpose (the windowed pass).
     relax: "unary" (elementwise lines ``(l, u) -> (a_lo, b_lo, a_up, b_up)``, see
-      `_unary_relaxation`) or "pool" (a maximum/minimum over entries: selection map below or
+      `unary_relaxation`) or "pool" (a maximum/minimum over entries: selection map below or
       above, the interval bound on the other side).
   """
   kind: str
@@ -405,7 +405,7 @@ SUPPORTED = sorted(OPS)
 _NO_RECORD = OpRecord("none")
 
 
-def _split_as_slices(e: _Eqn) -> list[_Eqn]:
+def _split_as_slices(e: CrownEqn) -> list[CrownEqn]:
   """``split`` (several results) as one ``slice`` per result: the same values, and every
   result an affine equation of its own (the backward pass handles one result per equation)."""
   axis, start, parts = e.params["axis"], 0, []
@@ -415,15 +415,15 @@ def _split_as_slices(e: _Eqn) -> list[_Eqn]:
     hi = list(shape)
     lo[axis], hi[axis] = start, start + int(size)
     start += int(size)
-    parts.append(_Eqn(lax.slice_p, {"start_indices": tuple(lo), "limit_indices": tuple(hi),
+    parts.append(CrownEqn(lax.slice_p, {"start_indices": tuple(lo), "limit_indices": tuple(hi),
                                     "strides": None}, [e.invars[0]], [out], e.orig))
   return parts
 
 
-def _barrier_as_copies(e: _Eqn) -> list[_Eqn]:
+def _barrier_as_copies(e: CrownEqn) -> list[CrownEqn]:
   """``optimization_barrier`` (the identity on a tuple, a scheduling hint) as one ``copy`` per
   value."""
-  return [_Eqn(lax_internal.copy_p, {}, [x], [out], e.orig)
+  return [CrownEqn(lax_internal.copy_p, {}, [x], [out], e.orig)
           for x, out in zip(e.invars, e.outvars)]
 
 
@@ -432,7 +432,7 @@ _ONE_PER_OUTPUT = {"split": _split_as_slices, "optimization_barrier": _barrier_a
 (both are data movement, `boundjax.core.primitives.DATA_MOVEMENT`)."""
 
 
-def _op(name: str) -> OpRecord:
+def op_record(name: str) -> OpRecord:
   return OPS.get(name, _NO_RECORD)
 
 
@@ -445,7 +445,7 @@ class CrownFallbackWarning(UserWarning):
 # ----------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
-class _Eqn:
+class CrownEqn:
   """CROWN's record of one equation of the flat program.
 
   ``kind``: "concrete" (no box-dependent operand), "affine", "relu" (``max(x, c)`` / ``min(x, c)``),
@@ -483,7 +483,7 @@ class _Eqn:
 
 
 @dataclasses.dataclass
-class _Program:
+class CrownProgram:
   invars: list
   outvars: list
   eqns: list
@@ -493,14 +493,14 @@ class _Program:
   uses: dict  # _Var -> number of abstract equations reading it
 
 
-def _from_core(program: prog_lib.Program) -> _Program:
+def from_core(program: prog_lib.Program) -> CrownProgram:
   """CROWN's view of a flat program of the program layer. Composites with an interval rule
   (softmax, log-softmax, ...) are kept whole: CROWN bounds them by that (tight) rule."""
   keep = [n for n in interval_domain.RULES if n in _composite_names()]
   program = prog_lib.inline_composites(program, keep=keep)
-  eqns = [_Eqn(e.prim, e.params, e.invars, e.outvars, e) for e in program.eqns]
+  eqns = [CrownEqn(e.prim, e.params, e.invars, e.outvars, e) for e in program.eqns]
   producer = {o: i for i, e in enumerate(eqns) for o in e.outvars}
-  return _Program(program.invars, program.outvars, eqns, program.consts, set(), producer, {})
+  return CrownProgram(program.invars, program.outvars, eqns, program.consts, set(), producer, {})
 
 
 def _composite_names() -> set[str]:
@@ -508,13 +508,13 @@ def _composite_names() -> set[str]:
   return {p.name for p in composite.BODIES}
 
 
-def _is_float(aval) -> bool:
+def is_float(aval) -> bool:
   return jnp.issubdtype(aval.dtype, jnp.floating)
 
 
-def _low_precision(aval) -> bool:
+def low_precision(aval) -> bool:
   """bfloat16 / float16 (their rounding is far from linear at CROWN's tolerance)."""
-  return _is_float(aval) and jnp.finfo(aval.dtype).bits < 32
+  return is_float(aval) and jnp.finfo(aval.dtype).bits < 32
 
 
 def _aval(a):
@@ -526,7 +526,7 @@ def _is_literal_zero(a) -> bool:
   return isinstance(a, _Lit) and np.ndim(a.val) == 0 and float(a.val) == 0.0
 
 
-def _match_leaky(e: _Eqn, abstract: set, made_by: dict):
+def _match_leaky(e: CrownEqn, abstract: set, made_by: dict):
   """``select_n(x >= 0, α x, x)`` (``jax.nn.leaky_relu``; also ``>``, and ``<`` / ``<=`` with
   the cases swapped): returns ``(x, α operand)`` or None."""
   if len(e.invars) != 3 or e.abstract_pos == () or not isinstance(e.invars[0], _Var):
@@ -560,12 +560,12 @@ def _scaled_copy(v, x, abstract: set, made_by: dict):
 _SOUND_MODES = frozenset({"product", "pool", "max2", "min2", "select", "dot"})
 
 
-def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool,
+def _decide(e: CrownEqn, abstract: set, made_by: dict, sound: bool,
             direct: Callable[[Any], bool] = lambda v: False) -> None:
   """Sets ``kind`` (and ``mode``, ``relax_in``, ``aux``, ``reason``) of an abstract equation.
   ``direct(v)``: ``v`` is a box input read by this one equation only (`_dot_roles`)."""
   name, pos = e.name, e.abstract_pos
-  rec = _op(name)
+  rec = op_record(name)
   ins = [e.invars[p] for p in pos]
   same = all(v.shape == e.outvars[0].shape for v in ins) if e.outvars else False
 
@@ -578,13 +578,13 @@ def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool,
                       "are not exact in floating point)")
     e.kind, e.mode, e.relax_in, e.aux = "nonlinear", mode, tuple(relax_in), aux
 
-  if any(_low_precision(v.aval) for v in ins) or any(_low_precision(o.aval) for o in e.outvars):
+  if any(low_precision(v.aval) for v in ins) or any(low_precision(o.aval) for o in e.outvars):
     return fallback("bfloat16/float16 arithmetic (its rounding is not a linear map)")
   if name == "select_n":
     leaky = _match_leaky(e, abstract, made_by)
     if leaky is not None:
       return nonlinear("leaky", (leaky[0],), ("select", leaky[1]))
-  if not all(_is_float(o.aval) for o in e.outvars):
+  if not all(is_float(o.aval) for o in e.outvars):
     return fallback("a non-float result")
   if rec.kind == "none":
     return fallback("no linear relaxation")
@@ -594,16 +594,16 @@ def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool,
       idx = tuple(range(rec.index_from, len(e.invars)))
     if any(p in idx for p in pos):
       if name == "select_n" and pos[0] == 0 and all(
-          _is_float(_aval(v)) and _aval(v).shape == e.outvars[0].shape for v in e.invars[1:]) \
-          and _is_float(e.outvars[0].aval):
+          is_float(_aval(v)) and _aval(v).shape == e.outvars[0].shape for v in e.invars[1:]) \
+          and is_float(e.outvars[0].aval):
         # a box-dependent predicate: relaxed per entry once its interval is known
         return nonlinear("select", [e.invars[p] for p in pos[1:]])
       return fallback("a box-dependent index or predicate")
-    if not all(_is_float(v.aval) for v in ins):
+    if not all(is_float(v.aval) for v in ins):
       return fallback("a non-float box-dependent operand")
     e.kind = "affine"
     return
-  if not all(_is_float(v.aval) for v in ins):
+  if not all(is_float(v.aval) for v in ins):
     return fallback("a non-float box-dependent operand")
   if rec.kind == "bilinear":
     if len(pos) == 1 and not (name == "div" and pos == (1,)):
@@ -638,12 +638,12 @@ def _decide(e: _Eqn, abstract: set, made_by: dict, sound: bool,
       return fallback("a max/min pooling window with dilation (its selection map is not "
                       "available)")
     return nonlinear("pool", ins)
-  if _unary_relaxation(name, e.params) is None:
+  if unary_relaxation(name, e.params) is None:
     return fallback("no linear relaxation for these parameters")
   return nonlinear("unary", ins)
 
 
-def _classify(prog: _Program, abstract_in: Sequence[bool], sound: bool = False) -> None:
+def classify_program(prog: CrownProgram, abstract_in: Sequence[bool], sound: bool = False) -> None:
   """Decides every abstract equation's role (`_decide`), rewrites ``x / d`` of two
   box-dependent operands into ``x · (1 / d)``, and counts the uses of every abstract variable.
 
@@ -664,7 +664,7 @@ def _classify(prog: _Program, abstract_in: Sequence[bool], sound: bool = False) 
   def direct(v) -> bool:
     return v in inputs and v in abstract and reads.get(v, 0) == 1 and v not in outputs
 
-  def add(e: _Eqn):
+  def add(e: CrownEqn):
     pos = tuple(i for i, a in enumerate(e.invars) if isinstance(a, _Var) and a in abstract)
     e.abstract_pos = pos
     if pos:
@@ -691,14 +691,14 @@ def _classify(prog: _Program, abstract_in: Sequence[bool], sound: bool = False) 
         add(part)
       continue
     if e.name == "div" and len(ab) == 2 and all(ab) and e.invars[1].shape == e.outvars[0].shape \
-        and e.invars[0].shape == e.outvars[0].shape and _is_float(e.outvars[0].aval) \
-        and not _low_precision(e.outvars[0].aval):
+        and e.invars[0].shape == e.outvars[0].shape and is_float(e.outvars[0].aval) \
+        and not low_precision(e.outvars[0].aval):
       x, d = e.invars
       fresh[0] -= 1
       r = _Var(d.aval, fresh[0])
       one = _Lit(np.ones((), d.aval.dtype))
-      add(_Eqn(lax.div_p, {}, [one, d], [r], e.orig))
-      add(_Eqn(lax.mul_p, {}, [x, r], list(e.outvars), e.orig))
+      add(CrownEqn(lax.div_p, {}, [one, d], [r], e.orig))
+      add(CrownEqn(lax.mul_p, {}, [x, r], list(e.outvars), e.orig))
       continue
     add(e)
   prog.eqns = eqns
@@ -711,7 +711,7 @@ def _classify(prog: _Program, abstract_in: Sequence[bool], sound: bool = False) 
   prog.uses = uses
 
 
-def _warn_fallbacks(prog: _Program) -> None:
+def warn_fallbacks(prog: CrownProgram) -> None:
   """One `CrownFallbackWarning` per primitive bounded by intervals on the way to an output."""
   reach = _reachable(prog)
   seen: dict = {}
@@ -726,7 +726,7 @@ def _warn_fallbacks(prog: _Program) -> None:
                   stacklevel=4)
 
 
-def upstream(prog: _Program, starts: Sequence[_Var], *, through_fallback: bool) -> set[int]:
+def upstream(prog: CrownProgram, starts: Sequence[_Var], *, through_fallback: bool) -> set[int]:
   """Indices of the abstract equations a backward pass from ``starts`` walks through. With
   ``through_fallback`` it also continues through the inputs of fallback equations (whose
   intervals come from earlier equations); otherwise it stops at their outputs."""
@@ -746,12 +746,12 @@ def upstream(prog: _Program, starts: Sequence[_Var], *, through_fallback: bool) 
   return idx
 
 
-def _reachable(prog: _Program) -> set[int]:
+def _reachable(prog: CrownProgram) -> set[int]:
   """Indices of the abstract equations the backward passes of the outputs can reach."""
   return upstream(prog, [v for v in prog.outvars if isinstance(v, _Var)], through_fallback=True)
 
 
-def _bind(e: _Eqn, vals: Sequence[Any]):
+def _bind(e: CrownEqn, vals: Sequence[Any]):
   # e.prim/e.params, not e.orig's: CROWN rewrites some equations (x / d -> x * (1 / d))
   bind = e.prim.get_bind_params(e.params)
   subfuns, params = bind if isinstance(bind, tuple) else ((), bind)
@@ -760,12 +760,12 @@ def _bind(e: _Eqn, vals: Sequence[Any]):
   return out
 
 
-def _bind1(e: _Eqn, vals):
+def bind1(e: CrownEqn, vals):
   out = _bind(e, vals)
   return out[0] if e.prim.multiple_results else out
 
 
-def _eval_concrete(prog: _Program, args: Sequence[Any]) -> dict:
+def eval_concrete(prog: CrownProgram, args: Sequence[Any]) -> dict:
   """Values of every concrete variable (abstract ones are left out)."""
   env = dict(prog.consts)
   for v, a in zip(prog.invars, args):
@@ -774,14 +774,14 @@ def _eval_concrete(prog: _Program, args: Sequence[Any]) -> dict:
   for e in prog.eqns:
     if e.kind != "concrete":
       continue
-    out = _bind(e, [_read(env, a) for a in e.invars])
+    out = _bind(e, [read_value(env, a) for a in e.invars])
     outs = out if e.prim.multiple_results else [out]
     for v, o in zip(e.outvars, outs):
       env[v] = o
   return env
 
 
-def _read(env, a):
+def read_value(env, a):
   return a.val if isinstance(a, _Lit) else env[a]
 
 
@@ -789,15 +789,15 @@ def _read(env, a):
 # ReLU relaxation
 # ----------------------------------------------------------------------------------------------
 
-def _relu_parts(e: _Eqn, cenv: dict):
+def relu_parts(e: CrownEqn, cenv: dict):
   """For ``y = max(x, c)`` / ``min(x, c)``: (x var, c broadcast, σ) with y = c + σ relu(σ(x-c))."""
   (p,) = e.abstract_pos
   x = e.invars[p]
-  c = jnp.broadcast_to(jnp.asarray(_read(cenv, e.invars[1 - p]), x.aval.dtype), x.shape)
+  c = jnp.broadcast_to(jnp.asarray(read_value(cenv, e.invars[1 - p]), x.aval.dtype), x.shape)
   return x, c, (1.0 if e.name == "max" else -1.0)
 
 
-def _relu_argument(l, u, c, sigma: float, sound: bool):
+def relu_argument(l, u, c, sigma: float, sound: bool):
   """The bounds ``[lt, ut]`` of the ReLU argument ``t = σ(x − c)`` for ``x ∈ [l, u]`` in
   ``y = max(x, c) = c + σ relu(t)`` (σ = 1; ``min``: σ = −1), rounded outward in sound mode.
 
@@ -819,7 +819,7 @@ def _relu_argument(l, u, c, sigma: float, sound: bool):
   return lt, ut, c_fin, jnp.where(fixed, c, jnp.zeros_like(c))
 
 
-def _relu_lines(l, u, sound: bool):
+def relu_lines(l, u, sound: bool):
   """Slopes/intercepts (a_lo, a_up, b_up) with a_lo·t <= relu(t) <= a_up·t + b_up on [l, u]."""
   active, inactive = l >= 0, u <= 0
   unstable = ~(active | inactive)

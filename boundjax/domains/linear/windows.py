@@ -14,7 +14,7 @@ from boundjax.core.program import Var as _Var
 
 from boundjax.domains.linear import prefix as _backward
 from boundjax.domains.linear.rules import (
-    _Program, _is_float, _op, _relu_lines)
+    CrownProgram, is_float, op_record, relu_lines)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -41,7 +41,7 @@ class _PatchPlan:
   bias_s: Any  # (n_s + 1,) offset of s (A x + bias_s), padded with 0
 
 
-def _ones_cenv(prog: _Program, anc: list[int]):
+def _ones_cenv(prog: CrownProgram, anc: list[int]):
   """Concrete operands of ``anc`` with every float value replaced by ones, or None when a
   concrete operand is not a float (its value would matter for the pattern)."""
   env = {}
@@ -49,35 +49,35 @@ def _ones_cenv(prog: _Program, anc: list[int]):
     e = prog.eqns[i]
     if e.kind == "relu":
       continue
-    if e.kind != "affine" or not _op(e.name).pattern_safe:
+    if e.kind != "affine" or not op_record(e.name).pattern_safe:
       return None
     for j, a in enumerate(e.invars):
       if j in e.abstract_pos or not isinstance(a, _Var):
         continue
-      if not _is_float(a.aval):
+      if not is_float(a.aval):
         return None
       env[a] = np.ones(a.shape, a.aval.dtype)
   return env
 
 
-def _support(prog: _Program, target: _Var, anc: list[int], var_of) -> np.ndarray | None:
+def _support(prog: CrownProgram, target: _Var, anc: list[int], var_of) -> np.ndarray | None:
   """Boolean ``(m, n)`` superset of the non-zero pattern of ``Λ`` rows at one variable, from
   the transpose with all-ones coefficients (evaluated once, at trace time)."""
   env = _ones_cenv(prog, anc)
   if env is None:
     return None
   with jax.ensure_compile_time_eval():
-    px = _backward._prefix(prog, env, target, anc, False)
+    px = _backward.build_prefix(prog, env, target, anc, False)
     lam = var_of(px)
     if lam is None:
       return None
     return np.asarray(lam).reshape((px.m, -1)) != 0
 
 
-def _patch_plan(prog: _Program, cenv: dict, target: _Var, prefixes: dict,
+def patch_plan(prog: CrownProgram, cenv: dict, target: _Var, prefixes: dict,
                 ancestors: dict) -> _PatchPlan | None:
   """The windowed plan for ``target``, or None when the pattern does not apply or does not pay."""
-  px: _backward._Prefix = prefixes[target]
+  px: _backward.Prefix = prefixes[target]
   if len(px.pending) != 1 or px.at_input:
     return None
   (z, mu), = px.pending.items()
@@ -86,10 +86,10 @@ def _patch_plan(prog: _Program, cenv: dict, target: _Var, prefixes: dict,
   if len(relu) != 1:
     return None
   e = relu[0]
-  if e.name != "max" or not _backward._is_zero(e.invars[1 - e.abstract_pos[0]]):
+  if e.name != "max" or not _backward.is_zero(e.invars[1 - e.abstract_pos[0]]):
     return None
   s = e.invars[e.abstract_pos[0]]
-  ps: _backward._Prefix | None = prefixes.get(s)
+  ps: _backward.Prefix | None = prefixes.get(s)
   if ps is None or ps.pending or len(ps.at_input) != 1:
     return None
   (x, a_mat), = ps.at_input.items()
@@ -139,7 +139,7 @@ def _patch_plan(prog: _Program, cenv: dict, target: _Var, prefixes: dict,
       bias_t=px.bias, bias_s=jnp.concatenate([ps.bias, jnp.zeros((1,), dtype)]))
 
 
-def _backward_patches(plan: _PatchPlan, target: _Var, ivs: dict, pre: dict):
+def backward_patches(plan: _PatchPlan, target: _Var, ivs: dict, pre: dict):
   """`_backward` for a target with a `_PatchPlan` (not in sound mode): the same bounds, up to
   the order of float sums, computed on each group's window only.
 
@@ -149,7 +149,7 @@ def _backward_patches(plan: _PatchPlan, target: _Var, ivs: dict, pre: dict):
   window (upper: max, ``+|Λ_x|·r``).
   """
   l, u = pre[plan.s]
-  a_lo, a_up, b_up = _relu_lines(l.reshape(-1), u.reshape(-1), False)
+  a_lo, a_up, b_up = relu_lines(l.reshape(-1), u.reshape(-1), False)
   pad = lambda v: jnp.concatenate([v, jnp.zeros((1,), v.dtype)])  # noqa: E731
   a_lo, a_up, b_up = pad(a_lo)[plan.S], pad(a_up)[plan.S], pad(b_up)[plan.S]  # (G, k)
   mu = plan.mu  # (G, r, k)
@@ -163,7 +163,7 @@ def _backward_patches(plan: _PatchPlan, target: _Var, ivs: dict, pre: dict):
   off = off + jnp.concatenate([jnp.einsum("grk,gk->gr", jnp.minimum(mu, 0), b_up),
                                jnp.einsum("grk,gk->gr", jnp.maximum(mu, 0), b_up)], axis=1)
   lam_x = jnp.einsum("grk,gkq->grq", nu, plan.M)  # (G, 2r, q)
-  c, rad = _backward._center_radius(ivs[plan.x], False)
+  c, rad = _backward.center_radius(ivs[plan.x], False)
   c, rad = pad(c.reshape(-1))[plan.X], pad(rad.reshape(-1))[plan.X]  # (G, q)
   lin = jnp.einsum("grq,gq->gr", lam_x, c)
   spread = jnp.einsum("grq,gq->gr", jnp.abs(lam_x), rad)
