@@ -407,7 +407,7 @@ def test_patches_equal_dense_pass_on_random_cnns(cfg, monkeypatch):
   from boundjax.domains import linear
   calls = []
   real = linear.windows.backward_patches
-  monkeypatch.setattr(linear.windows, "_backward_patches",
+  monkeypatch.setattr(linear.windows, "backward_patches",
                       lambda *a: calls.append(1) or real(*a))
   hw, c = cfg.pop("hw"), cfg.pop("c")
   model = _TwoConv(**cfg)
@@ -435,7 +435,7 @@ def test_patches_flag_is_checked_and_sound_mode_keeps_dense_pass(monkeypatch):
     crown(lambda x: x, patches=1)
   calls = []
   real = linear.windows.backward_patches
-  monkeypatch.setattr(linear.windows, "_backward_patches", lambda *a: calls.append(1) or real(*a))
+  monkeypatch.setattr(linear.windows, "backward_patches", lambda *a: calls.append(1) or real(*a))
   model = _TwoConv(3, 4, 3, 3, 1, 1, "SAME", "SAME")
   params = _init(model, (8, 8, 1), 0)
   box = _random_box(0, 1, (8, 8, 1))
