@@ -118,7 +118,7 @@ def test_crown_bounds_every_preactivation_in_one_pass_per_relu_layer():
   targets (ReLU inputs and outputs, deduplicated) are exactly the L pre-activation vectors."""
   from boundjax.core import program as prog_lib
   from boundjax.domains.linear.api import _targets
-  from boundjax.domains.linear.rules import _classify, _from_core
+  from boundjax.domains.linear.rules import classify_program, from_core
   rng = np.random.default_rng(2)
   net = rand_net(rng, (5, 8, 8, 8, 3))
   with jax.enable_x64(True):
@@ -126,8 +126,8 @@ def test_crown_bounds_every_preactivation_in_one_pass_per_relu_layer():
     box = bj.Interval(jnp.zeros(5), jnp.ones(5))
     arguments = prog_lib.split_arguments((params, box), {})
     core = prog_lib.trace(B.affine_chain, arguments, precision_highest=True)
-    prog = _from_core(core)
-    _classify(prog, [v in core.depends for v in core.invars], True)
+    prog = from_core(core)
+    classify_program(prog, [v in core.depends for v in core.invars], True)
     targets = _targets(prog, "crown")
   assert len(targets) == len(net.layers)
   assert [t.size for t in targets] == [l.shape[0] for l in net.layers]
