@@ -146,7 +146,7 @@ def outward(lo, hi, ulps: int = 1, abs_err=None):
   computation of Rump, Zimmermann, Boldo & Melquiond, "Computing predecessor and successor in
   rounding to nearest" (BIT 2009), with a normal λ in place of the smallest subnormal, which
   XLA CPU reads as zero. It is a few element-wise operations where ``nextafter`` is a dozen;
-  sound programs compile about twice as fast with it.
+  a sound CROWN program on a small MLP compiles a third faster with it, and runs twice as fast.
   The result needs no `snap_outward`: where arithmetic flushes subnormal results (XLA CPU), it
   has none; where an end comes out subnormal anyway (a platform without flushing, or XLA's
   compile-time folding of constants) and the next operation reads it as 0, the end moves by

@@ -212,7 +212,7 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
   half = _Until(deadline.elapsed() + 0.5 * deadline.remaining(), deadline) if use_milp else deadline
   try:
     res = bab.search(root, bound, branch, frontier=bab.Heap(), batch=batch, pop=batch // 2,
-                     deadline=half, max_frontier=max_domains if use_milp else None)
+                     deadline=half, max_frontier=max_domains)
   finally:
     if bar is not None:
       bar.close()
@@ -223,7 +223,7 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
     return "unsat", None, nodes, "bab"
   if deadline.expired():
     return "timeout", None, nodes, "bab"
-  if use_milp:  # a leaf, a frontier too large, or half of the time gone
+  if use_milp:  # a leaf, a frontier over max_domains, or half of the time gone
     st, cex = _milp(net, region, disjunct, root_l, root_u, deadline, replay)
     return st, cex, nodes, "milp"
   return ("unknown" if res.reason == bab.LEAF else bab.VERDICTS.get(res.reason, "unknown"),
