@@ -54,13 +54,19 @@ norms settle that comparison when they can and solves the MILP only otherwise.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Any, Callable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import scipy.sparse as sp
 
+import boundjax as bj
+from boundjax.core import rounding
+from boundjax.core.interval import Interval
 from boundjax.ptr import lipschitz as bj_lip
 from boundjax.ptr.lipschitz import LipschitzBound
 from milp import bounds as bounds_lib
@@ -94,17 +100,41 @@ def _check_point_network(net: Network) -> list[tuple[np.ndarray, np.ndarray]]:
   return [(_dense(l.w_lower), np.asarray(l.b_lower, np.float64)) for l in net.layers]
 
 
-def interval_image(W: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """``{x W : lo <= x <= hi}`` (rows of ``lo``/``hi`` are separate boxes), rounded outward in
-  float64: the sign-split sums ``lo W⁺ + hi W⁻`` and ``hi W⁺ + lo W⁻`` (2n products each) move
-  out by the a-priori error ``γ_{4n+2} Σ max(|lo|, |hi|) |W|`` (Higham, §3.1; `rounding.sum_error`)
-  and then one more ulp, which covers the rounding of that subtraction."""
-  from boundjax.core import rounding
-  wp, wn = np.maximum(W, 0.0), np.minimum(W, 0.0)
-  low, high = lo @ wp + hi @ wn, hi @ wp + lo @ wn
-  err = rounding.sum_error(2 * W.shape[0], np.maximum(np.abs(lo), np.abs(hi)) @ np.abs(W),
-                           np.float64)
-  return np.nextafter(low - err, -np.inf), np.nextafter(high + err, np.inf)
+def _jacobian_backward(weights: list, c: Any, gates: list) -> tuple[list, Any]:
+  """The backward pass of the Jacobian as a plain function: ``g = c``; per hidden layer ``i``
+  (last first) ``q_i = g W_{i+1}`` and ``g = gate_i ⊙ q_i``; ``γ = g W_1 = J^T c``. Rows of ``c``
+  are separate directions."""
+  g, qs = c, []
+  for i in range(len(weights) - 2, -1, -1):
+    q = g @ weights[i + 1]
+    qs.append(q)
+    g = gates[i] * q
+  return qs[::-1], g @ weights[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _bounded_backward() -> Callable:
+  """`_jacobian_backward` bounded by the engine (``bj.ibp``, sound mode: every product rounded
+  outward by its a-priori float64 error, Higham §3.1), over boxes of ``c`` and of the gates."""
+  return jax.jit(bj.ibp(_jacobian_backward, sound=True, matmul="signsplit"))
+
+
+def backward_image(weights: list[np.ndarray], c_lo: np.ndarray, c_hi: np.ndarray,
+                   gate_bounds: list[tuple[np.ndarray, np.ndarray]]
+                   ) -> tuple[list[tuple[np.ndarray, np.ndarray]], tuple[np.ndarray, np.ndarray]]:
+  """Sound float64 bounds of the backward pass (`_jacobian_backward`) for every direction ``c``
+  in the box ``[c_lo, c_hi]`` (rows are separate boxes; a point is a box of width 0) and every
+  ReLU derivative in ``[gate_lo, gate_hi]`` per hidden layer (FastLip, Weng et al. 2018: an
+  unstable ReLU's derivative lies in ``[0, 1]``): per hidden layer the bounds of ``q_i`` and the
+  bounds of ``γ``, each with one row per row of ``c``. Computed by the engine."""
+  with jax.enable_x64(True):
+    ws = [jnp.asarray(w, jnp.float64) for w in weights]
+    c = Interval(jnp.asarray(c_lo, jnp.float64), jnp.asarray(c_hi, jnp.float64), validate=False)
+    gates = [Interval(jnp.asarray(lo, jnp.float64), jnp.asarray(hi, jnp.float64), validate=False)
+             for lo, hi in gate_bounds]
+    qs, gamma = _bounded_backward()(ws, c, gates)
+    ends = lambda v: (np.asarray(v.lower), np.asarray(v.upper))  # noqa: E731
+    return [ends(q) for q in qs], ends(gamma)
 
 
 @dataclasses.dataclass
@@ -150,8 +180,8 @@ def backward_bounds(weights: list[np.ndarray], pre_bounds: list,
   vertices in one numpy batch; the hull is intersected with one interval pass over the whole
   ``c`` box. Tighter bounds are tighter big-M constants for the McCormick rows of ``g = δ q`` and
   the sign split of ``|γ_j|``, which is what the solve time depends on. Every layer's image is
-  rounded outward by its a-priori float64 error (`interval_image`), so the bounds hold for the
-  exact products.
+  bounded by the engine in sound mode (`backward_image`), so the bounds hold for the exact
+  products.
   """
   m = weights[-1].shape[0]
   c_lo = np.r_[1.0 if out_norm == "l1" else 0.0, -np.ones(m - 1)]
@@ -159,22 +189,14 @@ def backward_bounds(weights: list[np.ndarray], pre_bounds: list,
   # rows: [the whole box (as an interval)] + [each vertex (a point)]
   g_lo = np.concatenate([c_lo[None], verts]) if verts is not None else c_lo[None]
   g_hi = np.concatenate([np.ones((1, m)), verts]) if verts is not None else np.ones((1, m))
+  gates = [((L >= 0).astype(np.float64), (U > 0).astype(np.float64)) for L, U in pre_bounds[:len(weights) - 1]]
+  qs, gamma = backward_image(weights, g_lo, g_hi, gates)
 
-  def image(W, lo, hi):
-    lo, hi = interval_image(W, lo, hi)
-    a = (lo[0], hi[0])
-    if lo.shape[0] > 1:   # the vertex hull, intersected with the box pass
-      a = (np.maximum(a[0], lo[1:].min(0)), np.minimum(a[1], hi[1:].max(0)))
-    return lo, hi, a
-
-  q_bounds: list = [None] * (len(weights) - 1)
-  for i in range(len(weights) - 2, -1, -1):
-    lq, uq, q_bounds[i] = image(weights[i + 1], g_lo, g_hi)
-    L, U = pre_bounds[i]
-    dl, du = (L >= 0).astype(np.float64), (U > 0).astype(np.float64)
-    g_lo, g_hi = np.minimum(dl * lq, du * lq), np.maximum(dl * uq, du * uq)
-  *_, gamma = image(weights[0], g_lo, g_hi)
-  return q_bounds, gamma
+  def hull(lo, hi):   # the vertex hull, intersected with the box pass
+    if lo.shape[0] == 1:
+      return lo[0], hi[0]
+    return np.maximum(lo[0], lo[1:].min(0)), np.minimum(hi[0], hi[1:].max(0))
+  return [hull(*q) for q in qs], hull(*gamma)
 
 
 def _add_backward(enc: Encoding, weights: list[np.ndarray], pre_bounds: list, deltas: list,
@@ -445,24 +467,18 @@ def _lipschitz_milp(net: Network, center: Any, radius: float, out_norm: str,
 
 
 def _interval_bound(weights, pre, out_norm) -> float:
-  """The interval (FastLip) bound from the MILP's own pre-activation bounds, in numpy."""
+  """The interval (FastLip) bound from the MILP's own pre-activation bounds: the engine's bounds
+  of ``γ = J^T c`` per output direction ``c`` (`backward_image`; a ReLU with ``l <= 0`` may have
+  derivative 0, one with ``u > 0`` derivative 1), the largest ``Σ_j max |γ_j|``, and that sum
+  rounded up by its own a-priori error (Higham, §3.1)."""
   m = weights[-1][0].shape[0]
   cs = np.asarray(bj_lip.output_directions(m, out_norm), np.float64)
-  best = 0.0
-  for c in cs:
-    glo, ghi = c.copy(), c.copy()
-    for i in range(len(weights) - 2, -1, -1):
-      W = weights[i + 1][0]
-      mid, rad = W.T @ ((glo + ghi) / 2), np.abs(W).T @ ((ghi - glo) / 2)
-      ql, qh = mid - rad, mid + rad
-      L, U = pre[i]
-      dl, du = (L > 0).astype(float), (U > 0).astype(float)
-      glo = np.minimum(dl * ql, du * ql)
-      ghi = np.maximum(dl * qh, du * qh)
-    W = weights[0][0]
-    mid, rad = W.T @ ((glo + ghi) / 2), np.abs(W).T @ ((ghi - glo) / 2)
-    best = max(best, float(np.sum(np.maximum(np.abs(mid - rad), np.abs(mid + rad)))))
-  return best * (1 + 1e-9)
+  gates = [((L > 0).astype(np.float64), (U > 0).astype(np.float64)) for L, U in
+           pre[:len(weights) - 1]]
+  _, (glo, ghi) = backward_image([w for w, _ in weights], cs, cs, gates)
+  sums = np.maximum(np.abs(glo), np.abs(ghi)).sum(axis=1)
+  best = float(sums.max())
+  return float(np.nextafter(best + rounding.sum_error(glo.shape[1], best, np.float64), np.inf))
 
 
 # ------------------------------------------------------------------------------------------------
