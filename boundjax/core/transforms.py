@@ -17,12 +17,14 @@ import functools
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from boundjax.core import program as prog_lib
 from boundjax.domains import interval as interval_domain
 from boundjax.domains.difference import difference  # noqa: F401  (re-exported: bj.difference)
 from boundjax.domains.linear import crown  # noqa: F401  (re-exported: bj.crown)
-from boundjax.core.interval import validate_arguments
+from boundjax.core.interval import Interval, validate_arguments
 
 
 def ibp(fn: Callable, *, matmul: str = "midrad", sound: bool = False) -> Callable:
@@ -68,3 +70,29 @@ def ibp(fn: Callable, *, matmul: str = "midrad", sound: bool = False) -> Callabl
     return jax.tree_util.tree_unflatten(program.out_tree, outs)
 
   return bounded
+
+
+def _affine(w: jax.Array, b: jax.Array, x: jax.Array) -> jax.Array:
+  return x @ w.T + b
+
+
+_sound_affine = jax.jit(ibp(_affine, sound=True, matmul="signsplit"))
+
+
+def affine_image(w, b, lower, upper):
+  """Sound float64 bounds ``(lo, hi)`` of ``x W^T + b`` over every box ``lower <= x <= upper``
+  (rows of ``lower``/``upper`` are separate boxes; numpy in, numpy out): `ibp` in sound mode, so
+  the bounds hold for the exact product (Higham, §3.1). The one place where a front-end that
+  holds numpy matrices (a MILP's last layer, a specification's rows, a first layer) gets the
+  image of a box."""
+  lower, upper = np.asarray(lower, np.float64), np.asarray(upper, np.float64)
+  single = lower.ndim == 1
+  lower, upper = np.atleast_2d(lower), np.atleast_2d(upper)
+  rows = lower.shape[0]
+  pad = max(8, 1 << (rows - 1).bit_length()) - rows     # a few shapes, a few compilations
+  lower, upper = (np.pad(v, ((0, pad), (0, 0))) for v in (lower, upper))
+  with jax.enable_x64(True):
+    f64 = lambda v: jnp.asarray(np.asarray(v, np.float64))  # noqa: E731
+    out = _sound_affine(f64(w), f64(b), Interval(f64(lower), f64(upper), validate=False))
+    lo, hi = np.asarray(out.lower)[:rows], np.asarray(out.upper)[:rows]
+  return (lo[0], hi[0]) if single else (lo, hi)

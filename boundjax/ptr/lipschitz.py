@@ -51,9 +51,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.core import rounding
 from boundjax.core.interval import Interval
-from boundjax.core.transforms import ibp
+from boundjax.core.transforms import affine_image, ibp
 
 Array = jax.Array
 ApplyFn = Callable[[Any, Array], Array]
@@ -408,14 +407,8 @@ def enumerate_patterns(W1: np.ndarray, b1: np.ndarray, W2: np.ndarray, center: A
   """
   z = np.asarray(center, np.float64).reshape(-1)
   lo, hi = z - radius, z + radius
-  mid = W1 @ z + b1
-  rad = np.abs(W1) @ np.full_like(z, radius)
-  # a-priori float64 error of the (n+1)-term sums above (Higham §3.1, `rounding.sum_error`); the
-  # excess of γ_{2n+4} over γ_{n+1} covers the two subtractions, the ulp step their rounding
-  slack = rounding.sum_error(W1.shape[1] + 1, np.abs(W1) @ np.abs(z) + np.abs(b1) + rad,
-                             np.float64)
-  pre_lo = np.nextafter(mid - rad - slack, -np.inf)
-  pre_hi = np.nextafter(mid + rad + slack, np.inf)
+  # the exact box [z - r, z + r], rounded outward, and its sound image under the first layer
+  pre_lo, pre_hi = affine_image(W1, b1, np.nextafter(lo, -np.inf), np.nextafter(hi, np.inf))
   fixed = pre_lo > 0
   unstable = np.flatnonzero(~fixed & (pre_hi > 0))
   if unstable.size > max_unstable:

@@ -53,7 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.core import rounding
+from boundjax.core.transforms import affine_image
 from boundjax.verify.outcome import Deadline
 from boundjax.verify.spec import Region
 
@@ -159,13 +159,10 @@ def region_rows(region: Region) -> tuple[np.ndarray, np.ndarray, list[tuple[int,
 
 def rows_lower(y_lo: np.ndarray, y_hi: np.ndarray, C: np.ndarray, d: np.ndarray, sound: bool):
   """Lower bounds of ``C y - d`` for ``y`` in ``[y_lo, y_hi]`` (B, m): (B, k), outward."""
-  Cp, Cn = np.maximum(C, 0.0), np.minimum(C, 0.0)
-  low = y_lo @ Cp.T + y_hi @ Cn.T - d
   if sound:
-    mag = np.maximum(np.abs(y_lo), np.abs(y_hi)) @ np.abs(C).T + np.abs(d)
-    err = rounding.gamma(2 * C.shape[1] + 4, np.float64) * mag * 2 + 1e-300
-    low = np.nextafter(low - err, -np.inf)
-  return low
+    return affine_image(C, -np.asarray(d, np.float64), y_lo, y_hi)[0]
+  Cp, Cn = np.maximum(C, 0.0), np.minimum(C, 0.0)
+  return y_lo @ Cp.T + y_hi @ Cn.T - d
 
 
 def region_lower(apply_fn: Callable, params: Any, input_shape: Sequence[int], key: str,

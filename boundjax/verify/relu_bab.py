@@ -35,7 +35,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from boundjax.core import rounding
+from boundjax.core.transforms import affine_image
 from boundjax.verify import bab, chain
 from boundjax.verify.outcome import Deadline
 from boundjax.verify.spec import Disjunct, Region
@@ -81,14 +81,8 @@ def _milp(net, region: Region, disjunct: Disjunct, lbs, ubs, deadline: Deadline,
     return "timeout", None
   w, b = net.layers[-1].w_lower, net.layers[-1].b_lower
   w = w.toarray() if hasattr(w, "toarray") else np.asarray(w)  # a scipy.sparse layer, too
-  hl, hu = np.maximum(lbs[-1], 0.0), np.maximum(ubs[-1], 0.0)
-  wp, wn = np.maximum(w, 0.0), np.minimum(w, 0.0)
-  yl, yu = wp @ hl + wn @ hu + b, wp @ hu + wn @ hl + b
-  # the a-priori float64 error of these (2n+1)-term sums (Higham §3.1), then one ulp for the
-  # rounding of the subtraction (hl, hu >= 0, so |hu| bounds every term)
-  pad = rounding.sum_error(2 * w.shape[1] + 1, np.abs(w) @ hu + np.abs(b), np.float64)
-  bounds = [(l.copy(), u.copy()) for l, u in zip(lbs, ubs)] + [
-      (np.nextafter(yl - pad, -np.inf), np.nextafter(yu + pad, np.inf))]
+  yl, yu = affine_image(w, b, np.maximum(lbs[-1], 0.0), np.maximum(ubs[-1], 0.0))
+  bounds = [(l.copy(), u.copy()) for l, u in zip(lbs, ubs)] + [(yl, yu)]
   res = check_property(net, region.lower, region.upper, disjunct.C, disjunct.d,
                        time_limit=left, bounds=bounds)
   if res.status == "sat":
