@@ -320,7 +320,7 @@ def _dot_step(pl: _DotPlanes, e: CrownEqn, mu, m: int, lam: dict, bias, y_iv: In
   return bias, slack
 
 
-def _fallback_step(iv: Interval, mu, m: int):
+def _fallback_terms(iv: Interval, mu, m: int):
   """A fallback output ``y ∈ [l, u]`` is a box variable: the lower bound gains
   ``Σ Λ⁺ l + Λ⁻ u``, the upper bound ``Σ Λ⁺ u + Λ⁻ l``; also returns ``Σ |Λ|·max(|l|, |u|)``
   (sound mode error terms)."""
@@ -339,6 +339,176 @@ def _spec_prefix(px: Prefix, spec) -> Prefix:
   return Prefix(k, {v: mapc(a) for v, a in px.pending.items()},
                  {v: mapc(a) for v, a in px.at_input.items()}, spec.astype(px.bias.dtype) @ px.bias,
                  jnp.zeros((k,), px.bias.dtype), [])
+
+
+# ----------------------------------------------------------------------------------------------
+# One backward step per kind of equation (the kind is set by `rules.classify_program`)
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Pass:
+  """The state of one backward pass (`_backward`): ``lam`` (var -> (2, m, *shape) coefficients,
+  [0] for the lower bound and [1] for the upper), ``bias`` and ``slack`` (2, m), and the
+  magnitude and size of the interval fallbacks, with the pass's fixed arguments."""
+  ctx: Ctx
+  px: Prefix
+  m: int
+  n_eq: int
+  dtype: Any
+  ivs: dict
+  pre: dict
+  rel: dict
+  alphas: dict | None
+  betas: dict | None
+  splits: dict | None
+  record: dict | None
+  lam: dict
+  bias: Any
+  slack: Any
+  fb_abs: Any
+  n_fb: int
+
+
+def _nonlinear_step(st: _Pass, i: int, e: CrownEqn) -> None:
+  """A relaxed nonlinear equation: its `Lines` (``rel[i]``) replace it; a product of two boxes
+  (``mode == "dot"``) takes its McCormick planes (`_dot_step`)."""
+  y, sound, m = e.outvars[0], st.ctx.sound, st.m
+  mu = _gather_mu(st.lam, st.px.pending, y, m)
+  if mu is None:
+    return
+  if e.mode == "dot":
+    if sound:
+      st.bias, extra = _dot_step(st.rel[i], e, mu, m, st.lam, st.bias, st.ivs[y],
+                                 (st.ivs, st.ctx.prog.uses, st.n_eq, st.dtype))
+      st.slack = st.slack + extra
+    else:
+      st.bias = _dot_step(st.rel[i], e, mu, m, st.lam, st.bias, st.ivs[y])
+  elif sound:
+    st.bias, extra = _relaxed_step(st.rel[i], e, mu, m, st.lam, st.bias,
+                                   (st.ivs, st.ctx.prog.uses, st.n_eq, st.dtype))
+    st.slack = st.slack + extra
+  else:
+    st.bias = _relaxed_step(st.rel[i], e, mu, m, st.lam, st.bias)
+
+
+def _fallback_step(st: _Pass, i: int, e: CrownEqn) -> None:
+  """An equation CROWN cannot relax: its results are concretised at their interval bounds."""
+  for y2 in e.outvars:
+    mu = _gather_mu(st.lam, st.px.pending, y2, st.m)
+    if mu is not None:
+      add, mag = _fallback_terms(st.ivs[y2], mu, st.m)
+      st.bias, st.fb_abs, st.n_fb = st.bias + add, st.fb_abs + mag, st.n_fb + y2.size
+
+
+def _affine_step(st: _Pass, i: int, e: CrownEqn) -> None:
+  """An affine equation: the coefficients move to its box-dependent operands through its
+  transpose (`transpose_rows`), its concrete offset goes into the bias."""
+  y, sound, m, cenv = e.outvars[0], st.ctx.sound, st.m, st.ctx.cenv
+  if y not in st.lam:
+    return
+  lam_y = st.lam.pop(y)
+  y0, vjp = affine_vjp(e, cenv)
+  contribs = transpose_rows(e, cenv, vjp, lam_y.reshape((2 * m, *y.shape)))
+  if has_offset(e):
+    st.bias = st.bias + rowdot(lam_y, y0, 2)
+  if sound and has_offset(e):
+    n = y.size + st.n_eq
+    st.slack = st.slack + rounding.gamma(n, st.dtype) * rowdot(
+        jnp.abs(lam_y), jnp.abs(y0), 2) + rounding.flush_error(n, st.dtype)
+  for p, cb in zip(e.abstract_pos, contribs):
+    x = e.invars[p]
+    add_to(st.lam, x, cb.reshape((2, m, *x.shape)))
+    if sound:
+      absdot = rowdot(jnp.abs(lam_y), abs_linear(e, cenv, p, _mag(st.ivs[x])), 2)
+      st.slack = st.slack + _coefficient_slack(
+          transpose_terms(e, p) + st.ctx.prog.uses.get(x, 1) + 1, st.dtype, absdot, st.ivs[x])
+
+
+def _relu_step(st: _Pass, i: int, e: CrownEqn) -> None:
+  """``max(x, c)`` / ``min(x, c)`` with a concrete ``c``: CROWN's lines (Zhang et al. 2018,
+  §3.2; `relu_lines`), α-CROWN's optimised lower slopes (Xu et al. 2021) and β-CROWN's split
+  multipliers (Wang et al. 2021, §3.1)."""
+  y, sound, m = e.outvars[0], st.ctx.sound, st.m
+  own = st.lam.pop(y, None)  # (2, m, ...) from pass 2, or None
+  shared = st.px.pending.get(y)  # (m, ...) from the prefix, or None
+  if own is None and shared is None:
+    return
+  x, c, sigma = relu_parts(e, st.ctx.cenv)
+  c_zero = is_zero(e.invars[1 - e.abstract_pos[0]])
+  l, u = st.pre[x]
+  if c_zero:
+    lt, ut = (l, u) if sigma > 0 else (-u, -l)
+    if sound:
+      lt, ut = rounding.round_down(lt), rounding.round_up(ut)
+  else:
+    lt, ut, c, pinned = relu_argument(l, u, c, sigma, sound)
+  a_lo, a_up, b_up = relu_lines(lt, ut, sound)
+  n = x.size
+  flat = lambda a: a.reshape(a.shape[:a.ndim - len(x.shape)] + (n,))  # noqa: E731
+  a_lo, a_up, b_up = flat(a_lo), flat(a_up), flat(b_up)
+  if own is None:
+    mu = flat(shared)[None]  # (1, m, n): shared by both bounds
+  else:
+    if shared is not None:
+      own = own + shared[None]
+    mu = flat(own)  # (2, m, n)
+  if st.record is not None:
+    st.record[x] = mu[0]
+  if not c_zero:  # y = c where c is ±inf (see `relu_argument`): Λ·c, with 0·inf = 0
+    pinned_rows = _safe_rowdot(mu.reshape((-1, n)), flat(pinned))
+    st.bias = st.bias + pinned_rows.reshape((mu.shape[0], m))
+  if sigma < 0:
+    mu = -mu
+  # lower bound: positive coefficients take the lower line, negative the upper line;
+  # upper bound the other way round. (Flat (rows, n) arrays vectorise well on CPU.)
+  alpha = None if st.alphas is None else st.alphas.get(x)
+  if alpha is None:
+    a_pos = jnp.stack([a_lo, a_up])[:, None]  # (2, 1, n)
+    a_neg = jnp.stack([a_up, a_lo])[:, None]
+  else:  # α-CROWN: optimised lower slopes of unstable neurons (lower rows, upper rows)
+    unstable = (lt.reshape(-1) < 0) & (ut.reshape(-1) > 0)
+    alpha = alpha if alpha.ndim == 3 else alpha[:, None]  # (2, m or 1, n)
+    al = jnp.where(unstable, jnp.clip(alpha, 0.0, 1.0).astype(a_lo.dtype), a_lo)
+    up = jnp.broadcast_to(a_up, al.shape[1:])
+    a_pos = jnp.stack([al[0], up])
+    a_neg = jnp.stack([up, al[1]])
+  nu = mu * jnp.where(mu > 0, a_pos, a_neg)  # (2, m, n)
+  beta = None if st.betas is None or st.splits is None else st.betas.get(x)
+  if beta is not None and st.splits.get(x) is not None:
+    sgn = st.splits[x].astype(nu.dtype)
+    if not c_zero:  # an infinite constant: t is not σ(x - c) there (see _relu_argument)
+      sgn = jnp.where(jnp.isfinite(flat(relu_parts(e, st.ctx.cenv)[1])), sgn, 0.0)
+    bt = jnp.maximum(beta, 0.0).astype(nu.dtype) * sgn  # (2, m, n)
+    nu = nu + jnp.stack([-bt[0], bt[1]])
+    beta_mag = jnp.abs(bt)
+  else:
+    beta_mag = None
+  mu_lo, mu_hi = mu[0], mu[-1]
+  st.bias = st.bias + jnp.stack([jnp.minimum(mu_lo, 0) @ b_up, jnp.maximum(mu_hi, 0) @ b_up])
+  if not c_zero:
+    mu2 = jnp.broadcast_to(mu, nu.shape)
+    st.bias = st.bias + sigma * rowdot(mu2, flat(c), 2) - sigma * rowdot(nu, flat(c), 2)
+  nu = nu.reshape((2, m, *x.shape))
+  add_to(st.lam, x, nu if sigma > 0 else -nu)
+  if sound:  # (β: one more term per entry, |Λ_t| + β|s| bounds the summands)
+    k = st.ctx.prog.uses.get(x, 1) + 1 + (beta_mag is not None)
+    anu = jnp.abs(nu) if beta_mag is None else \
+        jnp.abs(nu) + 2 * beta_mag.reshape(nu.shape)
+    st.slack = st.slack + _coefficient_slack(1 + k, st.dtype,
+                                             rowdot(anu, _mag(st.ivs[x]), 2), st.ivs[x])
+    amu = jnp.abs(jnp.stack([mu_lo, mu_hi]))
+    absum = rowdot(amu, b_up, 2)
+    if not c_zero:
+      absum = (absum + rowdot(amu, jnp.abs(flat(c)), 2)
+               + rowdot(anu, jnp.abs(c), 2))
+    n = 3 * x.size + st.n_eq
+    st.slack = st.slack + rounding.gamma(n, st.dtype) * absum + rounding.flush_error(n, st.dtype)
+
+
+BACKWARD_STEPS = {"nonlinear": _nonlinear_step, "fallback": _fallback_step,
+                  "relu": _relu_step, "affine": _affine_step}
+"""The backward step of each kind of equation (a ``concrete`` equation has no box-dependent
+value and never reaches the pass)."""
 
 
 def _backward(ctx: Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = None,
@@ -376,129 +546,13 @@ def _backward(ctx: Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = N
     x = e.invars[p]
     slack = slack + _coefficient_slack(n, dtype, rowdot(abs_lam, abs_linear(
         e, cenv, p, _mag(ivs[x]))), ivs[x])
-  fb_abs, n_fb = jnp.zeros((2, m), dtype), 0
+  st = _Pass(ctx, px, m, n_eq, dtype, ivs, pre, rel, alphas, betas, splits, record, lam, bias,
+             slack, jnp.zeros((2, m), dtype), 0)
   if px.pending:
     for i in reversed(ctx.ancestors[target]):
       e = prog.eqns[i]
-      y = e.outvars[0]
-      if e.kind == "nonlinear":
-        mu = _gather_mu(lam, px.pending, y, m)
-        if mu is not None and e.mode == "dot":
-          if sound:
-            bias, extra = _dot_step(rel[i], e, mu, m, lam, bias, ivs[y],
-                                    (ivs, prog.uses, n_eq, dtype))
-            slack = slack + extra
-          else:
-            bias = _dot_step(rel[i], e, mu, m, lam, bias, ivs[y])
-        elif mu is not None:
-          if sound:
-            bias, extra = _relaxed_step(rel[i], e, mu, m, lam, bias,
-                                        (ivs, prog.uses, n_eq, dtype))
-            slack = slack + extra
-          else:
-            bias = _relaxed_step(rel[i], e, mu, m, lam, bias)
-        continue
-      if e.kind == "fallback":
-        for y2 in e.outvars:
-          mu = _gather_mu(lam, px.pending, y2, m)
-          if mu is not None:
-            add, mag = _fallback_step(ivs[y2], mu, m)
-            bias, fb_abs, n_fb = bias + add, fb_abs + mag, n_fb + y2.size
-        continue
-      if e.kind == "relu":
-        own = lam.pop(y, None)  # (2, m, ...) from pass 2, or None
-        shared = px.pending.get(y)  # (m, ...) from the prefix, or None
-        if own is None and shared is None:
-          continue
-        x, c, sigma = relu_parts(e, cenv)
-        c_zero = is_zero(e.invars[1 - e.abstract_pos[0]])
-        l, u = pre[x]
-        if c_zero:
-          lt, ut = (l, u) if sigma > 0 else (-u, -l)
-          if sound:
-            lt, ut = rounding.round_down(lt), rounding.round_up(ut)
-        else:
-          lt, ut, c, pinned = relu_argument(l, u, c, sigma, sound)
-        a_lo, a_up, b_up = relu_lines(lt, ut, sound)
-        n = x.size
-        flat = lambda a: a.reshape(a.shape[:a.ndim - len(x.shape)] + (n,))  # noqa: E731
-        a_lo, a_up, b_up = flat(a_lo), flat(a_up), flat(b_up)
-        if own is None:
-          mu = flat(shared)[None]  # (1, m, n): shared by both bounds
-        else:
-          if shared is not None:
-            own = own + shared[None]
-          mu = flat(own)  # (2, m, n)
-        if record is not None:
-          record[x] = mu[0]
-        if not c_zero:  # y = c where c is ±inf (see `relu_argument`): Λ·c, with 0·inf = 0
-          pinned_rows = _safe_rowdot(mu.reshape((-1, n)), flat(pinned))
-          bias = bias + pinned_rows.reshape((mu.shape[0], m))
-        if sigma < 0:
-          mu = -mu
-        # lower bound: positive coefficients take the lower line, negative the upper line;
-        # upper bound the other way round. (Flat (rows, n) arrays vectorise well on CPU.)
-        alpha = None if alphas is None else alphas.get(x)
-        if alpha is None:
-          a_pos = jnp.stack([a_lo, a_up])[:, None]  # (2, 1, n)
-          a_neg = jnp.stack([a_up, a_lo])[:, None]
-        else:  # α-CROWN: optimised lower slopes of unstable neurons (lower rows, upper rows)
-          unstable = (lt.reshape(-1) < 0) & (ut.reshape(-1) > 0)
-          alpha = alpha if alpha.ndim == 3 else alpha[:, None]  # (2, m or 1, n)
-          al = jnp.where(unstable, jnp.clip(alpha, 0.0, 1.0).astype(a_lo.dtype), a_lo)
-          up = jnp.broadcast_to(a_up, al.shape[1:])
-          a_pos = jnp.stack([al[0], up])
-          a_neg = jnp.stack([up, al[1]])
-        nu = mu * jnp.where(mu > 0, a_pos, a_neg)  # (2, m, n)
-        beta = None if betas is None or splits is None else betas.get(x)
-        if beta is not None and splits.get(x) is not None:
-          sgn = splits[x].astype(nu.dtype)
-          if not c_zero:  # an infinite constant: t is not σ(x - c) there (see _relu_argument)
-            sgn = jnp.where(jnp.isfinite(flat(relu_parts(e, cenv)[1])), sgn, 0.0)
-          bt = jnp.maximum(beta, 0.0).astype(nu.dtype) * sgn  # (2, m, n)
-          nu = nu + jnp.stack([-bt[0], bt[1]])
-          beta_mag = jnp.abs(bt)
-        else:
-          beta_mag = None
-        mu_lo, mu_hi = mu[0], mu[-1]
-        bias = bias + jnp.stack([jnp.minimum(mu_lo, 0) @ b_up, jnp.maximum(mu_hi, 0) @ b_up])
-        if not c_zero:
-          mu2 = jnp.broadcast_to(mu, nu.shape)
-          bias = bias + sigma * rowdot(mu2, flat(c), 2) - sigma * rowdot(nu, flat(c), 2)
-        nu = nu.reshape((2, m, *x.shape))
-        add_to(lam, x, nu if sigma > 0 else -nu)
-        if sound:  # (β: one more term per entry, |Λ_t| + β|s| bounds the summands)
-          k = prog.uses.get(x, 1) + 1 + (beta_mag is not None)
-          anu = jnp.abs(nu) if beta_mag is None else \
-              jnp.abs(nu) + 2 * beta_mag.reshape(nu.shape)
-          slack = slack + _coefficient_slack(1 + k, dtype, rowdot(anu, _mag(ivs[x]), 2),
-                                             ivs[x])
-          amu = jnp.abs(jnp.stack([mu_lo, mu_hi]))
-          absum = rowdot(amu, b_up, 2)
-          if not c_zero:
-            absum = (absum + rowdot(amu, jnp.abs(flat(c)), 2)
-                     + rowdot(anu, jnp.abs(c), 2))
-          n = 3 * x.size + n_eq
-          slack = slack + rounding.gamma(n, dtype) * absum + rounding.flush_error(n, dtype)
-        continue
-      if y not in lam:
-        continue
-      lam_y = lam.pop(y)
-      y0, vjp = affine_vjp(e, cenv)
-      contribs = transpose_rows(e, cenv, vjp, lam_y.reshape((2 * m, *y.shape)))
-      if has_offset(e):
-        bias = bias + rowdot(lam_y, y0, 2)
-      if sound and has_offset(e):
-        n = y.size + n_eq
-        slack = slack + rounding.gamma(n, dtype) * rowdot(jnp.abs(lam_y), jnp.abs(y0), 2) \
-            + rounding.flush_error(n, dtype)
-      for p, cb in zip(e.abstract_pos, contribs):
-        x = e.invars[p]
-        add_to(lam, x, cb.reshape((2, m, *x.shape)))
-        if sound:
-          absdot = rowdot(jnp.abs(lam_y), abs_linear(e, cenv, p, _mag(ivs[x])), 2)
-          slack = slack + _coefficient_slack(transpose_terms(e, p) + prog.uses.get(x, 1) + 1,
-                                             dtype, absdot, ivs[x])
+      BACKWARD_STEPS.get(e.kind, _affine_step)(st, i, e)
+  lam, bias, slack, fb_abs, n_fb = st.lam, st.bias, st.slack, st.fb_abs, st.n_fb
   # concretise at the input boxes
   lower, upper = bias[0], bias[1]
   absum = jnp.abs(bias[0]) + jnp.abs(bias[1]) + fb_abs[0] + fb_abs[1]
@@ -863,6 +917,90 @@ def _constrain(iv: Interval, known, split, c, sigma: float):
   return Interval(lo, jnp.maximum(hi, lo), validate=False), empty
 
 
+@dataclasses.dataclass
+class _Forward:
+  """The state of `run_backward`'s forward pass: the intervals of abstract variables, the lines
+  of every relaxed equation, and ``tighten(x)``, which bounds a relaxed equation's input (by its
+  own backward pass when ``intermediate="crown"``) and returns ``(l, u)``."""
+  ctx: Ctx
+  ivs: dict
+  rel: dict
+  tighten: Any
+
+
+def _operands(fw: _Forward, e: CrownEqn) -> list:
+  prog = fw.ctx.prog
+  return [fw.ivs[a] if isinstance(a, _Var) and a in prog.abstract
+          else read_value(fw.ctx.cenv, a) for a in e.invars]
+
+
+def _set_outputs(fw: _Forward, e: CrownEqn, outs: list) -> None:
+  for v, o in zip(e.outvars, outs):
+    fw.ivs[v] = o
+
+
+def _forward_concrete(fw: _Forward, i: int, e: CrownEqn) -> None:
+  """No box-dependent operand: its value is in the concrete environment already."""
+
+
+def _forward_relu(fw: _Forward, i: int, e: CrownEqn) -> None:
+  """``max(x, c)`` / ``min(x, c)``: ``x`` is bounded first, the output is its interval image."""
+  x, c, sigma = relu_parts(e, fw.ctx.cenv)
+  fw.tighten(x)
+  op = jnp.maximum if sigma > 0 else jnp.minimum
+  fw.ivs[e.outvars[0]] = Interval(op(fw.ivs[x].lower, c), op(fw.ivs[x].upper, c), validate=False)
+
+
+def _forward_affine(fw: _Forward, i: int, e: CrownEqn) -> None:
+  """An affine equation: the interval domain's rule."""
+  out = interval_domain.RULES[e.name](interval_domain.IntervalContext(sound=fw.ctx.sound),
+                                      *_operands(fw, e), **e.params)
+  _set_outputs(fw, e, _no_nan_all(list(out) if isinstance(out, (list, tuple)) else [out]))
+
+
+def _forward_fallback(fw: _Forward, i: int, e: CrownEqn) -> None:
+  """An equation CROWN cannot relax: its operands are bounded as tightly as CROWN can, then the
+  interval rule bounds its outputs."""
+  for p in e.abstract_pos:
+    if e.invars[p] in fw.ctx.prefixes:
+      fw.tighten(e.invars[p])
+  _set_outputs(fw, e, _interval_of(e, _operands(fw, e), fw.ctx.sound, "midrad"))
+
+
+def _forward_nonlinear(fw: _Forward, i: int, e: CrownEqn) -> None:
+  """A relaxed equation: its inputs are bounded, its output interval computed and its lines
+  (``rel[i]``) built on those bounds (a selection's lines need its predicate, not its cases; a
+  product of two boxes takes McCormick planes, `_dot_planes`)."""
+  ctx, cenv = fw.ctx, fw.ctx.cenv
+  bounds = [] if e.mode == "select" else [fw.tighten(x) for x in e.relax_in]
+  if e.mode == "leaky":
+    (l, u), = bounds
+    p, n = _leaky_slopes(e, cenv, e.relax_in[0])
+    f = lambda t: jnp.where(t >= 0, p * t, n * t)  # noqa: E731
+    lo = jnp.minimum(jnp.minimum(f(l), f(u)), jnp.where((l < 0) & (u > 0), 0.0, jnp.inf))
+    outs = [Interval(lo, jnp.maximum(f(l), f(u)), validate=False)]
+  else:
+    outs = _interval_of(e, _operands(fw, e), ctx.sound, "best" if e.mode == "dot" else "midrad")
+  _set_outputs(fw, e, outs)
+  if e.mode == "dot":
+    piv = e.aux.pivot
+    fw.rel[i] = _dot_planes(e, fw.ivs[e.invars[piv]], fw.ivs[e.invars[1 - piv]], ctx.sound)
+    return
+  pred = None
+  if e.mode == "select":
+    a = e.invars[0]
+    pred = fw.ivs[a] if isinstance(a, _Var) and a in ctx.prog.abstract else read_value(cenv, a)
+  fw.rel[i] = _relax_lines(e, cenv, bounds, fw.ivs[e.outvars[0]], ctx.sound, pred)
+
+
+FORWARD_STEPS = {"concrete": _forward_concrete, "relu": _forward_relu,
+                 "affine": _forward_affine, "fallback": _forward_fallback,
+                 "nonlinear": _forward_nonlinear}
+"""The forward step of each kind of equation in `run_backward` (`BACKWARD_STEPS` is the
+backward one): together with the kind set by `rules.classify_program` and the relaxation in
+`rules`, everything CROWN does with one equation."""
+
+
 def run_backward(ctx: Ctx, boxes: Sequence[Interval], spec=None, data: dict | None = None):
   """The per-example pass: forward intervals, pre-activation bounds of every ReLU and relaxed
   equation in order (with their lines), and the final CROWN bounds of every abstract output.
@@ -903,48 +1041,9 @@ def run_backward(ctx: Ctx, boxes: Sequence[Interval], spec=None, data: dict | No
       pre[x] = (ivs[x].lower, ivs[x].upper)
     return pre[x]
 
+  fw = _Forward(ctx, ivs, rel, tighten)
   for i, e in enumerate(prog.eqns):
-    if e.kind == "concrete":
-      continue
-    if e.kind == "relu":
-      x, c, sigma = relu_parts(e, cenv)
-      tighten(x)
-      op = jnp.maximum if sigma > 0 else jnp.minimum
-      ivs[e.outvars[0]] = Interval(op(ivs[x].lower, c), op(ivs[x].upper, c), validate=False)
-      continue
-    if e.kind == "nonlinear":  # (a selection's lines need its predicate, not its cases)
-      bounds = [] if e.mode == "select" else [tighten(x) for x in e.relax_in]
-    elif e.kind == "fallback":
-      for p in e.abstract_pos:
-        if e.invars[p] in ctx.prefixes:
-          tighten(e.invars[p])
-    vals = [ivs[a] if isinstance(a, _Var) and a in prog.abstract else read_value(cenv, a)
-            for a in e.invars]
-    if e.kind == "nonlinear" and e.mode == "leaky":
-      (l, u), = bounds
-      p, n = _leaky_slopes(e, cenv, e.relax_in[0])
-      f = lambda t: jnp.where(t >= 0, p * t, n * t)  # noqa: E731
-      lo = jnp.minimum(jnp.minimum(f(l), f(u)), jnp.where((l < 0) & (u > 0), 0.0, jnp.inf))
-      outs = [Interval(lo, jnp.maximum(f(l), f(u)), validate=False)]
-    elif e.kind == "affine":
-      out = interval_domain.RULES[e.name](interval_domain.IntervalContext(sound=ctx.sound),
-                                          *vals, **e.params)
-      outs = _no_nan_all(list(out) if isinstance(out, (list, tuple)) else [out])
-    else:
-      outs = _interval_of(e, vals, ctx.sound,
-                          "best" if e.kind == "nonlinear" and e.mode == "dot" else "midrad")
-    for v, o in zip(e.outvars, outs):
-      ivs[v] = o
-    if e.kind == "nonlinear":
-      pred = None
-      if e.mode == "select":
-        a = e.invars[0]
-        pred = ivs[a] if isinstance(a, _Var) and a in prog.abstract else read_value(cenv, a)
-      if e.mode == "dot":
-        piv = e.aux.pivot
-        rel[i] = _dot_planes(e, ivs[e.invars[piv]], ivs[e.invars[1 - piv]], ctx.sound)
-      else:
-        rel[i] = _relax_lines(e, cenv, bounds, ivs[e.outvars[0]], ctx.sound, pred)
+    FORWARD_STEPS[e.kind](fw, i, e)
   for k, (x, _) in enumerate(ctx.nodes):  # a node no equation needed bounds for
     if x not in pre and x in ivs:
       tighten(x)
