@@ -560,87 +560,142 @@ def _scaled_copy(v, x, abstract: set, made_by: dict):
 _SOUND_MODES = frozenset({"product", "pool", "max2", "min2", "select", "dot"})
 
 
-def _decide(e: CrownEqn, abstract: set, made_by: dict, sound: bool,
-            direct: Callable[[Any], bool] = lambda v: False) -> None:
-  """Sets ``kind`` (and ``mode``, ``relax_in``, ``aux``, ``reason``) of an abstract equation.
-  ``direct(v)``: ``v`` is a box input read by this one equation only (`_dot_roles`)."""
-  name, pos = e.name, e.abstract_pos
-  rec = op_record(name)
-  ins = [e.invars[p] for p in pos]
-  same = all(v.shape == e.outvars[0].shape for v in ins) if e.outvars else False
+@dataclasses.dataclass
+class _Decision:
+  """One abstract equation being classified, with what the classification reads: the
+  box-dependent variables, the equation that made each variable, the mode and ``direct(v)``
+  (``v`` is a box input read by this one equation only, `_dot_roles`)."""
+  e: CrownEqn
+  abstract: set
+  made_by: dict
+  sound: bool
+  direct: Callable[[Any], bool]
 
-  def fallback(reason):
-    e.kind, e.reason = "fallback", reason
+  @property
+  def ins(self) -> list:
+    return [self.e.invars[p] for p in self.e.abstract_pos]
 
-  def nonlinear(mode, relax_in, aux=None):
-    if sound and mode not in _SOUND_MODES:
-      return fallback("sound mode bounds smooth nonlinear operations by intervals (their lines "
-                      "are not exact in floating point)")
+  @property
+  def same_shape(self) -> bool:
+    e = self.e
+    return all(v.shape == e.outvars[0].shape for v in self.ins) if e.outvars else False
+
+  def affine(self) -> None:
+    self.e.kind = "affine"
+
+  def relu(self) -> None:
+    self.e.kind = "relu"
+
+  def fallback(self, reason: str) -> None:
+    self.e.kind, self.e.reason = "fallback", reason
+
+  def nonlinear(self, mode: str, relax_in, aux=None) -> None:
+    if self.sound and mode not in _SOUND_MODES:
+      return self.fallback("sound mode bounds smooth nonlinear operations by intervals (their "
+                           "lines are not exact in floating point)")
+    e = self.e
     e.kind, e.mode, e.relax_in, e.aux = "nonlinear", mode, tuple(relax_in), aux
 
-  if any(low_precision(v.aval) for v in ins) or any(low_precision(o.aval) for o in e.outvars):
-    return fallback("bfloat16/float16 arithmetic (its rounding is not a linear map)")
-  if name == "select_n":
+
+def _classify_none(d: _Decision, rec: OpRecord) -> None:
+  d.fallback("no linear relaxation")
+
+
+def _classify_affine(d: _Decision, rec: OpRecord) -> None:
+  """Linear in its box-dependent operands, unless one of them is an index or a predicate: a
+  box-dependent predicate of ``select_n`` is relaxed per entry once its interval is known."""
+  e, pos = d.e, d.e.abstract_pos
+  idx = rec.index_operands
+  if idx is None:
+    idx = tuple(range(rec.index_from, len(e.invars)))
+  if any(p in idx for p in pos):
+    if e.name == "select_n" and pos[0] == 0 and all(
+        is_float(_aval(v)) and _aval(v).shape == e.outvars[0].shape for v in e.invars[1:]) \
+        and is_float(e.outvars[0].aval):
+      return d.nonlinear("select", [e.invars[p] for p in pos[1:]])
+    return d.fallback("a box-dependent index or predicate")
+  if not all(is_float(v.aval) for v in d.ins):
+    return d.fallback("a non-float box-dependent operand")
+  d.affine()
+
+
+def _classify_bilinear(d: _Decision, rec: OpRecord) -> None:
+  """Linear in one box-dependent operand; a product of two is relaxed (McCormick planes for
+  ``mul``, ``dot_general`` and ``conv_general_dilated``; ``1 / d`` for a divisor)."""
+  e, pos, ins, name = d.e, d.e.abstract_pos, d.ins, d.e.name
+  if not all(is_float(v.aval) for v in ins):
+    return d.fallback("a non-float box-dependent operand")
+  if len(pos) == 1 and not (name == "div" and pos == (1,)):
+    return d.affine()
+  if name == "div" and pos == (1,) and d.same_shape:
+    return d.nonlinear("reciprocal", ins)
+  if name == "mul" and len(pos) == 2 and d.same_shape:
+    return d.nonlinear("product", ins)
+  if name in ("dot_general", "conv_general_dilated") and len(pos) == 2 \
+      and ins[0].aval.dtype == ins[1].aval.dtype == e.outvars[0].aval.dtype:
+    roles = _dot_roles(e, d.direct)
+    return d.nonlinear("dot", [e.invars[roles.pivot]] if roles.concretise else ins, roles)
+  d.fallback("a product of two box-dependent operands (no linear relaxation of this shape; use "
+             "bj.ibp for interval parameters)")
+
+
+def _classify_relu(d: _Decision, rec: OpRecord) -> None:
+  """``max``/``min`` with a concrete operand is a ReLU node; of two box-dependent operands, a
+  leaky ReLU ``max(x, αx)`` or a relaxed maximum/minimum."""
+  e, pos, ins = d.e, d.e.abstract_pos, d.ins
+  if not all(is_float(v.aval) for v in ins):
+    return d.fallback("a non-float box-dependent operand")
+  if len(pos) == 1 and len(e.invars) == 2:
+    return d.relu()
+  if len(pos) == 2 and d.same_shape:
+    if e.name == "max":
+      for x, v in ((e.invars[0], e.invars[1]), (e.invars[1], e.invars[0])):
+        leaky = _scaled_copy(v, x, d.abstract, d.made_by)
+        if leaky is not None:
+          return d.nonlinear("leaky", (x,), ("max", leaky[1]))
+    return d.nonlinear(e.name + "2", ins)
+  d.fallback("max/min of box-dependent operands of different shapes")
+
+
+def _classify_nonlinear(d: _Decision, rec: OpRecord) -> None:
+  """Relaxed by lines on the input box: a pooling maximum/minimum by its selection map, an
+  elementwise function by `unary_relaxation`."""
+  e, ins = d.e, d.ins
+  if not all(is_float(v.aval) for v in ins):
+    return d.fallback("a non-float box-dependent operand")
+  if rec.relax == "pool":
+    dilated = any(x != 1 for key in ("window_dilation", "base_dilation")
+                  for x in e.params.get(key, ()))
+    if dilated:  # the selection map is a VJP, and JAX has none for dilated max windows
+      return d.fallback("a max/min pooling window with dilation (its selection map is not "
+                        "available)")
+    return d.nonlinear("pool", ins)
+  if unary_relaxation(e.name, e.params) is None:
+    return d.fallback("no linear relaxation for these parameters")
+  d.nonlinear("unary", ins)
+
+
+CLASSIFY = {"none": _classify_none, "affine": _classify_affine, "bilinear": _classify_bilinear,
+            "relu": _classify_relu, "nonlinear": _classify_nonlinear}
+"""How an equation of each record kind (`OpRecord.kind`) is classified: sets the equation's
+``kind`` (and ``mode``, ``relax_in``, ``aux``, ``reason``)."""
+
+
+def _decide(e: CrownEqn, abstract: set, made_by: dict, sound: bool,
+            direct: Callable[[Any], bool] = lambda v: False) -> None:
+  """Sets ``kind`` (and ``mode``, ``relax_in``, ``aux``, ``reason``) of an abstract equation:
+  the checks every primitive shares, then its record kind's rule (`CLASSIFY`)."""
+  d = _Decision(e, abstract, made_by, sound, direct)
+  if any(low_precision(v.aval) for v in d.ins) or any(low_precision(o.aval) for o in e.outvars):
+    return d.fallback("bfloat16/float16 arithmetic (its rounding is not a linear map)")
+  if e.name == "select_n":
     leaky = _match_leaky(e, abstract, made_by)
     if leaky is not None:
-      return nonlinear("leaky", (leaky[0],), ("select", leaky[1]))
+      return d.nonlinear("leaky", (leaky[0],), ("select", leaky[1]))
   if not all(is_float(o.aval) for o in e.outvars):
-    return fallback("a non-float result")
-  if rec.kind == "none":
-    return fallback("no linear relaxation")
-  if rec.kind == "affine":
-    idx = rec.index_operands
-    if idx is None:
-      idx = tuple(range(rec.index_from, len(e.invars)))
-    if any(p in idx for p in pos):
-      if name == "select_n" and pos[0] == 0 and all(
-          is_float(_aval(v)) and _aval(v).shape == e.outvars[0].shape for v in e.invars[1:]) \
-          and is_float(e.outvars[0].aval):
-        # a box-dependent predicate: relaxed per entry once its interval is known
-        return nonlinear("select", [e.invars[p] for p in pos[1:]])
-      return fallback("a box-dependent index or predicate")
-    if not all(is_float(v.aval) for v in ins):
-      return fallback("a non-float box-dependent operand")
-    e.kind = "affine"
-    return
-  if not all(is_float(v.aval) for v in ins):
-    return fallback("a non-float box-dependent operand")
-  if rec.kind == "bilinear":
-    if len(pos) == 1 and not (name == "div" and pos == (1,)):
-      e.kind = "affine"
-      return
-    if name == "div" and pos == (1,) and same:
-      return nonlinear("reciprocal", ins)
-    if name == "mul" and len(pos) == 2 and same:
-      return nonlinear("product", ins)
-    if name in ("dot_general", "conv_general_dilated") and len(pos) == 2 \
-        and ins[0].aval.dtype == ins[1].aval.dtype == e.outvars[0].aval.dtype:
-      roles = _dot_roles(e, direct)
-      return nonlinear("dot", [e.invars[roles.pivot]] if roles.concretise else ins, roles)
-    return fallback("a product of two box-dependent operands (no linear relaxation of this "
-                    "shape; use bj.ibp for interval parameters)")
-  if rec.kind == "relu":
-    if len(pos) == 1 and len(e.invars) == 2:
-      e.kind = "relu"
-      return
-    if len(pos) == 2 and same:
-      if name == "max":
-        for x, v in ((e.invars[0], e.invars[1]), (e.invars[1], e.invars[0])):
-          leaky = _scaled_copy(v, x, abstract, made_by)
-          if leaky is not None:
-            return nonlinear("leaky", (x,), ("max", leaky[1]))
-      return nonlinear(name + "2", ins)
-    return fallback("max/min of box-dependent operands of different shapes")
-  if rec.relax == "pool":
-    dilated = any(d != 1 for key in ("window_dilation", "base_dilation")
-                  for d in e.params.get(key, ()))
-    if dilated:  # the selection map is a VJP, and JAX has none for dilated max windows
-      return fallback("a max/min pooling window with dilation (its selection map is not "
-                      "available)")
-    return nonlinear("pool", ins)
-  if unary_relaxation(name, e.params) is None:
-    return fallback("no linear relaxation for these parameters")
-  return nonlinear("unary", ins)
+    return d.fallback("a non-float result")
+  rec = op_record(e.name)
+  CLASSIFY[rec.kind](d, rec)
 
 
 def classify_program(prog: CrownProgram, abstract_in: Sequence[bool], sound: bool = False) -> None:
