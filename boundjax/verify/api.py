@@ -8,7 +8,7 @@ Pipeline for a property (regions × disjuncts, see `boundjax.verify.spec`):
    program's widths before anything is built; over ``dense_memory_bytes`` it is skipped.
 3. **network**: within the budget, the function is extracted to an affine/ReLU chain
    (`milp.network`), checked against the float64 replay on random points, and densified in
-   float64 (`layered`).
+   float64 (`chain`, whose bounds all come from the engine).
 4. **bounds** (`boundjax.verify.engine`): the engine (`bj.crown`, sound mode) on every region's
    whole box with the specification composed into the function: CROWN (CROWN-IBP where CROWN
    does not fit), then α-CROWN while disjuncts stay open, within a share of the time and
@@ -25,7 +25,7 @@ Pipeline for a property (regions × disjuncts, see `boundjax.verify.spec`):
    splitting with β-CROWN otherwise (`relu_bab`, with the MILP fallback).
 
 ``unsat`` is returned only when every disjunct of every region is proven; with ``sound=True``
-(default) every bound holds in exact arithmetic (see `engine` and `layered`). Time is
+(default) every bound holds in exact arithmetic (see `engine` and `chain`). Time is
 wall-clock and checked between batches; compilation counts (an engine bound still compiling
 when its budget ends is left behind, `engine.call_with_budget`).
 """
@@ -144,11 +144,13 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
     prop: regions with disjuncts (`boundjax.verify.spec.as_regions` accepts the VNNLIB reader's
       output and ``[((lower, upper), [(C, d), ...]), ...]``).
     timeout: wall-clock seconds for everything (compilation included).
-    sound: bounds valid in exact real arithmetic (`layered`); ``unsat`` relies on them.
+    sound: bounds valid in exact real arithmetic (the engine's ``sound=True``, `chain`);
+      ``unsat`` relies on them.
     key: seed of the attack's random starts.
     input_split_dims: input splitting up to this many inputs, ReLU splitting above.
-    intermediate: input splitting's intermediate bounds, ``"crown"`` (backward, tighter) or
-      ``"forward"`` (forward linear bounds, ~15x cheaper per box, looser on big boxes).
+    intermediate: input splitting's intermediate bounds, the engine's ``"crown"`` (a backward
+      pass per layer, tighter) or ``"ibp"`` (interval propagation, CROWN-IBP: cheaper per box,
+      looser on big boxes).
     alpha_steps: α-CROWN steps on the output rows of each input-split box (0: CROWN).
     batch: sub-problems per jitted bound call.
     milp: allow the MILP fallback (`milp.property.check_property`) in ReLU splitting.
