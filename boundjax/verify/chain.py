@@ -14,7 +14,11 @@ chain.
 
 from __future__ import annotations
 
+import threading
+from collections import defaultdict
 from typing import Any, NamedTuple
+
+import jax
 
 import jax.numpy as jnp
 import numpy as np
@@ -95,19 +99,28 @@ def chain_params(lay: Layers, C, d) -> dict:
 
 
 _BOUNDERS: dict = {}
+_LOCKS: defaultdict = defaultdict(threading.Lock)  # per bounder: one compilation at a time
 
 
 def bounder(sound: bool, intermediate: str = "crown", steps: int = 0, lr: float = 0.1,
             beta: bool = False):
   """The engine's bound of `chain_fn` with split constraints and known bounds
-  (``bj.crown(..., splits=True, return_info=True)``), one transform (hence one compilation
-  cache) per option set. ``steps``: α(β)-CROWN steps (0: CROWN)."""
+  (``bj.crown(..., splits=True, return_info=True)``), one transform per option set, called
+  under `jax.jit` (one compilation per argument shape and structure; the engine's per-call
+  argument checks, and its check that examples are independent, which runs ``chain_fn``
+  op by op on a new shape, happen once at tracing: ``chain_fn`` treats rows independently by
+  construction). ``steps``: α(β)-CROWN steps (0: CROWN). Call it as ``f(params, box, pre=,
+  splits=)`` like the engine's function."""
   key = (sound, intermediate, int(steps), float(lr), beta)
   if key not in _BOUNDERS:
     opt = {"alpha": True, "alpha_steps": int(steps), "alpha_lr": lr, "beta": beta} if steps \
         else {}
-    _BOUNDERS[key] = crown(chain_fn, batch_axis=0, sound=sound, intermediate=intermediate,
-                           splits=True, return_info=True, **opt)
+    fn = crown(chain_fn, batch_axis=0, sound=sound, intermediate=intermediate, splits=True,
+               return_info=True, **opt)
+    jitted = jax.jit(lambda p, box, pre, splits, warm: fn(p, box, pre=pre, splits=splits,
+                                                          warm=warm))
+    _BOUNDERS[key] = lambda p, box, pre=None, splits=None, warm=None: jitted(p, box, pre,
+                                                                             splits, warm)
   return _BOUNDERS[key]
 
 
@@ -131,6 +144,11 @@ def _run(bound, lay: Layers, C, d, lo, hi, prior, splits, chunk: int = CHUNK):
   """``bound`` (a `bounder`) on the boxes ``lo, hi`` (B, n_0) in chunks of ``chunk`` boxes.
   Returns NumPy arrays ``(lower bounds (B, R), lam0 (B, R, n_0), infeasible (B,), lbs, ubs)``
   (``lbs, ubs``: the bounds the engine used per hidden layer, (B, n_i))."""
+  with _LOCKS[id(bound)]:  # a `warm_up` compiling this bound: wait for it, do not compile twice
+    return _run_chunks(bound, lay, C, d, lo, hi, prior, splits, chunk)
+
+
+def _run_chunks(bound, lay: Layers, C, d, lo, hi, prior, splits, chunk: int):
   p = chain_params(lay, C, d)
   lo, hi = np.asarray(lo, F64), np.asarray(hi, F64)
   B = lo.shape[0]
@@ -201,3 +219,32 @@ def estimate_batch(lay: Layers, C, d, lo, hi, prior, sound: bool = False) -> np.
   splitting passes its own mode so that the look-ahead compiles nothing more."""
   bound, _, inf, _, _ = _run(bounder(sound, "crown"), lay, C, d, lo, hi, prior, None)
   return np.where(inf[:, None], np.inf, bound)
+
+
+def warm_up(lay: Layers, rows: int, sound: bool, intermediate: str = "crown") -> threading.Event:
+  """Compiles `crown_batch`'s bounds for ``lay`` and ``rows`` specification rows in a
+  background thread, e.g. while the falsifier runs (a compilation takes tens of seconds on a
+  loaded 2-core CPU and is single-threaded, as is the falsifier's phase, so on two cores they
+  overlap): first the CROWN bound (no α), then the "post" mode's second pass (CROWN-IBP met
+  with the prior). A `crown_batch` of these shapes called meanwhile waits for the compilation
+  instead of compiling twice. Returns an event set when the first bound is ready (or failed).
+  The thread is named like `engine.call_with_budget`'s workers, so `boundjax verify` exits at
+  once if it is still compiling at the deadline."""
+  ready = threading.Event()
+
+  def work():
+    with jax.enable_x64(True):  # thread-local
+      n_in, n_out = lay.widths[0], lay.widths[-1]
+      C, d, box = np.zeros((rows, n_out)), np.zeros(rows), np.zeros((1, n_in))
+      try:
+        crown_batch(lay, C, d, box, box, sound, intermediate)
+        ready.set()
+        everything = ([np.full((1, n), -np.inf) for n in lay.hidden],
+                      [np.full((1, n), np.inf) for n in lay.hidden])
+        crown_batch(lay, C, d, box, box, sound, intermediate, everything, "post")
+      except Exception:  # noqa: BLE001  (the real call reports it)
+        pass
+      finally:
+        ready.set()
+  threading.Thread(target=work, daemon=False, name="boundjax-worker").start()
+  return ready

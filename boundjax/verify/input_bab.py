@@ -52,6 +52,14 @@ def _pad_rows(C: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
           np.concatenate([d, np.zeros(size - R)]))
 
 
+def spec_rows(disjuncts: Sequence[Disjunct], combine: bool = True) -> int:
+  """How many rows `input_split` bounds for these disjuncts (with `combined_rows`, padded by
+  `_pad_rows`): the shape of its compiled bound, for `chain.warm_up`."""
+  parts = [combined_rows(dj) if combine else (dj.C, dj.d) for dj in disjuncts]
+  return _pad_rows(np.concatenate([p[0] for p in parts]),
+                   np.concatenate([p[1] for p in parts]))[0].shape[0]
+
+
 def combined_rows(disjunct: Disjunct, max_rows: int = 8) -> tuple[np.ndarray, np.ndarray]:
   """``(C', d')``: the disjunct's rows followed by sums of pairs of rows and of all rows.
 
