@@ -7,7 +7,9 @@
 
     boundjax verify NET.onnx PROP.vnnlib --timeout 60 --out RESULT
                                         VNN-COMP's contract: RESULT holds sat (and the
-                                        counterexample), unsat, timeout or unknown
+                                        counterexample), unsat, timeout or unknown; compiled
+                                        bounds are cached in ~/.cache/boundjax/jax for later
+                                        runs (--compile-cache DIR, --no-compile-cache)
     boundjax verify --batch INSTANCES.csv --timeout 60 [--root DIR] [--json results.json]
                                         a list of instances (columns onnx, vnnlib), with a
                                         progress bar and a results table
@@ -57,11 +59,41 @@ def demo(only: list[str] | None = None, json_path: str | None = None) -> int:
   return 0
 
 
+def compile_cache(path: str | None) -> str | None:
+  """Turns on JAX's persistent compilation cache in ``path`` (default:
+  ``$XDG_CACHE_HOME/boundjax/jax``, else ``~/.cache/boundjax/jax``) for programs whose
+  compilation takes over a second. Only a later process gains: it loads the compiled bounds
+  (tens of seconds of XLA compilation on a loaded CPU, the same program for every network and
+  property of a shape) instead of compiling them; the first run on a machine pays in full. The
+  cached executables are the ones XLA would compile (keyed by the program, the options and the
+  JAX version), so soundness is untouched. Returns the folder, or None if it cannot be made."""
+  import os
+  from pathlib import Path
+
+  import jax
+  if path is None:
+    path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "boundjax" / "jax"
+  try:
+    Path(path).mkdir(parents=True, exist_ok=True)
+  except OSError:
+    return None
+  jax.config.update("jax_compilation_cache_dir", str(path))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  return str(path)
+
+
 def verify(net: str | None, prop: str | None, timeout: float, out: str | None,
-           batch: str | None, root: str | None, json_path: str | None, sound: bool) -> int:
-  """`boundjax verify`: one instance (``net``, ``prop``) or a CSV list (``batch``)."""
+           batch: str | None, root: str | None, json_path: str | None, sound: bool,
+           cache: str | None | bool = None) -> int:
+  """`boundjax verify`: one instance (``net``, ``prop``) or a CSV list (``batch``).
+  ``cache``: the persistent compilation cache's folder (`compile_cache`; None: the default
+  one; False: none)."""
   import csv
   from pathlib import Path
+
+  if cache is not False:
+    compile_cache(cache)
 
   from boundjax.verify import format_result, run_instances, verify_instance
   if batch is None:
@@ -137,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
   v.add_argument("--unsound-fp", action="store_true",
                  help="skip the outward rounding of the bounds (faster; unsat then holds up to "
                       "floating-point error)")
+  v.add_argument("--compile-cache", metavar="DIR",
+                 help="JAX's persistent compilation cache (default ~/.cache/boundjax/jax): a "
+                      "later run loads the compiled bounds instead of compiling them")
+  v.add_argument("--no-compile-cache", action="store_true",
+                 help="no persistent compilation cache (every run compiles)")
   r = sub.add_parser("reproduce", help="run the benchmarks (from a clone) and write report/")
   mode = r.add_mutually_exclusive_group()
   mode.add_argument("--quick", action="store_const", dest="mode", const="quick",
@@ -159,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     return demo(args.only, args.json)
   if args.command == "verify":
     code = verify(args.net, args.prop, args.timeout, args.out, args.batch, args.root, args.json,
-                  not args.unsound_fp)
+                  not args.unsound_fp,
+                  False if args.no_compile_cache else args.compile_cache)
     _leave_if_compiling(code)
     return code
   return 1

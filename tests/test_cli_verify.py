@@ -47,6 +47,13 @@ def _property(path: Path, condition: str) -> None:
   path.write_text("\n".join(lines) + "\n")
 
 
+@pytest.fixture(autouse=True)
+def no_global_compile_cache(monkeypatch):
+  """In-process calls of the command leave JAX's configuration alone (the persistent cache is
+  checked in a subprocess, `test_batch_runs_a_csv_and_prints_a_table`)."""
+  monkeypatch.setattr(cli, "compile_cache", lambda path: None)
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
   d = tmp_path_factory.mktemp("verify")
@@ -89,7 +96,8 @@ def test_batch_runs_a_csv_and_prints_a_table(files, tmp_path):
   csv_path = d / "instances.csv"
   csv_path.write_text("onnx,vnnlib\nnet.onnx,unsat.vnnlib\nnet.onnx,sat.vnnlib\n")
   proc = subprocess.run([sys.executable, "-m", "boundjax.cli", "verify", "--batch", str(csv_path),
-                         "--timeout", "60", "--json", str(tmp_path / "r.json")],
+                         "--timeout", "60", "--json", str(tmp_path / "r.json"),
+                         "--compile-cache", str(tmp_path / "cache")],
                         capture_output=True, text=True, timeout=600,
                         env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -97,6 +105,7 @@ def test_batch_runs_a_csv_and_prints_a_table(files, tmp_path):
   import json
   rows = json.loads((tmp_path / "r.json").read_text())
   assert [r["status"] for r in rows] == ["unsat", "sat"]
+  assert (tmp_path / "cache").is_dir()  # the persistent compilation cache's folder
 
 
 def test_missing_arguments_are_rejected():

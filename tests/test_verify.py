@@ -2,8 +2,8 @@
 
 Small random ReLU networks (2-3 inputs) with random linear properties: a dense grid of the box
 is evaluated in float64; if a grid point violates the property the verifier must not say
-``unsat``, and every ``sat`` counterexample must replay. Also: layered bounds vs sampling (sound
-and not), a sigmoid network (generic path), the time limit, the result text, and the shared
+``unsat``, and every ``sat`` counterexample must replay. Also: the dense chain's engine bounds
+(`chain`) vs sampling (sound and not), a sigmoid network (generic path), the time limit, the result text, and the shared
 instances (a few in CI, the rest under ``slow``).
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import boundjax.verify as mc
-from boundjax.verify import attack, layered
+from boundjax.verify import attack, chain
 from tests.helpers import chain_apply
 from boundjax.verify.spec import Disjunct, Region
 from milp.network import AffineLayer, Network
@@ -86,7 +86,11 @@ def test_random_networks_vs_grid(seed):
     assert any(np.all(C @ yx - d <= 0) for C, d in disjuncts)
 
 
-def test_layered_bounds_are_sound_and_splits_tighten():
+def test_chain_bounds_are_sound_and_splits_tighten():
+  """`chain.crown_batch` (the engine on the dense chain): CROWN (CROWN and CROWN-IBP
+  intermediate bounds) and α-CROWN below the sampled minimum, sound mode and not; α-CROWN at
+  least as tight as CROWN; with a neuron split either way, the split clips its bounds and each
+  half's bound is below the minimum over its own half of the domain."""
   apply_fn, params, net = _mlp(3, (2, 16, 16, 4))
   rng = np.random.default_rng(0)
   C = rng.normal(size=(3, 4))
@@ -95,38 +99,32 @@ def test_layered_bounds_are_sound_and_splits_tighten():
   x = _grid(lo, hi, 201)
   true_min = (_fwd(net, x) @ C.T - d).min(0)
   with jax.enable_x64(True):
-    lay = layered.from_network(net)
-    zeros = tuple(jnp.zeros((1, n), jnp.int8) for n in lay.hidden)
+    lay = chain.from_network(net)
     for sound in (False, True):
-      for inter in ("crown", "forward"):
-        b, lam0, inf, lbs, ubs = layered.crown_batch(lay, jnp.asarray(C), jnp.asarray(d),
-                                                     jnp.asarray(lo[None]), jnp.asarray(hi[None]),
-                                                     zeros, sound, inter)
-        assert np.all(np.asarray(b)[0] <= true_min + 1e-12)
-      al = layered.default_alphas(lbs, ubs, 3)
-      be = tuple(jnp.zeros_like(a) for a in al)
-      best, *_ = layered.optimise(lay, jnp.asarray(C), jnp.asarray(d), jnp.asarray(lo[None]),
-                                  jnp.asarray(hi[None]), lbs, ubs, zeros, al, be, 20, 0.1, sound)
-      assert np.all(np.asarray(best)[0] >= np.asarray(b)[0] - 1e-9)
-      assert np.all(np.asarray(best)[0] <= true_min + 1e-12)
+      for inter in ("crown", "ibp"):
+        b, lam0, inf, lbs, ubs = chain.crown_batch(lay, C, d, lo[None], hi[None], sound, inter)
+        assert not inf[0]
+        assert np.all(b[0] <= true_min + 1e-12)
+      b, _, _, lbs, ubs = chain.crown_batch(lay, C, d, lo[None], hi[None], sound)
+      best, *_ = chain.crown_batch(lay, C, d, lo[None], hi[None], sound, alpha_steps=20)
+      assert np.all(best[0] >= b[0] - 1e-9)
+      assert np.all(best[0] <= true_min + 1e-12)
     # split the first unstable neuron of layer 1 both ways: each child's bound is below the true
     # minimum over its own half of the domain
-    l1, u1 = np.asarray(lbs[0])[0], np.asarray(ubs[0])[0]
+    l1, u1 = lbs[0][0], ubs[0][0]
     j = int(np.nonzero((l1 < 0) & (u1 > 0))[0][0])
     z1 = x @ np.asarray(net.layers[0].w_lower).T + net.layers[0].b_lower
     for sign in (1, -1):
       spl = [np.zeros((1, n), np.int8) for n in lay.hidden]
       spl[0][0, j] = sign
-      spl = tuple(jnp.asarray(s) for s in spl)
-      lb_c = [jnp.where(s > 0, jnp.maximum(l, 0), l) for l, s in zip(lbs, spl)]
-      ub_c = [jnp.where(s < 0, jnp.minimum(u, 0), u) for u, s in zip(ubs, spl)]
-      best_c, *_ = layered.optimise(lay, jnp.asarray(C), jnp.asarray(d), jnp.asarray(lo[None]),
-                                    jnp.asarray(hi[None]), tuple(lb_c), tuple(ub_c), spl, al, be,
-                                    20, 0.1, True)
+      best_c, _, inf_c, lbs_c, ubs_c = chain.crown_batch(lay, C, d, lo[None], hi[None], True,
+                                                         alpha_steps=20, splits=spl)
+      assert (lbs_c[0][0, j] >= 0) if sign > 0 else (ubs_c[0][0, j] <= 0)
       mask = sign * z1[:, j] >= 0
       if mask.any():
         half_min = (_fwd(net, x[mask]) @ C.T - d).min(0)
-        assert np.all(np.asarray(best_c)[0] <= half_min + 1e-9)
+        assert not inf_c[0]
+        assert np.all(best_c[0] <= half_min + 1e-9)
 
 
 def test_parent_bounds_and_combined_rows_are_sound():
@@ -152,21 +150,15 @@ def test_parent_bounds_and_combined_rows_are_sound():
   z = [x @ np.asarray(net.layers[0].w_lower).T + net.layers[0].b_lower]
   z.append(np.maximum(z[0], 0) @ np.asarray(net.layers[1].w_lower).T + net.layers[1].b_lower)
   with jax.enable_x64(True):
-    lay = layered.from_network(net)
-    zeros = tuple(jnp.zeros((1, n), jnp.int8) for n in lay.hidden)
+    lay = chain.from_network(net)
     for sound in (False, True):
-      for inter in ("crown", "forward", "both"):
-        args = (lay, jnp.asarray(Cx), jnp.asarray(dx))
-        _, _, _, pl, pu = layered.crown_batch(*args, jnp.asarray(lo[None]), jnp.asarray(hi[None]),
-                                              zeros, sound, inter)
-        b0, *_ = layered.crown_batch(*args, jnp.asarray(clo[None]), jnp.asarray(chi[None]), zeros,
-                                     sound, inter)
-        _, lam_own, *_ = layered.crown_batch(*args, jnp.asarray(clo[None]),
-                                             jnp.asarray(chi[None]), zeros, sound, inter)
+      for inter in ("crown", "ibp"):
+        args = (lay, Cx, dx)
+        _, _, _, pl, pu = chain.crown_batch(*args, lo[None], hi[None], sound, inter)
+        b0, lam_own, *_ = chain.crown_batch(*args, clo[None], chi[None], sound, inter)
         for mode in ("layer", "post"):
-          b, lam, inf, lbs, ubs = layered.crown_batch(*args, jnp.asarray(clo[None]),
-                                                      jnp.asarray(chi[None]), zeros, sound,
-                                                      inter, (pl, pu), mode)
+          b, lam, inf, lbs, ubs = chain.crown_batch(*args, clo[None], chi[None], sound, inter,
+                                                    (pl, pu), mode)
           assert not bool(np.asarray(inf)[0])
           assert np.all(np.asarray(b)[0] <= true_min + 1e-12)
           assert np.all(np.asarray(b)[0] >= np.asarray(b0)[0] - 1e-9)
@@ -197,7 +189,7 @@ def test_input_split_post_prior_is_a_subtree(seed):
   region = Region(lo, hi, (Disjunct(c, d),))
   replay = attack.Replayer(apply_fn, params, (2,))
   with jax.enable_x64(True):
-    lay = layered.from_network(net)
+    lay = chain.from_network(net)
     runs = {mode: input_bab.input_split(lay, region, region.disjuncts, replay, Deadline(60.0),
                                         batch=64, reuse_bounds=mode)
             for mode in (False, "post")}
@@ -212,7 +204,7 @@ def test_input_split_post_prior_is_a_subtree(seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_lookahead_branching_scores_are_the_product_of_gains(seed):
   """The look-ahead score is strong branching's product of the two halves' estimated gains over
-  the box's own estimate: recomputed here child by child (`layered.estimate_batch` on one box
+  the box's own estimate: recomputed here child by child (`chain.estimate_batch` on one box
   at a time), the scores match and the best input wins; a box where no input gains keeps
   the smear coefficients."""
   from boundjax.verify import input_bab
@@ -226,7 +218,7 @@ def test_lookahead_branching_scores_are_the_product_of_gains(seed):
   d = np.array([0.1, -0.2, 0.0, 0.0])
   groups = [(0, 2)] * B
   with jax.enable_x64(True):
-    lay = layered.from_network(net)
+    lay = chain.from_network(net)
     bl = [np.full((B, n), -np.inf) for n in lay.hidden]
     bu = [np.full((B, n), np.inf) for n in lay.hidden]
     lam = rng.normal(size=(B, 3))
@@ -241,7 +233,7 @@ def test_lookahead_branching_scores_are_the_product_of_gains(seed):
     np.testing.assert_array_equal(late, lam)
     prior = (tuple(jnp.full((1, n), -1e300) for n in lay.hidden),
              tuple(jnp.full((1, n), 1e300) for n in lay.hidden))
-    est = lambda a, b: np.asarray(layered.estimate_batch(
+    est = lambda a, b: np.asarray(chain.estimate_batch(
         lay, jnp.asarray(C), jnp.asarray(d), jnp.asarray(a[None]), jnp.asarray(b[None]),
         prior))[0, :2].max()
     for i in range(B):
@@ -285,7 +277,7 @@ def test_input_split_lookahead_vs_grid(seed, mode):
   spread = vals.max(0) - vals.min(0)
   replay = attack.Replayer(apply_fn, params, (2,))
   with jax.enable_x64(True):
-    lay = layered.from_network(net)
+    lay = chain.from_network(net)
     for sat in (False, True):
       d = vals.min(0) + (0.02 if sat else -0.02) * spread
       region = Region(lo, hi, (Disjunct(c[:1], d[:1]), Disjunct(c[1:], d[1:])))
@@ -354,11 +346,9 @@ def test_timeout():
   apply_fn, params, net = _mlp(5, (2, 40, 40, 40, 2))
   lo, hi = np.array([-3.0, -3.0]), np.array([3.0, 3.0])
   with jax.enable_x64(True):
-    lay = layered.from_network(net)
+    lay = chain.from_network(net)
     C = np.array([[1.0, -1.0]])
-    b, *_ = layered.crown_batch(lay, jnp.asarray(C), jnp.zeros(1), jnp.asarray(lo[None]),
-                                jnp.asarray(hi[None]), tuple(jnp.zeros((1, n), jnp.int8)
-                                                             for n in lay.hidden), True, "crown")
+    b, *_ = chain.crown_batch(lay, C, np.zeros(1), lo[None], hi[None], True, "crown")
   y = _fwd(net, _grid(lo, hi, 201))
   d = np.array([float(np.asarray(b)[0, 0]) + 0.05])  # far below the true minimum: unsat
   assert (y @ C.T).min() > d[0]

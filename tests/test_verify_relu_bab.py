@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from boundjax.verify import attack, layered, relu_bab
+from boundjax.verify import attack, chain, relu_bab
 from boundjax.verify.outcome import Deadline
 from tests.helpers import chain_apply
 from boundjax.verify.spec import Disjunct, Region
@@ -45,7 +45,7 @@ def test_relu_split_on_the_engine_without_milp(seed):
   true_min = vals.min()
   replay = attack.Replayer(apply_fn, params, (3,))
   with jax.enable_x64(True):
-    lay = layered.Layers(tuple(jnp.asarray(w) for w in ws), tuple(jnp.asarray(b) for b in bs),
+    lay = chain.Layers(tuple(jnp.asarray(w) for w in ws), tuple(jnp.asarray(b) for b in bs),
                          tuple(jnp.abs(jnp.asarray(w)) for w in ws))
     from boundjax.domains.linear import crown
     from boundjax.core.interval import Interval

@@ -7,7 +7,8 @@
 
 Modules: `spec` (regions and disjuncts), `outcome` (Outcome, Deadline, result text), `attack`
 (PGD falsifier, float64 replay), `bab` (the branch-and-bound skeleton of every search),
-`layered` (batched CROWN / α-β-CROWN with split constraints, sound floating point),
+`chain` (the dense affine/ReLU chain and its bounds, all from the engine: CROWN, α-β-CROWN
+with split constraints, sound floating point), `engine` (whole-property engine bounds),
 `input_bab` (input splitting), `relu_bab` (ReLU splitting, MILP fallback), `generic`
 (`bj.crown` with input splitting for non-ReLU graphs), `api`.
 """

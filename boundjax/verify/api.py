@@ -8,7 +8,9 @@ Pipeline for a property (regions × disjuncts, see `boundjax.verify.spec`):
    program's widths before anything is built; over ``dense_memory_bytes`` it is skipped.
 3. **network**: within the budget, the function is extracted to an affine/ReLU chain
    (`milp.network`), checked against the float64 replay on random points, and densified in
-   float64 (`layered`).
+   float64 (`chain`, whose bounds all come from the engine). When every input is small enough
+   for input splitting this comes first, before the attack, and input splitting's bound
+   compiles in a background thread while the attack runs (`chain.warm_up`).
 4. **bounds** (`boundjax.verify.engine`): the engine (`bj.crown`, sound mode) on every region's
    whole box with the specification composed into the function: CROWN (CROWN-IBP where CROWN
    does not fit), then α-CROWN while disjuncts stay open, within a share of the time and
@@ -25,7 +27,7 @@ Pipeline for a property (regions × disjuncts, see `boundjax.verify.spec`):
    splitting with β-CROWN otherwise (`relu_bab`, with the MILP fallback).
 
 ``unsat`` is returned only when every disjunct of every region is proven; with ``sound=True``
-(default) every bound holds in exact arithmetic (see `engine` and `layered`). Time is
+(default) every bound holds in exact arithmetic (see `engine` and `chain`). Time is
 wall-clock and checked between batches; compilation counts (an engine bound still compiling
 when its budget ends is left behind, `engine.call_with_budget`).
 """
@@ -97,6 +99,21 @@ def _matches(lay: chain.Layers, replay: attack.Replayer, regions: Sequence[Regio
   return True
 
 
+def _dense_chain(apply_fn: Callable, params: Any, input_shape: Sequence[int], plan: int,
+                 replay: attack.Replayer, regions: Sequence[Region], key: int):
+  """``(network, chain)``: the extracted `milp.network.Network` and its dense float64
+  `chain.Layers` when the dense path is planned (``plan``), the function is an affine/ReLU
+  chain and the chain agrees with the replay (`_matches`); else ``chain`` is None."""
+  net = _extract(apply_fn, params, input_shape) if plan else None
+  lay = None
+  if net is not None:
+    with jax.enable_x64(True):
+      lay = chain.from_network(net)
+    if not _matches(lay, replay, regions, np.random.default_rng(key)):
+      lay = None
+  return net, lay
+
+
 def _dense_plan(apply_fn: Callable, params: Any, input_shape: Sequence[int], budget: int,
                 batch: int) -> int:
   """The ReLU-splitting batch the dense path may use within ``budget`` bytes, 0 to skip it
@@ -144,11 +161,13 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
     prop: regions with disjuncts (`boundjax.verify.spec.as_regions` accepts the VNNLIB reader's
       output and ``[((lower, upper), [(C, d), ...]), ...]``).
     timeout: wall-clock seconds for everything (compilation included).
-    sound: bounds valid in exact real arithmetic (`layered`); ``unsat`` relies on them.
+    sound: bounds valid in exact real arithmetic (the engine's ``sound=True``, `chain`);
+      ``unsat`` relies on them.
     key: seed of the attack's random starts.
     input_split_dims: input splitting up to this many inputs, ReLU splitting above.
-    intermediate: input splitting's intermediate bounds, ``"crown"`` (backward, tighter) or
-      ``"forward"`` (forward linear bounds, ~15x cheaper per box, looser on big boxes).
+    intermediate: input splitting's intermediate bounds, the engine's ``"crown"`` (a backward
+      pass per layer, tighter) or ``"ibp"`` (interval propagation, CROWN-IBP: cheaper per box,
+      looser on big boxes).
     alpha_steps: α-CROWN steps on the output rows of each input-split box (0: CROWN).
     batch: sub-problems per jitted bound call.
     milp: allow the MILP fallback (`milp.property.check_property`) in ReLU splitting.
@@ -186,6 +205,17 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
     return Outcome(status, cex, deadline.elapsed(), dict(stats))
 
   replay = attack.Replayer(apply_fn, params, input_shape)
+  high_dim = any(r.dim > input_split_dims for r in regions)
+  early, warm = None, []
+  if not high_dim and engine_bounds is not True:
+    # input splitting ahead: the chain is extracted first and its bound compiles in the
+    # background while the attack runs (`chain.warm_up`; the two overlap on two cores)
+    plan = _dense_plan(apply_fn, params, input_shape, dense_memory_bytes, min(batch, 256))
+    early = (plan, *_dense_chain(apply_fn, params, input_shape, plan, replay, regions, key))
+    if early[2] is not None and not alpha_steps:
+      from boundjax.verify import input_bab
+      for rows in sorted({input_bab.spec_rows(r.disjuncts) for r in regions}):
+        warm.append(chain.warm_up(early[2], rows, sound, intermediate))
   first = Deadline(min(deadline.remaining(), attack_share * timeout))
   hit = _attack(apply_fn, params, input_shape, regions, replay, first, deadline,
                 attack_restarts, attack_steps, key)
@@ -194,7 +224,10 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
     return done("sat", hit, "attack")
   if deadline.expired():
     return done("timeout", phase="attack")
-  plan = _dense_plan(apply_fn, params, input_shape, dense_memory_bytes, min(batch, 256))
+  if early is None:
+    plan = _dense_plan(apply_fn, params, input_shape, dense_memory_bytes, min(batch, 256))
+  else:
+    plan = early[0]
   stats["dense_batch"] = plan
 
   def bound_with_engine(share: float):
@@ -217,14 +250,10 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
     out = bound_with_engine(1 / 3 if plan else 0.8)
     if out is not None:
       return out
-  net = _extract(apply_fn, params, input_shape) if plan else None
-  lay = None
-  if net is not None:
-    with jax.enable_x64(True):
-      lay = chain.from_network(net)
-    if not _matches(lay, replay, regions, np.random.default_rng(key)):
-      lay = None
-  high_dim = any(r.dim > input_split_dims for r in regions)
+  if early is None:
+    net, lay = _dense_chain(apply_fn, params, input_shape, plan, replay, regions, key)
+  else:
+    net, lay = early[1:]
   if lay is None and engine_bounds == "auto" and high_dim:
     # input splitting (the generic path) is hopeless on images: whole-box bounds come first
     out = bound_with_engine(0.8)
@@ -248,6 +277,8 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
   def dense() -> Outcome:
     """Bounds and branch and bound on the dense chain (in a worker thread, see below)."""
     phase = "bounds"
+    for ready in warm:  # the search's time shares start once its bound is compiled
+      ready.wait(max(deadline.remaining(), 0.0))
     with jax.enable_x64(True):  # thread-local: set in the worker
       for region in regions:
         # input splitting bounds all of a region's disjuncts together (shared intermediate bounds)

@@ -10,11 +10,32 @@ and known intermediate bounds (a parent box's, which hold on its children) met w
 computed ones. Sound mode (``sound=True``) composes ``C`` and ``d`` into the function, so the
 engine's outward rounding covers them; its bounds hold in exact arithmetic for the float64
 chain.
+
+Compilation is the cost that matters for short time limits. Measured on ACAS Xu (5-50x6-5, 8
+rows, 64 boxes, sound CROWN with a prior; CPU seconds, so the machine's load does not count):
+the engine's program compiles in 25-26 s (9,006 StableHLO lines, 24,745 after XLA's
+optimisation: 467 fusions, 298 dot products) where the deleted hand-written copy compiled in
+9 s (3,349 and 6,723 lines). Non-sound: 2,852 StableHLO lines against 1,396. Both walk the
+same 28 (target, layer) steps of CROWN's intermediate passes; the engine emits about three
+times the operations per step: separate backward steps (each with its rounding allowance,
+matrix-vector products of magnitudes) for the product and the bias of every layer, both the
+lower and the upper rows' bias sums at every ReLU, the interval pass in sound interval
+arithmetic met with every CROWN bound, and the outward rounding of every relaxation's ends.
+XLA's ``xla_backend_optimization_level=1`` saves nothing (24.5 s), ``=0`` compiles in about a
+third of the time but runs 7x slower. What this module does instead: one compilation per
+option set (`CHUNK`-sized calls, an infinite prior for none, the estimates sharing the sound
+bound), under `jax.jit` (the engine's per-call checks at tracing only), in the background while
+the attack runs (`warm_up`); `boundjax verify` keeps it in JAX's persistent cache for later
+runs. The former copy compiled once per batch size (three) and per pass (up to four).
 """
 
 from __future__ import annotations
 
+import threading
+from collections import defaultdict
 from typing import Any, NamedTuple
+
+import jax
 
 import jax.numpy as jnp
 import numpy as np
@@ -95,31 +116,77 @@ def chain_params(lay: Layers, C, d) -> dict:
 
 
 _BOUNDERS: dict = {}
+_LOCKS: defaultdict = defaultdict(threading.Lock)  # per bounder: one compilation at a time
 
 
 def bounder(sound: bool, intermediate: str = "crown", steps: int = 0, lr: float = 0.1,
             beta: bool = False):
   """The engine's bound of `chain_fn` with split constraints and known bounds
-  (``bj.crown(..., splits=True, return_info=True)``), one transform (hence one compilation
-  cache) per option set. ``steps``: α(β)-CROWN steps (0: CROWN)."""
+  (``bj.crown(..., splits=True, return_info=True)``), one transform per option set, called
+  under `jax.jit` (one compilation per argument shape and structure; the engine's per-call
+  argument checks, and its check that examples are independent, which runs ``chain_fn``
+  op by op on a new shape, happen once at tracing: ``chain_fn`` treats rows independently by
+  construction). ``steps``: α(β)-CROWN steps (0: CROWN). Call it as ``f(params, box, pre=,
+  splits=)`` like the engine's function."""
   key = (sound, intermediate, int(steps), float(lr), beta)
   if key not in _BOUNDERS:
     opt = {"alpha": True, "alpha_steps": int(steps), "alpha_lr": lr, "beta": beta} if steps \
         else {}
-    _BOUNDERS[key] = crown(chain_fn, batch_axis=0, sound=sound, intermediate=intermediate,
-                           splits=True, return_info=True, **opt)
+    fn = crown(chain_fn, batch_axis=0, sound=sound, intermediate=intermediate, splits=True,
+               return_info=True, **opt)
+    jitted = jax.jit(lambda p, box, pre, splits, warm: fn(p, box, pre=pre, splits=splits,
+                                                          warm=warm))
+    _BOUNDERS[key] = lambda p, box, pre=None, splits=None, warm=None: jitted(p, box, pre,
+                                                                             splits, warm)
   return _BOUNDERS[key]
 
 
-def _box(lo, hi) -> Interval:
-  return Interval(jnp.asarray(lo, F64), jnp.asarray(hi, F64))
+CHUNK = 64
+"""Boxes per call of a compiled bound: batches of any size run as chunks of this many (the last
+padded), so each option set compiles once, whatever the batch sizes a search produces (a
+compilation of the sound bound costs tens of seconds on a loaded 2-core CPU, more than running
+1024 boxes; chunks of 64 run as fast per box as one call on 1024, measured on ACAS Xu)."""
 
 
-def _known(prior):
-  """A prior ``(lbs, ubs)`` (per layer, (B, n)) as the engine's ``pre`` argument."""
+def _known(prior, B: int, widths) -> list:
+  """A prior ``(lbs, ubs)`` (per layer, (B, n)) as the engine's ``pre`` argument; without one,
+  ``(-inf, +inf)`` (meeting with it changes nothing), so that every call has the same argument
+  structure and shares one compilation."""
   if prior is None:
-    return None
-  return [(jnp.asarray(l, F64), jnp.asarray(u, F64)) for l, u in zip(*prior)]
+    return [(np.full((B, n), -np.inf), np.full((B, n), np.inf)) for n in widths]
+  return [(np.asarray(l, F64), np.asarray(u, F64)) for l, u in zip(*prior)]
+
+
+def _run(bound, lay: Layers, C, d, lo, hi, prior, splits, chunk: int = CHUNK):
+  """``bound`` (a `bounder`) on the boxes ``lo, hi`` (B, n_0) in chunks of ``chunk`` boxes.
+  Returns NumPy arrays ``(lower bounds (B, R), lam0 (B, R, n_0), infeasible (B,), lbs, ubs)``
+  (``lbs, ubs``: the bounds the engine used per hidden layer, (B, n_i))."""
+  with _LOCKS[id(bound)]:  # a `warm_up` compiling this bound: wait for it, do not compile twice
+    return _run_chunks(bound, lay, C, d, lo, hi, prior, splits, chunk)
+
+
+def _run_chunks(bound, lay: Layers, C, d, lo, hi, prior, splits, chunk: int):
+  p = chain_params(lay, C, d)
+  lo, hi = np.asarray(lo, F64), np.asarray(hi, F64)
+  B = lo.shape[0]
+  total = -(-B // chunk) * chunk
+  pad = lambda a: np.concatenate([a, np.repeat(a[-1:], total - B, 0)]) if total > B else a
+  lo, hi = pad(lo), pad(hi)
+  pre = [(pad(l), pad(u)) for l, u in _known(prior, B, lay.hidden)]
+  sp = None if splits is None else [pad(np.asarray(s, np.int8)) for s in splits]
+  parts = []
+  for s in range(0, total, chunk):
+    cut = slice(s, s + chunk)
+    out, info = bound(p, Interval(jnp.asarray(lo[cut]), jnp.asarray(hi[cut])),
+                      pre=[(jnp.asarray(l[cut]), jnp.asarray(u[cut])) for l, u in pre],
+                      splits=None if sp is None else [jnp.asarray(a[cut]) for a in sp])
+    parts.append((out.lower, info.input_coeffs[0], info.infeasible,
+                  [l for l, _ in info.pre], [u for _, u in info.pre]))
+  cat = lambda xs: np.concatenate([np.asarray(x) for x in xs])[:B]
+  bound_, lam0, inf = (cat([q[i] for q in parts]) for i in range(3))
+  lbs = [cat([q[3][k] for q in parts]) for k in range(len(lay.hidden))]
+  ubs = [cat([q[4][k] for q in parts]) for k in range(len(lay.hidden))]
+  return bound_, lam0, inf, lbs, ubs
 
 
 def crown_batch(lay: Layers, C, d, lo, hi, sound: bool, intermediate: str = "crown",
@@ -134,43 +201,67 @@ def crown_batch(lay: Layers, C, d, lo, hi, sound: bool, intermediate: str = "cro
   intersection with ``prior`` (an interval pass met with it, then the output pass), and the
   larger bound is kept; the input coefficients are the first pass's, so branching is what it
   would be without a prior while every bound is at least as tight (the "layer" mode's
-  coefficients made ACAS Xu 2_2 prop_1 need > 30k boxes instead of ~1.1k). ``alpha_steps``:
-  α-CROWN on the output rows (then ``prior`` is ignored). ``splits``: None or split signs per
-  hidden layer (B, n_i) (see `boundjax.crown`'s ``splits``).
+  coefficients made ACAS Xu 2_2 prop_1 need > 30k boxes instead of ~1.1k). ``intermediate``:
+  the engine's ``"crown"`` or ``"ibp"``. ``alpha_steps``: α-CROWN on the output rows (then
+  ``prior`` is ignored). ``splits``: None or split signs per hidden layer (B, n_i) (see
+  `boundjax.crown`'s ``splits``). Every call runs in chunks of `CHUNK` boxes with the same
+  argument structure (a missing prior is an infinite one), so one compilation per option set
+  serves every batch size, prior or none, and `estimate_batch` in the same mode.
 
   Returns ``(bound (B, R), lam0 (B, R, n_0), infeasible (B,), lbs, ubs)`` as NumPy arrays
   (``lbs, ubs``: the tightest bounds known, to pass on as children's prior); infeasible boxes
   (empty met bounds) get bound ``+inf``."""
   if prior_mode not in ("layer", "post"):
     raise ValueError(f"crown_batch: prior_mode must be 'layer' or 'post', got {prior_mode!r}.")
-  p = chain_params(lay, C, d)
-  box = _box(lo, hi)
   if alpha_steps:
     prior = None
   own = prior if prior_mode == "layer" else None
-  sp = None if splits is None else [jnp.asarray(s, jnp.int8) for s in splits]
-  out, info = bounder(sound, intermediate, alpha_steps, lr)(p, box, pre=_known(own), splits=sp)
-  bound = np.asarray(out.lower)
-  lam0 = np.asarray(info.input_coeffs[0])
-  inf = np.asarray(info.infeasible)
-  lbs = [np.asarray(l) for l, _ in info.pre]
-  ubs = [np.asarray(u) for _, u in info.pre]
+  bound, lam0, inf, lbs, ubs = _run(bounder(sound, intermediate, alpha_steps, lr), lay, C, d,
+                                    lo, hi, own, splits)
   if prior is not None and prior_mode == "post":
-    met_l = [np.maximum(a, np.asarray(b)) for a, b in zip(lbs, prior[0])]
-    met_u = [np.minimum(a, np.asarray(b)) for a, b in zip(ubs, prior[1])]
-    out2, info2 = bounder(sound, "ibp")(p, box, pre=_known((met_l, met_u)), splits=sp)
-    bound = np.maximum(bound, np.asarray(out2.lower))
-    inf = inf | np.asarray(info2.infeasible)
-    lbs = [np.asarray(l) for l, _ in info2.pre]
-    ubs = [np.asarray(u) for _, u in info2.pre]
+    met = ([np.maximum(a, np.asarray(b)) for a, b in zip(lbs, prior[0])],
+           [np.minimum(a, np.asarray(b)) for a, b in zip(ubs, prior[1])])
+    bound2, _, inf2, lbs, ubs = _run(bounder(sound, "ibp"), lay, C, d, lo, hi, met, splits)
+    bound = np.maximum(bound, bound2)
+    inf = inf | inf2
   bound = np.where(inf[:, None], np.inf, bound)
   return bound, lam0, inf, lbs, ubs
 
 
-def estimate_batch(lay: Layers, C, d, lo, hi, prior) -> np.ndarray:
+def estimate_batch(lay: Layers, C, d, lo, hi, prior, sound: bool = False) -> np.ndarray:
   """Estimates of the lower bounds of ``C y - d`` (B, R) on boxes whose pre-activations are
   known to lie in ``prior`` (a parent box's bounds): CROWN met with ``prior`` layer by layer,
-  without the rounding allowance (``sound=False``): only for ranking branching choices, never
-  for a verdict."""
-  out, info = bounder(False, "crown")(chain_params(lay, C, d), _box(lo, hi), pre=_known(prior))
-  return np.where(np.asarray(info.infeasible)[:, None], np.inf, np.asarray(out.lower))
+  only for ranking branching choices, never for a verdict. ``sound=True`` adds the rounding
+  allowance (a few ulps) and shares the compilation of `crown_batch`'s sound bound: input
+  splitting passes its own mode so that the look-ahead compiles nothing more."""
+  bound, _, inf, _, _ = _run(bounder(sound, "crown"), lay, C, d, lo, hi, prior, None)
+  return np.where(inf[:, None], np.inf, bound)
+
+
+def warm_up(lay: Layers, rows: int, sound: bool, intermediate: str = "crown") -> threading.Event:
+  """Compiles `crown_batch`'s bounds for ``lay`` and ``rows`` specification rows in a
+  background thread, e.g. while the falsifier runs (a compilation takes tens of seconds on a
+  loaded 2-core CPU and is single-threaded, as is the falsifier's phase, so on two cores they
+  overlap): first the CROWN bound (no α), then the "post" mode's second pass (CROWN-IBP met
+  with the prior). A `crown_batch` of these shapes called meanwhile waits for the compilation
+  instead of compiling twice. Returns an event set when the first bound is ready (or failed).
+  The thread is named like `engine.call_with_budget`'s workers, so `boundjax verify` exits at
+  once if it is still compiling at the deadline."""
+  ready = threading.Event()
+
+  def work():
+    with jax.enable_x64(True):  # thread-local
+      n_in, n_out = lay.widths[0], lay.widths[-1]
+      C, d, box = np.zeros((rows, n_out)), np.zeros(rows), np.zeros((1, n_in))
+      try:
+        crown_batch(lay, C, d, box, box, sound, intermediate)
+        ready.set()
+        everything = ([np.full((1, n), -np.inf) for n in lay.hidden],
+                      [np.full((1, n), np.inf) for n in lay.hidden])
+        crown_batch(lay, C, d, box, box, sound, intermediate, everything, "post")
+      except Exception:  # noqa: BLE001  (the real call reports it)
+        pass
+      finally:
+        ready.set()
+  threading.Thread(target=work, daemon=False, name="boundjax-worker").start()
+  return ready

@@ -32,7 +32,7 @@ compiled program stays cached for the next instance of the same architecture, se
 `bound_function`).
 
 **Dense-path memory** (`dense_plan`): the extraction to an affine/ReLU chain densified in
-float64 (`boundjax.verify.layered`) costs about ``8 (2 Σ n_k n_{k-1} + B · 2 max_k n_k n_{k-1}
+float64 (`boundjax.verify.chain`) costs about ``8 (2 Σ n_k n_{k-1} + B · 2 max_k n_k n_{k-1}
 + F Σ_k n_k)`` bytes: the weights and their absolute values, one batch of ``B`` sub-problems'
 backward states (intermediate CROWN bounds of layer ``k`` from layer ``k-1``), and a frontier
 of ``F`` ReLU-split domains (α, β, coefficients and splits per neuron). Widths ``n_k`` are read

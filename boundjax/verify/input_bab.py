@@ -1,19 +1,20 @@
 """Branch and bound by input splitting, for networks with few inputs (ACAS Xu has 5).
 
 A sub-box is *proven* when one row of the disjunct has a certified lower bound
-``min_x C_i f(x) - d_i > 0`` on it (`boundjax.verify.layered.crown_batch`). Unproven boxes are
+``min_x C_i f(x) - d_i > 0`` on it (`boundjax.verify.chain.crown_batch`, the engine's bound of
+the dense chain). Unproven boxes are
 checked for counterexamples at their centre and at the box corner that minimises the linear
 lower bound (``x* = lo where Λ > 0 else hi``), then split in half along the input with the
 largest estimated influence ``width_j · |Λ_j|`` (Λ: the input coefficients of the best row's
 CROWN bound; the "smear" heuristic of ReluVal, Wang et al. 2018, with linear instead of
 interval gradients). The search is `boundjax.verify.bab.search` with a `bab.Stack` (depth
-first): the open boxes are popped ``batch // 2`` at a time and their children bounded in
-batches of fixed (bucketed) sizes, so the jitted bound is compiled once per size and the
-frontier stays small.
+first): the open boxes are popped ``batch // 2`` at a time and their children bounded
+together (the engine runs them in chunks of `chain.CHUNK` boxes, so the bound compiles once
+whatever the batch), and the frontier stays small.
 
 ``branching="lookahead"`` replaces the smear score by a one-step look-ahead: both halves of
 every input's bisection are bounded (CROWN intermediate bounds met with the box's own, one
-output pass, `layered.estimate_batch`) and the input with the best product of the two halves'
+output pass, `chain.estimate_batch`) and the input with the best product of the two halves'
 gains is split (the "strong branching" of MIP solvers, applied to input splitting). It costs
 ``2 n_0 + 1`` extra bounds per box but the trees shrink far more on ACAS Xu: 2_7 prop_1 from
 > 200k boxes (smear, post mode, 120 s) to 543, 1_8 prop_2 from > 189k to 463; on 1_1
@@ -34,20 +35,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import jax.numpy as jnp
 import numpy as np
 
-from boundjax.verify import bab, layered
+from boundjax.verify import bab, chain
 from boundjax.verify.outcome import Deadline
 from boundjax.verify.spec import Disjunct, Region, split_boxes
-
-
-def _bucket(n: int, cap: int) -> int:
-  """Three batch sizes only (each compiles once): small, middle-sized and full batches."""
-  for size in (64, 256):
-    if n <= size:
-      return min(size, cap)
-  return cap
 
 
 def _pad_rows(C: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -58,6 +50,14 @@ def _pad_rows(C: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   size = max(4, 1 << (R - 1).bit_length())
   return (np.concatenate([C, np.zeros((size - R, C.shape[1]))]),
           np.concatenate([d, np.zeros(size - R)]))
+
+
+def spec_rows(disjuncts: Sequence[Disjunct], combine: bool = True) -> int:
+  """How many rows `input_split` bounds for these disjuncts (with `combined_rows`, padded by
+  `_pad_rows`): the shape of its compiled bound, for `chain.warm_up`."""
+  parts = [combined_rows(dj) if combine else (dj.C, dj.d) for dj in disjuncts]
+  return _pad_rows(np.concatenate([p[0] for p in parts]),
+                   np.concatenate([p[1] for p in parts]))[0].shape[0]
 
 
 def combined_rows(disjunct: Disjunct, max_rows: int = 8) -> tuple[np.ndarray, np.ndarray]:
@@ -114,18 +114,20 @@ def _search_records(Wb, region: Region, cand: np.ndarray, y: np.ndarray, best: f
 
 def _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, groups, parent: np.ndarray,
                       root: np.ndarray, batch: int, deadline: Deadline,
-                      max_aspect: float = 1024.0) -> np.ndarray:
+                      max_aspect: float = 1024.0, sound: bool = False) -> np.ndarray:
   """Per box and input ``j``, a sensitivity whose ``width × |.|`` is the product score of
   strong branching (Achterberg, Koch & Martin 2005, "Branching rules revisited", §3),
   ``max(g_lo, ε) · max(g_hi, ε)``, where ``g`` are the gains of the two halves' bounds over the
-  box's after bisecting input ``j`` (`layered.estimate_batch` on both halves of every input
+  box's after bisecting input ``j`` (`chain.estimate_batch` on both halves of every input
   and on the box, with the box's bounds as prior; the box's bound is the larger of ``parent``
   and its estimate). The product favours splits that help both halves: the worse half's gain
   alone is myopic (splitting a vanishing input gains a little on both halves and would win
   for ever). Gains within ``ε = 1e-9 (1 + |parent|)`` count as none, and so do inputs whose
   width relative to the region's (``root``) is below ``1 / max_aspect`` of the box's largest;
   a box where no input gains keeps ``lam`` (the smear heuristic's coefficients), and so does
-  every box when ``deadline`` expires during the estimates (the caller then stops)."""
+  every box when ``deadline`` expires during the estimates (the caller then stops).
+  ``sound``: the estimates' mode (input splitting passes its own, so that they share the
+  compilation of its bounds)."""
   B, n0 = lo.shape
   mid = (lo + hi) / 2
   eye = np.eye(n0, dtype=bool)
@@ -143,15 +145,10 @@ def _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, groups, parent: np.ndarray
     if deadline.expired():  # 2 n_0 + 1 bounds per box: do not overrun the time limit
       return lam
     e = min(s + step, len(clo))
-    take = e - s
-    size = _bucket(take, step)
-    pad = size - take
     idx = np.arange(s, e) // reps
-    padded = lambda a: jnp.asarray(np.concatenate([a, np.repeat(a[-1:], pad, 0)]))
-    prior = (tuple(padded(np.maximum(a[idx], -1e300)) for a in bl),
-             tuple(padded(np.minimum(a[idx], 1e300)) for a in bu))
-    est = np.asarray(layered.estimate_batch(lay, C, d, padded(clo[s:e]), padded(chi[s:e]),
-                                            prior, "crown"))[:take]
+    prior = (tuple(np.maximum(a[idx], -1e300) for a in bl),
+             tuple(np.minimum(a[idx], 1e300) for a in bu))
+    est = chain.estimate_batch(lay, C, d, clo[s:e], chi[s:e], prior, sound)
     rows = np.asarray(groups)[idx]  # (take, 2): the row range of each box's open disjunct
     cols = np.arange(est.shape[1])
     inside = (cols >= rows[:, :1]) & (cols < rows[:, 1:])
@@ -175,7 +172,7 @@ def _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, groups, parent: np.ndarray
   return np.where(flat, lam, sens)
 
 
-def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequence[Disjunct],
+def input_split(lay: chain.Layers, region: Region, disjunct: Disjunct | Sequence[Disjunct],
                 replay: Any,
                 deadline: Deadline, *, sound: bool = True, batch: int = 1024,
                 intermediate: str = "crown", alpha_steps: int = 0, max_boxes: int = 2_000_000,
@@ -193,7 +190,7 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
   proven), ``"sat"``, ``"timeout"`` or ``"unknown"`` (frontier over ``max_boxes``).
   ``reuse_bounds``: a box's intermediate bounds are intersected with its parent's (valid on
   the parent box, hence on the child): ``"layer"`` (or True, default) or ``"post"``, see
-  `layered.crown_batch`'s ``prior_mode``; False: not at all. ``combine``: also bound sums of
+  `chain.crown_batch`'s ``prior_mode``; False: not at all. ``combine``: also bound sums of
   rows (`combined_rows`). ``local_search``: run `_search_records` on the candidates.
   ``branching``: ``"smear"`` (width × |Λ| of the box's own bound) or ``"lookahead"`` (the
   input whose bisection gives the best product of the halves' gains, `_lookahead_scores`).
@@ -210,7 +207,6 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
   ends = np.cumsum([len(p[1]) for p in parts])
   starts = ends - np.array([len(p[1]) for p in parts])
   C, d = _pad_rows(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
-  C, d = jnp.asarray(C), jnp.asarray(d)
   sub = Region(region.lower, region.upper, disjuncts)
   hidden = lay.hidden
   use_prior = reuse_bounds and not alpha_steps
@@ -223,21 +219,10 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
     nonlocal best_loss
     lo, hi, pl, pu, done = boxes["lo"], boxes["hi"], boxes["pl"], boxes["pu"], boxes["done"]
     take = len(lo)
-    size = _bucket(take, batch)
-    pad = size - take
-    padded = lambda a: jnp.asarray(np.concatenate([a, np.repeat(a[-1:], pad, 0)]))
-    lo_p, hi_p = padded(lo), padded(hi)
-    splits = tuple(jnp.zeros((size, n), jnp.int8) for n in hidden)
-    if alpha_steps and intermediate == "crown":
-      bounds, lam0, _, lbs, ubs = layered.crown_alpha_batch(
-          lay, C, d, lo_p, hi_p, splits, sound, alpha_steps)
-    else:
-      prior = (tuple(padded(a) for a in pl), tuple(padded(a) for a in pu)) if use_prior else None
-      bounds, lam0, _, lbs, ubs = layered.crown_batch(
-          lay, C, d, lo_p, hi_p, splits, sound, intermediate, prior,
-          "post" if reuse_bounds == "post" else "layer")
-    bounds = np.asarray(bounds)[:take]
-    lam0 = np.asarray(lam0)[:take]
+    prior = (tuple(pl), tuple(pu)) if use_prior else None
+    bounds, lam0, _, lbs, ubs = chain.crown_batch(
+        lay, C, d, lo, hi, sound, intermediate, prior,
+        "post" if reuse_bounds == "post" else "layer", alpha_steps=alpha_steps)
     if progress is not None:
       progress.update(take)
     gbound = np.stack([bounds[:, a:b].max(axis=1) for a, b in zip(starts, ends)], axis=1)
@@ -252,14 +237,14 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
     lo, hi, lam = lo[open_], hi[open_], lam0[open_, row[open_]]
     done = done[open_]
     if use_prior:
-      bl = tuple(np.asarray(a)[:take][open_] for a in lbs)
-      bu = tuple(np.asarray(a)[:take][open_] for a in ubs)
+      bl = tuple(a[open_] for a in lbs)
+      bu = tuple(a[open_] for a in ubs)
     else:
       bl = tuple(np.full((len(lo), n), -np.inf) for n in hidden)
       bu = tuple(np.full((len(lo), n), np.inf) for n in hidden)
     # counterexample candidates: centres and the minimising corners of the linear bound
     cand = np.concatenate([(lo + hi) / 2, np.where(lam > 0, lo, hi)])
-    y = layered.forward_np(lay, cand)
+    y = chain.forward_np(lay, cand)
     viol = np.any([dj.violated_by(y) for dj in disjuncts], axis=0)
     if np.any(viol):
       hit = replay.find(sub, cand[viol])
@@ -272,12 +257,12 @@ def input_split(lay: layered.Layers, region: Region, disjunct: Disjunct | Sequen
     if branching == "lookahead":
       lam = _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, [
           (starts[g], ends[g]) for g in worst[open_]], gbound[open_, worst[open_]],
-          region.upper - region.lower, batch, deadline)
+          region.upper - region.lower, batch, deadline, sound=sound)
     return bab.Bounded({"lo": lo, "hi": hi, "bl": bl, "bu": bu, "done": done, "lam": lam})
 
   root = {"lo": region.lower[None].copy(), "hi": region.upper[None].copy(),
           # bounds known on each box (its parent's; none at the root), the prior of
-          # `layered.crown_batch`
+          # `chain.crown_batch`
           "pl": tuple(np.full((1, n), -np.inf) for n in hidden),
           "pu": tuple(np.full((1, n), np.inf) for n in hidden),
           "done": np.zeros((1, G), bool)}  # disjuncts proven on an ancestor box

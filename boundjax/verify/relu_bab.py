@@ -19,7 +19,7 @@ corner, from ``info.input_coeffs``) is replayed as a counterexample candidate.
 
 Cost (measured on the loaded 2-core machine, sound mode, a 784-256-256-10 chain, 256 domains
 per round, 15 steps): 0.48 s per round against 0.26 s for the former dense float64 copy
-(`layered.optimise`, which bounded the lower rows only), and 13 s of compilation against 4 s,
+(since deleted; it bounded the lower rows only), and 13 s of compilation against 4 s,
 paid once per process and shape.
 
 MILP fallback (Tjeng et al. 2019, through `milp.property.check_property`): when the problem has
