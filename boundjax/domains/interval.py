@@ -112,7 +112,7 @@ _FINISHED = _Finished()
 
 
 def _finish(ctx: IntervalContext, lo, hi, ulps: int = 0, err=None, *, sign_exact: bool = False,
-            floor=None, ceil=None) -> Interval:
+            floor=None, ceil=None, nan_free: bool = False) -> Interval:
   """Builds the output box, rounding outward in sound mode.
 
   Args:
@@ -124,9 +124,12 @@ def _finish(ctx: IntervalContext, lo, hi, ulps: int = 0, err=None, *, sign_exact
       ``lo`` with a clear sign bit (``hi`` with a set one, or ``hi < 0``) keeps its sign after
       the outward step.
     floor, ceil: a range the exact values are known to lie in (e.g. ``[-1, 1]`` for tanh).
+    nan_free: ``lo`` and ``hi`` hold no NaN by construction (products with ``0 · ∞ = 0``), so the
+      `no_nan` pass is skipped.
   """
   if jnp.issubdtype(jnp.result_type(lo), jnp.floating):
-    lo, hi = no_nan(lo, hi)
+    if not nan_free:
+      lo, hi = no_nan(lo, hi)
     if ctx.sound:
       lo0, hi0 = lo, hi
       lo, hi = rounding.outward(lo, hi, ulps=max(ulps, 1), abs_err=err)
@@ -279,7 +282,7 @@ def _mul(ctx, x, y, **_):
     lo, hi = _mul_point(y, x)
   else:
     lo, hi = _corner_product(x.lower, x.upper, y.lower, y.upper)
-  return _finish(ctx, lo, hi, 1, sign_exact=True)
+  return _finish(ctx, lo, hi, 1, sign_exact=True, nan_free=True)   # (0 · ∞ = 0: no NaN)
 
 
 def _square(ctx, x, **_):
