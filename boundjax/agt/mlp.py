@@ -90,7 +90,8 @@ def backward(params: Any, x: Array, pre: list, d: Array) -> Any:
     z_prev = x if i == 0 else jax.nn.relu(pre[i - 1])
     grads[i] = {"kernel": z_prev[..., :, None] * d[..., None, :], "bias": d}
     if i > 0:
-      d = jnp.where(pre[i - 1] > 0, d @ ls[i]["kernel"].T, 0)
+      wd = jnp.moveaxis(jnp.tensordot(ls[i]["kernel"], d, ([1], [d.ndim - 1])), 0, -1)
+      d = jnp.where(pre[i - 1] > 0, wd, 0)
   return rebuild(params, grads)
 
 
