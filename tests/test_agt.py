@@ -289,6 +289,134 @@ def test_mlp_containers_and_auto_backend():
 
 
 # ---------------------------------------------------------------------------------------------
+# The engine's bounds of the Dense passes against a hand-written reference and 10^4 samples
+# ---------------------------------------------------------------------------------------------
+
+def _ref_product(a, b, matmul):
+  """``a @ b`` of ``(lo, hi)`` pairs (a point is ``(v, v)``): midpoint-radius (Rump) or
+  sign-split, written out (the interval product of the hand-written passes AGT had before)."""
+  (al, au), (bl, bu) = a, b
+  if matmul == "midrad":
+    am, ar, bm, br = (al + au) / 2, (au - al) / 2, (bl + bu) / 2, (bu - bl) / 2
+    mid, rad = am @ bm, jnp.abs(am) @ br + ar @ jnp.abs(bm) + ar @ br
+    return mid - rad, mid + rad
+  p, n = (lambda v: jnp.maximum(v, 0)), (lambda v: jnp.minimum(v, 0))
+  lo = p(al) @ p(bl) + p(au) @ n(bl) + n(al) @ p(bu) + n(au) @ n(bu)
+  hi = p(au) @ p(bu) + p(al) @ n(bu) + n(au) @ p(bl) + n(al) @ n(bl)
+  return lo, hi
+
+
+def _ref_grad_bounds(box, x, y, loss, matmul):
+  """One sample, layer by layer (AGT, App. B): forward IBP, the loss-gradient rule, then
+  ``grad W = z (x) d`` (four corners), ``d <- H(zhat) (.) (W d)`` with H applied to both ends."""
+  ls = [{k: (iv.lower, iv.upper) for k, iv in l.items()} for l in box]
+  z, cache = x, []
+  for i, l in enumerate(ls):
+    lo, hi = _ref_product((z[0][None], z[1][None]), l["kernel"], matmul)
+    zh = (lo[0] + l["bias"][0], hi[0] + l["bias"][1])
+    cache.append((z, zh))
+    z = (jnp.maximum(zh[0], 0), jnp.maximum(zh[1], 0)) if i < len(ls) - 1 else zh
+  d = losses.logit_grad_bounds(loss, Interval(*z, validate=False), y)
+  d = (d.lower, d.upper)
+  grads = [None] * len(ls)
+  for i in range(len(ls) - 1, -1, -1):
+    (zl, zu), _ = cache[i]
+    corners = [a[:, None] * b[None, :] for a in (zl, zu) for b in d]
+    grads[i] = {"kernel": (jnp.min(jnp.stack(corners), 0), jnp.max(jnp.stack(corners), 0)),
+                "bias": d}
+    if i > 0:
+      lo, hi = _ref_product(ls[i]["kernel"], (d[0][:, None], d[1][:, None]), matmul)
+      hl, hu = cache[i - 1][1][0] > 0, cache[i - 1][1][1] > 0
+      d = (jnp.where(hl, lo[:, 0], jnp.where(hu, jnp.minimum(lo[:, 0], 0), 0)),
+           jnp.where(hl, hi[:, 0], jnp.where(hu, jnp.maximum(hi[:, 0], 0), 0)))
+  return grads
+
+
+def _draw_params(box, key, n):
+  """n parameter vectors in the box: odd ones uniform, even ones at random corners, then the
+  all-lower and all-upper corners."""
+  leaves, tdef = jax.tree_util.tree_flatten(box, is_leaf=_is_iv)
+  keys = jax.random.split(key, len(leaves))
+  corner = (jnp.arange(n) % 2 == 0)
+  out = []
+  for kk, iv in zip(keys, leaves):
+    t = jax.random.uniform(kk, (n,) + iv.shape, iv.dtype)
+    t = jnp.where(corner.reshape((n,) + (1,) * iv.ndim), jnp.round(t), t)
+    t = jnp.concatenate([t, jnp.zeros((1,) + iv.shape), jnp.ones((1,) + iv.shape)])
+    out.append(iv.lower + t * (iv.upper - iv.lower))
+  return tdef.unflatten(out)
+
+
+@pytest.mark.parametrize("loss, sizes, eps", [
+    ("binary_cross_entropy", [3, 6, 5, 1], 0.0),
+    ("cross_entropy", [4, 16, 16, 3], 0.0),
+    ("cross_entropy", [4, 9, 3], 0.05),          # an input box (feature poisoning)
+    ("mse", [5, 12, 10, 8, 2], 0.0),
+])
+def test_engine_grad_bounds_match_hand_written_passes_and_contain_10k_samples(loss, sizes, eps):
+  """`mlp.grad_bounds` is `boundjax.ibp` of the nominal passes: equal (up to rounding) to the
+  hand-written interval passes it replaced, for both interval products, and every per-sample
+  gradient of 10^4 sampled parameter vectors plus the two all-corner ones (``jax.grad`` in
+  float64; with an input box, the input sampled too) lies inside."""
+  n, m = 4, 10_000
+  k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(len(sizes) + sizes[1]), 4)
+  params = _net(k1, sizes)
+  box = _widen(params, k2, 0.05)
+  xs = jax.random.normal(k3, (n, sizes[0]), jnp.float64)
+  ys = {"cross_entropy": jnp.arange(n) % sizes[-1],
+        "binary_cross_entropy": (jnp.arange(n) % 2).astype(jnp.float64),
+        "mse": jax.random.normal(k3, (n, sizes[-1]), jnp.float64)}[loss]
+  xb = Interval(xs - eps, xs + eps) if eps else xs
+  lf = losses.per_sample_loss(loss)
+  grad = jax.grad(lambda p, x, y: lf(mlp.apply(p, x[None])[0], y))
+
+  def sampled(thetas, t):
+    x = xs + eps * (2 * t - 1)        # an input in the box (t in [0, 1])
+    g = jax.vmap(lambda p, xx: jax.vmap(grad, in_axes=(None, 0, 0))(p, xx, ys))(thetas, x)
+    return jax.tree_util.tree_map(lambda v: (v.min(0), v.max(0)), g)
+  thetas = _draw_params(box, k4, m)
+  t = jnp.round(jax.random.uniform(k4, (m + 2,) + xs.shape, jnp.float64))
+  g_lo_hi = jax.jit(sampled)(thetas, t)
+  for matmul in ("midrad", "signsplit"):
+    gb = jax.jit(lambda b, matmul=matmul: mlp.grad_bounds(b, xb, ys, loss, matmul))(box)
+    ref = [_ref_grad_bounds(box, (xb.lower[i], xb.upper[i]) if eps else (xs[i], xs[i]),
+                            ys[i], loss, matmul) for i in range(n)]
+    for li, layer in enumerate(gb):
+      for name, iv in layer.items():
+        r_lo = jnp.stack([r[li][name][0] for r in ref])
+        r_hi = jnp.stack([r[li][name][1] for r in ref])
+        np.testing.assert_allclose(iv.lower, r_lo, rtol=1e-12, atol=1e-13)
+        np.testing.assert_allclose(iv.upper, r_hi, rtol=1e-12, atol=1e-13)
+        assert float(jnp.sum(iv.upper - iv.lower)) <= float(jnp.sum(r_hi - r_lo)) * (1 + 1e-12)
+        s_lo, s_hi = g_lo_hi[li][name]
+        assert bool(jnp.all(iv.lower <= s_lo + 1e-10) & jnp.all(s_hi <= iv.upper + 1e-10)), \
+            (matmul, li, name)
+
+
+def test_engine_margin_bounds_match_the_folded_last_layer():
+  """`mlp.margin_bounds` (``boundjax.ibp`` of the folded margins) equals the hand-written fold
+  ``(W_c - W_j) h + (b_c - b_j)`` on the interval activations ``h``."""
+  key = jax.random.PRNGKey(5)
+  box = _widen(_net(key, [3, 8, 6, 4]), key, 0.05)
+  xs = jax.random.normal(key, (7, 3), jnp.float64)
+  cls = jnp.arange(7) % 4
+  for matmul in ("midrad", "signsplit"):
+    h = (xs, xs)
+    for l in box[:-1]:
+      lo, hi = _ref_product(h, (l["kernel"].lower, l["kernel"].upper), matmul)
+      h = (jnp.maximum(lo + l["bias"].lower, 0), jnp.maximum(hi + l["bias"].upper, 0))
+    w, b = box[-1]["kernel"], box[-1]["bias"]
+    ref = []
+    for i in range(7):
+      c = int(cls[i])
+      dw = (w.lower[:, c:c + 1] - w.upper, w.upper[:, c:c + 1] - w.lower)
+      lo, _ = _ref_product((h[0][i:i + 1], h[1][i:i + 1]), dw, matmul)
+      ref.append(lo[0] + b.lower[c] - b.upper)
+    np.testing.assert_allclose(mlp.margin_bounds(box, xs, cls, matmul), jnp.stack(ref),
+                               rtol=1e-12, atol=1e-13)
+
+
+# ---------------------------------------------------------------------------------------------
 # The step and fit (checks 6, 7, 10, 16) and equality with optax at k = 0
 # ---------------------------------------------------------------------------------------------
 
@@ -500,23 +628,27 @@ def test_config_old_option_names_are_refused():
   assert not hasattr(agt.Config(n_epochs=1, learning_rate=0.1, batch_size=4), "fp_margin")
 
 
-def test_mlp_backend_rejects_products_it_cannot_do_and_ibp_honours_matmul():
-  X, y = _data(16)
+def test_both_backends_honour_every_matmul():
+  """Both back-ends pass ``matmul`` to `boundjax.ibp`, so "auto" keeps the Dense passes for every
+  interval product, and the two agree on the logit bounds of each."""
+  X, _ = _data(16)
   params = _net(jax.random.PRNGKey(3), [3, 6, 2])
   cfg = agt.Config(n_epochs=1, learning_rate=0.5, batch_size=16, loss="cross_entropy",
                    matmul="exact")
-  with pytest.raises(ValueError, match="backend='ibp'"):
-    agt.make_step(mlp.apply, cfg, "mlp")
-  assert bnd.resolve("auto", mlp.apply, params, X[:2], "exact") == "ibp"
-  # the ibp back-end passes matmul to bj.ibp: midrad and signsplit give different boxes here
+  agt.make_step(mlp.apply, cfg, "mlp")
+  assert bnd.resolve("auto", mlp.apply, params, X[:2], "exact") == "mlp"
+  with pytest.raises(ValueError, match="matmul must be one of"):
+    bnd.check_matmul("mlp", "rump")
   box = _widen(params, jax.random.PRNGKey(4))
-  outs = {m: bnd.forward_bounds_fn(mlp.apply, "ibp", m)(box, X) for m in
-          ("midrad", "signsplit")}
-  ref = {m: mlp.forward_bounds(box, X, m) for m in ("midrad", "signsplit")}
+  outs = {m: bnd.forward_bounds_fn(mlp.apply, "ibp", m)(box, X) for m in agt.config.MATMULS}
+  ref = {m: mlp.forward_bounds(box, X, m) for m in agt.config.MATMULS}
   for m in outs:
     np.testing.assert_allclose(outs[m].lower, ref[m].lower, rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(outs[m].upper, ref[m].upper, rtol=1e-6, atol=1e-9)
   assert not np.allclose(outs["midrad"].lower, outs["signsplit"].lower)
+  w = {m: float(jnp.sum(ref[m].width)) for m in ref}
+  assert w["exact"] <= min(w["best"], w["midrad"], w["signsplit"]) + 1e-12
+  assert w["best"] <= min(w["midrad"], w["signsplit"]) + 1e-12
 
 
 @pytest.mark.parametrize("backend", ["mlp", "ibp"])

@@ -261,6 +261,22 @@ def test_jit_of_ibp_matches_eager():
   np.testing.assert_allclose(eager.upper, jitted.upper, rtol=1e-5, atol=1e-6)
 
 
+def test_one_nan_guard_per_box_and_nan_input_boxes_widen_under_jit():
+  """Every box the interval domain builds passes one NaN guard (two ``x != x`` tests, one per
+  end): in its rule, not again after the rule nor at the output (each repeat is an element-wise
+  pass over the box); a product, whose rule maps ``0 · inf`` to 0, needs no other. An input box
+  with a NaN end, which ``jit`` cannot validate, is the full line even after a mere reshape."""
+  x = bj.Interval(jnp.zeros((3, 4)), jnp.ones((3, 4)))
+  w = bj.Interval(-jnp.ones((4, 2)), jnp.ones((4, 2)))
+  jaxpr = jax.make_jaxpr(bj.ibp(lambda a, b: (a @ b) * 2.0 + 1.0))(x, w).jaxpr
+  nan_tests = [e for e in jaxpr.eqns if e.primitive.name == "ne" and e.invars[0] is e.invars[1]]
+  assert len(nan_tests) == 2 * 2 + 3 * 2, jaxpr    # two input boxes, three operations
+  f = jax.jit(bj.ibp(lambda a: a.reshape(-1)))
+  out = f(bj.Interval(jnp.array([0.0, 1.0]), jnp.array([jnp.nan, 2.0]), validate=False))
+  np.testing.assert_array_equal(out.lower, [-np.inf, 1.0])
+  np.testing.assert_array_equal(out.upper, [np.inf, 2.0])
+
+
 def test_grad_wrt_endpoints_and_params_matches_finite_differences():
   model, params, x = _network("mlp", 1)
 

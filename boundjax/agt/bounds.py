@@ -1,25 +1,24 @@
-"""Where AGT's interval bounds come from: the generic engine or the explicit Dense+ReLU passes.
+"""Where AGT's bounds come from: the engine (`boundjax.ibp`, `boundjax.crown`) on one of two
+nominal computations.
 
-Two back-ends give the same guarantees:
+* ``"mlp"``: the Dense+ReLU passes of `boundjax.agt.mlp` (AGT, App. B): the bounded forward pass,
+  AGT's tight loss-gradient rules (§2.3) on the logit box, then the bounded backward pass, and
+  a margin bound with the class difference folded into the last layer.
+* ``"ibp"``: `boundjax.ibp` applied to ``vmap(grad(per-sample loss))`` of any ``apply_fn`` the
+  engine supports (Flax, conv, ...); the loss gradient is bounded by the engine's composites.
 
-* ``"ibp"``: `boundjax.ibp` applied to ``vmap(grad(per-sample loss))`` with interval parameter
-  leaves; works for any ``apply_fn`` the engine supports (Flax, conv, ...), and every interval
-  product of `boundjax.ibp` (``matmul`` = "midrad", "signsplit", "exact", "best").
-* ``"mlp"``: the layer-wise passes of AGT, App. B, in `boundjax.agt.mlp` (Dense+ReLU only, matmul
-  "midrad" or "signsplit"), with tight loss-gradient rules and a margin bound folded
-  into the last layer.
-
-``"auto"`` picks ``"mlp"`` when the parameters are a Dense stack that `boundjax.agt.mlp.apply`
-reproduces and the ``matmul`` is one it implements, and ``"ibp"`` otherwise.
+Both take every interval product of `boundjax.ibp` (``matmul`` = "midrad", "signsplit", "exact",
+"best"). ``"auto"`` picks ``"mlp"`` when the parameters are a Dense stack that
+`boundjax.agt.mlp.apply` reproduces, and ``"ibp"`` otherwise.
 
 ``bound_method`` picks the forward bound through the parameter box: "interval" (the paper's
 IBP) or "crown" (`boundjax.agt.crown`: the engine's `boundjax.crown` over the parameter box with
 a fixed input, intersected with the interval bounds, so never looser), with either back-end:
 the logit bounds (certification, poisoning's label sets) come from `boundjax.crown` of
 ``apply_fn`` itself. The gradient bounds of the "mlp" back-end take CROWN's pre-activation bounds
-of every layer into the explicit interval backward pass; those of the "ibp" back-end are
-`boundjax.ibp` of the per-sample gradient, which has no way to receive CROWN's intermediate
-bounds (the same as with "interval").
+of every layer into the bounded backward pass; those of the "ibp" back-end are `boundjax.ibp`
+of the per-sample gradient, which has no way to receive CROWN's intermediate bounds (the same
+as with "interval").
 """
 
 from __future__ import annotations
@@ -51,12 +50,11 @@ def _engine_loss(name: str) -> Callable:
 
 
 def check_matmul(backend: str, matmul: str) -> None:
-  """Raises ``ValueError`` when ``backend`` cannot compute the interval product ``matmul``."""
+  """Raises ``ValueError`` unless ``matmul`` is an interval product of `boundjax.ibp` (both
+  back-ends compute every one)."""
+  del backend
   if matmul not in MATMULS:
     raise ValueError(f"AGT: matmul must be one of {MATMULS}, got {matmul!r}.")
-  if backend == "mlp" and matmul not in mlp.MATMULS:
-    raise ValueError(f"AGT backend 'mlp' implements matmul in {mlp.MATMULS}, not {matmul!r}; "
-                     "use backend='ibp' (or 'auto').")
 
 
 def check_bound_method(backend: str, bound_method: str) -> None:
@@ -84,8 +82,7 @@ def resolve(backend: str, apply_fn: Callable, params: Any, x_example: Any,
   if backend not in BACKENDS:
     raise ValueError(f"AGT backend must be one of {BACKENDS}, got {backend!r}.")
   if backend == "auto":
-    use_mlp = matmul in mlp.MATMULS and is_mlp(apply_fn, params, x_example)
-    backend = "mlp" if use_mlp else "ibp"
+    backend = "mlp" if is_mlp(apply_fn, params, x_example) else "ibp"
   check_matmul(backend, matmul)
   if backend == "mlp" and not is_mlp(apply_fn, params, x_example):
     raise ValueError("AGT backend 'mlp' needs a Dense+ReLU stack that boundjax.agt.mlp.apply "
@@ -99,7 +96,7 @@ def grad_bounds_fn(apply_fn: Callable, loss: str, backend: str, matmul: str = "m
 
   Every leaf of the result is an Interval containing ``d loss(apply_fn(theta, x_i), y_i) /
   d theta`` for every ``theta`` in ``param_bounds``; ``matmul`` is the interval product and
-  ``bound_method`` the forward bound whose logit and activation bounds feed the interval
+  ``bound_method`` the forward bound whose logit and activation bounds feed the bounded
   backward pass ("crown": `boundjax.agt.crown.grad_bounds`).
   """
   check_matmul(backend, matmul)

@@ -27,8 +27,7 @@ OPTIMIZERS = ("sgd", "sgdm", "adam")
 NEIGHBOURHOODS = ("add_remove", "remove")
 NORMALISATIONS = ("actual", "nominal")
 BOUND_METHODS = ("interval", "crown")
-#: Interval products, in `boundjax.ibp`'s vocabulary. The "mlp" back-end does "midrad" and
-#: "signsplit"; "exact" and "best" need the "ibp" back-end (`boundjax.agt.bounds`).
+#: Interval products, in `boundjax.ibp`'s vocabulary (both back-ends, `boundjax.agt.bounds`).
 MATMULS = ("midrad", "signsplit", "exact", "best")
 _NUMBERS = ("learning_rate", "clip_gamma", "lr_decay", "lr_min", "momentum", "dampening",
             "l1_reg", "l2_reg", "b1", "b2", "eps_adam", "weight_decay")
@@ -82,8 +81,8 @@ class Config:
       bounds, from two hidden layers on.
     matmul: the interval matrix product (`boundjax.ibp`'s vocabulary): "midrad" (midpoint-radius,
       4 products; the public code's default "rump") or "signsplit" (sign-split products; exact
-      when one factor is sign-definite, e.g. post-ReLU activations); "exact" and "best" only
-      with the "ibp" back-end.
+      when one factor is sign-definite, e.g. post-ReLU activations), "exact" (four-corner bound
+      per term; materialises the product) or "best" (midrad met with signsplit).
     fragsize: number of samples bounded at once; memory is O(fragsize * #params + k * #params).
       It does not change the bounds (up to the rounding order of the sums). On a 2-core CPU
       250-1000 is fastest for the benchmark MLPs (benchmarks/agt.py): larger fragments leave

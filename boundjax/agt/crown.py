@@ -20,9 +20,9 @@ as boxes and ``x`` concrete, one sample at a time (vmapped over the batch):
 
 The engine runs in its sound mode (every bound holds in exact arithmetic; outward rounding with
 a-priori error bounds), so a point box gives the nominal logits up to rounding and never cuts
-into them. ``matmul`` is accepted for the callers' signature; the engine's own interval
-products are at least as tight as "midrad" and "signsplit" (it feeds the interval backward pass
-of the gradient bounds, `boundjax.agt.mlp`).
+into them. ``matmul`` does not reach CROWN (its own interval products are at least as tight as
+"midrad" and "signsplit"); it is the product of the interval passes beside it: the backward pass
+of the gradient bounds and the folded margin bound (`boundjax.agt.mlp`).
 
 Tightness against the hand-written pass this module used to be (which concretised the first
 hidden layer ``h^1 = relu(zhat^1)`` on its box, exact because its coordinates use disjoint
@@ -112,40 +112,22 @@ def margin_bounds(param_bounds: Any, x: Array, cls: Array, matmul: str = "midrad
   return lo
 
 
-def _preactivations(p: Any, x: Array) -> list:
-  """``[zhat^1, ..., zhat^K]`` of the Dense+ReLU stack of `boundjax.agt.mlp` (one sample)."""
-  ls = mlp.layers(p)
-  z, out = x, []
-  for i, l in enumerate(ls):
-    zh = z @ l["kernel"] + l["bias"]
-    out.append(zh)
-    z = jax.nn.relu(zh) if i < len(ls) - 1 else zh
-  return out
+_bound_preactivations = _bound(mlp.preactivations)
 
 
-_bound_preactivations = _bound(_preactivations)
+def grad_bounds(param_bounds: Any, xs: Array, ys: Array, loss: str, matmul: str = "midrad") -> Any:
+  """Per-sample parameter-gradient bounds (AGT, App. B) with the forward pass bounded by CROWN
+  (leading axis of every output leaf = sample): the logit bounds feed the loss-gradient rule
+  (AGT, §2.3) and the pre-activation bounds of every layer feed the interval backward pass,
+  `boundjax.agt.mlp.backward_bounds` (``boundjax.ibp`` of the nominal backward pass)."""
+  _check_point(xs)
+  pre = jax.vmap(_bound_preactivations, in_axes=(None, 0))(param_bounds, xs)
+  d = jax.vmap(functools.partial(losses.logit_grad_bounds, loss))(pre[-1], ys)
+  return mlp.backward_bounds(param_bounds, xs, pre[:-1], d, matmul)
 
 
 def sample_grad_bounds(param_bounds: Any, x: Array, y: Array, loss: str,
                        matmul: str = "midrad") -> Any:
-  """Per-sample parameter-gradient bounds for ONE sample (AGT, App. B) with the forward pass
-  bounded by CROWN: the logit bounds feed the loss-gradient rule and the pre-activation bounds
-  of every layer feed the interval backward pass of `boundjax.agt.mlp`."""
-  ls = mlp.layers(param_bounds)
-  pre = _bound_preactivations(param_bounds, x)
-  d = losses.logit_grad_bounds(loss, pre[-1], y)
-  grads = [None] * len(ls)
-  for i in range(len(ls) - 1, -1, -1):
-    z_prev = x if i == 0 else mlp.interval_relu(pre[i - 1])
-    grads[i] = {"kernel": mlp.interval_outer(z_prev, d, nonneg=i > 0), "bias": d}
-    if i > 0:
-      dz = mlp.interval_matmul(ls[i]["kernel"], d, matmul)
-      d = mlp.heaviside_times(pre[i - 1], dz)
-  return mlp.rebuild(param_bounds, grads)
-
-
-def grad_bounds(param_bounds: Any, xs: Array, ys: Array, loss: str, matmul: str = "midrad") -> Any:
-  """`sample_grad_bounds` over a batch (leading axis of every output leaf = sample)."""
-  _check_point(xs)
-  return jax.vmap(sample_grad_bounds, in_axes=(None, 0, 0, None, None))(
-      param_bounds, xs, ys, loss, matmul)
+  """`grad_bounds` for ONE sample ``(x, y)`` (no batch axis)."""
+  out = grad_bounds(param_bounds, jnp.asarray(x)[None], jnp.asarray(y)[None], loss, matmul)
+  return jax.tree_util.tree_map(lambda v: v[0], out)

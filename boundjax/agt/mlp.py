@@ -1,30 +1,37 @@
-"""Explicit interval passes for Dense+ReLU networks (AGT, App. B).
+"""Dense+ReLU networks for AGT: the nominal passes and their bounds (AGT, App. B).
 
-This is the layer-wise reference implementation of the bounds AGT needs for fully connected
-ReLU networks: forward IBP with interval parameters and a point input (§2.2), the tight
-loss-gradient rules (§2.3) and the backward interval pass to per-sample parameter-gradient
-bounds (§2.4). The generic path through ``boundjax.ibp`` bounds any ``apply_fn``; this module
-is kept beside it as an independent cross-check and for its tighter final-layer margin bound.
+AGT needs, for a box of parameters, bounds on the logits (forward IBP with interval parameters,
+§2.2), on the gradient of the loss w.r.t. the logits (the tight rules of §2.3,
+`boundjax.agt.losses`) and on the per-sample parameter gradients (the backward interval pass,
+§2.4). Here the passes are written once, as plain JAX functions of the parameters
+(`preactivations`, `backward`, `margins`), and bounded by the package's one engine,
+``boundjax.ibp`` (`forward_bounds`, `backward_bounds`, `grad_bounds`, `margin_bounds`): every
+product of two boxes is the engine's ``matmul`` ("midrad", "signsplit", "exact" or "best"); a
+product with a point or with a sign-definite factor (``x (x) d``, ``relu(zhat) (x) d``) is exact,
+and ``jnp.where(zhat > 0, v, 0)`` with a box ``zhat`` gives ``v``, ``0`` or the hull of both,
+i.e. H(zhat) (.) v with H = 1[zhat > 0] applied to both ends. The loss-gradient step sits
+between the bounded forward and the bounded backward pass, so a rule that is not a function of
+the logits (a set of labels, `boundjax.agt.poisoning`) can replace it.
 
 Parameters are a sequence of Dense layers ``{"kernel": (in, out), "bias": (out,)}`` applied as
 ``z = relu(z @ kernel + bias)`` with no ReLU after the last layer. Accepted containers: a list or
 tuple of such dicts, a dict ``{"Dense_0": ..., "Dense_1": ...}`` (Flax ``nn.Dense`` naming, any
 prefix, ordered by the trailing number) or that dict under a ``"params"`` key: whatever
 `boundjax.models.dense_layers` reads (``layers`` and ``rebuild`` here are that parser).
-
-``matmul`` names the interval product as `boundjax.ibp` does: "midrad" or "signsplit".
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
 from boundjax.agt import losses
-from boundjax.core.interval import Interval, bilinear_midrad, bilinear_signsplit, mul_bounds
-from boundjax.models import dense_layers, rebuild_dense
+from boundjax.core.interval import Interval
+from boundjax.core.transforms import ibp
+from boundjax.models import dense_layers, mlp_layer_values, rebuild_dense
 
 Array = jax.Array
 
@@ -35,10 +42,6 @@ Array = jax.Array
 
 layers = dense_layers
 rebuild = rebuild_dense
-
-#: Interval products the explicit passes implement (`boundjax.ibp`'s names).
-MATMULS = ("midrad", "signsplit")
-
 
 def init(key: Array, sizes: list[int], dtype=jnp.float32) -> list[dict]:
   """He-uniform (torch ``nn.Linear``-like) initialisation of a Dense+ReLU network."""
@@ -63,110 +66,122 @@ def apply(params: Any, x: Array) -> Array:
 
 
 # ----------------------------------------------------------------------------------------------
-# Interval passes
+# The nominal passes, and their bounds through `boundjax.ibp`
 # ----------------------------------------------------------------------------------------------
+
+def preactivations(params: Any, x: Array) -> list:
+  """``[zhat^1, ..., zhat^K]`` of the forward pass (``zhat^K`` = the logits); ``x`` with or without
+  a batch axis."""
+  return list(mlp_layer_values(params, x)[::2])
+
+
+def backward(params: Any, x: Array, pre: list, d: Array) -> Any:
+  """Per-sample parameter gradients from the logit gradient ``d = d loss / d zhat^K``.
+
+  ``pre`` holds the hidden pre-activations ``[zhat^1, ..., zhat^{K-1}]`` (`preactivations`
+  without the logits). Layer k's gradients are ``z^{k-1} (x) d^k`` (kernel, the outer product)
+  and ``d^k`` (bias), with ``d^{k-1} = (W^k d^k) (.) H(zhat^{k-1})``, H = 1[zhat > 0] (H(0) = 0, as
+  the gradient of jax.nn.relu). ``x``, ``pre`` and ``d`` share an optional leading batch axis.
+  Returns a pytree like ``params``.
+  """
+  ls = layers(params)
+  grads = [None] * len(ls)
+  for i in range(len(ls) - 1, -1, -1):
+    z_prev = x if i == 0 else jax.nn.relu(pre[i - 1])
+    grads[i] = {"kernel": z_prev[..., :, None] * d[..., None, :], "bias": d}
+    if i > 0:
+      wd = jnp.moveaxis(jnp.tensordot(ls[i]["kernel"], d, ([1], [d.ndim - 1])), 0, -1)
+      d = jnp.where(pre[i - 1] > 0, wd, 0)
+  return rebuild(params, grads)
+
+
+def margins(params: Any, x: Array, cls: Array) -> Array:
+  """``z_c - z_j`` for every class j (batched ``x``; ``cls`` the class c of each sample), with the
+  difference folded into the last layer: ``(W_c - W_j) h + (b_c - b_j)``, ``h`` the last hidden
+  activations."""
+  ls = layers(params)
+  h = x
+  for l in ls[:-1]:
+    h = jax.nn.relu(h @ l["kernel"] + l["bias"])
+  w, b = ls[-1]["kernel"], ls[-1]["bias"]
+  dw = jnp.take(w, cls, axis=1).T[:, :, None] - w[None]             # (batch, in, C)
+  db = jnp.take(b, cls)[:, None] - b[None]                           # (batch, C)
+  h = jnp.broadcast_to(h, (cls.shape[0],) + h.shape[-1:])[:, None, :]  # (batch, 1, in)
+  return (h @ dw)[:, 0, :] + db
+
+
+@functools.lru_cache(maxsize=64)
+def _bounded(fn: Callable, matmul: str, precision: Any) -> Callable:
+  """``boundjax.ibp(fn)``, one per (function, product, matmul precision): the traced program
+  records the ambient ``jax.default_matmul_precision`` (AGT's sound step runs under "highest")."""
+  del precision   # part of the cache key only
+  return ibp(fn, matmul=matmul)
+
+
+def _ibp(fn: Callable, matmul: str) -> Callable:
+  return _bounded(fn, matmul, jax.config.jax_default_matmul_precision)
+
 
 def _as_iv(x: Any) -> Interval:
   return x if isinstance(x, Interval) else Interval(x, x, validate=False)
 
 
-def _bilinear(matmul: str) -> Callable:
-  """The interval product of two boxes: midpoint-radius or sign-split (`boundjax.core.interval`)."""
-  if matmul == "midrad":
-    return bilinear_midrad
-  if matmul == "signsplit":
-    return bilinear_signsplit
-  raise ValueError(f"agt.mlp: matmul must be one of {MATMULS} (the explicit Dense passes), got "
-                   f"{matmul!r}; use the 'ibp' back-end for {matmul!r}.")
-
-
-def interval_matmul(a: Any, b: Any, matmul: str) -> Interval:
-  if not isinstance(a, Interval) and not isinstance(b, Interval):
-    v = a @ b
-    return Interval(v, v, validate=False)
-  lo, hi = _bilinear(matmul)(jnp.matmul, a, b)
-  return Interval(lo, hi, validate=False)
-
-
-def _add(a: Interval, b: Any) -> Interval:
-  b = _as_iv(b)
-  return Interval(a.lower + b.lower, a.upper + b.upper, validate=False)
-
-
-def interval_relu(a: Interval) -> Interval:
-  return Interval(jax.nn.relu(a.lower), jax.nn.relu(a.upper), validate=False)
+def _as_ivs(tree: Any) -> Any:
+  """Every leaf of ``tree`` as an Interval (outputs that depend on no box come back as arrays)."""
+  return jax.tree_util.tree_map(_as_iv, tree, is_leaf=lambda v: isinstance(v, Interval))
 
 
 def forward_bounds(param_bounds: Any, x: Any, matmul: str = "midrad",
                    keep: bool = False) -> Interval | tuple[Interval, list]:
-  """Forward IBP with interval parameters (AGT, App. B): ``z^k = relu(W^k (x) z^{k-1} (+) b^k)``.
+  """Logit bounds over the parameter box: forward IBP with interval parameters (AGT, §2.2 and
+  App. B), ``boundjax.ibp`` of `preactivations`.
 
-  ``x`` may be a point or an Interval, with or without a batch axis. With ``keep=True`` also
-  returns the cached ``[(z^{k-1}, zhat^k)]`` per layer for the backward pass.
+  ``x`` may be a point or an Interval (an input box), with or without a batch axis. With
+  ``keep=True`` also returns the bounds of every pre-activation ``[zhat^1, ..., zhat^K]``.
   """
-  ls = layers(param_bounds)
-  z: Any = x
-  cache = []
-  for i, l in enumerate(ls):
-    zh = _add(interval_matmul(z, l["kernel"], matmul), l["bias"])
-    cache.append((z, zh))
-    z = interval_relu(zh) if i < len(ls) - 1 else zh
-  return (z, cache) if keep else z
+  pre = [_as_iv(z) for z in _ibp(preactivations, matmul)(param_bounds, x)]
+  return (pre[-1], pre) if keep else pre[-1]
 
 
-def interval_outer(z: Any, d: Interval, nonneg: bool = False) -> Interval:
-  """Bounds of the outer product ``z d^T`` (one sample), exact element-wise.
+def backward_bounds(param_bounds: Any, x: Any, pre: list, d: Interval,
+                    matmul: str = "midrad") -> Any:
+  """The interval backward pass (AGT, §2.4 and App. B): ``boundjax.ibp`` of `backward` over the
+  parameter box, the pre-activation boxes ``pre`` (hidden layers), the logit-gradient box ``d``
+  and ``x`` (a point or an Interval). Interval leaves like ``param_bounds``."""
+  return _as_ivs(_ibp(backward, matmul)(param_bounds, x, list(pre), d))
 
-  A point ``z`` or a non-negative interval ``z`` (post-ReLU) needs two products per entry
-  (the sign of one factor picks the corner); otherwise the four corner products are compared.
+
+def grad_bounds(param_bounds: Any, xs: Any, ys: Array, loss: str, matmul: str = "midrad",
+                logit_grad: Callable | None = None) -> Any:
+  """Per-sample parameter-gradient bounds over a batch (AGT, App. B; leading axis of every
+  output leaf = sample).
+
+  Every Interval leaf contains ``d loss / d theta`` at ``(x_i, y_i)`` for every ``theta`` in
+  ``param_bounds``: the bounded forward pass (`forward_bounds`), the tight loss-gradient rules
+  of AGT, §2.3 on the logit box (`losses.logit_grad_bounds`, per sample), then the bounded
+  backward pass (`backward_bounds`). ``xs`` may be an Interval (an input box: poisoning).
+  ``logit_grad(logits: Interval, y) -> Interval`` (one sample) replaces
+  `losses.logit_grad_bounds` (e.g. a set of labels, `boundjax.agt.poisoning`).
   """
-  dl, du = d.lower[None, :], d.upper[None, :]
-  if not isinstance(z, Interval):
-    x = z[:, None]
-    pos = x >= 0
-    return Interval(jnp.where(pos, x * dl, x * du), jnp.where(pos, x * du, x * dl),
-                    validate=False)
-  zl, zu = z.lower[:, None], z.upper[:, None]
-  if nonneg:   # 0 <= zl <= z <= zu
-    return Interval(jnp.where(dl >= 0, zl * dl, zu * dl), jnp.where(du >= 0, zu * du, zl * du),
-                    validate=False)
-  lo, hi = mul_bounds(zl, zu, dl, du)
-  return Interval(lo, hi, validate=False)
-
-
-def heaviside_times(zh: Interval, d: Interval) -> Interval:
-  """``H(zhat) (.) d`` with H = 1[zhat > 0] applied to both bounds (H(0) = 0, as jax.nn.relu)."""
-  hl, hu = zh.lower > 0, zh.upper > 0
-  zero = jnp.zeros_like(d.lower)
-  lo = jnp.where(hl, d.lower, jnp.where(hu, jnp.minimum(d.lower, 0), zero))
-  hi = jnp.where(hl, d.upper, jnp.where(hu, jnp.maximum(d.upper, 0), zero))
-  return Interval(lo, hi, validate=False)
+  logits, pre = forward_bounds(param_bounds, xs, matmul, keep=True)
+  lg = functools.partial(losses.logit_grad_bounds, loss) if logit_grad is None else logit_grad
+  d = jax.vmap(lg)(logits, ys)                                   # d loss / d zhat^K
+  return backward_bounds(param_bounds, xs, pre[:-1], d, matmul)
 
 
 def sample_grad_bounds(param_bounds: Any, x: Any, y: Array, loss: str,
                        matmul: str = "midrad", logit_grad: Callable | None = None) -> Any:
-  """Per-sample parameter-gradient bounds (AGT, App. B) for ONE sample ``(x, y)``.
+  """`grad_bounds` for ONE sample ``(x, y)`` (no batch axis)."""
+  x1 = jax.tree_util.tree_map(lambda v: v[None], x)
+  out = grad_bounds(param_bounds, x1, jnp.asarray(y)[None], loss, matmul, logit_grad)
+  return jax.tree_util.tree_map(lambda v: v[0], out)
 
-  Returns a pytree like ``param_bounds`` whose Interval leaves contain ``d loss / d theta`` at
-  ``(x, y)`` for every ``theta`` in ``param_bounds`` (vmap it over a batch). ``x`` may be an
-  Interval (an input box: poisoning). ``logit_grad(logits: Interval, y) -> Interval`` replaces
-  `losses.logit_grad_bounds` (e.g. a set of labels, `boundjax.agt.poisoning`).
-  """
-  ls = layers(param_bounds)
-  logits, cache = forward_bounds(param_bounds, x, matmul, keep=True)
-  if logit_grad is None:
-    d = losses.logit_grad_bounds(loss, logits, y)      # d loss / d zhat^K
-  else:
-    d = logit_grad(logits, y)
-  grads = [None] * len(ls)
-  for i in range(len(ls) - 1, -1, -1):
-    z_prev, _ = cache[i]
-    grads[i] = {"kernel": interval_outer(z_prev, d, nonneg=i > 0), "bias": d}
-    if i > 0:
-      w = ls[i]["kernel"]                              # (in, out)
-      dz = interval_matmul(w, d, matmul)                       # d loss / d z^{i-1} = W (x) d
-      d = heaviside_times(cache[i - 1][1], dz)        # d loss / d zhat^{i-1}
-  return rebuild(param_bounds, grads)
+
+def margin_bounds(param_bounds: Any, x: Array, cls: Array, matmul: str = "midrad") -> Array:
+  """Lower bounds of ``z_c - z_j`` for every class j (batched ``x``; ``cls`` the class c):
+  ``boundjax.ibp`` of `margins`, whose difference folded into the last layer does not count the
+  shared penultimate activations ``h`` twice (tighter than ``zL_c - zU_j``)."""
+  return _as_iv(_ibp(margins, matmul)(param_bounds, x, jnp.asarray(cls))).lower
 
 
 def per_sample_grads(params: Any, xs: Array, ys: Array, loss: str) -> Any:
@@ -194,35 +209,3 @@ def per_sample_grads(params: Any, xs: Array, ys: Array, loss: str) -> Any:
     if i > 0:
       d = (d @ ls[i]["kernel"].T) * (zs[2 * i - 1] > 0).astype(d.dtype)
   return rebuild(params, grads)
-
-
-def grad_bounds(param_bounds: Any, xs: Any, ys: Array, loss: str, matmul: str = "midrad",
-                logit_grad: Callable | None = None) -> Any:
-  """`sample_grad_bounds` over a batch (leading axis of every output leaf = sample; ``xs`` may
-  be an Interval of inputs)."""
-  return jax.vmap(lambda x, y: sample_grad_bounds(param_bounds, x, y, loss, matmul, logit_grad)
-                  )(xs, ys)
-
-
-def margin_bounds(param_bounds: Any, x: Array, cls: Array, matmul: str = "midrad") -> Array:
-  """Lower bounds of ``z_c - z_j`` for every class j (batched ``x``; ``cls`` the class c).
-
-  The difference is folded into the last layer, ``(W_c - W_j) h + (b_c - b_j)``, so the shared
-  penultimate activations ``h`` are not counted twice (tighter than ``zL_c - zU_j``).
-  """
-  ls = layers(param_bounds)
-  h: Any = x
-  for l in ls[:-1]:
-    h = interval_relu(_add(interval_matmul(h, l["kernel"], matmul), l["bias"]))
-  w, b = _as_iv(ls[-1]["kernel"]), _as_iv(ls[-1]["bias"])
-  wc_l = jnp.take(w.lower, cls, axis=1).T[:, :, None]       # (batch, in, 1)
-  wc_u = jnp.take(w.upper, cls, axis=1).T[:, :, None]
-  dw = Interval(wc_l - w.upper[None], wc_u - w.lower[None], validate=False)   # (batch, in, C)
-  db_l = jnp.take(b.lower, cls)[:, None] - b.upper[None]
-  h = _as_iv(h)
-  if h.lower.ndim == 1:
-    h = Interval(jnp.broadcast_to(h.lower, (cls.shape[0],) + h.lower.shape),
-                 jnp.broadcast_to(h.upper, (cls.shape[0],) + h.upper.shape), validate=False)
-  hb = Interval(h.lower[:, None, :], h.upper[:, None, :], validate=False)   # (batch, 1, in)
-  lo, _ = _bilinear(matmul)(jnp.matmul, hb, dw)
-  return lo[:, 0, :] + db_l

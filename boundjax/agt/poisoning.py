@@ -125,7 +125,8 @@ def poisoned_grad_bounds_fn(apply_fn: Callable, config: Config, backend: str
   box ``[x - epsilon, x + epsilon]`` (when ``k_poison > 0``) and the poisoned labels (when
   ``label_k_poison > 0``); leading axis = sample, Interval leaves (unclipped).
 
-  "mlp": the explicit passes of AGT, App. B with an input box and `label_logit_grad_bounds`.
+  "mlp": the bounded Dense+ReLU passes of AGT, App. B with an input box and
+  `label_logit_grad_bounds` between the forward and the backward pass.
   "ibp": without label poisoning, `boundjax.ibp` of the per-sample gradient with an input box;
   with it, the logits are bounded first (`bounds.forward_bounds_fn`), the label-set bounds on
   ``d loss / d logits`` computed, and the vector-Jacobian product ``d logits / d theta`` applied

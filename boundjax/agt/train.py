@@ -150,7 +150,7 @@ def make_step(apply_fn: Callable, config: Config, backend: str = "mlp"
   Args:
     apply_fn: ``apply_fn(params, x) -> outputs`` on a batch ``x``.
     config: the run's `Config` (static).
-    backend: "mlp" (explicit Dense+ReLU passes) or "ibp" (``boundjax.ibp`` on any model); see
+    backend: "mlp" (the Dense+ReLU passes) or "ibp" (``boundjax.ibp`` on any model); see
       `boundjax.agt.bounds`. ``fit`` resolves "auto" before calling this.
   """
   if backend not in ("mlp", "ibp"):

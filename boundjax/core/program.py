@@ -425,12 +425,16 @@ def output_origin(program: Program | None, i: int) -> str:
   return ""
 
 
-def _nan_free(iv: Interval, check: Callable[[Any], Any], describe: Callable[[], str]) -> Interval:
+def _nan_free(iv: Interval, check: Callable[[Any], Any], describe: Callable[[], str],
+              guaranteed: bool = False) -> Interval:
   """One returned box through the NaN check: under tracing (values unknown) NaN ends widen to
-  ``-inf`` / ``+inf``, which is sound; a concrete NaN raises `BoundError` (``describe()``)."""
+  ``-inf`` / ``+inf``, which is sound, unless the domain ``guaranteed`` none; a concrete NaN
+  raises `BoundError` (``describe()``)."""
   from boundjax.core.errors import BoundError
   lo, hi = iv.lower, iv.upper
   if isinstance(lo, jax.core.Tracer) or isinstance(hi, jax.core.Tracer):
+    if guaranteed:
+      return iv
     return Interval(jnp.where(jnp.isnan(lo), -jnp.inf, lo), jnp.where(jnp.isnan(hi), jnp.inf, hi),
                     validate=False)
   bad = jnp.isnan(lo) | jnp.isnan(hi)
@@ -443,12 +447,15 @@ def _nan_free(iv: Interval, check: Callable[[Any], Any], describe: Callable[[], 
   return iv
 
 
-def check_outputs(outs: list, *, where: str, program: Program | None = None) -> list:
+def check_outputs(outs: list, *, where: str, program: Program | None = None,
+                  nan_free: bool = False) -> list:
   """The last line of defence of every transformation: no NaN in a returned bound.
 
   A concrete NaN endpoint raises `BoundError` naming the output, the primitive that produced it
   and the user's line (`output_origin`); under tracing (values unknown) NaN endpoints are
-  widened to ``-inf`` / ``+inf``, which is sound. `Interval` leaves and the `Interval` fields of
+  widened to ``-inf`` / ``+inf``, which is sound, unless ``nan_free`` (the domain guards every
+  box it builds, e.g. `boundjax.domains.interval.evaluate`: a second element-wise pass over
+  every returned box costs as much as a cheap rule). `Interval` leaves and the `Interval` fields of
   other returned objects (e.g. a `DiffInterval`'s ``ref``, ``other``, ``delta``) are checked.
   A bound wider than `WIDE` on a finite box warns."""
   checked = []
@@ -467,7 +474,7 @@ def check_outputs(outs: list, *, where: str, program: Program | None = None) -> 
       if not jnp.issubdtype(jnp.result_type(iv.lower), jnp.floating):
         return iv
       return _nan_free(iv, warn_wide if not field else (lambda _: None),
-                       lambda: f"{where}: output {i}{field}{origin}")
+                       lambda: f"{where}: output {i}{field}{origin}", nan_free)
 
     if isinstance(o, Interval):
       o = one(o)

@@ -66,7 +66,7 @@ def ibp(fn: Callable, *, matmul: str = "midrad", sound: bool = False) -> Callabl
       if key is not None and len(cache) < 32:
         cache[key] = program
     outs = interval_domain.evaluate(program, arguments.dynamic, ctx)
-    outs = prog_lib.check_outputs(outs, where="bj.ibp", program=program)
+    outs = prog_lib.check_outputs(outs, where="bj.ibp", program=program, nan_free=True)
     return jax.tree_util.tree_unflatten(program.out_tree, outs)
 
   return bounded

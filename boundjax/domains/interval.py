@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from typing import Any, Callable
 
 import jax
@@ -98,8 +99,20 @@ def _point(x) -> bool:
 lo_, hi_ = lower_of, upper_of
 
 
+class _Finished(threading.local):
+  """The boxes `_finish` built while `abstract_eqn` runs one rule (``None`` outside a rule).
+
+  `_finish` leaves no NaN in a box, so `abstract_eqn` does not guard those boxes a second time
+  (the guard is an element-wise pass over both ends, as costly as a cheap rule itself). The
+  boxes are held, not their ids, so none is freed and its id reused during the rule."""
+  boxes: list | None = None
+
+
+_FINISHED = _Finished()
+
+
 def _finish(ctx: IntervalContext, lo, hi, ulps: int = 0, err=None, *, sign_exact: bool = False,
-            floor=None, ceil=None) -> Interval:
+            floor=None, ceil=None, nan_free: bool = False) -> Interval:
   """Builds the output box, rounding outward in sound mode.
 
   Args:
@@ -111,9 +124,12 @@ def _finish(ctx: IntervalContext, lo, hi, ulps: int = 0, err=None, *, sign_exact
       ``lo`` with a clear sign bit (``hi`` with a set one, or ``hi < 0``) keeps its sign after
       the outward step.
     floor, ceil: a range the exact values are known to lie in (e.g. ``[-1, 1]`` for tanh).
+    nan_free: ``lo`` and ``hi`` hold no NaN by construction (products with ``0 · ∞ = 0``), so the
+      `no_nan` pass is skipped.
   """
   if jnp.issubdtype(jnp.result_type(lo), jnp.floating):
-    lo, hi = no_nan(lo, hi)
+    if not nan_free:
+      lo, hi = no_nan(lo, hi)
     if ctx.sound:
       lo0, hi0 = lo, hi
       lo, hi = rounding.outward(lo, hi, ulps=max(ulps, 1), abs_err=err)
@@ -122,10 +138,15 @@ def _finish(ctx: IntervalContext, lo, hi, ulps: int = 0, err=None, *, sign_exact
         # (x86 FTZ, Intel SDM Vol. 1 §10.2.3.3), while -0.0 >= 0 holds numerically
         lo = jnp.where(~rounding.is_negative(lo0), jnp.maximum(lo, 0), lo)
         hi = jnp.where(rounding.is_negative(hi0) | (hi0 < 0), jnp.minimum(hi, 0), hi)
+      lo, hi = no_nan(lo, hi)   # the outward step of an infinite end (``inf - inf``)
     if floor is not None:
       lo, hi = jnp.maximum(lo, floor), jnp.maximum(hi, floor)
     if ceil is not None:
       lo, hi = jnp.minimum(lo, ceil), jnp.minimum(hi, ceil)
+    out = _iv(lo, hi)
+    if _FINISHED.boxes is not None:
+      _FINISHED.boxes.append(out)
+    return out
   return _iv(lo, hi)
 
 
@@ -261,7 +282,7 @@ def _mul(ctx, x, y, **_):
     lo, hi = _mul_point(y, x)
   else:
     lo, hi = _corner_product(x.lower, x.upper, y.lower, y.upper)
-  return _finish(ctx, lo, hi, 1, sign_exact=True)
+  return _finish(ctx, lo, hi, 1, sign_exact=True, nan_free=True)   # (0 · ∞ = 0: no NaN)
 
 
 def _square(ctx, x, **_):
@@ -1083,23 +1104,34 @@ def abstract_eqn(ctx: IntervalContext, eqn: prog_lib.Eqn, invals: list) -> list:
   low = ctx.sound and eqn.name not in _NATIVE_LOW and (
       any(_is_low(v.aval.dtype) for v in eqn.outvars)
       or any(_is_low(jnp.result_type(lo_(v))) for v in invals if hasattr(lo_(v), "dtype")))
+  saved, _FINISHED.boxes = _FINISHED.boxes, []
   try:
     out = sound_low_precision(ctx, rule, eqn, invals) if low else \
         rule(ctx, *invals, **eqn.params)
   except UnsupportedPrimitiveError as e:
     raise UnsupportedPrimitiveError(f"{e} (at {eqn.where()})") from None
+  finally:
+    finished, _FINISHED.boxes = _FINISHED.boxes, saved
   if out is NotImplemented:
     body = prog_lib.expand(eqn, [isinstance(v, Interval) for v in invals],
                            precision_highest=ctx.sound)
-    return evaluate(body, invals, ctx)
+    return evaluate(body, invals, ctx, guard_inputs=False)   # (boxes already NaN-free)
   outs = list(out) if eqn.prim.multiple_results else [out]
   return [_iv(*no_nan(o.lower, o.upper)) if isinstance(o, Interval) and jnp.issubdtype(
-      o.dtype, jnp.floating) else o for o in outs]
+      o.dtype, jnp.floating) and not any(o is f for f in finished) else o for o in outs]
 
 
-def evaluate(program: prog_lib.Program, inputs: list, ctx: IntervalContext) -> list:
+def evaluate(program: prog_lib.Program, inputs: list, ctx: IntervalContext, *,
+             guard_inputs: bool = True) -> list:
   """Interval bounds of every output of ``program`` (inputs: arrays and Intervals). Each box
   input gets its own object, so the same `Interval` passed twice stays two variables for the
-  rules that compare operands by identity (``x == x``)."""
-  inputs = [_iv(v.lower, v.upper) if isinstance(v, Interval) else v for v in inputs]
+  rules that compare operands by identity (``x == x``).
+
+  No box of the result has a NaN end: the input boxes pass `no_nan` here (``guard_inputs``;
+  under ``jit`` an `Interval` is not validated) and every rule's result in `abstract_eqn`, so
+  `boundjax.ibp` need not guard its outputs again (``check_outputs(..., nan_free=True)``).
+  """
+  inputs = [_iv(*no_nan(v.lower, v.upper)) if guard_inputs and isinstance(v, Interval)
+            and jnp.issubdtype(v.dtype, jnp.floating) else
+            _iv(v.lower, v.upper) if isinstance(v, Interval) else v for v in inputs]
   return prog_lib.evaluate(program, inputs, functools.partial(abstract_eqn, ctx))
