@@ -43,11 +43,13 @@ from boundjax.verify.spec import Disjunct, Region, split_boxes
 
 
 def _pad_rows(C: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """``C, d`` with zero rows appended up to a power of two (>= 4) rows, so that properties with
-  different numbers of rows share one compiled bound; the padding rows lie outside every
+  """``C, d`` with zero rows appended up to a power of two (>= 16) rows, so that properties with
+  different numbers of rows share one compiled bound (every ACAS Xu property has 4 or 16 rows
+  with `combined_rows`: one compilation serves them all, in a process and in the persistent
+  cache; the output pass is a small part of a bound); the padding rows lie outside every
   disjunct's row range and are never read."""
   R = C.shape[0]
-  size = max(4, 1 << (R - 1).bit_length())
+  size = max(16, 1 << (R - 1).bit_length())
   return (np.concatenate([C, np.zeros((size - R, C.shape[1]))]),
           np.concatenate([d, np.zeros(size - R)]))
 
