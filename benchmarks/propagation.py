@@ -18,6 +18,7 @@ The JSON records the load average before and after the run.
     python benchmarks/propagation.py                 # all networks, all methods
     python benchmarks/propagation.py --nets b --skip-crown
     python benchmarks/propagation.py --nets c --compare-dense --out /tmp/cnn.json
+    python benchmarks/propagation.py --floor         # CROWN (a) against one GEMM of its size
 """
 
 from __future__ import annotations
@@ -168,6 +169,43 @@ def _cell(row: dict, times: str, ratios: str, method: str) -> str:
   return f"{row[times][method]:9.4f}s {row[ratios][method]:5.1f}x"
 
 
+def crown_floor(reps: int = 3) -> dict:
+  """The floor of CROWN on network (a): the time of one GEMM of the back-substitution's size
+  through the first layer, ``(256·1024 × 1024) @ (1024 × 784)`` (every second-layer row of every
+  example; the lower and the upper bound each need one), against CROWN itself, in process CPU
+  seconds (robust to other load); and the fraction of second-layer neurons that IBP and CROWN
+  leave unstable (what back-substituting unstable rows only could skip)."""
+  _, make, shape = NETS["a"]
+  model = make()
+  x = jax.random.uniform(jax.random.PRNGKey(0), shape)
+  params = model.init(jax.random.PRNGKey(1), x)
+  box = bj.Interval.around(x, 0.01, domain=(0.0, 1.0))
+  a = jax.random.normal(jax.random.PRNGKey(2), (shape[0] * 1024, 1024))
+  w = jax.random.normal(jax.random.PRNGKey(3), (1024, shape[1]))
+
+  def cpu(fn, *args):
+    jax.block_until_ready(fn(*args))
+    best = float("inf")
+    for _ in range(reps):
+      c0 = time.process_time()
+      jax.block_until_ready(fn(*args))
+      best = min(best, time.process_time() - c0)
+    return best
+
+  gemm_s = cpu(jax.jit(jnp.matmul), a, w)
+  crown_s = cpu(jax.jit(bj.crown(model.apply)), params, box)
+
+  def second_layer(p, xb):
+    d0, d1 = p["params"]["Dense_0"], p["params"]["Dense_1"]
+    return nn.relu(xb @ d0["kernel"] + d0["bias"]) @ d1["kernel"] + d1["bias"]
+  unstable = lambda z: float(jnp.mean((z.lower < 0) & (z.upper > 0)))  # noqa: E731
+  flops = 2 * shape[0] * 1024 * 1024 * shape[1]
+  return {"gemm_cpu_s": gemm_s, "gemm_gflops_per_cpu_s": flops / gemm_s / 1e9,
+          "crown_cpu_s": crown_s, "crown_over_gemm": crown_s / gemm_s,
+          "unstable_layer2_ibp": unstable(bj.ibp(second_layer)(params, box)),
+          "unstable_layer2_crown": unstable(bj.crown(second_layer)(params, box))}
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--nets", default="abc")
@@ -178,8 +216,17 @@ def main():
                       help="on the CNN, also time CROWN without the windowed pass")
   parser.add_argument("--shared", action="store_true",
                       help="record that other work was running on the machine")
+  parser.add_argument("--floor", action="store_true",
+                      help="only CROWN's floor on network (a): one back-substitution GEMM")
   parser.add_argument("--out", default="benchmarks/results/propagation.json")
   args = parser.parse_args()
+  if args.floor:
+    res = {"provenance": record(), "floor": crown_floor(args.crown_reps)}
+    print(", ".join(f"{k}={v:.3g}" for k, v in res["floor"].items()))
+    out = pathlib.Path(args.out).with_name("propagation_floor.json")
+    out.write_text(json.dumps(res, indent=2))
+    print(f"wrote {out}")
+    return
   load_before = os.getloadavg()
   rows = run(list(args.nets), args.reps, args.skip_crown, args.crown_reps, args.compare_dense)
   names = list(dict.fromkeys(m for r in rows for m in r["seconds"]))
