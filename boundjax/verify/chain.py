@@ -36,7 +36,6 @@ from collections import defaultdict
 from typing import Any, NamedTuple
 
 import jax
-
 import jax.numpy as jnp
 import numpy as np
 
