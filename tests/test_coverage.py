@@ -168,6 +168,11 @@ def _check_inside(bound, values, tol: float, what: str) -> None:
 # interval cases
 # ----------------------------------------------------------------------------------------------
 
+_ROWS = lax.ScatterDimensionNumbers(update_window_dims=(1,), inserted_window_dims=(0,),
+                                    scatter_dims_to_operand_dims=(0,))
+"""Scatter whole rows: updates (k, n) into an operand (m, n) at row indices (k, 1)."""
+
+
 @dataclasses.dataclass
 class Case:
   """``fn(*args)``; ``make(rng) -> args`` builds random boxes/arrays (Intervals are bounded)."""
@@ -299,6 +304,14 @@ INTERVAL_CASES: dict[str, Case] = {
     "dynamic_update_slice": Case(lambda x, u: lax.dynamic_update_slice(x, u, (0, 0)),
                                  lambda r: (fbox(r, (3, 3)), fbox(r, (1, 2)))),
     "gather": _unary(lambda x: (x[jnp.array([0, 0])], x[:, jnp.array([0])])),
+    # repeated indices: an entry hit twice sums both (add, sub) or holds one of them (set)
+    "scatter-add": Case(lambda x, u: x.at[jnp.array([0, 2, 0])].add(u),
+                        lambda r: (fbox(r, (3, 3)), fbox(r, (3, 3)))),
+    "scatter-sub": Case(lambda x, u: lax.scatter_sub(x, jnp.array([[0], [2], [0]]), u, _ROWS),
+                        lambda r: (fbox(r, (3, 3)), fbox(r, (3, 3)))),
+    "scatter": Case(lambda x, u: x.at[jnp.array([1, 1, 0])].set(u),
+                    lambda r: (fbox(r, (3, 3)), fbox(r, (3, 3))),
+                    "a row hit twice holds either update: its box is their hull"),
     "concatenate": _binary(lambda a, b: jnp.concatenate([a, b, a * 2], axis=1)),
     "pad": _unary(lambda x: lax.pad(x, jnp.asarray(0.5, x.dtype), [(1, 0, 0), (0, 2, 1)])),
     "rev": _unary(lambda x: x[::-1]),
@@ -460,6 +473,11 @@ DIFFERENCE_CASES: dict[str, DiffCase] = {
     "gather": _dcase(lambda p, x: (x * p["w"])[jnp.array([2, 0, 2])]),
     "dynamic_update_slice": _dcase(lambda p, x: lax.dynamic_update_slice(x, p["w"][:2] * x[:2], (1,))),
     "split": _dcase(lambda p, x: jnp.split(x * p["w"], [1])),
+    "scatter-add": _dcase(lambda p, x: x.at[jnp.array([0, 2, 0])].add(p["w"] * x)),
+    "scatter-sub": _dcase(lambda p, x: lax.scatter_sub(
+        x[:, None], jnp.array([[0], [2], [0]]), (p["w"] * x)[:, None], _ROWS)[:, 0]),
+    # repeated index: N and N# may keep different updates there
+    "scatter": _dcase(lambda p, x: x.at[jnp.array([1, 1, 0])].set(p["w"] * x)),
 }
 
 DIFFERENCE_KNOWN_UNSOUND: dict = {}
@@ -501,7 +519,8 @@ def test_every_difference_rule_has_a_case():
     if k in DIFFERENCE_UNREACHABLE else k for k in sorted(diff_domain.RULES)])
 def test_difference_rule_keys_are_primitives(name):
   from boundjax.core import composite
-  assert hasattr(lax, name + "_p") or name == "add_any" or name in composite.REGISTRY, name
+  assert hasattr(lax, name.replace("-", "_") + "_p") or name == "add_any" \
+      or name in composite.REGISTRY, name
 
 
 def test_difference_real_with_complex_parameters():

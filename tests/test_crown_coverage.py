@@ -62,6 +62,11 @@ CASES = {
     "split": lambda x: jnp.concatenate(jnp.split(x, [1, 3], axis=1)[::-1], -1),
     "optimization_barrier": lambda x: jnp.concatenate(lax.optimization_barrier((x, -2 * x)), -1),
     "gather": lambda x: x[:, jnp.array([2, 0, 2])],
+    "scatter": lambda x: x.at[:, jnp.array([3, 0])].set(-2 * x[:, 1:3], unique_indices=True),
+    "scatter-add": lambda x: x.at[:, jnp.array([2, 0, 2])].add(-2 * x[:, 1:]),
+    "scatter-sub": lambda x: lax.scatter_sub(
+        x.T, jnp.array([[3], [0], [3]]), 2 * x.T[:3],
+        lax.ScatterDimensionNumbers((1,), (0,), (0,))).T,
     "mul": lambda x: x * jnp.array([1.0, -2.0, 0.5, 3.0]),
     "div": lambda x: x / jnp.array([3.0, -2.0, 0.5, 4.0]),
     "dot_general": lambda x: x @ W,

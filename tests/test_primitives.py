@@ -96,6 +96,11 @@ EXACT_CANCELLATIONS = {
     "optimization_barrier": lambda x: lax.optimization_barrier((x, 3 * x))[1] - 3 * x,
     "dynamic_update_slice": lambda x: (lax.dynamic_update_slice(x, -x[:, :2], (0, 3))
                                        - jnp.concatenate([x[:, :3], -x[:, :2], x[:, 5:]], -1)),
+    "scatter": lambda x: (x.at[:, jnp.array([4, 1])].set(2 * x[:, :2], unique_indices=True)
+                          - jnp.stack([x[:, 0], 2 * x[:, 1], x[:, 2], x[:, 3], 2 * x[:, 0],
+                                       x[:, 5]], -1)),
+    "scatter-add": lambda x: (x.at[:, jnp.array([0, 0])].add(x[:, 4:6])
+                              - jnp.concatenate([x[:, :1] + x[:, 4:5] + x[:, 5:6], x[:, 1:]], -1)),
 }
 
 

@@ -235,14 +235,32 @@ def _broadcast(a, shape):
 # linear and structural rules
 # ----------------------------------------------------------------------------------------------
 
-def _linear(name: str, n_data: int | None = None, multiple: bool = False):
+def _linear(name: str, n_data: int | None = None, multiple: bool = False,
+            index_pos: tuple = ()):
   """``f(x#) - f(x) = f(x# - x)``: every component through ``f``'s interval rule.
 
-  ``n_data`` operands carry values (the rest, e.g. indices, must be concrete).
+  ``n_data`` operands carry values (the rest, e.g. indices, must be concrete); or
+  ``index_pos``: the positions of the concrete index operands (a scatter's indices sit
+  between its operand and its updates).
   """
-  prim = getattr(lax, name + "_p")
+  prim = getattr(lax, name.replace("-", "_") + "_p")
 
   def rule(ctx, *invals, **params):
+    if index_pos:
+      data = [v for i, v in enumerate(invals) if i not in index_pos]
+      rest = [invals[i] for i in index_pos]
+      if any(_is_dv(x) for x in rest):
+        raise UnsupportedPrimitiveError(
+            f"'{name}' with box- or parameter-dependent indices is not supported by the "
+            "difference domain")
+      at = lambda comps: _in_place(comps, rest, index_pos)  # noqa: E731
+      lifted = [_lift(x) for x in data]
+      r = _apply(ctx, name, prim, at([l.r for l in lifted]), params)
+      if all(l.d is None for l in lifted):
+        return _DV(r, r, None)
+      o = _apply(ctx, name, prim, at([l.o for l in lifted]), params)
+      ds = [l.d if l.d is not None else _zeros_like(l.r) for l in lifted]
+      return _DV(r, o, _apply(ctx, name, prim, at(ds), params))
     k = len(invals) if n_data is None else n_data
     data, rest = list(invals[:k]), list(invals[k:])
     if any(_is_dv(x) for x in rest):
@@ -268,6 +286,31 @@ def _linear(name: str, n_data: int | None = None, multiple: bool = False):
     return _DV(r, o, d)
 
   return rule
+
+
+def _in_place(data: list, index: list, index_pos: tuple) -> list:
+  """Operands in their original order: ``index`` at ``index_pos``, ``data`` elsewhere."""
+  data, index, out = list(data), list(index), []
+  for i in range(len(data) + len(index)):
+    out.append(index.pop(0) if i in index_pos else data.pop(0))
+  return out
+
+
+def _scatter_rule(ctx, operand, indices, updates, **params):
+  """``x.at[i].set(u)``. With ``unique_indices`` it is linear (`_linear`). Otherwise an entry hit
+  by several updates holds one of them, and N and N# need not pick the same one (XLA leaves the
+  order to the device), so there the difference is that of the two boxes,
+  ``[l# - u, u# - l]``; an entry no update hits keeps the operand's difference."""
+  linear = _linear("scatter", index_pos=(1,))(ctx, operand, indices, updates, **params)
+  if params.get("unique_indices") or linear.d is None:
+    return linear
+  kw = dict(dimension_numbers=params["dimension_numbers"], mode=params["mode"])
+  shape = _shape(linear.r)
+  hit = lax.scatter(jnp.zeros(shape, bool), indices, jnp.ones(_shape(_lift(updates).r), bool),
+                    **kw)
+  both = _out(ctx, lo_(linear.o) - hi_(linear.r), hi_(linear.o) - lo_(linear.r))
+  d = _iv(jnp.where(hit, both.lower, lo_(linear.d)), jnp.where(hit, both.upper, hi_(linear.d)))
+  return _DV(linear.r, linear.o, d)
 
 
 def _rounding_error(in_dtype, params) -> tuple[float, float] | None:
@@ -589,6 +632,9 @@ def _build_rules() -> dict[str, Callable]:
     r[name] = _linear(name, n_data=1)
   r["dynamic_update_slice"] = _linear("dynamic_update_slice", n_data=2)
   r["split"] = _linear("split", multiple=True)
+  for name in ("scatter-add", "scatter-sub"):
+    r[name] = _linear(name, index_pos=(1,))
+  r["scatter"] = _scatter_rule
   return r
 
 

@@ -999,7 +999,68 @@ def _build_rules() -> dict[str, Callable]:
   r["gather"] = _indexed(lax.gather_p, _gather_bounded_index)
   r["dynamic_slice"] = _indexed(lax.dynamic_slice_p, _dynamic_slice_bounded_index)
   r["sort"] = _sort
+  r["scatter-add"] = _scatter_add(1)
+  r["scatter-sub"] = _scatter_add(-1)
+  r["scatter"] = _scatter
   return r
+
+
+def _scatter_parts(name: str, operand, indices, updates):
+  """Checks a scatter's operands: the indices must be concrete; a concrete operand or update
+  array becomes a point box."""
+  if isinstance(indices, Interval):
+    raise UnsupportedPrimitiveError(
+        f"'{name}' with bounded indices is not supported (only its operand and updates may be "
+        "bounded)")
+  as_box = lambda v: v if isinstance(v, Interval) else _iv(v, v)  # noqa: E731
+  return as_box(operand), as_box(updates)
+
+
+def _scatter_add(sign: int):
+  """``scatter-add`` (``sign = 1``, ``x.at[i].add(u)``) and ``scatter-sub``: increasing in the
+  operand and (decreasing for ``sub``) in the updates, so ``[f(l_x, l_u), f(u_x, u_u)]`` (ends
+  of the updates swapped for ``sub``). An entry hit by ``k`` updates is a ``(k + 1)``-term sum
+  in some order: ``|error| ≤ sum_error(n, f(|x|, |u|))`` with ``n`` = 1 + the number of
+  updates, an upper bound on ``k + 1`` (Higham §3.1; γ is increasing in n)."""
+  name = "scatter-add" if sign > 0 else "scatter-sub"
+  scatter = lax.scatter_add if sign > 0 else lax.scatter_sub
+
+  def rule(ctx, operand, indices, updates, *, dimension_numbers, mode, **params):
+    x, u = _scatter_parts(name, operand, indices, updates)
+    u_lo, u_hi = (u.lower, u.upper) if sign > 0 else (u.upper, u.lower)
+    # (the lax functions, not `bind`: the equation's combiner is typed for its own dtype, and
+    # the sound mode of a low-precision equation runs this rule in float32)
+    bind = lambda f, a, b: f(a, indices, b, dimension_numbers, mode=mode)  # noqa: E731
+    lo, hi = bind(scatter, x.lower, u_lo), bind(scatter, x.upper, u_hi)
+    if not ctx.sound or not jnp.issubdtype(lo.dtype, jnp.floating):
+      return _finish(ctx, lo, hi)
+    mag = bind(lax.scatter_add, _mag(x), _mag(u))
+    return _finish(ctx, lo, hi, 1, rounding.sum_error(1 + u.lower.size, mag, lo.dtype))
+  return rule
+
+
+def _dtype_range(dtype) -> tuple:
+  """The least and the greatest value of ``dtype`` (±inf for floats)."""
+  if jnp.issubdtype(dtype, jnp.floating):
+    return -jnp.inf, jnp.inf
+  if dtype == jnp.bool_:
+    return False, True
+  info = jnp.iinfo(dtype)
+  return info.min, info.max
+
+
+def _scatter(ctx, operand, indices, updates, *, dimension_numbers, mode, **params):
+  """``scatter`` (``x.at[i].set(u)``): an entry no update hits keeps the operand's box; an entry
+  hit by one or more updates holds one of them (which one is left to XLA when indices repeat),
+  so its box is the hull of those updates' boxes, ``[min l_u, max u_u]`` (by `lax.scatter_min`
+  and `lax.scatter_max` with the same indices and mode). Data movement: no rounding."""
+  x, u = _scatter_parts("scatter", operand, indices, updates)
+  kw = dict(dimension_numbers=dimension_numbers, mode=mode)
+  hit = lax.scatter(jnp.zeros(x.lower.shape, bool), indices, jnp.ones(u.lower.shape, bool), **kw)
+  least, most = _dtype_range(u.lower.dtype)
+  lo = lax.scatter_min(jnp.full(x.lower.shape, most, x.lower.dtype), indices, u.lower, **kw)
+  hi = lax.scatter_max(jnp.full(x.upper.shape, least, x.upper.dtype), indices, u.upper, **kw)
+  return _iv(jnp.where(hit, lo, x.lower), jnp.where(hit, hi, x.upper))
 
 
 def _sort(ctx, *operands, **params):

@@ -386,6 +386,9 @@ def _build_ops() -> dict[str, OpRecord]:
       "dynamic_update_slice": aff(index_operands=None, index_from=2, additive=True,
                                   exact_transpose=True),
       "gather": aff(index_operands=(1,)),
+      "scatter": aff(index_operands=(1,), additive=True, exact_transpose=True),
+      "scatter-add": aff(index_operands=(1,), additive=True),
+      "scatter-sub": aff(index_operands=(1,), additive=True),
       "mul": OpRecord("bilinear", pattern_safe=True),
       "div": OpRecord("bilinear", pattern_safe=True),
       "dot_general": OpRecord("bilinear", pattern_safe=True),
@@ -694,6 +697,10 @@ def _decide(e: CrownEqn, abstract: set, made_by: dict, sound: bool,
       return d.nonlinear("leaky", (leaky[0],), ("select", leaky[1]))
   if not all(is_float(o.aval) for o in e.outvars):
     return d.fallback("a non-float result")
+  if e.name == "scatter" and not e.params.get("unique_indices"):
+    return d.fallback("a scatter whose indices may repeat (which update wins is left to the "
+                      "device, so it is no fixed linear map; pass unique_indices=True if they "
+                      "do not)")
   rec = op_record(e.name)
   CLASSIFY[rec.kind](d, rec)
 
