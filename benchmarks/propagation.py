@@ -19,6 +19,7 @@ The JSON records the load average before and after the run.
     python benchmarks/propagation.py --nets b --skip-crown
     python benchmarks/propagation.py --nets c --compare-dense --out /tmp/cnn.json
     python benchmarks/propagation.py --floor         # CROWN (a) against one GEMM of its size
+    python benchmarks/propagation.py --unstable      # CROWN (a): every row vs unstable rows
 """
 
 from __future__ import annotations
@@ -206,6 +207,48 @@ def crown_floor(reps: int = 3) -> dict:
           "unstable_layer2_crown": unstable(bj.crown(second_layer)(params, box))}
 
 
+def unstable_rows(eps_list=(0.001, 0.003, 0.01), batch: int = 64, reps: int = 3) -> list:
+  """CROWN on network (a) with every row back-substituted (``unstable_rows=1.0``) against the
+  unstable rows only (``"auto"``: the share measured by an interval pass, rounded up to a power
+  of two), called outside ``jit`` as a user does, ``batch`` boxes of half-width ``eps``; process
+  CPU seconds (best of ``reps``, robust to other load), the output bounds' largest difference,
+  and the share of rows kept."""
+  from boundjax.domains.linear import api as crown_api
+  _, make, shape = NETS["a"]
+  model = make()
+  x = jax.random.uniform(jax.random.PRNGKey(0), (batch, shape[1]))
+  params = model.init(jax.random.PRNGKey(1), x)
+  rows = []
+  for eps in eps_list:
+    box = bj.Interval.around(x, eps, domain=(0.0, 1.0))
+    shares, real = [], crown_api._rounded_share
+    crown_api._rounded_share = lambda s: shares.append(float(s)) or real(s)  # noqa: E731
+    try:
+      row = {"eps": eps, "batch": batch}
+      outs = {}
+      for name, mode in (("every_row", 1.0), ("unstable_rows", "auto")):
+        fn = bj.crown(model.apply, unstable_rows=mode)
+        outs[name] = jax.block_until_ready(fn(params, box))
+        best = float("inf")
+        for _ in range(reps):
+          c0 = time.process_time()
+          jax.block_until_ready(fn(params, box))
+          best = min(best, time.process_time() - c0)
+        row[f"{name}_cpu_s"] = best
+    finally:
+      crown_api._rounded_share = real
+    row["speedup"] = row["every_row_cpu_s"] / row["unstable_rows_cpu_s"]
+    row["measured_unstable_share"] = shares[-1] if shares else None
+    row["rows_kept"] = real(shares[-1]) if shares else None
+    row["max_bound_difference"] = float(max(
+        jnp.max(jnp.abs(outs["every_row"].lower - outs["unstable_rows"].lower)),
+        jnp.max(jnp.abs(outs["every_row"].upper - outs["unstable_rows"].upper))))
+    print(", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in row.items()), flush=True)
+    rows.append(row)
+  return rows
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--nets", default="abc")
@@ -218,8 +261,17 @@ def main():
                       help="record that other work was running on the machine")
   parser.add_argument("--floor", action="store_true",
                       help="only CROWN's floor on network (a): one back-substitution GEMM")
+  parser.add_argument("--unstable", action="store_true",
+                      help="only CROWN on network (a) with every row against unstable rows only")
   parser.add_argument("--out", default="benchmarks/results/propagation.json")
   args = parser.parse_args()
+  if args.unstable:
+    res = {"provenance": record(), "load_average_1_5_15": os.getloadavg(),
+           "unstable_rows": unstable_rows(reps=args.crown_reps)}
+    out = pathlib.Path(args.out).with_name("propagation_unstable_rows.json")
+    out.write_text(json.dumps(res, indent=2))
+    print(f"wrote {out}")
+    return
   if args.floor:
     res = {"provenance": record(), "floor": crown_floor(args.crown_reps)}
     print(", ".join(f"{k}={v:.3g}" for k, v in res["floor"].items()))

@@ -353,6 +353,42 @@ def test_alpha_crown_sound_and_never_looser():
   assert_inside(sound, ys, tol=0.0, what="alpha-crown sound mode vs float64")
 
 
+def test_alpha_on_intermediate_layers_sound_and_tighter():
+  """``alpha_intermediate``: every ReLU layer's bounds get their own slopes. Never looser than
+  α on the output alone (nor than CROWN), strictly tighter on average on a 3-hidden-layer
+  network, and sound on 10^4 points plus the corners per box: in float32, and in sound mode
+  against float64 with zero tolerance."""
+  ws = [_layer(40 + s, a, b) for s, (a, b) in enumerate([(D, 24), (24, 24), (24, 24), (24, 4)])]
+
+  def fn(x):
+    for w, b in ws[:-1]:
+      x = jax.nn.relu(x @ w + b)
+    return x @ ws[-1][0] + ws[-1][1]
+
+  box = bj.Interval.around(jnp.stack([jnp.linspace(-1, 1, D), jnp.linspace(1, -1, D)]), 0.3)
+  plain = crown(fn)(box)
+  out_only = crown(fn, alpha=True, alpha_steps=20)(box)
+  mid = crown(fn, alpha=True, alpha_steps=20, alpha_intermediate=True)(box)
+  tol = 1e-5 * (1 + jnp.abs(plain.lower))
+  for ref in (plain, out_only):
+    assert bool(jnp.all(mid.lower >= ref.lower - tol)) and bool(jnp.all(mid.upper <= ref.upper + tol))
+  assert float(jnp.mean(mid.width)) < 0.97 * float(jnp.mean(out_only.width))
+  pts = jnp.stack([_points(box[b], 60 + b) for b in range(2)], 1)
+  assert pts.shape[0] >= 10_000
+  assert_inside(mid, jax.vmap(fn)(pts), what="alpha on intermediate layers")
+  sound = crown(fn, alpha=True, alpha_steps=20, alpha_intermediate=True, sound=True)(box)
+  with jax.enable_x64(True):
+    x64 = jnp.asarray(np.asarray(pts), jnp.float64)
+    for w, b in ws[:-1]:
+      x64 = jax.nn.relu(x64 @ jnp.asarray(np.asarray(w), jnp.float64)
+                        + jnp.asarray(np.asarray(b), jnp.float64))
+    ys = np.asarray(x64 @ jnp.asarray(np.asarray(ws[-1][0]), jnp.float64)
+                    + jnp.asarray(np.asarray(ws[-1][1]), jnp.float64))
+  assert_inside(sound, ys, tol=0.0, what="alpha on intermediate layers, sound mode vs float64")
+  with pytest.raises(ValueError, match="alpha_intermediate"):
+    crown(fn, alpha=True, alpha_intermediate=1)
+
+
 def test_sound_mode_exact_slope_relaxations_hold_in_float64():
   """Products (McCormick), max pooling and max/min of two boxes keep their lines in sound mode
   mode (exact slopes, offsets rounded outward, rounding slack of the step): no fallback warning,

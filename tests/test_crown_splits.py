@@ -324,3 +324,41 @@ def test_bad_split_arguments_are_refused():
     f(box, splits=[np.zeros((1, 3))])
   with pytest.raises(ValueError, match="-1, 0 or"):
     f(box, splits=[np.full((1, 4), 2)])
+
+
+def test_unstable_rows_only_skip_stable_neurons_and_stay_sound(monkeypatch):
+  """Back-substitution from the unstable neurons only (``unstable_rows``): with the measured
+  share ("auto") the output bounds and the unstable neurons' boxes equal those of every row;
+  with too few rows (1/8) they may loosen but stay sound (tol 0 in sound mode, float64 samples)."""
+  from boundjax.domains.linear import api
+  ws, bs = _net(3, sizes=(3, 48, 48, 4))
+  f = _apply(ws, bs)
+  lo, hi, splits = _subproblems(ws, bs, 6, 3, n_split=4)
+  mid, rad = (lo + hi) / 2, (hi - lo) / 2
+  lo, hi = mid - 0.02 * rad, mid + 0.02 * rad  # small boxes: most neurons stable
+  splits = [np.zeros_like(s) for s in splits]
+  box = bj.Interval(jnp.asarray(lo), jnp.asarray(hi))
+  shares = []
+  real = api._rounded_share
+  monkeypatch.setattr(api, "_rounded_share", lambda s: shares.append(float(s)) or real(s))
+  full, info_full = bj.crown(f, splits=True, return_info=True, unstable_rows=1.0)(box)
+  auto, info_auto = bj.crown(f, splits=True, return_info=True)(box)
+  assert shares and 0 < shares[0] <= 0.5, shares  # the screening ran and found few unstable
+  np.testing.assert_allclose(auto.lower, full.lower, rtol=0, atol=1e-9)
+  np.testing.assert_allclose(auto.upper, full.upper, rtol=0, atol=1e-9)
+  for (lf, uf), (la, ua) in zip(info_full.pre, info_auto.pre):
+    lf, uf, la, ua = map(np.asarray, (lf, uf, la, ua))
+    assert np.all(la <= lf + 1e-9) and np.all(ua >= uf - 1e-9)  # never tighter than CROWN's
+    unstable = (lf < 0) & (uf > 0)
+    np.testing.assert_allclose(la[unstable], lf[unstable], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(ua[unstable], uf[unstable], rtol=0, atol=1e-9)
+  # sampled soundness (float64) for every choice of rows, known bounds from a parent included
+  samples = _feasible_samples(ws, bs, lo, hi, splits, 2_000, 3)
+  assert sum(len(x) for x, _ in samples) >= 10_000
+  eye, zero = np.eye(4), np.zeros(4)
+  parent = [(np.asarray(a), np.asarray(b)) for a, b in info_full.pre]
+  for rows in ("auto", 1 / 8, 1 / 64):
+    for known in (None, parent):
+      g = bj.crown(f, sound=True, splits=True, unstable_rows=rows)
+      out = g(box, pre=known)
+      _check(out, samples, eye, zero, 0.0, (rows, known is None))

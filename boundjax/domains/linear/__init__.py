@@ -102,7 +102,18 @@ k, m) gives each example its own rows: the example-independent prefix (computed 
 α-CROWN (``alpha=True``; Xu et al., "Fast and Complete", ICLR 2021). The lower slopes of
 unstable ReLU neurons behind each output are optimised in [0, 1] with Adam, by gradients through
 the bound, one set of slopes per row of the bounds; each row keeps its best iterate, and the
-result is the entrywise best of CROWN's and the optimised bound.
+result is the entrywise best of CROWN's and the optimised bound. With
+``alpha_intermediate=True`` (α-CROWN, §3.2) every ReLU layer's own bounds get slopes too (one
+set per neuron of the layer), optimised for the output's bound through the intermediate bounds
+they tighten: each step reruns the forward pass, whose bounds are met with CROWN's.
+
+Unstable rows only (``unstable_rows``). A ReLU neuron whose input box (its interval image met
+with known bounds and splits) lies on one side of the kink has an exact relaxation, so no
+tighter bound of it changes the output's; the back-substitution of a layer's bounds starts from
+its unstable neurons only, gathered into a static number of rows (measured outside ``jit`` by
+an interval pass, rounded up to a power of two). The output bounds do not change; where most
+neurons are stable (small boxes, sub-problems of branch and bound) the pass is that much
+cheaper.
 
 Split constraints (``splits=True``; β-CROWN, Wang et al., NeurIPS 2021, §3.1). The bounded
 function then takes keyword arguments describing sub-problems: per ReLU node (the distinct

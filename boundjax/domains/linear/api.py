@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -20,7 +22,7 @@ from boundjax.core.interval import Interval, is_interval, validate_arguments
 from boundjax.domains.linear.rules import (
     INTERMEDIATE_MODES, CrownProgram, classify_program, eval_concrete, from_core, is_float,
     low_precision, read_value, warn_fallbacks)
-from boundjax.domains.linear.backward import Ctx, run_backward
+from boundjax.domains.linear.backward import Ctx, run_backward, unstable_fraction
 from boundjax.domains.linear.prefix import ancestors_of, build_prefix
 from boundjax.domains.linear.windows import (
     patch_plan)
@@ -88,7 +90,8 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
           sound: bool = False, chunk_size: int | None = None,
           memory_bytes: int = 1 << 30, patches: bool = True, spec: Any = None,
           alpha: bool = False, alpha_steps: int = 20, alpha_lr: float = 0.1,
-          beta: bool = False, splits: bool = False, return_info: bool = False) -> Callable:
+          beta: bool = False, splits: bool = False, return_info: bool = False,
+          unstable_rows: float | str = "auto", alpha_intermediate: bool = False) -> Callable:
   """CROWN: backward linear bound propagation of ``fn`` over its `Interval` arguments.
 
   Args:
@@ -118,8 +121,15 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       ``sound``.
     alpha: α-CROWN (Xu et al., ICLR 2021): optimise the lower slopes of unstable ReLU neurons
       in [0, 1] for the bounds of the outputs with ``alpha_steps`` Adam steps of learning rate
-      ``alpha_lr`` (gradients through the bound); never looser than CROWN. Intermediate bounds
-      stay CROWN's. One set of slopes per row of the bounds (per row of ``spec``).
+      ``alpha_lr`` (gradients through the bound); never looser than CROWN. One set of slopes
+      per row of the bounds (per row of ``spec``). Intermediate bounds stay CROWN's unless
+      ``alpha_intermediate``.
+    alpha_intermediate: with ``alpha`` and ``intermediate="crown"``, the bounds of every ReLU
+      layer's input get their own slopes too (one set per neuron of the layer), optimised
+      with the output's for the output's bound (α-CROWN, §3.2: the loss sees them through the
+      intermediate bounds they tighten); each step then costs a whole CROWN pass instead of
+      the output's. The intermediate bounds are met with CROWN's, and the output's bound is
+      never looser than CROWN's.
     beta: β-CROWN (Wang et al., NeurIPS 2021, §3.1): with split constraints (``splits``),
       optimise their multipliers ``β >= 0`` together with α (implies ``alpha``): on the set
       where ``s·z >= 0`` holds, ``min g >= min (g - β s z)`` for every ``β >= 0``.
@@ -148,6 +158,16 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       bounds, infeasibility, α and β reached, and the coefficients ``Λ`` of the lower bounds
       on every node's output and on every box input (for branching heuristics such as BaBSR,
       Bunel et al. 2020, §5.1, and for the box corners that minimise the linear bound).
+    unstable_rows: with ``intermediate="crown"``, the back-substitution of a ReLU layer's
+      input starts only from its neurons that are unstable on their interval box (met with
+      ``pre`` and the splits): a stable neuron's relaxation is exact, so a tighter bound of it
+      changes no output bound (auto_LiRPA and α,β-CROWN do the same). A float ``f`` in (0, 1]:
+      at most ``ceil(f n)`` rows per layer of ``n`` neurons (the first unstable ones by index;
+      ``1.0``: every row, unstable or not); ``"auto"`` (default): outside ``jax.jit``, ``f``
+      is measured by an interval pass over the batch and rounded up to a power of two (at
+      least 1/64), so that no unstable neuron is left out; under an outer trace, ``1.0``.
+      Any value gives sound bounds; the outputs' bounds do not depend on it, only the
+      intermediate boxes of stable neurons (``info.pre``) may be looser.
 
   Returns:
     A function with ``fn``'s signature: any pytree leaf may be an `Interval` (the input box;
@@ -172,13 +192,18 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
     raise ValueError(f"crown: chunk_size must be a positive int, got {chunk_size!r}")
   if not isinstance(alpha, bool):
     raise ValueError(f"crown: alpha must be a bool, got {alpha!r}")
-  for name, flag in (("beta", beta), ("splits", splits), ("return_info", return_info)):
+  for name, flag in (("beta", beta), ("splits", splits), ("return_info", return_info),
+                     ("alpha_intermediate", alpha_intermediate)):
     if not isinstance(flag, bool):
       raise ValueError(f"crown: {name} must be a bool, got {flag!r}")
   alpha = alpha or beta
   alpha_steps = options.integer("crown: alpha_steps", alpha_steps, minimum=1)
   alpha_lr = options.number("crown: alpha_lr", alpha_lr, positive=True)
   memory_bytes = options.integer("crown: memory_bytes", memory_bytes, minimum=1)
+  if unstable_rows != "auto" and (isinstance(unstable_rows, bool) or not isinstance(
+      unstable_rows, (int, float)) or not 0 < unstable_rows <= 1):
+    raise ValueError(f"crown: unstable_rows must be 'auto' or a number in (0, 1], got "
+                     f"{unstable_rows!r}")
   if spec is not None:
     spec = jnp.asarray(spec)
     if not jnp.issubdtype(spec.dtype, jnp.floating) or spec.ndim not in (2, 3):
@@ -228,26 +253,48 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
 
     key = _cache_key(leaves, treedef, dyn)
     if key is not None and key in cache:
-      jitted, out_tree, core, nodes = cache[key]
-      packed = _pack_data(data, nodes, None if axes is None else n_batch)
-      with _precision(sound):
-        results = jitted([leaves[i] for i in dyn], spec, packed)
-      return finish(results, out_tree, core, nodes)
-    if axes is not None and n_batch > 1 and key is not None:
-      _check_examples_independent(fn, arguments, axes, batch_axis)
-    core = prog_lib.trace(fn, arguments, box_shape=one_example, precision_highest=sound)
-    out_tree = core.out_tree
-    prog = from_core(core)
-    classify_program(prog, [v in core.depends for v in core.invars], sound)
-    warn_fallbacks(prog)
-    spec_var = _spec_target(prog, spec, n_batch if axes is not None else None)
-    nodes = _relu_nodes(prog)
-    if return_info and spec_var is None:
-      _spec_target(prog, jnp.zeros((1, _one_output(prog).size)), None)
+      programs, out_tree, core, nodes = cache[key]
+    else:
+      if axes is not None and n_batch > 1 and key is not None:
+        _check_examples_independent(fn, arguments, axes, batch_axis)
+      core = prog_lib.trace(fn, arguments, box_shape=one_example, precision_highest=sound)
+      out_tree = core.out_tree
+      prog = from_core(core)
+      classify_program(prog, [v in core.depends for v in core.invars], sound)
+      warn_fallbacks(prog)
+      spec_var = _spec_target(prog, spec, n_batch if axes is not None else None)
+      nodes = _relu_nodes(prog)
+      if return_info and spec_var is None:
+        _spec_target(prog, jnp.zeros((1, _one_output(prog).size)), None)
+      programs = _Programs(prog, spec_var, nodes, axes, boxes_idx, n_batch, batch_axis)
+      if key is not None and len(cache) < 16:
+        cache[key] = (programs, out_tree, core, nodes)
     packed = _pack_data(data, nodes, None if axes is None else n_batch)
+    values = [leaves[i] for i in dyn]
+    with _precision(sound):  # the backward pass's own products too, not only fn's
+      share = 1.0
+      if intermediate == "crown" and programs.nodes:
+        share = float(unstable_rows) if unstable_rows != "auto" else \
+            1.0 if key is None else _rounded_share(programs.screen(values, packed))
+      results = programs.bounds(share)(values, spec, packed)
+    return finish(results, out_tree, core, nodes)
 
-    def compute(values, spec_arr, packed):
-      """The numeric part, one XLA program (inlined when already under jit)."""
+  @dataclasses.dataclass
+  class _Programs:
+    """The compiled programs of one call signature: the bounds for each row share, and the
+    screening pass that measures the share (``unstable_rows="auto"``)."""
+    prog: CrownProgram
+    spec_var: Any
+    nodes: tuple
+    axes: dict | None
+    boxes_idx: list
+    n_batch: int | None
+    batch_axis: int | None
+    by_share: dict = dataclasses.field(default_factory=dict)
+    screen_fn: Any = None
+
+    def context(self, values, share: float) -> tuple:
+      prog = self.prog
       cenv = eval_concrete(prog, [None if is_interval(v) else v for v in values])
       targets = _targets(prog, intermediate)
       ancestors = {t: ancestors_of(prog, t) for t in targets}
@@ -256,28 +303,45 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       if patches and not sound:
         plans = {t: patch_plan(prog, cenv, t, prefixes, ancestors) for t in targets}
         plans = {t: p for t, p in plans.items() if p is not None}
+      outs = set(v for v in prog.outvars if isinstance(v, _Var))
+      caps = {x: math.ceil(share * x.size) for x, _ in self.nodes
+              if x in prefixes and x not in outs and math.ceil(share * x.size) < x.size}
       ctx = Ctx(prog, cenv, sound, intermediate, prefixes, ancestors, plans,
-                 spec_var, spec_var is not None and axes is not None,
-                 alpha_steps if alpha else 0, float(alpha_lr), beta, nodes, return_info)
-      box_list = [v for v in values if is_interval(v)]
-      if axes is None:
-        outs = run_backward(ctx, box_list, spec_arr, packed)
-      else:
-        outs = _batched(ctx, box_list, [axes[i] for i in boxes_idx], n_batch, batch_axis,
-                        chunk_size or _auto_chunk(prog, targets, ancestors, memory_bytes),
-                        spec_arr, packed)
-      info = None
-      if return_info:
-        outs, info = outs
-      outs = [o if o is not None else read_value(cenv, v) for v, o in zip(prog.outvars, outs)]
-      return (outs, info) if return_info else outs
+                self.spec_var, self.spec_var is not None and self.axes is not None,
+                alpha_steps if alpha else 0, float(alpha_lr), beta, self.nodes, return_info,
+                caps, alpha_intermediate)
+      chunk = chunk_size or _auto_chunk(prog, targets, ancestors, memory_bytes)
+      return ctx, [v for v in values if is_interval(v)], chunk
 
-    jitted = jax.jit(compute)
-    if key is not None and len(cache) < 16:
-      cache[key] = (jitted, out_tree, core, nodes)
-    with _precision(sound):  # the backward pass's own products too, not only fn's
-      results = jitted([leaves[i] for i in dyn], spec, packed)
-    return finish(results, out_tree, core, nodes)
+    def bounds(self, share: float):
+      if share not in self.by_share:
+        def compute(values, spec_arr, packed):
+          """The numeric part, one XLA program (inlined when already under jit)."""
+          ctx, box_list, chunk = self.context(values, share)
+          if self.axes is None:
+            outs = run_backward(ctx, box_list, spec_arr, packed)
+          else:
+            outs = _batched(ctx, box_list, [self.axes[i] for i in self.boxes_idx],
+                            self.n_batch, self.batch_axis, chunk, spec_arr, packed)
+          info = None
+          if return_info:
+            outs, info = outs
+          outs = [o if o is not None else read_value(ctx.cenv, v)
+                  for v, o in zip(self.prog.outvars, outs)]
+          return (outs, info) if return_info else outs
+        self.by_share[share] = jax.jit(compute)
+      return self.by_share[share]
+
+    def screen(self, values, packed):
+      if self.screen_fn is None:
+        def share_of(values, packed):
+          ctx, box_list, chunk = self.context(values, 1.0)
+          if self.axes is None:
+            return unstable_fraction(ctx, box_list, packed)
+          return _batched_share(ctx, box_list, [self.axes[i] for i in self.boxes_idx],
+                                self.n_batch, chunk, packed)
+        self.screen_fn = jax.jit(share_of)
+      return self.screen_fn(values, packed)
 
   return bounded
 
@@ -416,6 +480,27 @@ def _batch_axes(leaves, boxes_idx, batch_axis):
   if next(iter(sizes.values())) == 0:
     raise ValueError("crown: empty batch.")
   return axes
+
+
+def _rounded_share(share) -> float:
+  """A measured share of unstable neurons rounded up to a power of two (at least 1/64), so few
+  programs are compiled."""
+  share = float(share)
+  return 1.0 if share > 0.5 else max(2.0 ** math.ceil(math.log2(max(share, 1e-9))), 1 / 64)
+
+
+def _batched_share(ctx: Ctx, boxes, axes, n_batch: int, chunk: int, data=None):
+  """`unstable_fraction`'s largest value over the batch."""
+  los = [jnp.moveaxis(b.lower, a, 0) for b, a in zip(boxes, axes)]
+  his = [jnp.moveaxis(b.upper, a, 0) for b, a in zip(boxes, axes)]
+
+  def one(xs):
+    lo, hi, dt = xs
+    ex = [Interval(jnp.expand_dims(l, a), jnp.expand_dims(h, a), validate=False)
+          for l, h, a in zip(lo, hi, axes)]
+    return unstable_fraction(ctx, ex, dt)
+
+  return jnp.max(lax.map(one, (los, his, data), batch_size=min(chunk, n_batch)))
 
 
 def _batched(ctx: Ctx, boxes, axes, n_batch: int, batch_axis: int, chunk: int, spec=None,

@@ -44,6 +44,8 @@ class Ctx:
   beta: bool = False  # β-CROWN: optimise the split constraints' multipliers with α
   nodes: tuple = ()  # ReLU nodes (distinct box-dependent inputs of max/min with a constant)
   info: bool = False  # also return `run_backward`'s per-example details of the bounded output
+  row_caps: dict = dataclasses.field(default_factory=dict)  # ReLU input var -> rows bounded
+  alpha_intermediate: bool = False  # α-CROWN also on the ReLU layers' own bounds
 
 
 def _mag(iv: Interval):
@@ -513,7 +515,8 @@ value and never reaches the pass)."""
 
 def _backward(ctx: Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = None,
               spec=None, alphas: dict | None = None, betas: dict | None = None,
-              splits: dict | None = None, record: dict | None = None):
+              splits: dict | None = None, record: dict | None = None,
+              prefix: Prefix | None = None):
   """CROWN lower and upper bounds of ``target`` (flattened, shape (m,)) for one example.
 
   ``ivs``: forward intervals of abstract variables; ``pre``: ReLU input var -> (l, u);
@@ -527,14 +530,16 @@ def _backward(ctx: Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = N
   ``∓β s`` is added to the lower / upper rows' coefficient of ``t``; entries whose ``c`` is
   infinite carry no multiplier. ``record``: filled with the lower-bound rows' coefficients
   (m, n) of each ReLU's output (keyed by the ReLU's input var) and (m, *shape) of each input.
+  ``prefix``: the pass starts from these rows of the target (`select_rows`) instead of all;
+  the bounds are then returned flat, one per row.
   """
   rel = {} if rel is None else rel
   plan = ctx.plans.get(target)
   if plan is not None and spec is None and alphas is None and betas is None \
-      and record is None:
+      and record is None and prefix is None:
     return _windows.backward_patches(plan, target, ivs, pre)
   prog, cenv, sound = ctx.prog, ctx.cenv, ctx.sound
-  px: Prefix = ctx.prefixes[target]
+  px: Prefix = ctx.prefixes[target] if prefix is None else prefix
   if spec is not None:
     px = _spec_prefix(px, spec)
   dtype = target.aval.dtype
@@ -581,9 +586,38 @@ def _backward(ctx: Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = N
     lower = lower - 2 * (slack[0] + err)
     upper = upper + 2 * (slack[1] + err)
     lower, upper = rounding.outward(lower, upper, ulps=1)
-  if spec is not None:
+  if spec is not None or prefix is not None:
     return lower, upper
   return lower.reshape(target.shape), upper.reshape(target.shape)
+
+
+def select_rows(px: Prefix, idx) -> Prefix:
+  """The prefix of the target's entries ``idx`` only: every row block gathered (exact, so the
+  sound mode's slack terms are the rows' own)."""
+  take = lambda a: jnp.take(a, idx, axis=0)  # noqa: E731
+  return Prefix(idx.shape[0], {v: take(a) for v, a in px.pending.items()},
+                {v: take(a) for v, a in px.at_input.items()}, take(px.bias),
+                take(jnp.broadcast_to(px.slack_const, px.bias.shape)),
+                [(take(a), e, p, n) for (a, e, p, n) in px.steps])
+
+
+def unstable_backward(ctx: Ctx, x: _Var, ivs: dict, pre: dict, rel: dict, screen: Interval,
+                      c, sigma: float, cap: int):
+  """CROWN bounds of the ReLU input ``x`` on its unstable neurons only: a neuron whose
+  screening box (its forward interval met with the sub-problem's known bounds and splits)
+  lies on one side of the kink has an exact relaxation, which no tighter bound changes, so its
+  back-substitution is skipped (as auto_LiRPA and α,β-CROWN do). The first ``cap`` unstable
+  neurons (a static count, `crown`'s ``unstable_rows``) are bounded by one backward pass
+  started from their rows; every other entry gets ``[-inf, inf]``, i.e. keeps its screening
+  box. Any choice of rows is sound: it only decides where CROWN tightens the box."""
+  lt, ut, _, _ = relu_argument(screen.lower, screen.upper, c, sigma, False)
+  unstable = ((lt < 0) & (ut > 0)).reshape(-1)
+  idx = jnp.nonzero(unstable, size=cap, fill_value=0)[0]
+  lo_r, hi_r = _backward(ctx, x, ivs, pre, rel, prefix=select_rows(ctx.prefixes[x], idx))
+  full = jnp.full((x.size,), jnp.inf, lo_r.dtype)
+  lo = (-full).at[idx].max(lo_r)  # a filler index repeats entry 0 with its own valid bound
+  hi = full.at[idx].min(hi_r)
+  return lo.reshape(x.shape), hi.reshape(x.shape)
 
 
 def _intersect(a: Interval, lo, hi, sound: bool) -> Interval:
@@ -780,7 +814,7 @@ def _spec_interval(iv: Interval, spec):
 
 
 def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
-                  data: dict | None = None):
+                  data: dict | None = None, rerun: Any = None):
   """CROWN bounds of an output; with ``ctx.alpha_steps > 0`` also α-CROWN's (Xu et al.,
   "Fast and Complete", ICLR 2021, §3.1): the lower slopes ``α ∈ [0, 1]`` of the unstable ReLU
   neurons behind ``v`` are optimised by Adam (gradients through the bound; projected onto
@@ -845,30 +879,49 @@ def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
   import optax
   keys = [x for x, _ in ctx.nodes]  # pytrees keyed by variables do not sort: lists in order
   use_beta = ctx.beta and bool(splits)
+  mid_keys, mid0 = _intermediate_alphas(ctx, v, pre, dtype) if rerun is not None else ([], [])
 
   def as_dicts(params):
-    al, be = params
+    al, be, _ = params
     return dict(zip(keys, al)), (dict(zip(keys, be)) if use_beta else None)
+
+  def passes(params, c: Ctx):
+    """The forward pass's boxes and lines: CROWN's, or recomputed with the intermediate
+    layers' own slopes."""
+    if not mid_keys:
+      return ivs, pre, rel
+    mids = {t: dict(zip(nodes_t, a)) for (t, nodes_t), a in zip(mid_keys, params[2])}
+    return rerun(mids, c)
 
   fast = dataclasses.replace(ctx, sound=False)  # gradients of the float bound (sound: final)
 
   def fast_bounds(params):
     al, be = as_dicts(params)
-    l2, h2 = _backward(fast, v, ivs, pre, rel, spec=spec, alphas=al, betas=be, splits=splits)
+    ivs2, pre2, rel2 = passes(params, fast)
+    l2, h2 = _backward(fast, v, ivs2, pre2, rel2, spec=spec, alphas=al, betas=be,
+                       splits=splits)
     return l2.reshape(-1), h2.reshape(-1)
+
+  def finite_sum(a):
+    return jnp.sum(jnp.where(jnp.isfinite(a), a, 0.0))
 
   def loss(params):
     l2, h2 = fast_bounds(params)
-    return (jnp.sum(jnp.where(jnp.isfinite(h2), h2, 0.0))
-            - jnp.sum(jnp.where(jnp.isfinite(l2), l2, 0.0))), (l2, h2)
+    return finite_sum(h2) - finite_sum(l2), (l2, h2)
 
   def keep_best(params, best, l2, h2):
-    bp, b_lo, b_hi = best
+    """Per row the output slopes and multipliers of its best bound; the intermediate slopes,
+    shared by every row, of the best total."""
+    bp, b_lo, b_hi, b_loss = best
     l2 = jnp.where(jnp.isnan(l2), -jnp.inf, l2)
     h2 = jnp.where(jnp.isnan(h2), jnp.inf, h2)
     better = jnp.stack([l2 > b_lo, h2 < b_hi])[:, :, None]  # (2, m, 1)
-    bp = jax.tree_util.tree_map(lambda new, old: jnp.where(better, new, old), params, bp)
-    return bp, jnp.maximum(b_lo, l2), jnp.minimum(b_hi, h2)
+    rows = jax.tree_util.tree_map(lambda new, old: jnp.where(better, new, old), params[:2],
+                                  bp[:2])
+    total = finite_sum(h2) - finite_sum(l2)
+    mid = jax.tree_util.tree_map(lambda new, old: jnp.where(total < b_loss, new, old),
+                                 params[2], bp[2])
+    return (*rows, mid), jnp.maximum(b_lo, l2), jnp.minimum(b_hi, h2), jnp.minimum(b_loss, total)
 
   opt = optax.adam(ctx.alpha_lr)
 
@@ -877,24 +930,52 @@ def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
     (_, (l2, h2)), g = jax.value_and_grad(loss, has_aux=True)(params)
     best = keep_best(params, best, l2, h2)
     upd, state = opt.update(g, state, params)
-    al, be = optax.apply_updates(params, upd)
-    params = ([jnp.clip(a, 0.0, 1.0) for a in al], [jnp.maximum(b, 0.0) for b in be])
+    al, be, mid = optax.apply_updates(params, upd)
+    clip = lambda a: jnp.clip(a, 0.0, 1.0)  # noqa: E731
+    params = ([clip(a) for a in al], [jnp.maximum(b, 0.0) for b in be],
+              jax.tree_util.tree_map(clip, mid))
     return params, state, best
 
-  params0 = (alphas0, betas0)
+  params0 = (alphas0, betas0, mid0)
   inf = jnp.full((m,), jnp.inf, dtype)
-  best0 = (params0, -inf, inf)
+  best0 = (params0, -inf, inf, jnp.asarray(jnp.inf, dtype))
   params, _, best = lax.fori_loop(0, ctx.alpha_steps, step, (params0, opt.init(params0), best0))
   if not lean:
     best = keep_best(params, best, *fast_bounds(params))
   bp = jax.lax.stop_gradient(best[0])
   al, be = as_dicts(bp)
-  l2, h2 = _backward(ctx, v, ivs, pre, rel, spec=spec, alphas=al, betas=be, splits=splits,
+  ivs2, pre2, rel2 = passes(bp, ctx)
+  l2, h2 = _backward(ctx, v, ivs2, pre2, rel2, spec=spec, alphas=al, betas=be, splits=splits,
                      record=rec)
   if lean:
-    return l2, h2, details(*bp)
+    return l2, h2, details(*bp[:2])
   return (jnp.maximum(lo, l2.reshape(lo.shape)), jnp.minimum(hi, h2.reshape(hi.shape)),
-          details(*bp))
+          details(*bp[:2]))
+
+
+def _intermediate_alphas(ctx: Ctx, v: _Var, pre: dict, dtype) -> tuple[list, list]:
+  """α-CROWN on the intermediate layers (Xu et al., ICLR 2021, §3.2: every layer's bounds get
+  their own slopes, optimised for the output's bound through the bounds they tighten): for
+  each intermediate target (a ReLU or relaxed equation's input, other than ``v``) with ReLU
+  nodes behind it: ``(target, its nodes)`` in ``keys`` and the nodes' slopes, (2, rows of the
+  target, n) each, in ``slopes``, starting from CROWN's adaptive ones."""
+  keys, slopes = [], []
+  for t, anc in ctx.ancestors.items():
+    if t is v or t not in pre:
+      continue
+    behind = [(x, i) for x, i in ctx.nodes if i in set(anc) and x in pre]
+    if not behind:
+      continue
+    nodes_t, arrays = [], []
+    for x, i in behind:
+      _, c, sigma = relu_parts(ctx.prog.eqns[i], ctx.cenv)
+      lt, ut, _, _ = relu_argument(pre[x][0], pre[x][1], c, sigma, False)
+      a_lo = relu_lines(lt, ut, False)[0].reshape(-1).astype(dtype)
+      nodes_t.append(x)
+      arrays.append(jnp.broadcast_to(a_lo, (2, t.size, x.size)))
+    keys.append((t, tuple(nodes_t)))
+    slopes.append(arrays)
+  return keys, slopes
 
 
 def _constrain(iv: Interval, known, split, c, sigma: float):
@@ -1001,16 +1082,14 @@ backward one): together with the kind set by `rules.classify_program` and the re
 `rules`, everything CROWN does with one equation."""
 
 
-def run_backward(ctx: Ctx, boxes: Sequence[Interval], spec=None, data: dict | None = None):
-  """The per-example pass: forward intervals, pre-activation bounds of every ReLU and relaxed
-  equation in order (with their lines), and the final CROWN bounds of every abstract output.
-  Returns Intervals for abstract outputs.
-
-  ``data`` (split constraints, see `crown`'s ``splits``): ``"splits"`` and ``"pre"``, one entry
-  per ReLU node of ``ctx.nodes`` (flat signs; known ``(lo, hi)``; or None), ``"alpha"`` and
-  ``"beta"`` (warm starts, see `_final_bounds`). With ``ctx.info`` returns ``(results,
-  details)``: the nodes' input bounds, whether the sub-problem is infeasible (its outputs then
-  get the empty bounds ``[+inf, -inf]``), α, β and the coefficients of the bounded output."""
+def forward_pass(ctx: Ctx, boxes: Sequence[Interval], data: dict | None = None,
+                 mid_alphas: dict | None = None):
+  """`run_backward`'s forward pass on one example: the intervals of every abstract variable,
+  the bounds of every ReLU and relaxed equation's input (by its own backward pass when
+  ``ctx.intermediate="crown"``, met with ``data``'s known bounds and splits) and the lines of
+  every relaxed equation. ``mid_alphas``: target var -> the α-CROWN slopes of its own pass
+  (as `_backward`'s ``alphas``). Returns ``(ivs, pre, rel, empty)``, ``empty`` true where the
+  split constraints cannot hold."""
   prog, cenv = ctx.prog, ctx.cenv
   data = data or {}
   ivs = {}
@@ -1027,17 +1106,29 @@ def run_backward(ctx: Ctx, boxes: Sequence[Interval], spec=None, data: dict | No
   knowns = list(data.get("pre") or (None,) * n_nodes)
   empty = jnp.zeros((), bool)
 
-  def tighten(x):
+  def constrain(x, k):
+    """``x``'s box met with node k's known bounds and clipped by its splits."""
     nonlocal empty
+    if k is not None and (splits[k] is not None or knowns[k] is not None):
+      _, c, sigma = relu_parts(prog.eqns[ctx.nodes[k][1]], cenv)
+      ivs[x], e_k = _constrain(ivs[x], knowns[k], splits[k], c, sigma)
+      empty = empty | e_k
+
+  def tighten(x):
     if x not in pre:
-      if ctx.intermediate == "crown" and x in ctx.prefixes:
-        lo, hi = _backward(ctx, x, ivs, pre, rel)
-        ivs[x] = _intersect(ivs[x], lo, hi, ctx.sound)
       k = node_of.get(x)
-      if k is not None and (splits[k] is not None or knowns[k] is not None):
-        _, c, sigma = relu_parts(prog.eqns[ctx.nodes[k][1]], cenv)
-        ivs[x], e_k = _constrain(ivs[x], knowns[k], splits[k], c, sigma)
-        empty = empty | e_k
+      if ctx.intermediate == "crown" and x in ctx.prefixes:
+        cap = ctx.row_caps.get(x)
+        if mid_alphas is not None and x in mid_alphas:
+          lo, hi = _backward(ctx, x, ivs, pre, rel, alphas=mid_alphas[x])
+        elif cap is None or x in ctx.plans:
+          lo, hi = _backward(ctx, x, ivs, pre, rel)
+        else:
+          constrain(x, k)
+          _, c, sigma = relu_parts(prog.eqns[ctx.nodes[k][1]], cenv)
+          lo, hi = unstable_backward(ctx, x, ivs, pre, rel, ivs[x], c, sigma, cap)
+        ivs[x] = _intersect(ivs[x], lo, hi, ctx.sound)
+      constrain(x, k)
       pre[x] = (ivs[x].lower, ivs[x].upper)
     return pre[x]
 
@@ -1047,12 +1138,55 @@ def run_backward(ctx: Ctx, boxes: Sequence[Interval], spec=None, data: dict | No
   for k, (x, _) in enumerate(ctx.nodes):  # a node no equation needed bounds for
     if x not in pre and x in ivs:
       tighten(x)
+  return ivs, pre, rel, empty
+
+
+def unstable_fraction(ctx: Ctx, boxes: Sequence[Interval], data: dict | None = None):
+  """The largest share of unstable neurons over the ReLU nodes of one example, on the boxes of
+  an interval forward pass met with ``data``'s known bounds and splits: the screening boxes of
+  `unstable_backward` contain the boxes it sees, so no more of their neurons are unstable."""
+  ctx = dataclasses.replace(ctx, intermediate="ibp", row_caps={})
+  _, pre, _, _ = forward_pass(ctx, boxes, data)
+  share = jnp.zeros((), jnp.float32)
+  for x, i in ctx.nodes:
+    if x in pre:
+      _, c, sigma = relu_parts(ctx.prog.eqns[i], ctx.cenv)
+      lt, ut, _, _ = relu_argument(pre[x][0], pre[x][1], c, sigma, False)
+      share = jnp.maximum(share, jnp.mean(((lt < 0) & (ut > 0)).astype(jnp.float32)))
+  return share
+
+
+def run_backward(ctx: Ctx, boxes: Sequence[Interval], spec=None, data: dict | None = None):
+  """The per-example pass: forward intervals, pre-activation bounds of every ReLU and relaxed
+  equation in order (with their lines), and the final CROWN bounds of every abstract output.
+  Returns Intervals for abstract outputs.
+
+  ``data`` (split constraints, see `crown`'s ``splits``): ``"splits"`` and ``"pre"``, one entry
+  per ReLU node of ``ctx.nodes`` (flat signs; known ``(lo, hi)``; or None), ``"alpha"`` and
+  ``"beta"`` (warm starts, see `_final_bounds`). With ``ctx.info`` returns ``(results,
+  details)``: the nodes' input bounds, whether the sub-problem is infeasible (its outputs then
+  get the empty bounds ``[+inf, -inf]``), α, β and the coefficients of the bounded output."""
+  prog = ctx.prog
+  data = data or {}
+  n_nodes = len(ctx.nodes)
+  splits = list(data.get("splits") or (None,) * n_nodes)
+  knowns = list(data.get("pre") or (None,) * n_nodes)
+  ivs, pre, rel, empty = forward_pass(ctx, boxes, data)
+  rerun = None
+  if ctx.alpha_steps and ctx.alpha_intermediate and ctx.intermediate == "crown":
+    def rerun(mids: dict, c: Ctx):
+      """The forward pass again, each intermediate target bounded with its slopes ``mids``
+      and met with the bounds of the first pass (so never looser than CROWN's)."""
+      again = dict(data, pre=[pre.get(x) for x, _ in ctx.nodes])
+      ivs2, pre2, rel2, _ = forward_pass(dataclasses.replace(c, row_caps={}), boxes, again,
+                                         mid_alphas=mids)
+      return ivs2, pre2, rel2
   results = []
   det = None
   for v in prog.outvars:
     if isinstance(v, _Var) and v in prog.abstract:
       if spec is not None and v is ctx.spec_var:
-        lo, hi, det = _final_bounds(ctx, v, ivs, pre, rel, spec, data)
+        lo, hi, det = _final_bounds(ctx, v, ivs, pre, rel, spec, data, rerun)
         res = _intersect(_spec_interval(ivs[v], spec), lo, hi, ctx.sound)
         if ctx.spec_batched:
           res = Interval(res.lower[None], res.upper[None], validate=False)
@@ -1060,7 +1194,7 @@ def run_backward(ctx: Ctx, boxes: Sequence[Interval], spec=None, data: dict | No
           and not ctx.alpha_steps and not ctx.info:
         res = ivs[v]  # already bounded by its own pass (an intermediate target)
       elif v in ctx.prefixes:
-        lo, hi, det = _final_bounds(ctx, v, ivs, pre, rel, None, data)
+        lo, hi, det = _final_bounds(ctx, v, ivs, pre, rel, None, data, rerun)
         res = _intersect(ivs[v], lo, hi, ctx.sound)
       else:
         res = ivs[v]
