@@ -233,6 +233,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
   deadline = Deadline(timeout)
   regions = as_regions(prop)
   _check_sizes(apply_fn, params, input_shape, regions)
+  shared = (memory_bytes is None, dense_memory_bytes is None)  # shares of ``memory``, not set
   memory_bytes, dense_memory_bytes = _memory.shares(memory, memory_bytes, dense_memory_bytes)
   stats: dict[str, Any] = {"nodes": 0, "phase": None, "memory": {
       "total": memory, "engine": memory_bytes, "dense": dense_memory_bytes}}
@@ -318,6 +319,8 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
           apply_fn, params, input_shape, regions, replay, deadline, sound=sound,
           progress=progress, memory_bytes=memory_bytes)
     except MemoryBudgetError as e:
+      if not shared[0]:  # a budget set by the caller: its own message
+        raise
       raise _memory.against_total(e, memory) from e
     stats["nodes"] += nodes
     stats["method"] = "generic"
@@ -372,6 +375,8 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
   try:
     finished, out = engine.call_with_budget(dense, deadline.remaining() + 1.0)
   except MemoryBudgetError as e:
+    if not shared[1]:  # a budget set by the caller: its own message
+      raise
     raise _memory.against_total(e, memory) from e
   return out if finished else done("timeout")
 
