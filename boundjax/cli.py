@@ -9,7 +9,8 @@
                                         VNN-COMP's contract: RESULT holds sat (and the
                                         counterexample), unsat, timeout or unknown; compiled
                                         bounds are cached in ~/.cache/boundjax/jax for later
-                                        runs (--compile-cache DIR, --no-compile-cache)
+                                        runs (--compile-cache DIR, --no-compile-cache);
+                                        --memory 4G bounds the bound calls' memory
     boundjax verify --batch INSTANCES.csv --timeout 60 [--root DIR] [--json results.json]
                                         a list of instances (columns onnx, vnnlib), with a
                                         progress bar and a results table
@@ -83,12 +84,23 @@ def compile_cache(path: str | None) -> str | None:
   return str(path)
 
 
+def memory_size(text: str) -> int:
+  """``--memory``'s type: bytes of ``4G``, ``512M``, ``2.5GB`` or plain bytes
+  (`boundjax.verify.memory.parse_size`); an argparse error naming the value otherwise."""
+  from boundjax.verify.memory import parse_size
+  try:
+    return parse_size(text)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def verify(net: str | None, prop: str | None, timeout: float, out: str | None,
            batch: str | None, root: str | None, json_path: str | None, sound: bool,
-           cache: str | None | bool = None) -> int:
+           cache: str | None | bool = None, memory: int | None = None) -> int:
   """`boundjax verify`: one instance (``net``, ``prop``) or a CSV list (``batch``).
   ``cache``: the persistent compilation cache's folder (`compile_cache`; None: the default
-  one; False: none)."""
+  one; False: none). ``memory``: the verifier's memory budget in bytes (None: its default,
+  4 GiB; `boundjax.verify.memory`)."""
   import csv
   from pathlib import Path
 
@@ -96,13 +108,14 @@ def verify(net: str | None, prop: str | None, timeout: float, out: str | None,
     compile_cache(cache)
 
   from boundjax.verify import format_result, run_instances, verify_instance
+  options = {"sound": sound} if memory is None else {"sound": sound, "memory": memory}
   if batch is None:
     if net is None or prop is None:
       raise SystemExit("boundjax verify: give NET.onnx and PROP.vnnlib, or --batch INSTANCES.csv")
     from boundjax.io import OnnxImportError, VnnlibError
     try:
-      outcome = verify_instance(net, prop, timeout=timeout, sound=sound)
-    except (OnnxImportError, VnnlibError, OSError) as e:
+      outcome = verify_instance(net, prop, timeout=timeout, **options)
+    except (OnnxImportError, VnnlibError, OSError, MemoryError) as e:
       raise SystemExit(f"boundjax verify: {e}") from None
     if out:
       Path(out).write_text(format_result(outcome))
@@ -112,7 +125,7 @@ def verify(net: str | None, prop: str | None, timeout: float, out: str | None,
   with open(batch) as f:
     rows = [{"onnx": r["onnx"], "vnnlib": r["vnnlib"]} for r in csv.DictReader(f)]
   base = Path(root) if root else Path(batch).resolve().parent
-  results = run_instances(rows, timeout, progress=True, root=base, sound=sound)
+  results = run_instances(rows, timeout, progress=True, root=base, **options)
   print(f"{'onnx':<40} {'vnnlib':<28} {'result':<8} {'seconds':>8}")
   for r in results:
     print(f"{Path(r['onnx']).name:<40} {Path(r['vnnlib']).name:<28} {r['status']:<8} "
@@ -169,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
   v.add_argument("--unsound-fp", action="store_true",
                  help="skip the outward rounding of the bounds (faster; unsat then holds up to "
                       "floating-point error)")
+  v.add_argument("--memory", type=memory_size, metavar="SIZE",
+                 help="memory budget of the bound computations (JAX/XLA buffers, estimated "
+                      "before allocating; not the process's baseline), e.g. 4G, 512M, 2.5GB or "
+                      "bytes (default 4G): sub-problems are bounded in chunks that fit, and an "
+                      "instance whose single sub-problem needs more is an error naming the size")
   v.add_argument("--compile-cache", metavar="DIR",
                  help="JAX's persistent compilation cache (default ~/.cache/boundjax/jax): a "
                       "later run loads the compiled bounds instead of compiling them")
@@ -197,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
   if args.command == "verify":
     code = verify(args.net, args.prop, args.timeout, args.out, args.batch, args.root, args.json,
                   not args.unsound_fp,
-                  False if args.no_compile_cache else args.compile_cache)
+                  False if args.no_compile_cache else args.compile_cache, args.memory)
     _leave_if_compiling(code)
     return code
   return 1

@@ -177,3 +177,107 @@ def test_complete_verify_refuses_a_property_of_another_size(files):
   with pytest.raises(OptionError, match=r"disjunct 0 of region 0 constrains 3 outputs, the "
                                         r"network gives 2"):
     verify(model.apply_fn, model.params, model.input_shape, [(box3, [(np.eye(3), np.zeros(3))])])
+
+
+# ------------------------------------------------------------------------------------------------
+# --memory: the verifier's memory budget
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, size", [
+    ("4G", 4 << 30), ("512M", 512 << 20), ("2.5GB", int(2.5 * (1 << 30))), ("1GiB", 1 << 30),
+    ("64k", 64 << 10), ("1048576", 1 << 20), (" 3 mb ", 3 << 20), ("0.5T", 1 << 39)])
+def test_memory_sizes_are_parsed(text, size):
+  assert cli.memory_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["4X", "", "G", "-1G", "0", "0.1", "1.2.3G", "4 G B", "nan",
+                                  "1e9"])
+def test_bad_memory_sizes_are_an_argparse_error_naming_the_value(text, capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(["verify", "net.onnx", "prop.vnnlib", f"--memory={text}"])
+  assert e.value.code == 2  # argparse's usage error, before any work
+  err = capsys.readouterr().err
+  assert "argument --memory: invalid size" in err and repr(text) in err
+
+
+def test_memory_help_says_what_it_bounds(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["verify", "--help"])
+  out = " ".join(capsys.readouterr().out.split())
+  assert "--memory SIZE" in out and "memory budget of the bound computations" in out
+  assert "default 4G" in out
+
+
+def test_a_budget_too_small_is_an_error_row_and_the_batch_goes_on(files, tmp_path, capsys):
+  """512 bytes fit neither the dense chain nor one box's CROWN-IBP state in the engine: the
+  unsat instance's row is an error naming the size it needs and the budget; the next row (sat,
+  found by the attack before any bound) still gets its answer, in `run_instances` and in the
+  command; a single instance exits with the message."""
+  d, _ = files
+  from boundjax.verify import run_instances
+  rows = [{"onnx": str(d / "net.onnx"), "vnnlib": str(d / "unsat.vnnlib")},
+          {"onnx": str(d / "net.onnx"), "vnnlib": str(d / "sat.vnnlib")}]
+  results = run_instances(rows, 30, progress=False, memory=512)
+  assert results[0]["status"] == "error", results[0]
+  message = results[0]["error"]
+  assert message.startswith("MemoryBudgetError: ")
+  assert re.search(r"the memory budget is 512 bytes, .*a budget of at least \d+", message)
+  assert results[1]["status"] == "sat"
+  (tmp_path / "batch.csv").write_text("onnx,vnnlib\nnet.onnx,unsat.vnnlib\nnet.onnx,sat.vnnlib\n")
+  assert cli.main(["verify", "--batch", str(tmp_path / "batch.csv"), "--root", str(d),
+                   "--timeout", "30", "--memory", "512"]) == 0
+  out = capsys.readouterr().out
+  assert "1 sat, 0 unsat, 0 timeout, 0 unknown, 1 error" in out
+  assert "unsat.vnnlib: MemoryBudgetError" in out
+  with pytest.raises(SystemExit, match="boundjax verify: .*memory budget is 512 bytes"):
+    cli.main(["verify", str(d / "net.onnx"), str(d / "unsat.vnnlib"), "--memory", "512"])
+
+
+def _cnn_network(path: Path, seed: int = 0) -> np.ndarray:
+  """Conv 3x3 (4 channels) -> ReLU -> Flatten -> dense (144 -> 10) on a (1, 1, 8, 8) input;
+  returns a point of the input space."""
+  rng = np.random.default_rng(seed)
+  k = (rng.normal(size=(4, 1, 3, 3)) / 3).astype(np.float32)
+  kb = (0.1 * rng.normal(size=4)).astype(np.float32)
+  w = (rng.normal(size=(144, 10)) / 12).astype(np.float32)
+  b = (0.1 * rng.normal(size=10)).astype(np.float32)
+  nodes = [helper.make_node("Conv", ["x", "k", "kb"], ["c"]),
+           helper.make_node("Relu", ["c"], ["r"]),
+           helper.make_node("Flatten", ["r"], ["f"], axis=1),
+           helper.make_node("MatMul", ["f", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])]
+  inits = [numpy_helper.from_array(a, n) for a, n in ((k, "k"), (kb, "kb"), (w, "w"), (b, "b"))]
+  graph = helper.make_graph(
+      nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits)
+  onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+  return rng.uniform(0, 1, 64)
+
+
+def test_peak_memory_of_a_cnn_run_stays_under_the_budget(tmp_path):
+  """`boundjax verify --memory 1G` on a small CNN (an unsat property: outputs bounded far below
+  10^6), run as a grandchild so that the child's ``RUSAGE_CHILDREN`` peak is this run's alone:
+  the whole process's peak resident memory (interpreter, JAX, XLA's compiler and the bound
+  calls) stays under the budget."""
+  x0 = _cnn_network(tmp_path / "cnn.onnx")
+  lines = [f"(declare-const X_{i} Real)" for i in range(64)] + \
+          [f"(declare-const Y_{j} Real)" for j in range(10)]
+  for i, v in enumerate(x0):
+    lines += [f"(assert (>= X_{i} {float(v) - 0.01!r}))",
+              f"(assert (<= X_{i} {float(v) + 0.01!r}))"]
+  lines.append("(assert (>= Y_0 1000000.0))")
+  (tmp_path / "prop.vnnlib").write_text("\n".join(lines) + "\n")
+  command = [sys.executable, "-m", "boundjax.cli", "verify", str(tmp_path / "cnn.onnx"),
+             str(tmp_path / "prop.vnnlib"), "--timeout", "120", "--memory", "1G",
+             "--no-compile-cache"]
+  wrapper = ("import resource, subprocess, sys\n"
+             f"proc = subprocess.run({command!r}, capture_output=True, text=True)\n"
+             "sys.stderr.write(proc.stderr[-2000:])\n"
+             "print(proc.returncode, proc.stdout.split()[0] if proc.stdout else '', "
+             "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n")
+  proc = subprocess.run([sys.executable, "-c", wrapper], capture_output=True, text=True,
+                        timeout=600, cwd=Path(__file__).resolve().parents[1],
+                        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  code, status, peak_kib = proc.stdout.split()[-3:]
+  assert code == "0" and status == "unsat", proc.stdout + proc.stderr
+  assert int(peak_kib) * 1024 < 1 << 30, f"peak RSS {int(peak_kib) / 1024:.0f} MiB"

@@ -717,3 +717,75 @@ def test_engine_refuses_parameters_that_are_not_float32_numbers():
   status, _, _ = generic.input_split_generic(apply_fn, p64, (1, 8, 8), regions, None,
                                              Deadline(60.0))
   assert status == "unknown"
+
+
+# ------------------------------------------------------------------------------------------------
+# the memory budget (`boundjax.verify.memory`, ``verify(memory=)``)
+# ------------------------------------------------------------------------------------------------
+
+def test_memory_shares_and_chunk_estimates():
+  """`memory.shares` splits the total (a quarter to the engine, half to the dense path, explicit
+  overrides kept); `split_chunk` is the largest power of two up to 64 whose estimate fits, and
+  `fit_chunk` raises `MemoryBudgetError` naming the size one box needs and the budget."""
+  from boundjax.verify import MemoryBudgetError, memory
+  assert memory.shares(4 << 30) == (1 << 30, 2 << 30)  # the former defaults
+  assert memory.shares(4 << 30, memory_bytes=5, dense_memory_bytes=0) == (5, 0)
+  with pytest.raises(ValueError, match="memory must be a positive"):
+    memory.shares(0)
+  widths, rows = (3, 64, 64, 2), 16
+  fixed = memory.chain_fixed_bytes(widths, rows)
+  per = memory.chain_box_bytes(widths, rows)
+  # S = max(64 * 3, 64 * 64, 16 * 64) = 4096 numbers of 8 bytes, six copies per box
+  assert per == 8 * (6 * 4096 + 2 * 3 + 4 * 128 + 16 * 4 + 1)
+  assert memory.chain_box_bytes(widths, rows, alpha=True) > per
+  assert memory.split_chunk(widths, rows, 1 << 30) == 64
+  for c in (1, 2, 8, 32):
+    assert memory.split_chunk(widths, rows, fixed + c * per) == c
+    assert memory.split_chunk(widths, rows, fixed + c * per + per - 1) == c
+  with pytest.raises(MemoryBudgetError, match=rf"needs about .*\({fixed + per} bytes\), more "
+                                              rf"than its memory budget of 1000 bytes"):
+    memory.split_chunk(widths, rows, 1000)
+  err = memory.against_total(MemoryBudgetError("x", 300, 100), 1000)
+  assert (err.needed, err.budget) == (3000, 1000) and "3000 bytes" in str(err)
+
+
+def _unsat_by_lipschitz(seed: int, sizes=(3, 64, 64, 2)):
+  """A random ReLU chain and the property ``y_0 >= t`` on ``[-1, 1]^n`` with ``t`` the maximum of
+  ``y_0`` on a grid plus the grid's Lipschitz allowance (``Π ||W_k||_2`` times the largest
+  distance to a grid point): unsat by construction, though close enough to the maximum that
+  the whole box's bound does not prove it."""
+  apply_fn, params, net = _mlp(seed, sizes)
+  n, k = sizes[0], 21
+  lo, hi = -np.ones(n), np.ones(n)
+  y = _fwd(net, _grid(lo, hi, k))
+  lip = np.prod([np.linalg.norm(np.asarray(w, np.float64), 2) for w in params["w"]])
+  t = y[:, 0].max() + lip * np.sqrt(n) * (1.0 / (k - 1)) + 1e-3
+  return apply_fn, params, [((lo, hi), [(np.array([[-1.0, 0.0]]), np.array([-t]))])]
+
+
+def test_a_small_memory_budget_chooses_smaller_chunks_and_keeps_the_verdict():
+  """With 3 MiB (a dense share of 1.5 MiB) input splitting bounds 4 boxes per call instead of
+  64 (the estimate of 8 is over the share), and the verdict of an instance that needs
+  branching is still unsat."""
+  from boundjax.verify import memory
+  apply_fn, params, prop = _unsat_by_lipschitz(0)
+  out = mc.verify(apply_fn, params, (3,), prop, timeout=120.0, memory=3 << 20)
+  assert out.status == "unsat", out
+  assert out.stats["method"] == "input-split" and out.stats["nodes"] > 1
+  chunk, dense = out.stats["chunk"], out.stats["memory"]["dense"]
+  assert dense == 3 << 19 and chunk == 4
+  widths, rows = (3, 64, 64, 2), 16
+  fixed, per = memory.chain_fixed_bytes(widths, rows), memory.chain_box_bytes(widths, rows)
+  assert fixed + chunk * per <= dense < fixed + 2 * chunk * per
+
+
+def test_a_budget_too_small_for_one_subproblem_raises_naming_the_size():
+  """Under 1 KiB neither the dense path (one box of input splitting) nor the engine (one box's
+  backward state, CROWN-IBP included) fits: `MemoryBudgetError` with the size needed and the
+  budget, not a verdict."""
+  from boundjax.verify import MemoryBudgetError
+  apply_fn, params, prop = _unsat_by_lipschitz(0)
+  with pytest.raises(MemoryBudgetError, match=r"memory budget is 512 bytes.*a budget of at "
+                                              r"least .* \(--memory / memory=\) fits it") as e:
+    mc.verify(apply_fn, params, (3,), prop, timeout=60.0, memory=512)
+  assert e.value.budget == 512 and e.value.needed > 512

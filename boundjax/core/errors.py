@@ -18,3 +18,17 @@ class BoundError(ValueError):
   ``except ValueError`` keeps working. Messages end with the user's source line
   (``at file.py:LINE (function)``).
   """
+
+
+class MemoryBudgetError(MemoryError):
+  """One sub-problem's bound does not fit a memory budget, even alone.
+
+  Raised before anything is allocated or compiled, from an estimate of the bound's JAX/XLA
+  buffers (`bj.crown`'s ``memory_bytes``, `boundjax verify`'s ``--memory``). ``needed`` and
+  ``budget`` are in bytes and both appear in the message. A subclass of `MemoryError`, so
+  ``except MemoryError`` (the verifier's fallbacks to cheaper bounds) keeps working.
+  """
+
+  def __init__(self, message: str, needed: int, budget: int):
+    super().__init__(message)
+    self.needed, self.budget = int(needed), int(budget)

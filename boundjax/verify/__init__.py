@@ -10,12 +10,14 @@ Modules: `spec` (regions and disjuncts), `outcome` (Outcome, Deadline, result te
 `chain` (the dense affine/ReLU chain and its bounds, all from the engine: CROWN, α-β-CROWN
 with split constraints, sound floating point), `engine` (whole-property engine bounds),
 `input_bab` (input splitting), `relu_bab` (ReLU splitting, MILP fallback), `generic`
-(`bj.crown` with input splitting for non-ReLU graphs), `api`.
+(`bj.crown` with input splitting for non-ReLU graphs), `memory` (the memory budget,
+``verify(memory=)``: estimates, chunks, `MemoryBudgetError`), `api`.
 """
 
+from boundjax.core.errors import MemoryBudgetError
 from boundjax.verify.api import run_instances, verify, verify_instance
 from boundjax.verify.outcome import Deadline, Outcome, format_result, parse_result
 from boundjax.verify.spec import Disjunct, Region, as_regions
 
 __all__ = ["verify", "verify_instance", "run_instances", "Outcome", "Deadline", "format_result",
-           "parse_result", "Region", "Disjunct", "as_regions"]
+           "parse_result", "Region", "Disjunct", "as_regions", "MemoryBudgetError"]

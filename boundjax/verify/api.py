@@ -4,8 +4,10 @@ Pipeline for a property (regions × disjuncts, see `boundjax.verify.spec`):
 
 1. **attack** (`boundjax.verify.attack`): sampling and PGD, at most ``attack_share`` of the time;
    a float64-replayed hit is ``sat``.
-2. **dense plan** (`engine.dense_plan`): the memory of the dense path estimated from the traced
-   program's widths before anything is built; over ``dense_memory_bytes`` it is skipped.
+2. **dense plan** (`engine.dense_plan`, `memory.split_chunk` when only input splitting runs):
+   the memory of the dense path estimated from the traced program's widths before anything is
+   built; over ``dense_memory_bytes`` (half of ``memory``, `boundjax.verify.memory`) it is
+   skipped.
 3. **network**: within the budget, the function is extracted to an affine/ReLU chain
    (`milp.network`), checked against the float64 replay on random points, and densified in
    float64 (`chain`, whose bounds all come from the engine). When every input is small enough
@@ -26,6 +28,11 @@ Pipeline for a property (regions × disjuncts, see `boundjax.verify.spec`):
    branching, then the rest with look-ahead branching, see `_input_split_portfolio`), ReLU
    splitting with β-CROWN otherwise (`relu_bab`, with the MILP fallback).
 
+**Memory**: one budget, ``memory`` (default 4 GiB), bounds the estimated JAX/XLA buffers of
+every bound call (`boundjax.verify.memory`: what is covered and what is not); sub-problems are
+bounded in chunks that fit it, and a sub-problem that does not fit alone raises
+`MemoryBudgetError` with the size it needs (`run_instances` reports it as an ``error`` row).
+
 ``unsat`` is returned only when every disjunct of every region is proven; with ``sound=True``
 (default) every bound holds in exact arithmetic (see `engine` and `chain`). Time is
 wall-clock and checked between batches; compilation counts (an engine bound still compiling
@@ -43,8 +50,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from boundjax.core.errors import MemoryBudgetError
 from boundjax.core.options import OptionError
 from boundjax.verify import attack, chain, engine
+from boundjax.verify import memory as _memory
 from boundjax.verify.outcome import Deadline, Outcome
 from boundjax.verify.spec import Disjunct, Region, as_regions
 
@@ -115,14 +124,23 @@ def _dense_chain(apply_fn: Callable, params: Any, input_shape: Sequence[int], pl
 
 
 def _dense_plan(apply_fn: Callable, params: Any, input_shape: Sequence[int], budget: int,
-                batch: int) -> int:
+                batch: int, split_rows: int | None = None, alpha: bool = False) -> int:
   """The ReLU-splitting batch the dense path may use within ``budget`` bytes, 0 to skip it
-  (`engine.dense_plan`; a function whose widths cannot be read is left to the extractor)."""
+  (`engine.dense_plan`; a function whose widths cannot be read is left to the extractor).
+  ``split_rows``: only input splitting will run, on this many specification rows: the dense
+  path fits when one box of it does (`memory.split_chunk`; no ReLU-splitting frontier), and
+  ``batch`` is returned then."""
   try:
     widths = engine.layer_widths(apply_fn, params, input_shape)
   except Exception:  # pylint: disable=broad-except  (the attack already ran the function)
     return batch
-  return engine.dense_plan(widths, budget, batch=batch)
+  if split_rows is None:
+    return engine.dense_plan(widths, budget, batch=batch)
+  try:
+    _memory.split_chunk(widths, split_rows, budget, alpha=alpha)
+  except MemoryError:
+    return 0
+  return batch
 
 
 def _attack(apply_fn: Callable, params: Any, input_shape: Sequence[int],
@@ -152,8 +170,9 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
            input_split_dims: int = 10, batch: int = 1024, progress: bool = False,
            intermediate: str = "crown", alpha_steps: int = 0,
            attack_restarts: int = 64, attack_steps: int = 50,
-           milp: bool = True, engine_bounds: bool | str = "auto", memory_bytes: int = 1 << 30,
-           dense_memory_bytes: int = 2 << 30, engine_share: float | None = None,
+           milp: bool = True, engine_bounds: bool | str = "auto",
+           memory: int = _memory.DEFAULT, memory_bytes: int | None = None,
+           dense_memory_bytes: int | None = None, engine_share: float | None = None,
            attack_share: float = 0.25) -> Outcome:
   """Decides a property of ``apply_fn(params, x)`` (x of shape ``input_shape``).
 
@@ -169,7 +188,9 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
       pass per layer, tighter) or ``"ibp"`` (interval propagation, CROWN-IBP: cheaper per box,
       looser on big boxes).
     alpha_steps: α-CROWN steps on the output rows of each input-split box (0: CROWN).
-    batch: sub-problems per jitted bound call.
+    batch: sub-problems per round of branch and bound (ReLU splitting: per jitted bound call,
+      at most 256 and halved until its estimate fits the dense share of ``memory``; input
+      splitting: bound ``stats["chunk"]`` at a time).
     milp: allow the MILP fallback (`milp.property.check_property`) in ReLU splitting.
     engine_bounds: when the engine (`engine.prove_with_engine`) bounds every region: True,
       after the attack and before any extraction; ``"auto"`` (default), before the generic
@@ -180,8 +201,19 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
       default because the engine's sound bounds compile far slower than the dense path's
       (ACAS Xu 1_2 prop_2 and MNIST 256x2 prop_10_0.03 went from solved to timeouts at 60 s
       with True, measured with a load of 8 on 2 cores).
-    memory_bytes: the engine's budget for one box's backward state (``bj.crown``).
-    dense_memory_bytes: the dense path runs only if its estimate fits (`engine.dense_plan`).
+    memory: the memory budget in bytes (default 4 GiB) of the bound calls' JAX/XLA buffers,
+      estimated from the network's widths before anything is allocated (`boundjax.verify.memory`:
+      what it covers and the formulas; not the Python process's baseline, the compiler, the
+      attack or the search's frontier). A quarter goes to the engine (``memory_bytes``), half
+      to the dense path (``dense_memory_bytes``); sub-problems are bounded in chunks that fit,
+      and when one sub-problem alone does not, `MemoryBudgetError` (a `MemoryError`) names the
+      size it needs and the budget.
+    memory_bytes: overrides the engine's share of ``memory``: the budget of one chunk's
+      backward state in ``bj.crown`` (whole boxes, the generic path).
+    dense_memory_bytes: overrides the dense path's share of ``memory``: the dense path runs
+      only if its estimate fits (`engine.dense_plan` with ReLU splitting,
+      `memory.split_chunk` with input splitting), and input splitting's chunk
+      (``stats["chunk"]``) is the largest power of two up to 64 boxes that fits it.
     engine_share: the share of the time left for the engine bounds; default 1/3 when the
       dense path runs after them, 0.8 when it does not.
     attack_share: the first attack stops after this share of ``timeout`` (PGD on a CIFAR CNN
@@ -189,16 +221,22 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
       path the attack runs again on the open disjuncts (other starts) for half the time left.
 
   Returns:
-    an `Outcome`; ``sat`` carries ``(x, y)`` replayed in float64.
+    an `Outcome`; ``sat`` carries ``(x, y)`` replayed in float64. ``stats["memory"]``: the
+    budget and its shares in bytes; ``stats["chunk"]``: input splitting's boxes per call.
 
   Raises:
     boundjax.core.options.OptionError: the property's input or output count is not the
       network's (both counts named).
+    boundjax.core.errors.MemoryBudgetError: one sub-problem's bound does not fit the budget
+      (the size it needs and the budget named).
   """
   deadline = Deadline(timeout)
   regions = as_regions(prop)
   _check_sizes(apply_fn, params, input_shape, regions)
-  stats: dict[str, Any] = {"nodes": 0, "phase": None}
+  shared = (memory_bytes is None, dense_memory_bytes is None)  # shares of ``memory``, not set
+  memory_bytes, dense_memory_bytes = _memory.shares(memory, memory_bytes, dense_memory_bytes)
+  stats: dict[str, Any] = {"nodes": 0, "phase": None, "memory": {
+      "total": memory, "engine": memory_bytes, "dense": dense_memory_bytes}}
 
   def done(status, cex=None, phase=None):
     stats["phase"] = phase
@@ -206,16 +244,24 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
 
   replay = attack.Replayer(apply_fn, params, input_shape)
   high_dim = any(r.dim > input_split_dims for r in regions)
+  split_rows = None
+  if not high_dim:
+    from boundjax.verify import input_bab
+    split_rows = max(input_bab.spec_rows(r.disjuncts) for r in regions)
   early, warm = None, []
   if not high_dim and engine_bounds is not True:
     # input splitting ahead: the chain is extracted first and its bound compiles in the
     # background while the attack runs (`chain.warm_up`; the two overlap on two cores)
-    plan = _dense_plan(apply_fn, params, input_shape, dense_memory_bytes, min(batch, 256))
+    plan = _dense_plan(apply_fn, params, input_shape, dense_memory_bytes, min(batch, 256),
+                       split_rows, bool(alpha_steps))
     early = (plan, *_dense_chain(apply_fn, params, input_shape, plan, replay, regions, key))
     if early[2] is not None and not alpha_steps:
-      from boundjax.verify import input_bab
       for rows in sorted({input_bab.spec_rows(r.disjuncts) for r in regions}):
-        warm.append(chain.warm_up(early[2], rows, sound, intermediate))
+        try:
+          chunk = input_bab.chunk_for(early[2], rows, dense_memory_bytes)
+        except MemoryError:  # the chain's widths are not the estimate's: the search reports it
+          continue
+        warm.append(chain.warm_up(early[2], rows, sound, intermediate, chunk))
   first = Deadline(min(deadline.remaining(), attack_share * timeout))
   hit = _attack(apply_fn, params, input_shape, regions, replay, first, deadline,
                 attack_restarts, attack_steps, key)
@@ -225,7 +271,8 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
   if deadline.expired():
     return done("timeout", phase="attack")
   if early is None:
-    plan = _dense_plan(apply_fn, params, input_shape, dense_memory_bytes, min(batch, 256))
+    plan = _dense_plan(apply_fn, params, input_shape, dense_memory_bytes, min(batch, 256),
+                       split_rows, bool(alpha_steps))
   else:
     plan = early[0]
   stats["dense_batch"] = plan
@@ -267,9 +314,14 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
       return done("sat", hit, "attack")
   if lay is None:
     from boundjax.verify import generic
-    status, cex, nodes = generic.input_split_generic(
-        apply_fn, params, input_shape, regions, replay, deadline, sound=sound,
-        progress=progress, memory_bytes=memory_bytes)
+    try:
+      status, cex, nodes = generic.input_split_generic(
+          apply_fn, params, input_shape, regions, replay, deadline, sound=sound,
+          progress=progress, memory_bytes=memory_bytes)
+    except MemoryBudgetError as e:
+      if not shared[0]:  # a budget set by the caller: its own message
+        raise
+      raise _memory.against_total(e, memory) from e
     stats["nodes"] += nodes
     stats["method"] = "generic"
     return done(status, cex, "bab" if status in ("sat", "unsat") else None)
@@ -289,10 +341,13 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
           if split_inputs:
             from boundjax.verify import input_bab
             stats["method"] = "input-split"
+            stats["chunk"] = input_bab.chunk_for(lay, input_bab.spec_rows(disjunct),
+                                                 dense_memory_bytes, alpha_steps)
             bar = _bar(progress, "input split")
             status, cex, nodes = _input_split_portfolio(
                 input_bab, lay, region, disjunct, replay, deadline, sound=sound, batch=batch,
-                progress=bar, intermediate=intermediate, alpha_steps=alpha_steps)
+                progress=bar, intermediate=intermediate, alpha_steps=alpha_steps,
+                memory_bytes=dense_memory_bytes)
             if bar is not None:
               bar.close()
             stats["nodes"] += nodes
@@ -317,7 +372,12 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
 
   # the dense path checks the deadline between batches, but a compilation (seconds to minutes
   # on a loaded CPU) cannot be interrupted: it runs in a worker joined until the deadline
-  finished, out = engine.call_with_budget(dense, deadline.remaining() + 1.0)
+  try:
+    finished, out = engine.call_with_budget(dense, deadline.remaining() + 1.0)
+  except MemoryBudgetError as e:
+    if not shared[1]:  # a budget set by the caller: its own message
+      raise
+    raise _memory.against_total(e, memory) from e
   return out if finished else done("timeout")
 
 

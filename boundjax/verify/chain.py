@@ -119,20 +119,22 @@ _LOCKS: defaultdict = defaultdict(threading.Lock)  # per bounder: one compilatio
 
 
 def bounder(sound: bool, intermediate: str = "crown", steps: int = 0, lr: float = 0.1,
-            beta: bool = False):
+            beta: bool = False, chunk: int | None = None):
   """The engine's bound of `chain_fn` with split constraints and known bounds
   (``bj.crown(..., splits=True, return_info=True)``), one transform per option set, called
   under `jax.jit` (one compilation per argument shape and structure; the engine's per-call
   argument checks, and its check that examples are independent, which runs ``chain_fn``
   op by op on a new shape, happen once at tracing: ``chain_fn`` treats rows independently by
   construction). ``steps``: α(β)-CROWN steps (0: CROWN). Call it as ``f(params, box, pre=,
-  splits=)`` like the engine's function."""
-  key = (sound, intermediate, int(steps), float(lr), beta)
+  splits=)`` like the engine's function. ``chunk``: the engine's ``chunk_size`` (boxes per
+  vmapped step; `memory.split_chunk` has checked that they fit), None: the engine's default
+  (as many as fit its 1 GiB budget)."""
+  key = (sound, intermediate, int(steps), float(lr), beta, chunk)
   if key not in _BOUNDERS:
     opt = {"alpha": True, "alpha_steps": int(steps), "alpha_lr": lr, "beta": beta} if steps \
         else {}
     fn = crown(chain_fn, batch_axis=0, sound=sound, intermediate=intermediate, splits=True,
-               return_info=True, **opt)
+               return_info=True, chunk_size=chunk, **opt)
     jitted = jax.jit(lambda p, box, pre, splits, warm: fn(p, box, pre=pre, splits=splits,
                                                           warm=warm))
     _BOUNDERS[key] = lambda p, box, pre=None, splits=None, warm=None: jitted(p, box, pre,
@@ -144,7 +146,9 @@ CHUNK = 64
 """Boxes per call of a compiled bound: batches of any size run as chunks of this many (the last
 padded), so each option set compiles once, whatever the batch sizes a search produces (a
 compilation of the sound bound costs tens of seconds on a loaded 2-core CPU, more than running
-1024 boxes; chunks of 64 run as fast per box as one call on 1024, measured on ACAS Xu)."""
+1024 boxes; chunks of 64 run as fast per box as one call on 1024, measured on ACAS Xu). The
+most: input splitting uses the largest power of two up to it that fits its memory budget
+(`memory.split_chunk`)."""
 
 
 def _known(prior, B: int, widths) -> list:
@@ -190,7 +194,7 @@ def _run_chunks(bound, lay: Layers, C, d, lo, hi, prior, splits, chunk: int):
 
 def crown_batch(lay: Layers, C, d, lo, hi, sound: bool, intermediate: str = "crown",
                 prior=None, prior_mode: str = "layer", alpha_steps: int = 0, lr: float = 0.1,
-                splits=None):
+                splits=None, chunk: int = CHUNK):
   """Lower bounds of ``C y - d`` on a batch of boxes ``lo, hi`` (B, n_0), by the engine.
 
   ``prior``: None or ``(lbs, ubs)`` per hidden layer (B, n_i), bounds known to hold on each
@@ -203,9 +207,11 @@ def crown_batch(lay: Layers, C, d, lo, hi, sound: bool, intermediate: str = "cro
   coefficients made ACAS Xu 2_2 prop_1 need > 30k boxes instead of ~1.1k). ``intermediate``:
   the engine's ``"crown"`` or ``"ibp"``. ``alpha_steps``: α-CROWN on the output rows (then
   ``prior`` is ignored). ``splits``: None or split signs per hidden layer (B, n_i) (see
-  `boundjax.crown`'s ``splits``). Every call runs in chunks of `CHUNK` boxes with the same
-  argument structure (a missing prior is an infinite one), so one compilation per option set
-  serves every batch size, prior or none, and `estimate_batch` in the same mode.
+  `boundjax.crown`'s ``splits``). ``chunk``: boxes per call of the compiled bound (`CHUNK`,
+  or a smaller power of two that fits a memory budget, `memory.split_chunk`). Every call runs
+  in chunks of ``chunk`` boxes with the same argument structure (a missing prior is an
+  infinite one), so one compilation per option set and chunk serves every batch size, prior
+  or none, and `estimate_batch` in the same mode.
 
   Returns ``(bound (B, R), lam0 (B, R, n_0), infeasible (B,), lbs, ubs)`` as NumPy arrays
   (``lbs, ubs``: the tightest bounds known, to pass on as children's prior); infeasible boxes
@@ -215,29 +221,33 @@ def crown_batch(lay: Layers, C, d, lo, hi, sound: bool, intermediate: str = "cro
   if alpha_steps:
     prior = None
   own = prior if prior_mode == "layer" else None
-  bound, lam0, inf, lbs, ubs = _run(bounder(sound, intermediate, alpha_steps, lr), lay, C, d,
-                                    lo, hi, own, splits)
+  bound, lam0, inf, lbs, ubs = _run(bounder(sound, intermediate, alpha_steps, lr, chunk=chunk),
+                                    lay, C, d, lo, hi, own, splits, chunk)
   if prior is not None and prior_mode == "post":
     met = ([np.maximum(a, np.asarray(b)) for a, b in zip(lbs, prior[0])],
            [np.minimum(a, np.asarray(b)) for a, b in zip(ubs, prior[1])])
-    bound2, _, inf2, lbs, ubs = _run(bounder(sound, "ibp"), lay, C, d, lo, hi, met, splits)
+    bound2, _, inf2, lbs, ubs = _run(bounder(sound, "ibp", chunk=chunk), lay, C, d, lo, hi, met,
+                                     splits, chunk)
     bound = np.maximum(bound, bound2)
     inf = inf | inf2
   bound = np.where(inf[:, None], np.inf, bound)
   return bound, lam0, inf, lbs, ubs
 
 
-def estimate_batch(lay: Layers, C, d, lo, hi, prior, sound: bool = False) -> np.ndarray:
+def estimate_batch(lay: Layers, C, d, lo, hi, prior, sound: bool = False,
+                   chunk: int = CHUNK) -> np.ndarray:
   """Estimates of the lower bounds of ``C y - d`` (B, R) on boxes whose pre-activations are
   known to lie in ``prior`` (a parent box's bounds): CROWN met with ``prior`` layer by layer,
   only for ranking branching choices, never for a verdict. ``sound=True`` adds the rounding
   allowance (a few ulps) and shares the compilation of `crown_batch`'s sound bound: input
   splitting passes its own mode so that the look-ahead compiles nothing more."""
-  bound, _, inf, _, _ = _run(bounder(sound, "crown"), lay, C, d, lo, hi, prior, None)
+  bound, _, inf, _, _ = _run(bounder(sound, "crown", chunk=chunk), lay, C, d, lo, hi, prior,
+                             None, chunk)
   return np.where(inf[:, None], np.inf, bound)
 
 
-def warm_up(lay: Layers, rows: int, sound: bool, intermediate: str = "crown") -> threading.Event:
+def warm_up(lay: Layers, rows: int, sound: bool, intermediate: str = "crown",
+            chunk: int = CHUNK) -> threading.Event:
   """Compiles `crown_batch`'s bounds for ``lay`` and ``rows`` specification rows in a
   background thread, e.g. while the falsifier runs (a compilation takes tens of seconds on a
   loaded 2-core CPU and is single-threaded, as is the falsifier's phase, so on two cores they
@@ -245,7 +255,8 @@ def warm_up(lay: Layers, rows: int, sound: bool, intermediate: str = "crown") ->
   with the prior). A `crown_batch` of these shapes called meanwhile waits for the compilation
   instead of compiling twice. Returns an event set when the first bound is ready (or failed).
   The thread is named like `engine.call_with_budget`'s workers, so `boundjax verify` exits at
-  once if it is still compiling at the deadline."""
+  once if it is still compiling at the deadline. ``chunk``: `crown_batch`'s, so that the
+  compiled shape is the one the search will call."""
   ready = threading.Event()
 
   def work():
@@ -253,11 +264,11 @@ def warm_up(lay: Layers, rows: int, sound: bool, intermediate: str = "crown") ->
       n_in, n_out = lay.widths[0], lay.widths[-1]
       C, d, box = np.zeros((rows, n_out)), np.zeros(rows), np.zeros((1, n_in))
       try:
-        crown_batch(lay, C, d, box, box, sound, intermediate)
+        crown_batch(lay, C, d, box, box, sound, intermediate, chunk=chunk)
         ready.set()
         everything = ([np.full((1, n), -np.inf) for n in lay.hidden],
                       [np.full((1, n), np.inf) for n in lay.hidden])
-        crown_batch(lay, C, d, box, box, sound, intermediate, everything, "post")
+        crown_batch(lay, C, d, box, box, sound, intermediate, everything, "post", chunk=chunk)
       except Exception:  # noqa: BLE001  (the real call reports it)
         pass
       finally:

@@ -9,8 +9,9 @@ largest estimated influence ``width_j · |Λ_j|`` (Λ: the input coefficients of
 CROWN bound; the "smear" heuristic of ReluVal, Wang et al. 2018, with linear instead of
 interval gradients). The search is `boundjax.verify.bab.search` with a `bab.Stack` (depth
 first): the open boxes are popped ``batch // 2`` at a time and their children bounded
-together (the engine runs them in chunks of `chain.CHUNK` boxes, so the bound compiles once
-whatever the batch), and the frontier stays small.
+together (the engine runs them in chunks of `chain.CHUNK` boxes, fewer when they do not fit the
+memory budget, `chunk_for`, so the bound compiles once whatever the batch), and the frontier
+stays small.
 
 ``branching="lookahead"`` replaces the smear score by a one-step look-ahead: both halves of
 every input's bisection are bounded (CROWN intermediate bounds met with the box's own, one
@@ -37,7 +38,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from boundjax.verify import bab, chain
+from boundjax.verify import bab, chain, memory
 from boundjax.verify.outcome import Deadline
 from boundjax.verify.spec import Disjunct, Region, split_boxes
 
@@ -60,6 +61,17 @@ def spec_rows(disjuncts: Sequence[Disjunct], combine: bool = True) -> int:
   parts = [combined_rows(dj) if combine else (dj.C, dj.d) for dj in disjuncts]
   return _pad_rows(np.concatenate([p[0] for p in parts]),
                    np.concatenate([p[1] for p in parts]))[0].shape[0]
+
+
+def chunk_for(lay: chain.Layers, rows: int, memory_bytes: int | None,
+              alpha_steps: int = 0) -> int:
+  """Boxes per call of the compiled bound for ``rows`` specification rows (`spec_rows`):
+  `chain.CHUNK`, or the largest power of two below it whose estimate fits ``memory_bytes``
+  (`memory.split_chunk`, which raises `MemoryBudgetError` when one box does not); None: no
+  budget."""
+  if memory_bytes is None:
+    return chain.CHUNK
+  return memory.split_chunk(lay.widths, rows, memory_bytes, chain.CHUNK, alpha=bool(alpha_steps))
 
 
 def combined_rows(disjunct: Disjunct, max_rows: int = 8) -> tuple[np.ndarray, np.ndarray]:
@@ -116,7 +128,8 @@ def _search_records(Wb, region: Region, cand: np.ndarray, y: np.ndarray, best: f
 
 def _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, groups, parent: np.ndarray,
                       root: np.ndarray, batch: int, deadline: Deadline,
-                      max_aspect: float = 1024.0, sound: bool = False) -> np.ndarray:
+                      max_aspect: float = 1024.0, sound: bool = False,
+                      chunk: int = chain.CHUNK) -> np.ndarray:
   """Per box and input ``j``, a sensitivity whose ``width × |.|`` is the product score of
   strong branching (Achterberg, Koch & Martin 2005, "Branching rules revisited", §3),
   ``max(g_lo, ε) · max(g_hi, ε)``, where ``g`` are the gains of the two halves' bounds over the
@@ -128,8 +141,8 @@ def _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, groups, parent: np.ndarray
   width relative to the region's (``root``) is below ``1 / max_aspect`` of the box's largest;
   a box where no input gains keeps ``lam`` (the smear heuristic's coefficients), and so does
   every box when ``deadline`` expires during the estimates (the caller then stops).
-  ``sound``: the estimates' mode (input splitting passes its own, so that they share the
-  compilation of its bounds)."""
+  ``sound``, ``chunk``: the estimates' mode and boxes per call (input splitting passes its own,
+  so that they share the compilation of its bounds)."""
   B, n0 = lo.shape
   mid = (lo + hi) / 2
   eye = np.eye(n0, dtype=bool)
@@ -150,7 +163,7 @@ def _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, groups, parent: np.ndarray
     idx = np.arange(s, e) // reps
     prior = (tuple(np.maximum(a[idx], -1e300) for a in bl),
              tuple(np.minimum(a[idx], 1e300) for a in bu))
-    est = chain.estimate_batch(lay, C, d, clo[s:e], chi[s:e], prior, sound)
+    est = chain.estimate_batch(lay, C, d, clo[s:e], chi[s:e], prior, sound, chunk)
     rows = np.asarray(groups)[idx]  # (take, 2): the row range of each box's open disjunct
     cols = np.arange(est.shape[1])
     inside = (cols >= rows[:, :1]) & (cols < rows[:, 1:])
@@ -180,7 +193,8 @@ def input_split(lay: chain.Layers, region: Region, disjunct: Disjunct | Sequence
                 intermediate: str = "crown", alpha_steps: int = 0, max_boxes: int = 2_000_000,
                 progress: Any = None, reuse_bounds: bool | str = True,
                 combine: bool = True, local_search: bool = True,
-                branching: str = "smear") -> tuple[str, Any, int]:
+                branching: str = "smear", memory_bytes: int | None = None
+                ) -> tuple[str, Any, int]:
   """Input-splitting BaB for one region and one disjunct, or several at once.
 
   With several disjuncts, every box is bounded on all their rows in one pass (the intermediate
@@ -196,6 +210,9 @@ def input_split(lay: chain.Layers, region: Region, disjunct: Disjunct | Sequence
   rows (`combined_rows`). ``local_search``: run `_search_records` on the candidates.
   ``branching``: ``"smear"`` (width × |Λ| of the box's own bound) or ``"lookahead"`` (the
   input whose bisection gives the best product of the halves' gains, `_lookahead_scores`).
+  ``memory_bytes``: the budget of one bound call's buffers (`chunk_for`; None: `chain.CHUNK`
+  boxes per call); `MemoryBudgetError` before any work when one box does not fit. ``batch``
+  (boxes per round) is host memory only: the calls run ``chunk`` boxes at a time.
   """
   if reuse_bounds not in (True, False, "layer", "post"):
     raise ValueError(f"input_split: reuse_bounds must be True, False, 'layer' or 'post', got "
@@ -209,6 +226,7 @@ def input_split(lay: chain.Layers, region: Region, disjunct: Disjunct | Sequence
   ends = np.cumsum([len(p[1]) for p in parts])
   starts = ends - np.array([len(p[1]) for p in parts])
   C, d = _pad_rows(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+  chunk = chunk_for(lay, C.shape[0], memory_bytes, alpha_steps)
   sub = Region(region.lower, region.upper, disjuncts)
   hidden = lay.hidden
   use_prior = reuse_bounds and not alpha_steps
@@ -224,7 +242,7 @@ def input_split(lay: chain.Layers, region: Region, disjunct: Disjunct | Sequence
     prior = (tuple(pl), tuple(pu)) if use_prior else None
     bounds, lam0, _, lbs, ubs = chain.crown_batch(
         lay, C, d, lo, hi, sound, intermediate, prior,
-        "post" if reuse_bounds == "post" else "layer", alpha_steps=alpha_steps)
+        "post" if reuse_bounds == "post" else "layer", alpha_steps=alpha_steps, chunk=chunk)
     if progress is not None:
       progress.update(take)
     gbound = np.stack([bounds[:, a:b].max(axis=1) for a, b in zip(starts, ends)], axis=1)
@@ -259,7 +277,7 @@ def input_split(lay: chain.Layers, region: Region, disjunct: Disjunct | Sequence
     if branching == "lookahead":
       lam = _lookahead_scores(lay, C, d, lo, hi, bl, bu, lam, [
           (starts[g], ends[g]) for g in worst[open_]], gbound[open_, worst[open_]],
-          region.upper - region.lower, batch, deadline, sound=sound)
+          region.upper - region.lower, batch, deadline, sound=sound, chunk=chunk)
     return bab.Bounded({"lo": lo, "hi": hi, "bl": bl, "bu": bu, "done": done, "lam": lam})
 
   root = {"lo": region.lower[None].copy(), "hi": region.upper[None].copy(),

@@ -15,7 +15,7 @@ from jax import lax
 from boundjax.core import options
 from boundjax.core import program as prog_lib
 from boundjax.core.program import Var as _Var
-from boundjax.core.errors import BoundError
+from boundjax.core.errors import BoundError, MemoryBudgetError
 from boundjax.core.interval import Interval, is_interval, validate_arguments
 
 
@@ -442,10 +442,11 @@ def _cache_key(leaves, treedef, dyn):
 def _auto_chunk(prog, targets, ancestors, memory_bytes) -> int:
   per = max(_lambda_bytes(prog, targets, ancestors), 1)
   if 3 * per > memory_bytes:
-    raise MemoryError(
-        f"crown: one example's backward state needs about {3 * per / 2**20:.0f} MiB, more than "
-        f"memory_bytes={memory_bytes / 2**20:.0f} MiB; raise memory_bytes, use "
-        "intermediate='ibp' (CROWN-IBP), or bound fewer outputs with spec=.")
+    raise MemoryBudgetError(
+        f"crown: one example's backward state needs about {3 * per / 2**20:.2f} MiB "
+        f"({3 * per} bytes), more than memory_bytes={memory_bytes / 2**20:.2f} MiB "
+        f"({memory_bytes} bytes); raise memory_bytes, use intermediate='ibp' (CROWN-IBP), or "
+        "bound fewer outputs with spec=.", 3 * per, memory_bytes)
   return max(1, int(memory_bytes // (3 * per)))
 
 
