@@ -74,7 +74,7 @@ def _lambda_bytes(prog: CrownProgram, targets: list[_Var], ancestors: dict) -> i
   best = 0
   for t in targets:
     sizes = [t.size] + [v.size for i in ancestors[t] for v in _backward_operands(prog.eqns[i])]
-    best = max(best, 2 * t.size * max(sizes) * 4)
+    best = max(best, 2 * t.size * max(sizes) * jnp.dtype(t.aval.dtype).itemsize)
   return best
 
 
