@@ -327,3 +327,23 @@ def test_crown_refuses_a_spec_with_nan_or_inf(spec):
 def test_crown_refuses_bad_alpha_options(kw, match):
   with pytest.raises(OptionError, match=match):
     bj.crown(lambda x: jax.nn.relu(x), alpha=True, **kw)
+
+
+@pytest.mark.parametrize("sound", [False, True])
+def test_a_concrete_nan_or_infinite_factor_never_becomes_zero(sound):
+  """``c · x`` with a concrete ``c``: ``0 · x`` is 0 even where the box is unbounded-looking,
+  but a NaN in ``c`` (no real value), or ``±inf · x`` with ``x`` reaching 0 (NaN at 0), may be
+  NaN and gets the whole line; elsewhere the product is the sampled one."""
+  c = jnp.array([jnp.nan, jnp.inf, 0.0, 2.0, -jnp.inf])
+  box = bj.Interval(jnp.array([-1.0, 0.0, -3.0, -3.0, 1.0]), jnp.array([1.0, 2.0, 3.0, 3.0, 3.0]))
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    out = jax.jit(bj.ibp(lambda x: c * x, sound=sound))(box)
+  lo, hi = np.asarray(out.lower), np.asarray(out.upper)
+  assert not np.isnan(lo).any() and not np.isnan(hi).any()
+  assert lo[0] == -np.inf and hi[0] == np.inf and lo[1] == -np.inf and hi[1] == np.inf
+  assert lo[2] <= 0 <= hi[2] and hi[2] - lo[2] < 1e-30  # 0 · x = 0
+  xs = np.asarray(sample_box(jax.random.PRNGKey(0), box, N))
+  ys = np.asarray(c)[None, 3:] * xs[:, 3:]
+  assert np.all(ys >= lo[3:]) and np.all(ys <= hi[3:])
+  assert hi[4] <= -3.0e38  # -inf · [1, 3] is -inf: nothing above the most negative float
