@@ -207,7 +207,7 @@ def crown_floor(reps: int = 3) -> dict:
           "unstable_layer2_crown": unstable(bj.crown(second_layer)(params, box))}
 
 
-def unstable_rows(eps_list=(0.001, 0.003, 0.01), batch: int = 64, reps: int = 3) -> list:
+def unstable_rows(eps_list=(0.0001, 0.0003, 0.001, 0.01), batch: int = 64, reps: int = 3) -> list:
   """CROWN on network (a) with every row back-substituted (``unstable_rows=1.0``) against the
   unstable rows only (``"auto"``: the share measured by an interval pass, rounded up to a power
   of two), called outside ``jit`` as a user does, ``batch`` boxes of half-width ``eps``; process
