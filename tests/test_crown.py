@@ -429,6 +429,32 @@ def test_patches_equal_dense_pass_on_random_cnns(cfg, monkeypatch):
     assert_inside(fast[1], logits.reshape((2000, 2, 3)), what="logits")
 
 
+@pytest.mark.slow
+def test_alpha_on_intermediate_layers_keeps_the_windowed_pass(monkeypatch):
+  """``alpha_intermediate`` on a CNN: the convolution's bounds stay windowed inside the α steps
+  (its slopes are CROWN's, rerun on the tighter bounds below), the dense layers get their own
+  slopes; never looser than α on the output alone, sound on 10^4 sampled points."""
+  from boundjax.domains import linear
+  calls = []
+  real = linear.windows.backward_patches
+  monkeypatch.setattr(linear.windows, "backward_patches", lambda *a: calls.append(1) or real(*a))
+  model = _TwoConv(3, 4, 3, 3, 1, 1, "SAME", "SAME")
+  shape = (8, 8, 1)
+  params = _init(model, shape, 3)
+  logits = lambda p, x: model.apply(p, x)[1]  # noqa: E731
+  box = bj.Interval.around(_random_box(3, 2, shape).center, 0.05)
+  out_only = crown(logits, alpha=True, alpha_steps=10)(params, box)
+  n_before = len(calls)
+  mid = crown(logits, alpha=True, alpha_steps=10, alpha_intermediate=True)(params, box)
+  assert len(calls) > n_before, "the windowed pass was not used"
+  tol = 1e-5 * (1 + np.abs(np.asarray(out_only.lower)))
+  assert np.all(np.asarray(mid.lower) >= np.asarray(out_only.lower) - tol)
+  assert np.all(np.asarray(mid.upper) <= np.asarray(out_only.upper) + tol)
+  pts = _samples_per_example(box, 3, n=5000)
+  ys = logits(params, pts.reshape((-1, *shape))).reshape((5000, 2, 3))
+  assert_inside(mid, ys, what="alpha_intermediate on a CNN")
+
+
 def test_patches_flag_is_checked_and_sound_mode_keeps_dense_pass(monkeypatch):
   from boundjax.domains import linear
   with pytest.raises(ValueError, match="patches"):

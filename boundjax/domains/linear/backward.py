@@ -958,11 +958,14 @@ def _intermediate_alphas(ctx: Ctx, v: _Var, pre: dict, dtype) -> tuple[list, lis
   their own slopes, optimised for the output's bound through the bounds they tighten): for
   each intermediate target (a ReLU or relaxed equation's input, other than ``v``) with ReLU
   nodes behind it: ``(target, its nodes)`` in ``keys`` and the nodes' slopes, (2, rows of the
-  target, n) each, in ``slopes``, starting from CROWN's adaptive ones."""
+  target, n) each, in ``slopes``, starting from CROWN's adaptive ones. A target bounded by the
+  windowed pass (`windows`, a convolution's output) gets none: every step reruns that pass
+  with CROWN's slopes on the tighter bounds below it, so a convolutional network's α steps
+  stay windowed."""
   keys, slopes = [], []
   for t, anc in ctx.ancestors.items():
-    if t is v or t not in pre:
-      continue
+    if t is v or t not in pre or t in ctx.plans:  # a windowed target keeps CROWN's slopes:
+      continue  # each step reruns its windowed pass on the bounds the other slopes tightened
     behind = [(x, i) for x, i in ctx.nodes if i in set(anc) and x in pre]
     if not behind:
       continue
