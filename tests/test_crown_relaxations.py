@@ -319,13 +319,26 @@ def test_spec_batch_axis_none_and_errors():
 # α-CROWN
 # ----------------------------------------------------------------------------------------------
 
-def test_alpha_crown_sound_and_never_looser():
-  ws = [_layer(s, a, b) for s, (a, b) in enumerate([(D, 24), (24, 24), (24, 4)])]
-
+def _mlp(ws):
+  """The ReLU network of layers ``ws`` (a list of ``(w, b)``)."""
   def fn(x):
     for w, b in ws[:-1]:
       x = jax.nn.relu(x @ w + b)
     return x @ ws[-1][0] + ws[-1][1]
+  return fn
+
+
+def _mlp_float64(ws, pts) -> np.ndarray:
+  """`_mlp` evaluated in float64 at ``pts``: the reference of the sound mode."""
+  with jax.enable_x64(True):
+    w64 = [(jnp.asarray(np.asarray(w), jnp.float64), jnp.asarray(np.asarray(b), jnp.float64))
+           for w, b in ws]
+    return np.asarray(_mlp(w64)(jnp.asarray(np.asarray(pts), jnp.float64)))
+
+
+def test_alpha_crown_sound_and_never_looser():
+  ws = [_layer(s, a, b) for s, (a, b) in enumerate([(D, 24), (24, 24), (24, 4)])]
+  fn = _mlp(ws)
 
   box = bj.Interval.around(jnp.stack([jnp.linspace(-1, 1, D), jnp.linspace(1, -1, D)]), 0.3)
   plain = crown(fn)(box)
@@ -343,13 +356,7 @@ def test_alpha_crown_sound_and_never_looser():
   sound_plain = crown(fn, sound=True)(box)
   assert bool(jnp.all(sound.lower >= sound_plain.lower)) and bool(jnp.all(sound.upper <= sound_plain.upper))
   assert float(jnp.mean(sound.width)) < float(jnp.mean(sound_plain.width))
-  with jax.enable_x64(True):
-    w64 = [(jnp.asarray(np.asarray(w), jnp.float64), jnp.asarray(np.asarray(b), jnp.float64))
-           for w, b in ws]
-    x64 = jnp.asarray(np.asarray(pts), jnp.float64)
-    for w, b in w64[:-1]:
-      x64 = jax.nn.relu(x64 @ w + b)
-    ys = np.asarray(x64 @ w64[-1][0] + w64[-1][1])
+  ys = _mlp_float64(ws, pts)
   assert_inside(sound, ys, tol=0.0, what="alpha-crown sound mode vs float64")
 
 
@@ -359,11 +366,7 @@ def test_alpha_on_intermediate_layers_sound_and_tighter():
   network, and sound on 10^4 points plus the corners per box: in float32, and in sound mode
   against float64 with zero tolerance."""
   ws = [_layer(40 + s, a, b) for s, (a, b) in enumerate([(D, 24), (24, 24), (24, 24), (24, 4)])]
-
-  def fn(x):
-    for w, b in ws[:-1]:
-      x = jax.nn.relu(x @ w + b)
-    return x @ ws[-1][0] + ws[-1][1]
+  fn = _mlp(ws)
 
   box = bj.Interval.around(jnp.stack([jnp.linspace(-1, 1, D), jnp.linspace(1, -1, D)]), 0.3)
   plain = crown(fn)(box)
@@ -377,13 +380,7 @@ def test_alpha_on_intermediate_layers_sound_and_tighter():
   assert pts.shape[0] >= 10_000
   assert_inside(mid, jax.vmap(fn)(pts), what="alpha on intermediate layers")
   sound = crown(fn, alpha=True, alpha_steps=20, alpha_intermediate=True, sound=True)(box)
-  with jax.enable_x64(True):
-    x64 = jnp.asarray(np.asarray(pts), jnp.float64)
-    for w, b in ws[:-1]:
-      x64 = jax.nn.relu(x64 @ jnp.asarray(np.asarray(w), jnp.float64)
-                        + jnp.asarray(np.asarray(b), jnp.float64))
-    ys = np.asarray(x64 @ jnp.asarray(np.asarray(ws[-1][0]), jnp.float64)
-                    + jnp.asarray(np.asarray(ws[-1][1]), jnp.float64))
+  ys = _mlp_float64(ws, pts)
   assert_inside(sound, ys, tol=0.0, what="alpha on intermediate layers, sound mode vs float64")
   with pytest.raises(ValueError, match="alpha_intermediate"):
     crown(fn, alpha=True, alpha_intermediate=1)
