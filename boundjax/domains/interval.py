@@ -272,12 +272,14 @@ def _neg(ctx, x, **_):
 def _mul_point(c, x: Interval):
   """``c · x`` for a concrete ``c``: ``0 · ±inf = 0`` (an infinite end stands for unbounded
   finite values); where ``c`` is NaN, or ``±inf`` times a box that reaches 0, the product may be
-  NaN and gets the whole line."""
+  NaN and gets the whole line (checked on ``c`` alone when its values are known: a finite
+  ``c`` costs no extra pass over the box)."""
   a, b = c * x.lower, c * x.upper
-  zero = c == 0
-  a, b = jnp.where(jnp.isnan(a) & zero, 0, a), jnp.where(jnp.isnan(b) & zero, 0, b)
+  a, b = jnp.where(jnp.isnan(a), 0, a), jnp.where(jnp.isnan(b), 0, b)
   lo, hi = jnp.minimum(a, b), jnp.maximum(a, b)
-  maybe_nan = jnp.isnan(lo) | jnp.isnan(hi) | (jnp.isinf(c) & (x.lower <= 0) & (x.upper >= 0))
+  if not isinstance(c, jax.core.Tracer) and bool(np.all(np.isfinite(np.asarray(c)))):
+    return lo, hi
+  maybe_nan = jnp.isnan(c) | (jnp.isinf(c) & (x.lower <= 0) & (x.upper >= 0))
   return jnp.where(maybe_nan, -jnp.inf, lo), jnp.where(maybe_nan, jnp.inf, hi)
 
 
