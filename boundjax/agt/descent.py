@@ -259,21 +259,39 @@ def scan_fragments(params: Any, xs: Array, ys: Array, fragsize: int,
   tdef = jax.tree_util.tree_structure(params)
   acc0 = [init_leaf(p) for p in jax.tree_util.tree_leaves(params)]
 
-  def merge(acc: list, x: Array, y: Array) -> list:
-    trees = per_sample(x, y)
+  def merge(acc: list, trees: tuple) -> list:
     leaves = [jax.tree_util.tree_leaves(t, is_leaf=_is_iv) for t in trees]
     return [merge_leaf(a, *ls) for a, *ls in zip(acc, *leaves)]
 
   xf = xs[: nf * f].reshape((nf, f) + xs.shape[1:])
   yf = ys[: nf * f].reshape((nf, f) + ys.shape[1:])
   if nf == 1:
-    acc = merge(acc0, xf[0], yf[0])
+    acc = merge(acc0, per_sample(xf[0], yf[0]))
   else:
-    acc, _ = jax.lax.scan(lambda a, xy: (merge(a, *xy), None), acc0, (xf, yf))
+    acc = _pipelined(merge, per_sample, acc0, xf, yf)
   if rem:
-    acc = merge(acc, xs[nf * f:], ys[nf * f:])
+    acc = merge(acc, per_sample(xs[nf * f:], ys[nf * f:]))
   fin = [finalize_leaf(a) for a in acc]
   return tuple(tdef.unflatten([t[i] for t in fin]) for i in range(3))
+
+
+def _pipelined(merge: Callable[[Any, Any], Any], per_sample: Callable[[Array, Array], Any],
+               acc: Any, xf: Array, yf: Array) -> Any:
+  """Folds ``per_sample`` of every fragment ``xf[j], yf[j]`` into ``acc`` with ``merge``, as a
+  ``lax.scan`` whose iteration j merges the per-sample values of fragment j - 1 and computes
+  those of fragment j (carried to the next iteration; the last are merged after the loop).
+
+  The per-sample values then cross a loop boundary, so XLA writes them once and every consumer
+  of the merge (sums, the two top-k selections) reads them; computed and merged in one
+  iteration, XLA fuses the long element-wise chain of the bounds into each consumer and
+  recomputes it there (``optimization_barrier`` does not prevent that on CPU). Same values, same
+  order of merges.
+  """
+  def body(carry, xy):
+    a, vals = carry
+    return (merge(a, vals), per_sample(*xy)), None
+  (acc, vals), _ = jax.lax.scan(body, (acc, per_sample(xf[0], yf[0])), (xf[1:], yf[1:]))
+  return merge(acc, vals)
 
 
 def rounding_margin(acc: Accumulator, b: int, gamma: float, remove_only: bool = False) -> Array:
