@@ -9,7 +9,7 @@ model and the same batches, in one process. The paper reports 2–4x for its PyT
   JAX_PLATFORMS=cpu .venv/bin/python benchmarks/agt.py --soundness
 
   JAX_PLATFORMS=cpu .venv/bin/python benchmarks/agt.py --profile   # per-fragment breakdown
-  JAX_PLATFORMS=cpu .venv/bin/python benchmarks/agt.py --public-task
+  JAX_PLATFORMS=cpu .venv/bin/python benchmarks/agt.py --public-task [--poison]
 
 The public PyTorch AGT (psosnin/AbstractGradientTraining) side by side: not possible here. It is
 not on the package index this machine reaches (``pip download abstract-gradient-training``
@@ -43,6 +43,21 @@ the sign-split second layer, no backward pass; no gain in tightness there over "
 clipping 33 / 117 (separate pass), sums 17 / 59, sums + top-k 42 / 258; whole step 539 / 1046.
 The top-k merge over 38,601 coordinates still dominates the Amazon step; no bit-identical
 speed-up was found in this round.
+
+Public task (``--public-task``, process CPU seconds for the 4 epochs, 2-core machine under a
+load average of 6-8): 2.0-2.25 s with the hand-written interval passes, 3.0-3.4 s once the
+per-sample bounds were ``boundjax.ibp`` of the nominal passes, 1.3-1.5 s (same final box, bit
+for bit) since `boundjax.agt.descent.scan_fragments` carries each fragment's per-sample values
+into the next scan iteration. Within one iteration XLA fused the engine's element-wise chain
+(NaN guards, 0 * inf products, the hidden-layer delta) into each consumer of the merge (the
+sums, the group maxima and the gathered groups of the top-k) and recomputed it there, through
+an index-remapping reshape; ``lax.optimization_barrier`` does not stop that on CPU (XLA removes
+it before fusion), a loop boundary does. The "mlp" back-end also writes the delta boxes once
+(two pipeline stages, `boundjax.agt.mlp.grad_parts` then `grads_from_parts`), instead of
+recomputing them for each of the 6 inputs of the first kernel's outer product (about 10 % in
+an interleaved A/B, 1.31 against 1.46 s). The poisoning row (``--public-task --poison``,
+k_poison = 10, epsilon = 0.01): 6.3 s before, 2.5 s after (bit for bit; it still computes its
+two bounds in one stage).
 
 Why 3x is out of reach on a 2-core CPU: plain SGD is three GEMMs over the batch, about 6 b P
 flops that run at GEMM speed (~50 GFLOP/s here: 5 ms for Fashion's b = 10,000). AGT must
@@ -258,11 +273,12 @@ def profile(reps: int) -> dict:
   return {"rows": out, "unit": "process CPU ms per fragment (step_ms: per step)"}
 
 
-def public_task(reps: int) -> dict:
+def public_task(reps: int, poison: bool = False) -> dict:
   """Our side of the issue's AGT-vs-public comparison (the module docstring): one process,
   blobs 6-128-2, 20,000 points, batch 5,000, 4 epochs, k = 10, gamma = 0.06 (interval bounds,
   matmul "midrad" = the public code's "rump", its default); the public package is not
-  installable here."""
+  installable here. ``poison``: the poisoning row of the same task instead of the privacy
+  row (k_private = 0, k_poison = 10, epsilon = 0.01; `boundjax.agt.poisoning`)."""
   import boundjax.data as bd
   from boundjax.agt import bounds as bnd
   d = bd.make_blobs("separable", n_train=20_000, seed=0, scale=False)
@@ -271,6 +287,8 @@ def public_task(reps: int) -> dict:
   params = mlp.init(jax.random.PRNGKey(0), [6, 128, 2])
   cfg = agt.Config(n_epochs=4, learning_rate=2.0, batch_size=5000, loss="cross_entropy",
                    k_private=10, clip_gamma=0.06, lr_decay=0.6, lr_min=1e-3, fragsize=1000)
+  if poison:
+    cfg = dataclasses.replace(cfg, k_private=0, k_poison=10, epsilon=0.01)
   np.savez(RESULTS / "agt_public_task.npz", x=np.asarray(X), y=np.asarray(y),
            x_test=np.asarray(Xt), **{f"{k}{i}": np.asarray(v) for i, l in enumerate(params)
                                     for k, v in l.items()})
@@ -293,8 +311,9 @@ def public_task(reps: int) -> dict:
         mlp.apply, state.params, state.bounds, Xt, bound_method=method)))
   from boundjax.core.interval import Interval
   ivs = jax.tree_util.tree_leaves(state.bounds, is_leaf=lambda v: isinstance(v, Interval))
-  rec = {"task": "blobs separable, 6-128-2 ReLU, 20,000 points, batch 5,000, 4 epochs, k=10, "
-                 "gamma=0.06, alpha 2.0, eta 0.6, float32, matmul midrad (public: rump)",
+  rec = {"task": "blobs separable, 6-128-2 ReLU, 20,000 points, batch 5,000, 4 epochs, "
+                 + ("k_poison=10, epsilon=0.01, " if poison else "k=10, ")
+                 + "gamma=0.06, alpha 2.0, eta 0.6, float32, matmul midrad (public: rump)",
          "public_agt": "not run: abstract-gradient-training is not installable here (no "
                        "distribution on the reachable index; it also needs gurobipy)",
          "ours_4_epochs_s": t, "ours_4_epochs_cpu_s": c,
@@ -412,6 +431,8 @@ def main():
   ap.add_argument("--profile", action="store_true", help="per-fragment breakdown of one step")
   ap.add_argument("--public-task", action="store_true",
                   help="our side of the public-AGT comparison task (module docstring)")
+  ap.add_argument("--poison", action="store_true",
+                  help="with --public-task: the poisoning row (k_poison=10, epsilon=0.01)")
   ap.add_argument("--floor", action="store_true",
                   help="the per-sample memory floor of a Fashion step against the step's time")
   ap.add_argument("--n-sets", type=int, default=64)
@@ -428,8 +449,9 @@ def main():
     (RESULTS / "agt_memory_floor.json").write_text(json.dumps(res, indent=1))
     return
   if a.public_task:
-    res = {"provenance": record(), **public_task(a.reps)}
-    (RESULTS / "agt_public.json").write_text(json.dumps(res, indent=1))
+    res = {"provenance": record(), **public_task(a.reps, a.poison)}
+    name = "agt_public_poison.json" if a.poison else "agt_public.json"
+    (RESULTS / name).write_text(json.dumps(res, indent=1))
     return
   if a.soundness:
     res = {"provenance": record(), **soundness(a.n_sets)}

@@ -248,7 +248,9 @@ def scan_fragments(params: Any, xs: Array, ys: Array, fragsize: int,
   samples: a ``lax.scan`` over the full fragments, then the remainder on its own (no padding, so
   no masking is needed). Per fragment, ``per_sample(x, y)`` returns a tuple of pytrees shaped
   like ``params`` (per-sample gradients and their bounds, leading axis = sample; `Interval`
-  leaves allowed), and ``merge_leaf(acc, *leaves)`` folds one parameter leaf's values into its
+  leaves allowed); or ``per_sample`` is a pair ``(first, second)`` with ``first(x, y)`` any
+  pytree and ``second(first(x, y))`` that tuple (each stage's output is written once,
+  `_pipelined`); and ``merge_leaf(acc, *leaves)`` folds one parameter leaf's values into its
   accumulator (``init_leaf(param_leaf)`` at the start). ``finalize_leaf(acc)`` turns each
   accumulator into ``(D_n, D_L, D_U)``; the result is that triple as three pytrees like
   ``params``. Memory is O(fragsize * #params) plus the accumulators, whatever b.
@@ -259,21 +261,60 @@ def scan_fragments(params: Any, xs: Array, ys: Array, fragsize: int,
   tdef = jax.tree_util.tree_structure(params)
   acc0 = [init_leaf(p) for p in jax.tree_util.tree_leaves(params)]
 
-  def merge(acc: list, x: Array, y: Array) -> list:
-    trees = per_sample(x, y)
+  stages = tuple(per_sample) if isinstance(per_sample, (tuple, list)) else (per_sample,)
+
+  def run(x: Array, y: Array) -> Any:
+    vals = stages[0](x, y)
+    for stage in stages[1:]:
+      vals = stage(vals)
+    return vals
+
+  def merge(acc: list, trees: Any) -> list:
     leaves = [jax.tree_util.tree_leaves(t, is_leaf=_is_iv) for t in trees]
     return [merge_leaf(a, *ls) for a, *ls in zip(acc, *leaves)]
 
   xf = xs[: nf * f].reshape((nf, f) + xs.shape[1:])
   yf = ys[: nf * f].reshape((nf, f) + ys.shape[1:])
-  if nf == 1:
-    acc = merge(acc0, xf[0], yf[0])
-  else:
-    acc, _ = jax.lax.scan(lambda a, xy: (merge(a, *xy), None), acc0, (xf, yf))
+  acc = _pipelined(merge, stages, acc0, xf, yf)
   if rem:
-    acc = merge(acc, xs[nf * f:], ys[nf * f:])
+    acc = merge(acc, run(xs[nf * f:], ys[nf * f:]))
   fin = [finalize_leaf(a) for a in acc]
   return tuple(tdef.unflatten([t[i] for t in fin]) for i in range(3))
+
+
+def _pipelined(merge: Callable[[Any, Any], Any], stages: tuple[Callable, ...], acc: Any,
+               xf: Array, yf: Array) -> Any:
+  """Folds every fragment ``xf[j], yf[j]`` into ``acc``: ``first = stages[0](x, y)``, then
+  (with two stages) ``stages[1](first)``, then ``merge(acc, result)``.
+
+  A ``lax.scan`` in which each step merges the result of one fragment, runs the second stage on
+  the next and the first stage on the one after that, reading only what the previous step left
+  in the carry. Every stage's output thus crosses a loop boundary, so XLA writes it once and
+  its consumers read it; computed and consumed in one step, XLA fuses a long element-wise
+  producer (the engine's bounds: NaN guards, 0 * inf products, a transposed product) into each
+  consumer and recomputes it there, through index-remapping reshapes (``optimization_barrier``
+  does not prevent that on CPU: XLA removes it before fusion). The first fragment's two stages
+  run before the loop, and the last step's first stage (on the last fragment again) is unused.
+  Same values, merged in the same order.
+  """
+  nf = xf.shape[0]
+  if len(stages) == 1:
+    def body1(carry, xy):
+      a, vals = carry
+      return (merge(a, vals), stages[0](*xy)), None
+    (acc, vals), _ = jax.lax.scan(body1, (acc, stages[0](xf[0], yf[0])), (xf[1:], yf[1:]))
+    return merge(acc, vals)
+  first, second = stages
+  if nf == 1:
+    return merge(acc, second(first(xf[0], yf[0])))
+
+  def body2(carry, t):
+    a, part, vals = carry                 # fragment t - 1 after the first stage, t - 2 done
+    j = jnp.minimum(t, nf - 1)
+    return (merge(a, vals), first(xf[j], yf[j]), second(part)), None
+  carry = (acc, first(xf[1], yf[1]), second(first(xf[0], yf[0])))
+  (acc, _, vals), _ = jax.lax.scan(body2, carry, jnp.arange(2, nf + 1))
+  return merge(acc, vals)
 
 
 def rounding_margin(acc: Accumulator, b: int, gamma: float, remove_only: bool = False) -> Array:

@@ -75,8 +75,34 @@ def preactivations(params: Any, x: Array) -> list:
   return list(mlp_layer_values(params, x)[::2])
 
 
+def deltas(params: Any, pre: list, d: Array) -> list:
+  """``[d^1, ..., d^K]``: the gradient of the loss w.r.t. every pre-activation, from the logit
+  gradient ``d = d^K``: ``d^{k-1} = (W^k d^k) (.) H(zhat^{k-1})``, H = 1[zhat > 0] (H(0) = 0, as
+  the gradient of jax.nn.relu). ``pre`` = ``[zhat^1, ..., zhat^{K-1}]``; optional leading batch
+  axis."""
+  ls = layers(params)
+  out = [d]
+  for i in range(len(ls) - 1, 0, -1):
+    wd = jnp.moveaxis(jnp.tensordot(ls[i]["kernel"], d, ([1], [d.ndim - 1])), 0, -1)
+    d = jnp.where(pre[i - 1] > 0, wd, 0)
+    out.insert(0, d)
+  return out
+
+
+def layer_grads(params: Any, x: Array, pre: list, ds: list) -> Any:
+  """Per-sample parameter gradients from `deltas` ``ds``: layer k's are ``z^{k-1} (x) d^k``
+  (kernel, the outer product; ``z^0 = x``, ``z^k = relu(zhat^k)``) and ``d^k`` (bias). A pytree
+  like ``params``."""
+  grads = []
+  for i, d in enumerate(ds):
+    z_prev = x if i == 0 else jax.nn.relu(pre[i - 1])
+    grads.append({"kernel": z_prev[..., :, None] * d[..., None, :], "bias": d})
+  return rebuild(params, grads)
+
+
 def backward(params: Any, x: Array, pre: list, d: Array) -> Any:
-  """Per-sample parameter gradients from the logit gradient ``d = d loss / d zhat^K``.
+  """Per-sample parameter gradients from the logit gradient ``d = d loss / d zhat^K``:
+  ``layer_grads(params, x, pre, deltas(params, pre, d))``.
 
   ``pre`` holds the hidden pre-activations ``[zhat^1, ..., zhat^{K-1}]`` (`preactivations`
   without the logits). Layer k's gradients are ``z^{k-1} (x) d^k`` (kernel, the outer product)
@@ -84,15 +110,7 @@ def backward(params: Any, x: Array, pre: list, d: Array) -> Any:
   the gradient of jax.nn.relu). ``x``, ``pre`` and ``d`` share an optional leading batch axis.
   Returns a pytree like ``params``.
   """
-  ls = layers(params)
-  grads = [None] * len(ls)
-  for i in range(len(ls) - 1, -1, -1):
-    z_prev = x if i == 0 else jax.nn.relu(pre[i - 1])
-    grads[i] = {"kernel": z_prev[..., :, None] * d[..., None, :], "bias": d}
-    if i > 0:
-      wd = jnp.moveaxis(jnp.tensordot(ls[i]["kernel"], d, ([1], [d.ndim - 1])), 0, -1)
-      d = jnp.where(pre[i - 1] > 0, wd, 0)
-  return rebuild(params, grads)
+  return layer_grads(params, x, pre, deltas(params, pre, d))
 
 
 def margins(params: Any, x: Array, cls: Array) -> Array:
@@ -148,7 +166,8 @@ def backward_bounds(param_bounds: Any, x: Any, pre: list, d: Interval,
   """The interval backward pass (AGT, §2.4 and App. B): ``boundjax.ibp`` of `backward` over the
   parameter box, the pre-activation boxes ``pre`` (hidden layers), the logit-gradient box ``d``
   and ``x`` (a point or an Interval). Interval leaves like ``param_bounds``."""
-  return _as_ivs(_ibp(backward, matmul)(param_bounds, x, list(pre), d))
+  ds = [_as_iv(v) for v in _ibp(deltas, matmul)(param_bounds, list(pre), d)]
+  return _as_ivs(_ibp(layer_grads, matmul)(param_bounds, x, list(pre), ds))
 
 
 def grad_bounds(param_bounds: Any, xs: Any, ys: Array, loss: str, matmul: str = "midrad",
@@ -163,10 +182,26 @@ def grad_bounds(param_bounds: Any, xs: Any, ys: Array, loss: str, matmul: str = 
   ``logit_grad(logits: Interval, y) -> Interval`` (one sample) replaces
   `losses.logit_grad_bounds` (e.g. a set of labels, `boundjax.agt.poisoning`).
   """
+  return grads_from_parts(param_bounds, grad_parts(param_bounds, xs, ys, loss, matmul,
+                                                   logit_grad), matmul)
+
+
+def grad_parts(param_bounds: Any, xs: Any, ys: Array, loss: str, matmul: str = "midrad",
+               logit_grad: Callable | None = None) -> tuple:
+  """The factors of `grad_bounds`: ``(xs, hidden pre-activation boxes, boxes of every delta
+  d^k)`` (`forward_bounds`, the loss-gradient rule, ``boundjax.ibp`` of `deltas`), O(b * width)
+  values; `grads_from_parts` turns them into the O(b * #params) per-sample boxes."""
   logits, pre = forward_bounds(param_bounds, xs, matmul, keep=True)
   lg = functools.partial(losses.logit_grad_bounds, loss) if logit_grad is None else logit_grad
   d = jax.vmap(lg)(logits, ys)                                   # d loss / d zhat^K
-  return backward_bounds(param_bounds, xs, pre[:-1], d, matmul)
+  ds = [_as_iv(v) for v in _ibp(deltas, matmul)(param_bounds, pre[:-1], d)]
+  return xs, pre[:-1], ds
+
+
+def grads_from_parts(param_bounds: Any, parts: tuple, matmul: str = "midrad") -> Any:
+  """Per-sample gradient boxes from `grad_parts`: ``boundjax.ibp`` of `layer_grads`."""
+  xs, pre, ds = parts
+  return _as_ivs(_ibp(layer_grads, matmul)(param_bounds, xs, list(pre), list(ds)))
 
 
 def sample_grad_bounds(param_bounds: Any, x: Any, y: Array, loss: str,

@@ -110,8 +110,21 @@ def descent_directions(apply_fn: Callable, config: Config, backend: str,
     pfn = poisoning.poisoned_grad_bounds_fn(apply_fn, config, backend)
     return poisoning.descent_directions(config, gfn, bfn, pfn, params, box, xs, ys)
 
-  def per_sample(x, y):
-    return descent.clip(gfn(params, x, y), gamma), descent.clip(bfn(box, x, y), gamma)
+  if backend == "mlp" and config.bound_method == "interval":
+    # Two stages (`descent.scan_fragments`): the O(f * width) factors (nominal gradients,
+    # activation and delta boxes), then the O(f * #params) per-sample boxes from them, each
+    # written once, so the deltas are not recomputed for every input of a kernel's outer product.
+    def first(x, y):
+      return (descent.clip(gfn(params, x, y), gamma),
+              mlp.grad_parts(box, x, y, config.loss, config.matmul))
+
+    def second(vals):
+      g_n, parts = vals
+      return g_n, descent.clip(mlp.grads_from_parts(box, parts, config.matmul), gamma)
+    per_sample = (first, second)
+  else:
+    def per_sample(x, y):
+      return descent.clip(gfn(params, x, y), gamma), descent.clip(bfn(box, x, y), gamma)
 
   def merge_leaf(acc, g_n, iv):
     return descent.accumulate(acc, g_n, iv.lower, iv.upper, None, track_abs=config.sound)
