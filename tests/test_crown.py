@@ -372,6 +372,19 @@ def test_conv_transpose_matches_vjp(layout, strides, padding, rhs_dil):
   want = jax.vmap(vjp)(rows)[0]
   got = linear.backward.transpose_rows(e, cenv, vjp, rows)[0]
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  # its derivatives (α-CROWN differentiates through it): in the rows, and in the kernel
+  v = jax.random.normal(jax.random.PRNGKey(2), want.shape)
+  grad = jax.grad(lambda r: jnp.sum(v * linear.backward.transpose_rows(e, cenv, vjp, r)[0]))
+  grad_ref = jax.grad(lambda r: jnp.sum(v * jax.vmap(vjp)(r)[0]))
+  np.testing.assert_allclose(grad(rows), grad_ref(rows), rtol=1e-5, atol=1e-5)
+
+  def transposed(w_):
+    conv = lambda x: jax.lax.conv_general_dilated(x, w_, strides, padding,  # noqa: E731
+                                                  rhs_dilation=rhs_dil, dimension_numbers=layout)
+    return jax.vjp(conv, jnp.zeros(xs))[1](rows[0])[0]
+  ours = lambda w_: jnp.sum(v[0] * linear.prefix._conv_transposed(e, rows[0], w_))  # noqa: E731
+  ref = lambda w_: jnp.sum(v[0] * transposed(w_))  # noqa: E731
+  np.testing.assert_allclose(jax.grad(ours)(w), jax.grad(ref)(w), rtol=1e-5, atol=1e-5)
 
 
 class _TwoConv(nn.Module):

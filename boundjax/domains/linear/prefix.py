@@ -5,6 +5,7 @@ non-affine ancestors), shared by the dense pass (`backward`) and the windowed pa
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -47,12 +48,18 @@ def transpose_rows(e: CrownEqn, cenv: dict, vjp, rows) -> list:
 def _conv_transpose_lhs(e: CrownEqn, cenv: dict, g):
   """Transpose of ``x -> conv(x, W)`` applied to ``g`` (the lhs VJP, as in JAX's own rule),
   with the flipped kernel materialised in the (spatial..., in, out) layout: XLA:CPU runs a
-  convolution whose kernel has swapped feature dimensions on a slow generic path."""
+  convolution whose kernel has swapped feature dimensions on a slow generic path. Its own
+  derivative in ``g`` (α-CROWN's gradients through the backward pass) is the equation's
+  convolution itself (``(Wᵀ)ᵀ = W``), in the network's own layout, not JAX's transpose of
+  the transpose, which again swaps the kernel's feature dimensions."""
+  return _conv_transposed(e, g, read_value(cenv, e.invars[1]))
+
+
+def _conv_transposed_impl(e: CrownEqn, g, w):
   from jax._src.lax import convolution as conv_impl
   p = e.params
   lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
   x = e.invars[0]
-  w = read_value(cenv, e.invars[1])
   nsp = len(lhs_spec) - 2
   lhs_sd, rhs_sd, out_sd = lhs_spec[2:], rhs_spec[2:], out_spec[2:]
   padding = conv_impl._conv_general_vjp_lhs_padding(
@@ -66,6 +73,27 @@ def _conv_transpose_lhs(e: CrownEqn, cenv: dict, g):
                                  rhs_dilation=p["rhs_dilation"], dimension_numbers=dn,
                                  precision=p.get("precision"))
   return out.astype(x.aval.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _conv_transposed(e: CrownEqn, g, w):
+  return _conv_transposed_impl(e, g, w)
+
+
+def _conv_transposed_fwd(e: CrownEqn, g, w):
+  return _conv_transposed_impl(e, g, w), (g, w)
+
+
+def _conv_transposed_bwd(e: CrownEqn, res, ct):
+  """``d(Wᵀ g)/dg`` applied to ``ct`` is ``W ct``: the equation's convolution (no offset: a
+  convolution has none); the kernel's cotangent through the transposed convolution."""
+  g, w = res
+  ct_g = bind1(e, [ct.astype(e.invars[0].aval.dtype), w]).astype(g.dtype)
+  _, vjp_w = jax.vjp(lambda w_: _conv_transposed_impl(e, g, w_), w)
+  return ct_g, vjp_w(ct)[0]
+
+
+_conv_transposed.defvjp(_conv_transposed_fwd, _conv_transposed_bwd)
 
 
 def abs_linear(e: CrownEqn, cenv: dict, pos: int, v):
