@@ -43,6 +43,18 @@ def script_path(arg0: str) -> str:
     return arg0
 
 
+DIRTY_WARNING = ("uncommitted changes in boundjax/, milp/ or benchmarks/: this result records "
+                 "commit {commit}, from which it cannot be reproduced. Commit first, then run "
+                 "the benchmark again for a result to keep.")
+
+
+def warn_dirty(commit: str) -> None:
+  """Say loudly, on stderr, that a result is being made from uncommitted code."""
+  bar = "!" * 78
+  print(f"\n{bar}\nWARNING: {DIRTY_WARNING.format(commit=commit)}\n{bar}\n", file=sys.stderr,
+        flush=True)
+
+
 def record(argv: list[str] | None = None) -> dict[str, Any]:
   """``command``, ``commit``, ``date`` (UTC), ``machine`` (cores, processor, device, load).
 
@@ -51,9 +63,12 @@ def record(argv: list[str] | None = None) -> dict[str, Any]:
   argv = list(sys.argv if argv is None else argv)
   if argv:
     argv[0] = script_path(argv[0])
+  commit = git_commit()
+  if commit.endswith("+dirty"):
+    warn_dirty(commit)
   return {
       "command": " ".join(["python", *argv]),
-      "commit": git_commit(),
+      "commit": commit,
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "machine": {"cpu_count": os.cpu_count(), "processor": platform.processor()
                   or platform.machine(), "platform": platform.platform(),

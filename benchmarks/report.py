@@ -326,6 +326,11 @@ def repo_root(start: Path | None = None) -> Path:
                   "`pip install -e .`)")
 
 
+def is_dirty(provenance: dict | None) -> bool:
+  """Whether a result was made from uncommitted code (its commit ends in ``+dirty``)."""
+  return bool(provenance) and str(provenance.get("commit", "")).endswith("+dirty")
+
+
 def provenance_of(doc: Any) -> dict | None:
   """The record of how a result was made: ``doc["provenance"]`` or, in the older layout, the
   same fields (command, commit, date, machine) at the top level; None when there is none."""
@@ -557,6 +562,9 @@ def render_markdown(sections: dict[str, list[Section]], meta: dict) -> str:
       if s.provenance:
         p = s.provenance
         m = p.get("machine") if isinstance(p.get("machine"), dict) else {}
+        if is_dirty(p):
+          out += [f"**Not reproducible:** made from uncommitted code (commit `{p.get('commit')}`)"
+                  "; rerun the command on a clean checkout.", ""]
         out += [f"- command: `{p.get('command')}`", f"- commit: `{p.get('commit')}`",
                 f"- date: {p.get('date')}; machine: {m.get('cpu_count')} cores, "
                 f"{m.get('device')}", ""]
@@ -599,6 +607,10 @@ def render_html(sections: dict[str, list[Section]], meta: dict) -> str:
       if s.provenance:
         p = s.provenance
         m = p.get("machine") if isinstance(p.get("machine"), dict) else {}
+        if is_dirty(p):
+          parts.append(f"<p class='quick'><b>Not reproducible:</b> made from uncommitted code "
+                       f"(commit <code>{e(str(p.get('commit')))}</code>); rerun the command on a "
+                       "clean checkout.</p>")
         parts.append(f"<p>command: <code>{e(str(p.get('command')))}</code><br>commit: "
                      f"<code>{e(str(p.get('commit')))}</code><br>date: {e(str(p.get('date')))};"
                      f" machine: {e(str(m.get('cpu_count')))} cores, "

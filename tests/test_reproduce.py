@@ -218,3 +218,29 @@ def test_quick_reproduction_writes_a_report_with_all_papers():
     assert f"<h2 id='{key}'>" in page
   assert "failed" not in re.findall(r"Status: (\w+)", page)
   assert (ROOT / "report" / "README.md").is_file()
+
+
+def test_a_result_from_uncommitted_code_is_flagged_in_the_report(tmp_path):
+  root = fake_clone(tmp_path)
+  doc = {"provenance": {"command": "python benchmarks/toy.py --n 5", "commit": "b" * 40 + "+dirty",
+                        "date": "2026-01-01T00:00:00", "machine": {"cpu_count": 2}},
+         "value": 10.0, "paper_value": 7.0}
+  (root / "benchmarks/results/toy.json").write_text(json.dumps(doc))
+  page = R.reproduce("render", root=root, runs=(toy_run(),), progress=False).read_text()
+  md = (root / "report" / "README.md").read_text()
+  assert "Not reproducible" in page and "Not reproducible" in md and "b" * 40 + "+dirty" in md
+  doc["provenance"]["commit"] = "b" * 40  # the same result from a clean commit is not flagged
+  (root / "benchmarks/results/toy.json").write_text(json.dumps(doc))
+  page = R.reproduce("render", root=root, runs=(toy_run(),), progress=False).read_text()
+  assert "Not reproducible" not in page
+
+
+def test_a_benchmark_run_on_uncommitted_code_says_so_on_stderr(monkeypatch, capsys):
+  from benchmarks import common
+  monkeypatch.setattr(common, "git_commit", lambda: "c" * 40 + "+dirty")
+  rec = common.record(["benchmarks/toy.py"])
+  assert rec["commit"].endswith("+dirty")
+  assert "WARNING: uncommitted changes" in capsys.readouterr().err
+  monkeypatch.setattr(common, "git_commit", lambda: "c" * 40)
+  common.record(["benchmarks/toy.py"])
+  assert "WARNING" not in capsys.readouterr().err
