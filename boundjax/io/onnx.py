@@ -42,7 +42,15 @@ Errors. An operator without a converter raises `UnsupportedOperatorError` (a
 ``NotImplementedError`` and a ``ValueError``) naming the operator, the node and the file; a node
 the converter cannot handle (an unsupported attribute value, a dynamic value where a static one
 is needed) raises `OnnxImportError` (a ``ValueError``) with the same context. Control flow
-(``If``, ``Loop``, ``Scan``) and operators of custom domains are not supported.
+(``If``, ``Loop``, ``Scan``) and operators of custom domains are not supported. Each node's
+converter runs in a JAX name scope naming the node, so a bound domain (``bj.ibp``, ``bj.crown``)
+that cannot bound one of its operations names the ONNX operator and node in its error
+(``... in ONNX Xor node 'the_xor'``).
+
+PyTorch. Both exporters of torch 2.13 are covered (``tests/data/``): the default one
+(``torch.export`` based, opset 18-20: ``LayerNormalization``, ``Gelu``, ``HardSwish``,
+``HardSigmoid``, BatchNorm folded into convolutions) and ``dynamo=False`` (TorchScript based:
+GELU as ``Erf``/``Tanh`` arithmetic, ``Expand``, ``Where``, ``Gather`` with constant indices).
 
 Operator semantics follow the ONNX operator specification (opset 7-21, https://onnx.ai/onnx/
 operators/); where an operator changed between opsets (inputs that used to be attributes, default
@@ -68,6 +76,7 @@ from onnx import helper as onnx_helper
 from onnx import numpy_helper
 
 from boundjax import nn as bj_nn
+from boundjax.core.ir import ONNX_SCOPE
 
 __all__ = ["OnnxModel", "OnnxFunction", "load_onnx", "CONVERTERS", "OnnxImportError",
            "UnsupportedOperatorError", "Node"]
@@ -115,9 +124,13 @@ class Node:
     return cls(proto.op_type, proto.name, tuple(proto.input), tuple(proto.output), attrs, opset,
                index, path)
 
-  def where(self) -> str:
+  def label(self) -> str:
+    """``<op> node '<name>'`` (or ``#<index>`` for an unnamed node), e.g. ``Gelu node 'gelu_1'``."""
     name = repr(self.name) if self.name else f"#{self.index} (unnamed, outputs {list(self.outputs)})"
-    return f"{self.op_type} node {name} of {self.path}"
+    return f"{self.op_type} node {name}"
+
+  def where(self) -> str:
+    return f"{self.label()} of {self.path}"
 
   def error(self, message: str) -> OnnxImportError:
     return OnnxImportError(f"{self.where()}: {message}")
@@ -350,6 +363,45 @@ def _softmax_like(node: Node, x, fn):
   return fn(jnp.reshape(x, (rows, -1)), axis=1).reshape(x.shape)
 
 
+def _hard_sigmoid(x, alpha: float, beta: float):
+  """``max(0, min(1, alpha * x + beta))``."""
+  return jnp.clip(alpha * jnp.asarray(x) + beta, 0.0, 1.0)
+
+
+@converter("HardSigmoid")
+def _hard_sigmoid_op(node: Node, x):
+  """HardSigmoid (opset 6): ``max(0, min(1, alpha * X + beta))``, ``alpha`` default 0.2,
+  ``beta`` default 0.5."""
+  return _hard_sigmoid(x, node.attr("alpha", 0.2), node.attr("beta", 0.5))
+
+
+@converter("HardSwish")
+def _hard_swish(node: Node, x):
+  """HardSwish (opset 14): ``X * HardSigmoid(X)`` with ``alpha = 1/6``, ``beta = 0.5``, i.e.
+  ``X * relu6(X + 3) / 6`` (Howard et al., "Searching for MobileNetV3", ICCV 2019, §5.2)."""
+  return x * _hard_sigmoid(x, 1.0 / 6.0, 0.5)
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+@converter("Gelu")
+def _gelu(node: Node, x):
+  """Gelu (opset 20): ``approximate="none"`` (default): ``0.5 * X * (1 + erf(X / sqrt(2)))``;
+  ``approximate="tanh"``: ``0.5 * X * (1 + tanh(sqrt(2 / pi) * (X + 0.044715 * X^3)))``
+  (Hendrycks and Gimpel, "Gaussian Error Linear Units (GELUs)", 2016, §2). Written with erf /
+  tanh, a product and a cube, so every domain bounds it with its rules for those pieces."""
+  x = jnp.asarray(x)
+  approximate = node.attr("approximate", "none")
+  if approximate == "none":
+    inner = lax.erf(x * (1.0 / math.sqrt(2.0)))
+  elif approximate == "tanh":
+    inner = jnp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * lax.integer_pow(x, 3)))
+  else:
+    raise node.error(f"approximate={approximate!r} is not supported (ONNX allows none, tanh)")
+  return 0.5 * x * (1.0 + inner)
+
+
 @converter("Softmax")
 def _softmax(node: Node, x):
   """Softmax (opset 1-13): ``exp(x_i) / sum_j exp(x_j)``, with boundjax's tight bound rule
@@ -436,6 +488,28 @@ def _batch_norm(node: Node, x, scale, bias, mean, var):
   shape = (-1,) + (1,) * (jnp.ndim(x) - 2)
   factor = scale / jnp.sqrt(var + node.attr("epsilon", 1e-5))
   return (x - jnp.reshape(mean, shape)) * jnp.reshape(factor, shape) + jnp.reshape(bias, shape)
+
+
+@converter("LayerNormalization")
+def _layer_norm(node: Node, x, scale, bias=None):
+  """LayerNormalization (opset 17): over the axes ``axis..rank-1`` (``axis`` default -1),
+  ``D = X - mean(X)``, ``Y = D / sqrt(mean(D^2) + epsilon) * Scale + B`` (``epsilon`` default
+  1e-5; ``Scale``, ``B`` broadcast to the normalised axes). The optional outputs are ``Mean`` and
+  ``InvStdDev = 1 / sqrt(mean(D^2) + epsilon)`` with the normalised axes kept as size 1.
+  ``stash_type`` (the precision of the statistics) is ignored: they are computed in the input's
+  type (Ba, Kiros and Hinton, "Layer Normalization", 2016, §3)."""
+  x = jnp.asarray(x)
+  axes = tuple(range(_axis(node.attr("axis", -1), x.ndim), x.ndim))
+  mean = jnp.mean(x, axis=axes, keepdims=True)
+  d = x - mean
+  inv_std = lax.rsqrt(jnp.mean(jnp.square(d), axis=axes, keepdims=True) +
+                      np.asarray(node.attr("epsilon", 1e-5), x.dtype))
+  y = d * inv_std * scale
+  if bias is not None:
+    y = y + bias
+  if len(node.outputs) > 1:
+    return y, mean, inv_std
+  return y
 
 
 @converter("MaxPool")
@@ -815,7 +889,10 @@ def _run(graph: _Graph, params: dict, x: Any, folded: dict | None = None):
       with jax.ensure_compile_time_eval(), jax.enable_x64(True):
         outs = [None if o is None else np.asarray(o) for o in _convert_node(node, values)]
     else:
-      outs = _convert_node(node, values)
+      # the scope names the node in the equations' source info, so a bound domain that cannot
+      # handle one of them names the ONNX operator (`boundjax.core.ir.source_line`)
+      with jax.named_scope(ONNX_SCOPE + node.label()):
+        outs = _convert_node(node, values)
     for name, value in zip(node.outputs, outs):
       if name:
         env[name] = value
