@@ -343,8 +343,76 @@ def test_jit_and_vmap_of_apply_fn():
   np.testing.assert_allclose(batched, direct, rtol=1e-5, atol=1e-5)
   grads = jax.grad(lambda x: loaded.apply_fn(loaded.params, x).sum())(xs[0])
   assert grads.shape == xs[0].shape
-  with pytest.raises(ValueError, match="vmap"):
+  with pytest.raises(ValueError, match=r"full shape \(B, 1, 2, 6, 6\) is what model.batched takes"):
     loaded(xs)
+
+
+def test_a_batch_in_place_of_the_files_batch_dimension_of_1():
+  model = conv_bn_relu_pool_gemm_model()          # input (1, 2, 6, 6), output (1, 3)
+  loaded = load_onnx(model)
+  xs = rand(5, 2, 6, 6)
+  theirs = np.concatenate([run_ort(model, x[None])[0] for x in xs])
+  for ys in (loaded(xs), loaded.apply_fn(loaded.params, xs), jax.jit(loaded.apply_fn)(
+      loaded.params, xs), loaded.batched(loaded.params, xs)):
+    assert ys.shape == (5, 3)
+    np.testing.assert_allclose(ys, theirs, rtol=1e-5, atol=1e-5)
+  old = loaded.batched(loaded.params, xs[:, None])   # the old call, (B, *input_shape)
+  assert old.shape == (5, 1, 3)
+  np.testing.assert_allclose(old[:, 0], theirs, rtol=1e-5, atol=1e-5)
+  assert loaded(xs[:1]).shape == (1, 3)               # B = 1 is the model's own shape
+
+
+def test_a_graph_that_hard_codes_its_batch_of_1_takes_a_user_batch():
+  model = make_model([node("Reshape", ["x", "s"], ["r"]), node("MatMul", ["r", "w"])], (1, 2, 3),
+                     {"s": np.array([1, 6], np.int64), "w": rand(6, 4)})
+  loaded = load_onnx(model)
+  xs = rand(7, 2, 3)
+  ys = loaded(xs)
+  assert ys.shape == (7, 4)
+  np.testing.assert_allclose(ys, np.concatenate([run_ort(model, x[None])[0] for x in xs]),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_bounds_of_a_user_batch_of_boxes_enclose_samples():
+  loaded = load_onnx(small_mlp_model())               # input (1, 3)
+  lo = rand(4, 3, lo=-1, hi=0.5)
+  hi = lo + 0.2
+  boxes = bj.Interval(jnp.asarray(lo), jnp.asarray(hi))
+  samples = lo + (hi - lo) * RNG.random((2000, 4, 3)).astype(np.float32)
+  ys = np.stack([np.asarray(loaded(s)) for s in samples[:200]])
+  ibp = bj.ibp(loaded.apply_fn)(loaded.params, boxes)
+  crown = bj.crown(loaded.apply_fn)(loaded.params, boxes)     # batch_axis=0: one box per row
+  for out in (ibp, crown):
+    assert out.lower.shape == (4, 2)
+    assert enclosed(out, ys)
+  # the same bounds as the old call, model.batched on boxes (B, *input_shape)
+  old = bj.crown(loaded.batched)(loaded.params, bj.Interval(jnp.asarray(lo[:, None]),
+                                                           jnp.asarray(hi[:, None])))
+  np.testing.assert_allclose(crown.lower, old.lower[:, 0], rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(crown.upper, old.upper[:, 0], rtol=1e-6, atol=1e-6)
+
+
+def test_shape_errors_say_what_was_passed_and_never_recommend_the_function_called():
+  loaded = load_onnx(conv_bn_relu_pool_gemm_model())  # input (1, 2, 6, 6)
+  cases = [(loaded.apply_fn, "apply_fn", (3, 2, 6, 7)), (loaded.apply_fn, "apply_fn", (2, 6, 6)),
+           (loaded.apply_fn, "apply_fn", (3, 1, 2, 6, 6)),
+           (loaded.batched, "model.batched", (3, 2, 6, 7)),
+           (loaded.batched, "model.batched", (2, 6, 6)),
+           (loaded.batched, "model.batched", (4, 3, 1, 2, 6, 6))]
+  for fn, name, shape in cases:
+    with pytest.raises(ValueError) as info:
+      fn(loaded.params, np.zeros(shape, np.float32))
+    msg = str(info.value)
+    assert f"got an input of shape {shape}" in msg, msg
+    assert msg.count(name) == 1, msg                   # named as the callee, never as the advice
+  with pytest.raises(ValueError, match=r"add the batch dimension of 1: x\[None\]"):
+    loaded(np.zeros((2, 6, 6), np.float32))
+  # a file whose first dimension is not 1: apply_fn takes exactly its shape
+  other = load_onnx(make_model([node("Relu", ["x"])], (2, 3)))
+  with pytest.raises(ValueError, match=r"apply_fn takes an input of the model's shape \(2, 3\);"):
+    other(np.zeros((4, 3), np.float32))
+  with pytest.raises(ValueError, match="For one input of the model's shape, call model.apply_fn"):
+    other.batched(other.params, np.zeros((2, 3), np.float32))
 
 
 def test_a_loaded_model_pickles():

@@ -23,17 +23,22 @@ constants, and every ``Shape``/``Size`` (the shapes are static), is evaluated on
 ``Shape -> Gather -> Unsqueeze -> Concat -> Reshape`` leaves only the Reshape, with a static
 target shape, in ``apply_fn``.
 
-Shapes and batches. JAX shapes are static, so ``apply_fn`` takes exactly the model's input shape
-(``model.input_shape``). VNN-COMP networks have a fixed batch dimension of 1 (ACAS Xu
-``(1, 1, 1, 5)``, MNIST ``(1, 784)`` or ``(1, 784, 1)``); a symbolic dimension (``"N"``, or 0) is
-fixed at load time by ``load_onnx(path, input_shape=...)``, else set to 1. To run many inputs,
-vmap over a new leading axis::
+Shapes and batches. JAX shapes are static, so the graph runs on the model's input shape
+(``model.input_shape``). VNN-COMP networks and PyTorch exports have a fixed batch dimension of 1
+(ACAS Xu ``(1, 1, 1, 5)``, MNIST ``(1, 784)`` or ``(1, 1, 28, 28)``); a symbolic dimension
+(``"N"``, or 0) is fixed at load time by ``load_onnx(path, input_shape=...)``, else set to 1.
+When the first dimension is 1, ``apply_fn`` also takes a batch in its place, ``(B, 1, 28, 28)``
+for ``(1, 1, 28, 28)``: the graph runs on each ``x[i:i+1]`` (a vmap, so graphs that hard-code the
+batch of 1 stay right) and every output whose first dimension is 1 gets ``B`` there::
 
-    ys = jax.vmap(model.apply_fn, in_axes=(None, 0))(model.params, xs)   # xs: (B, *input_shape)
+    ys = model.apply_fn(model.params, xs)          # xs: (B, 1, 28, 28) -> ys: (B, 10)
+    ys = model.batched(model.params, xs5)          # xs5: (B, 1, 1, 28, 28) -> (B, 1, 10)
 
-(``model.batched`` is that function). For bounds, give one box of ``input_shape`` with
+(``model.batched`` is ``jax.vmap(apply_fn, in_axes=(None, 0))``, for inputs ``(B,
+*input_shape)`` whatever the first dimension.) For bounds, give one box of ``input_shape`` with
 ``bj.crown(model.apply_fn, batch_axis=None)`` (the model's own batch axis of 1 is then just a
-dimension), or a batch of boxes ``(B, *input_shape)`` to ``bj.crown(model.batched)``.
+dimension), a batch of boxes ``(B, 1, 28, 28)`` to ``bj.crown(model.apply_fn)``, or ``(B,
+*input_shape)`` to ``bj.crown(model.batched)``.
 ``model.apply_flat(params, x)`` takes and returns flat vectors, numbered as in VNNLIB files
 (``X_i``, ``Y_j``: row-major order of the input and output tensors). ``model.run_float64(x)``
 replays an input in float64 (for checking counterexamples).
@@ -902,6 +907,67 @@ def _run(graph: _Graph, params: dict, x: Any, folded: dict | None = None):
   return outs[0] if len(outs) == 1 else outs
 
 
+def is_user_batch(own: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+  """A batch in place of the file's batch dimension of 1: ``own = (1, *rest)`` and ``shape =
+  (B, *rest)`` (``B = 1`` is the model's own shape)."""
+  return len(own) >= 1 and own[0] == 1 and len(shape) == len(own) and shape[1:] == own[1:]
+
+
+def _over_user_batch(graph: _Graph, params: dict, x: Any) -> Any:
+  """The graph on each ``x[i:i+1]`` of a batch ``(B, *rest)`` (a ``vmap``, so a graph that
+  hard-codes its batch of 1, e.g. ``Reshape(x, [1, -1])``, stays correct). An output whose first
+  dimension is 1 (the file's batch dimension) gets ``B`` there, ``(B, *out[1:])``; any other
+  output gets a new leading axis, ``(B, *out)``."""
+  outs = jax.vmap(lambda xi: _run(graph, params, xi[None]))(x)
+  single = not isinstance(outs, tuple)
+  outs = (outs,) if single else outs
+  outs = tuple(jnp.reshape(o, (o.shape[0], *o.shape[2:])) if o.ndim >= 2 and o.shape[1] == 1
+               else o for o in outs)
+  return outs[0] if single else outs
+
+
+def _shape_error(path: str, own: tuple[int, ...], shape: tuple[int, ...], called: str) -> str:
+  """Why ``called`` (``"apply_fn"`` or ``"model.batched"``) refuses an input of ``shape``, the
+  shapes it takes, and which other function takes ``shape`` (never ``called`` itself)."""
+  batch1 = len(own) >= 1 and own[0] == 1
+  user = f"(B, {', '.join(map(str, own[1:]))}{',' if len(own) == 2 else ''})" if batch1 else None
+  full = f"(B, {', '.join(map(str, own))})"
+  if called == "apply_fn":
+    takes = f"an input of the model's shape {own}" + (f" or a batch {user}" if batch1 else "")
+    hint = ""
+    if len(shape) == len(own) + 1 and shape[1:] == own:
+      hint = (f" A batch of inputs of the model's full shape {full} is what model.batched takes"
+              + (f"; or pass it here as {user}" if batch1 else "") + ".")
+    elif len(shape) == len(own) - 1 and batch1 and shape == own[1:]:
+      hint = f" For one input, add the batch dimension of 1: x[None] has shape {own}."
+  else:
+    takes = f"a batch {full}" + (f" or {user}" if batch1 else "")
+    hint = ""
+    if shape == own:
+      hint = " For one input of the model's shape, call model.apply_fn (or model(x))."
+  return f"{path}: {called} takes {takes}; got an input of shape {shape}.{hint}"
+
+
+class _Batched:
+  """``model.batched``: ``apply_fn`` over a leading batch axis. ``(B, *input_shape)`` -> each
+  output with a leading ``B`` (``jax.vmap(apply_fn, in_axes=(None, 0))``); a batch in place of the
+  file's batch dimension of 1, ``(B, *input_shape[1:])``, goes to ``apply_fn`` as is."""
+
+  def __init__(self, fn: "OnnxFunction"):
+    self.fn = fn
+    self.__name__ = self.__qualname__ = fn.__name__ + "_batched"
+    self.__doc__ = self.__class__.__doc__
+
+  def __call__(self, params: dict, x: Any) -> Any:
+    shape = tuple(jnp.shape(x))
+    own = self.fn.graph.input_shape
+    if len(shape) == len(own) + 1 and shape[1:] == own:
+      return jax.vmap(lambda xi: _run(self.fn.graph, params, xi))(x)
+    if is_user_batch(own, shape):
+      return self.fn(params, x)
+    raise ValueError(_shape_error(self.fn.graph.path, own, shape, "model.batched"))
+
+
 class OnnxFunction:
   """The graph as a pure JAX function ``(params, x) -> y`` of an input of the model's own shape
   (a plain picklable object, so a model can be sent to worker processes)."""
@@ -914,11 +980,12 @@ class OnnxFunction:
 
   def __call__(self, params: dict, x: Any) -> Any:
     shape = tuple(jnp.shape(x))
-    if shape != self.graph.input_shape:
-      raise ValueError(f"{self.graph.path}: apply_fn takes an input of shape "
-                       f"{self.graph.input_shape} (the model's own); got {shape}. For a batch, "
-                       "use jax.vmap(apply_fn, in_axes=(None, 0)) (model.batched)")
-    return _run(self.graph, params, x)
+    own = self.graph.input_shape
+    if shape == own:
+      return _run(self.graph, params, x)
+    if is_user_batch(own, shape):
+      return _over_user_batch(self.graph, params, x)
+    raise ValueError(_shape_error(self.graph.path, own, shape, "apply_fn"))
 
   def __repr__(self) -> str:
     return f"<{self.__name__}: ONNX graph of {self.graph.path}, input {self.graph.input_shape}>"
@@ -974,8 +1041,9 @@ class OnnxModel:
   @functools.cached_property
   def batched(self) -> Callable[[dict, Any], Any]:
     """``jax.vmap(apply_fn, in_axes=(None, 0))``: inputs ``(B, *input_shape)``, for a batch of
-    points or, under ``bj.crown(model.batched)`` / ``bj.ibp``, a batch of boxes."""
-    return jax.vmap(self.apply_fn, in_axes=(None, 0))
+    points or, under ``bj.crown(model.batched)`` / ``bj.ibp``, a batch of boxes. (When the file's
+    batch dimension is 1, ``apply_fn`` itself also takes ``(B, *input_shape[1:])``.)"""
+    return _Batched(self.apply_fn)
 
   def __iter__(self) -> Iterator[Any]:
     yield self.apply_fn
