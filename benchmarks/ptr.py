@@ -239,7 +239,7 @@ def table1(name: str, s: Settings, use_cache: bool) -> dict:
       rel = ldp_embedding_release(k, v_enc_te, rng_enc, e, sens)
       rows[label][ek] = {"accuracy": acc(enc, rel), "sensitivity": rng_enc.sensitivity(sens)}
     for label, prop, k in (("Adversarial", dp, k4), ("Adversarial (code ∞→∞ Δp)", dp_code, k5)):
-      rel = adversarial_release(k, v_arl_te, proposal=prop, epsilon=e, radius=R)
+      rel = adversarial_release(k, v_arl_te, proposal=prop, epsilon=e, radius=R, calib="code")
       rows[label][ek] = {"accuracy": acc(arl, rel), "proposal": prop}
   print(f"  {name}: Table 1 done ({time.perf_counter() - t0:.0f} s)", flush=True)
   return {"radius": R, "proposal": dp, "proposal_code_linf": dp_code,

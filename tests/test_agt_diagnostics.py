@@ -195,3 +195,66 @@ def test_fit_rejects_a_vacuity_that_is_not_a_check():
   cfg = agt.Config(n_epochs=1, batch_size=20, k_private=1, clip_gamma=0.06, learning_rate=0.1)
   with pytest.raises(TypeError, match="vacuity"):
     _fit(cfg, x, y, vacuity=0.25)
+
+
+# ---------------------------------------------------------------------------------------------
+# The same check in a user's own loop: diagnostics.check and the optax-style pair
+# ---------------------------------------------------------------------------------------------
+
+def _own_loop_setup():
+  x, y = _blobs(96, d=4, seed=3)
+  params = mlp.init(jax.random.PRNGKey(0), [4, 6, 1])
+  wide = agt.Config(n_epochs=1, learning_rate=2.0, batch_size=32, k_private=8, clip_gamma=5.0)
+  return x, y, params, wide
+
+
+def test_check_measures_what_fit_measures():
+  x, y, params, wide = _own_loop_setup()
+  point = diagnostics.check(agt.point_box(params), x, apply_fn=mlp.apply, config=wide)
+  assert point.certified == 1.0 and not point.vacuous and point.message == ""
+  with warnings.catch_warnings(record=True) as rec:
+    warnings.simplefilter("always")
+    res = agt.fit(mlp.apply, params, x, y, wide, backend="mlp", progress=False, x_val=x[:64],
+                  y_val=y[:64])
+  fitted = res.history[-1].val_certified
+  assert any(issubclass(w.category, diagnostics.VacuousCertificateWarning) for w in rec)
+  with pytest.warns(diagnostics.VacuousCertificateWarning, match="at step 3 .* certifies only"):
+    out = diagnostics.check(res, x[:64], apply_fn=mlp.apply, config=wide, step=3)
+  assert out.certified == fitted and out.vacuous and fitted < 0.25   # fit's own number
+  assert out.stats.width_mean == res.history[-1].width_mean
+  quiet = diagnostics.check(res, x[:64], apply_fn=mlp.apply, config=wide, warn=False)
+  assert quiet.vacuous and quiet.message
+
+
+def test_the_optax_style_pair_checks_every_n_steps():
+  x, y, params, wide = _own_loop_setup()
+  tx = agt.with_vacuity_check(agt.transform(wide), every=2, apply_fn=mlp.apply, config=wide,
+                              x=x)
+  box, state = agt.point_box(params), tx.init(params)
+
+  @jax.jit
+  def step(box, state, xb, yb):
+    dirs = agt.descent_directions(mlp.apply, wide, box.params, box.bounds, xb, yb,
+                                  backend="mlp")
+    return tx.update(dirs, state, box)
+
+  with warnings.catch_warnings(record=True) as rec:
+    warnings.simplefilter("always")
+    for i in range(5):
+      rows = np.arange(32) + 32 * (i % 3)
+      box, state = step(box, state, x[rows], y[rows])
+    jax.effects_barrier()
+  msgs = [str(w.message) for w in rec
+          if issubclass(w.category, diagnostics.VacuousCertificateWarning)]
+  assert [m.split("): ")[1][:9] for m in msgs] == ["at step 2", "at step 4"]   # not 1, 3, 5
+  # the pair itself is unchanged: same box as the plain pair
+  plain, plain_state = agt.point_box(params), agt.transform(wide).init(params)
+  for i in range(5):
+    rows = np.arange(32) + 32 * (i % 3)
+    dirs = agt.descent_directions(mlp.apply, wide, plain.params, plain.bounds, x[rows], y[rows],
+                                  backend="mlp")
+    plain, plain_state = agt.transform(wide).update(dirs, plain_state, plain)
+  for a, b in zip(jax.tree_util.tree_leaves(box), jax.tree_util.tree_leaves(plain)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  with pytest.raises(ValueError, match="every must be an int >= 1"):
+    agt.with_vacuity_check(agt.transform(wide), every=0, apply_fn=mlp.apply, config=wide, x=x)

@@ -94,7 +94,7 @@ def test_descent_directions_equal_the_sorted_batch(frag, poison):
   kw = dict(k_poison=k, epsilon=0.05) if poison else dict(k_private=k)
   cfg = agt.Config(n_epochs=1, learning_rate=0.1, batch_size=23, loss="cross_entropy",
                    clip_gamma=gamma, fragsize=frag, **kw)
-  d_n, d_l, d_u = agt.descent_directions(mlp.apply, cfg, "mlp", params, box, x, y)
+  d_n, d_l, d_u = agt.descent_directions(mlp.apply, cfg, params, box, x, y, backend="mlp")
   g = descent.clip(train.nominal_grad_fn(mlp.apply, "cross_entropy")(params, x, y), gamma)
   wp = mlp.grad_bounds(box, x, y, "cross_entropy")
   iwp = mlp.grad_bounds(box, poisoning.input_box(x, 0.05), y, "cross_entropy")

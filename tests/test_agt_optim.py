@@ -78,7 +78,8 @@ def test_user_loop_with_the_pair_equals_fit(name):
   @jax.jit
   def step(box, state, xb, yb):
     with jax.default_matmul_precision("highest" if cfg.sound else None):
-      dirs = agt.descent_directions(mlp.apply, cfg, "mlp", box.params, box.bounds, xb, yb)
+      dirs = agt.descent_directions(mlp.apply, cfg, box.params, box.bounds, xb, yb,
+                                    backend="mlp")
       return tx.update(dirs, state, box)
 
   for rows in cfg.schedule(len(x)).epoch_batches():     # a plain for over batches
@@ -428,3 +429,24 @@ def test_bad_types_are_type_errors():
     tx.update({"w": jnp.zeros(2)}, tx.init(p), agt.point_box(p))
   with pytest.raises(TypeError, match="box"):
     tx.update((p, p, p), tx.init(p), p)
+
+
+def test_descent_directions_takes_the_backend_as_a_keyword():
+  x, y = _blobs(24)
+  params = mlp.init(jax.random.PRNGKey(0), [4, 6, 1], jnp.float64)
+  cfg = agt.Config(n_epochs=1, learning_rate=0.1, batch_size=24, k_private=2, clip_gamma=0.5)
+  box = agt.point_box(params)
+  new = agt.descent_directions(mlp.apply, cfg, box.params, box.bounds, x, y, backend="mlp")
+  ibp = agt.descent_directions(mlp.apply, cfg, box.params, box.bounds, x, y, backend="ibp")
+  with pytest.warns(DeprecationWarning, match="keyword backend='mlp' or backend='ibp'"):
+    old = agt.descent_directions(mlp.apply, cfg, "mlp", box.params, box.bounds, x, y)
+  for a, b in zip(_leaves(new), _leaves(old)):
+    np.testing.assert_array_equal(a, b)                 # the old positional call is the same
+  for a, b in zip(_leaves(new[0]), _leaves(ibp[0])):
+    np.testing.assert_allclose(a, b, rtol=1e-10)        # same nominal direction either back-end
+  with pytest.raises(ValueError, match=r"backend must be one of \('mlp', 'ibp'\).*not given"):
+    agt.descent_directions(mlp.apply, cfg, box.params, box.bounds, x, y)
+  with pytest.raises(ValueError, match="got 'auto'"):
+    agt.descent_directions(mlp.apply, cfg, box.params, box.bounds, x, y, backend="auto")
+  with pytest.raises(TypeError, match="7 were given"):
+    agt.descent_directions(mlp.apply, cfg, box.params, box.bounds, x, y, y)

@@ -564,6 +564,29 @@ def test_load_csv(tmp_path):
   assert ds.meta["classes"] == ("no", "yes")
 
 
+def test_load_csv_warns_once_naming_each_categorical_column_and_its_encoding(tmp_path):
+  import warnings
+  path = tmp_path / "city.csv"
+  n = 30
+  pd.DataFrame({"city": np.array(["Oslo", "Lima", "Pune"])[np.arange(n) % 3],
+                "size": np.arange(n, dtype=float), "grade": np.arange(n) % 4,
+                "label": np.arange(n) % 2}).to_csv(path, index=False)
+  with warnings.catch_warnings(record=True) as rec:
+    warnings.simplefilter("always")
+    ds = data.load_csv(path, "label", categorical=["grade"])
+  notes = [str(w.message) for w in rec if "encoding" in str(w.message)]
+  assert len(notes) == 1, notes                                       # once, for both columns
+  assert "'city' (non-numeric, 3 categories) became the features city_cos, city_sin" in notes[0]
+  assert "'grade' (listed in categorical, 4 categories)" in notes[0]
+  assert "Sphynx" in notes[0] and "encoding='onehot'" in notes[0]
+  assert ds.feature_names[:2] == ("city_cos", "city_sin")
+  # an explicit encoding is a choice: no warning
+  for enc in ("sphynx", "onehot"):
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      data.load_csv(path, "label", encoding=enc)
+
+
 def _missing_cells(df):
   feats = df.drop(columns=["label"])
   return {c: int(n) for c, n in feats.isna().sum().items() if n}
@@ -607,12 +630,13 @@ def test_load_csv_missing_modes(tmp_path):
       inc.raw_range[1] - inc.raw_range[0]) + inc.raw_range[0]
   dist = np.abs(back[:, None] - kept["income"].to_numpy()[None]).min(1)
   assert dist.max() < 1e-3  # every training income is a value of a kept row, none imputed
-  # A table without missing values loads silently in every mode.
+  # A table without missing values loads silently in every mode (the encoding chosen).
   kept.to_csv(tmp_path / "clean.csv", index=False)
   for mode in ("impute", "drop", "error"):
     with warnings.catch_warnings():
       warnings.simplefilter("error")
-      assert data.load_csv(tmp_path / "clean.csv", "label", missing=mode, **kw).n_train == 44
+      assert data.load_csv(tmp_path / "clean.csv", "label", missing=mode, encoding="sphynx",
+                           **kw).n_train == 44
 
 
 def test_load_csv_errors(tmp_path):

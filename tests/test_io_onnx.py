@@ -231,6 +231,18 @@ CASES = [
                      node("Cast", ["c"], to=TensorProto.FLOAT)], rand(2, 3), None, 13),
     ("where_compare", [node("Greater", ["x", "z"], ["g"]), node("Where", ["g", "x", "z"])],
      rand(2, 3), {"z": np.array(0.1, np.float32)}, 16),
+    ("hard_sigmoid", [node("HardSigmoid", ["x"])], rand(2, 5, lo=-4, hi=4), None, 6),
+    ("hard_sigmoid_alpha_beta", [node("HardSigmoid", ["x"], alpha=0.3, beta=0.4)],
+     rand(2, 5, lo=-4, hi=4), None, 6),
+    ("hard_swish", [node("HardSwish", ["x"])], rand(2, 5, lo=-5, hi=5), None, 14),
+    ("gelu", [node("Gelu", ["x"])], rand(2, 5, lo=-4, hi=4), None, 20),
+    ("gelu_tanh", [node("Gelu", ["x"], approximate="tanh")], rand(2, 5, lo=-4, hi=4), None, 20),
+    ("layer_norm", [node("LayerNormalization", ["x", "s", "b"])], rand(2, 3, 6),
+     {"s": rand(6), "b": rand(6)}, 17),
+    ("layer_norm_axis_no_bias", [node("LayerNormalization", ["x", "s"], axis=-2, epsilon=1e-3)],
+     rand(2, 3, 6), {"s": rand(3, 6)}, 17),
+    ("layer_norm_statistics", [node("LayerNormalization", ["x", "s", "b"], ["y", "mean", "inv"],
+                                    axis=1)], rand(2, 3, 4), {"s": rand(3, 4), "b": rand(4)}, 17),
 ]
 
 
@@ -331,8 +343,76 @@ def test_jit_and_vmap_of_apply_fn():
   np.testing.assert_allclose(batched, direct, rtol=1e-5, atol=1e-5)
   grads = jax.grad(lambda x: loaded.apply_fn(loaded.params, x).sum())(xs[0])
   assert grads.shape == xs[0].shape
-  with pytest.raises(ValueError, match="vmap"):
+  with pytest.raises(ValueError, match=r"full shape \(B, 1, 2, 6, 6\) is what model.batched takes"):
     loaded(xs)
+
+
+def test_a_batch_in_place_of_the_files_batch_dimension_of_1():
+  model = conv_bn_relu_pool_gemm_model()          # input (1, 2, 6, 6), output (1, 3)
+  loaded = load_onnx(model)
+  xs = rand(5, 2, 6, 6)
+  theirs = np.concatenate([run_ort(model, x[None])[0] for x in xs])
+  for ys in (loaded(xs), loaded.apply_fn(loaded.params, xs), jax.jit(loaded.apply_fn)(
+      loaded.params, xs), loaded.batched(loaded.params, xs)):
+    assert ys.shape == (5, 3)
+    np.testing.assert_allclose(ys, theirs, rtol=1e-5, atol=1e-5)
+  old = loaded.batched(loaded.params, xs[:, None])   # the old call, (B, *input_shape)
+  assert old.shape == (5, 1, 3)
+  np.testing.assert_allclose(old[:, 0], theirs, rtol=1e-5, atol=1e-5)
+  assert loaded(xs[:1]).shape == (1, 3)               # B = 1 is the model's own shape
+
+
+def test_a_graph_that_hard_codes_its_batch_of_1_takes_a_user_batch():
+  model = make_model([node("Reshape", ["x", "s"], ["r"]), node("MatMul", ["r", "w"])], (1, 2, 3),
+                     {"s": np.array([1, 6], np.int64), "w": rand(6, 4)})
+  loaded = load_onnx(model)
+  xs = rand(7, 2, 3)
+  ys = loaded(xs)
+  assert ys.shape == (7, 4)
+  np.testing.assert_allclose(ys, np.concatenate([run_ort(model, x[None])[0] for x in xs]),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_bounds_of_a_user_batch_of_boxes_enclose_samples():
+  loaded = load_onnx(small_mlp_model())               # input (1, 3)
+  lo = rand(4, 3, lo=-1, hi=0.5)
+  hi = lo + 0.2
+  boxes = bj.Interval(jnp.asarray(lo), jnp.asarray(hi))
+  samples = lo + (hi - lo) * RNG.random((2000, 4, 3)).astype(np.float32)
+  ys = np.stack([np.asarray(loaded(s)) for s in samples[:200]])
+  ibp = bj.ibp(loaded.apply_fn)(loaded.params, boxes)
+  crown = bj.crown(loaded.apply_fn)(loaded.params, boxes)     # batch_axis=0: one box per row
+  for out in (ibp, crown):
+    assert out.lower.shape == (4, 2)
+    assert enclosed(out, ys)
+  # the same bounds as the old call, model.batched on boxes (B, *input_shape)
+  old = bj.crown(loaded.batched)(loaded.params, bj.Interval(jnp.asarray(lo[:, None]),
+                                                           jnp.asarray(hi[:, None])))
+  np.testing.assert_allclose(crown.lower, old.lower[:, 0], rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(crown.upper, old.upper[:, 0], rtol=1e-6, atol=1e-6)
+
+
+def test_shape_errors_say_what_was_passed_and_never_recommend_the_function_called():
+  loaded = load_onnx(conv_bn_relu_pool_gemm_model())  # input (1, 2, 6, 6)
+  cases = [(loaded.apply_fn, "apply_fn", (3, 2, 6, 7)), (loaded.apply_fn, "apply_fn", (2, 6, 6)),
+           (loaded.apply_fn, "apply_fn", (3, 1, 2, 6, 6)),
+           (loaded.batched, "model.batched", (3, 2, 6, 7)),
+           (loaded.batched, "model.batched", (2, 6, 6)),
+           (loaded.batched, "model.batched", (4, 3, 1, 2, 6, 6))]
+  for fn, name, shape in cases:
+    with pytest.raises(ValueError) as info:
+      fn(loaded.params, np.zeros(shape, np.float32))
+    msg = str(info.value)
+    assert f"got an input of shape {shape}" in msg, msg
+    assert msg.count(name) == 1, msg                   # named as the callee, never as the advice
+  with pytest.raises(ValueError, match=r"add the batch dimension of 1: x\[None\]"):
+    loaded(np.zeros((2, 6, 6), np.float32))
+  # a file whose first dimension is not 1: apply_fn takes exactly its shape
+  other = load_onnx(make_model([node("Relu", ["x"])], (2, 3)))
+  with pytest.raises(ValueError, match=r"apply_fn takes an input of the model's shape \(2, 3\);"):
+    other(np.zeros((4, 3), np.float32))
+  with pytest.raises(ValueError, match="For one input of the model's shape, call model.apply_fn"):
+    other.batched(other.params, np.zeros((2, 3), np.float32))
 
 
 def test_a_loaded_model_pickles():
@@ -453,6 +533,102 @@ def test_crown_of_a_conv_pool_softmax_model_encloses_samples():
               bj.crown(loaded.apply_fn, batch_axis=None)(loaded.params, box)):
     assert enclosed(out, ys)
     assert np.all(np.asarray(out.lower) >= -1e-6) and np.all(np.asarray(out.upper) <= 1 + 1e-6)
+
+
+def test_an_operator_no_domain_bounds_is_named_in_the_error():
+  model = make_model([node("Greater", ["x", "a"], ["g1"]), node("Greater", ["x", "b"], ["g2"]),
+                      helper.make_node("Xor", ["g1", "g2"], ["c"], name="the_xor"),
+                      node("Where", ["c", "x", "a"])], (1, 3),
+                     {"a": np.array(0.0, np.float32), "b": np.array(0.5, np.float32)})
+  loaded = load_onnx(model)
+  box = bj.Interval(-jnp.ones((1, 3)), jnp.ones((1, 3)))
+  for bound in (bj.ibp(loaded.apply_fn), bj.crown(loaded.apply_fn, batch_axis=None)):
+    with pytest.raises(bj.UnsupportedPrimitiveError, match="in ONNX Xor node 'the_xor'"):
+      bound(loaded.params, box)
+
+
+# ----------------------------------------------------------------------------------------------
+# Networks exported by PyTorch 2.13 (tests/data/make_torch_exports.py): its default exporter
+# (torch.export, opset 20: LayerNormalization, Gelu, HardSwish, HardSigmoid, ...) and the
+# TorchScript one (dynamo=False, opset 17: GELU as Erf / Tanh arithmetic, Expand, Where, ...)
+# ----------------------------------------------------------------------------------------------
+
+DATA = Path(__file__).resolve().parent / "data"
+TORCH_EXPORTS = sorted(DATA.glob("torch_*.onnx"))
+
+
+def test_the_torch_exports_are_present_small_and_use_the_operators_they_test():
+  assert [p.name for p in TORCH_EXPORTS] == ["torch_block_dynamo.onnx", "torch_block_script.onnx",
+                                             "torch_cnn_dynamo.onnx", "torch_cnn_script.onnx"]
+  ops = {p.stem: {n.op_type for n in onnx.load(p).graph.node} for p in TORCH_EXPORTS}
+  assert all(p.stat().st_size < 200_000 for p in TORCH_EXPORTS)
+  assert {"LayerNormalization", "Gelu", "HardSwish", "HardSigmoid", "Where", "Gather",
+          "Concat"} <= ops["torch_block_dynamo"]
+  assert {"LayerNormalization", "Erf", "Tanh", "HardSwish", "HardSigmoid", "Where", "Expand",
+          "Gather"} <= ops["torch_block_script"]
+  assert {"Conv", "BatchNormalization", "MaxPool", "AveragePool", "Gemm"} <= \
+      ops["torch_cnn_dynamo"] & ops["torch_cnn_script"]
+
+
+@pytest.mark.parametrize("path", TORCH_EXPORTS, ids=[p.stem for p in TORCH_EXPORTS])
+def test_torch_export_matches_onnxruntime(path):
+  loaded = load_onnx(path)
+  assert loaded.input_shape in ((1, 1, 28, 28), (1, 4, 8))
+  sess = _ort_session(path)
+  rng = np.random.default_rng(5)
+  xs = rng.standard_normal((8,) + loaded.input_shape).astype(np.float32)
+  ours = np.asarray(jax.jit(loaded.batched)(loaded.params, xs))
+  theirs = np.stack([sess.run(None, {loaded.input_name: x})[0] for x in xs])
+  assert ours.shape == theirs.shape
+  np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5 * np.abs(theirs).max())
+
+
+def _box_points(lo: np.ndarray, hi: np.ndarray, n: int, n_corners: int, rng) -> np.ndarray:
+  """``n`` uniform points of the box ``[lo, hi]``, ``n_corners`` random corners and the two
+  extreme corners ``lo``, ``hi`` (float32, shape ``(count, *lo.shape)``)."""
+  u = rng.random((n,) + lo.shape)
+  corners = rng.integers(0, 2, (n_corners,) + lo.shape).astype(bool)
+  pts = np.concatenate([lo + (hi - lo) * u, np.where(corners, hi, lo), lo[None], hi[None]])
+  return np.clip(pts.astype(np.float32), lo, hi)
+
+
+def _float64_outputs(loaded, xs: np.ndarray) -> np.ndarray:
+  """The network in float64 on every point (the float32 weights are exact in float64)."""
+  with jax.enable_x64(True):
+    params = {k: jnp.asarray(v, jnp.float64) for k, v in loaded.params.items()}
+    fn = jax.jit(jax.vmap(loaded.apply_fn, in_axes=(None, 0)))
+    return np.asarray(fn(params, jnp.asarray(xs, jnp.float64)))
+
+
+# radius of the box around a random centre: the transformer block's LayerNorms amplify widths
+# (interval arithmetic loses the tie between x - mean and the standard deviation)
+TORCH_RADIUS = {"torch_cnn": 0.02, "torch_block": 0.001}
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:bj.crown. no linear relaxation")
+@pytest.mark.parametrize("path", TORCH_EXPORTS, ids=[p.stem for p in TORCH_EXPORTS])
+def test_bounds_of_a_torch_export_enclose_samples_and_corners(path):
+  loaded = load_onnx(path)
+  rng = np.random.default_rng(6)
+  centre = rng.uniform(-1, 1, loaded.input_shape).astype(np.float32)
+  r = TORCH_RADIUS[path.stem.rsplit("_", 1)[0]]
+  lo, hi = centre - r, centre + r
+  box = bj.Interval(jnp.asarray(lo), jnp.asarray(hi))
+  xs = _box_points(lo, hi, 10_000, 500, rng)
+  ys = np.asarray(jax.jit(loaded.batched)(loaded.params, xs))
+  ys64 = _float64_outputs(loaded, xs)
+  bounds = {"ibp": jax.jit(bj.ibp(loaded.apply_fn))(loaded.params, box),
+            "crown": jax.jit(bj.crown(loaded.apply_fn, batch_axis=None, intermediate="ibp"))(
+                loaded.params, box),
+            "ibp_sound": jax.jit(bj.ibp(loaded.apply_fn, sound=True))(loaded.params, box)}
+  for name, out in bounds.items():
+    assert out.lower.shape == loaded.output_shape, name
+    assert np.all(np.isfinite(np.asarray(out.lower))) and np.all(np.isfinite(np.asarray(out.upper)))
+    assert enclosed(out, ys), name
+  low, up = (np.asarray(v, np.float64) for v in (bounds["ibp_sound"].lower,
+                                                   bounds["ibp_sound"].upper))
+  assert np.all(ys64 >= low) and np.all(ys64 <= up)   # sound mode: no slack, against float64
 
 
 # ----------------------------------------------------------------------------------------------

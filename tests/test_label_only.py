@@ -470,3 +470,18 @@ def test_dpsgd_baseline_reaches_its_epsilon():
   res = L.train_dpsgd_baseline(model.apply, init, x, y, 1.0, epochs=1, batch_size=64)
   assert res.epsilon <= 1.0 + 1e-6 and res.noise_multiplier > 0
   assert res.delta == pytest.approx(1 / 256) and "params" not in res.info()
+
+
+def test_calling_the_guard_on_a_batch_says_what_was_passed_and_what_to_call():
+  g = L.LabelOnlyGuard(identity_apply, ID_PARAMS, [0.25, 0.25, 0.25], 0.0,
+                       key=jax.random.PRNGKey(0), input_shape=(3,))
+  batch = np.array([[0.75, 0.49, 0.0], [0.0, 1.0, 0.5]], np.float32)
+  for call in (g, g.query):
+    with pytest.raises(ValueError) as info:
+      call(batch)
+    msg = str(info.value)
+    assert "got an array of shape (2, 3), a batch of 2 inputs" in msg
+    assert "answer one input of shape (3,)" in msg and "call guard.query_batch(x)" in msg
+  with pytest.raises(ValueError, match=r"got an array of shape \(4,\)\.$"):
+    g(np.zeros(4, np.float32))
+  assert g(batch[0]) == 0 and g.query_batch(batch).labels.tolist() == [0, 1]

@@ -111,7 +111,7 @@ def test_unsafe_answers_with_probability_half_delta():
     safe = jnp.tile(jnp.asarray([[-5.0]]), (n, 1))
     _, answered, stat = ptr.ptr_release_batch(jax.random.PRNGKey(1), kink, KINK, safe,
                                               proposal=1.0, **dict(kw, epsilon=eps))
-    p = ptr.pass_probability(0.5, epsilon=eps, delta=delta, radius=0.5)
+    p = ptr.pass_probability(0.5, epsilon=eps, delta=delta, radius=0.5, zeta=kw["zeta"])
     assert float(stat[0]) == 0.5
     assert abs(float(jnp.mean(answered)) - p) <= 3.29 * math.sqrt(p * (1 - p) / n) + 1e-12
 
@@ -119,17 +119,18 @@ def test_unsafe_answers_with_probability_half_delta():
 def test_pass_probability_examples():
   """The closed form's worked examples (code calibration R = 0.5, δ = 0.1; unit δ = 0.05)."""
   for eps, want in ((1, 0.2028), (2, 0.6959), (5, 0.9954), (7, 0.9997)):
-    assert ptr.pass_probability(0.7, epsilon=eps, delta=0.1, radius=0.5) == pytest.approx(
-        want, abs=1e-4)
+    assert ptr.pass_probability(0.7, epsilon=eps, delta=0.1, radius=0.5,
+                                calib="code") == pytest.approx(want, abs=1e-4)
   for eps, want in ((1, 0.0503), (2, 0.1014), (5, 0.6980), (7, 0.9255)):
     assert ptr.pass_probability(0.7, epsilon=eps, delta=0.05, radius=0.5,
                                 calib="unit") == pytest.approx(want, abs=1e-4)
 
 
-@pytest.mark.parametrize("calib", ["code", "unit"])
+@pytest.mark.parametrize("calib", ["total", "code", "unit"])
 def test_laplace_calibration(calib):
   """Property 11: mean |noise| = b; the exact Laplace log-density ratio of the release for safe
-  neighbours is <= ε (code, d <= R) or <= ε d (unit)."""
+  neighbours is <= ε/2 (total: the release's half, d <= R), <= ε (code, d <= R) or <= ε d
+  (unit)."""
   R, eps, prop = 0.5, 2.0, 1.0
   x = jnp.tile(jnp.asarray([[-5.0]]), (50_000, 1))
   out, answered, _ = ptr.ptr_release_batch(jax.random.PRNGKey(3), kink, KINK, x, proposal=prop,
@@ -146,7 +147,8 @@ def test_laplace_calibration(calib):
     fa, fb = np.asarray(kink(KINK, xa)), np.asarray(kink(KINK, xb))
     ys = np.concatenate([fa[None], fb[None], fa + b * rng.laplace(size=(100, 1))])
     log_ratio = (np.abs(ys - fb).sum(-1) - np.abs(ys - fa).sum(-1)) / b
-    assert log_ratio.max() <= (eps if calib == "code" else eps * d) + 1e-12
+    bound = {"total": eps / 2, "code": eps, "unit": eps * d}[calib]
+    assert log_ratio.max() <= bound + 1e-12
 
 
 def test_release_uses_the_proposal():
@@ -156,7 +158,7 @@ def test_release_uses_the_proposal():
   for value in (0.1, 0.5, 0.9):
     a = ptr.ptr_query(jax.random.PRNGKey(5), mlp_apply, NET, x, proposal=1.0, epsilon=50.0,
                       delta=0.1, radius=0.5, oracle=lambda z, r, v=value: v)
-    assert a.answered and a.release_scale == pytest.approx(1.0 * 0.5 / 50.0)
+    assert a.answered and a.release_scale == pytest.approx(2 * 1.0 * 0.5 / 50.0)   # 2ΔpR/ε
     outs.append(np.asarray(a.output))
   np.testing.assert_array_equal(outs[0], outs[1])
   np.testing.assert_array_equal(outs[0], outs[2])
@@ -244,3 +246,63 @@ def test_traced_bisection_equals_eager_reference():
       if traced.feasible and traced.lo < 1.4:
         assert eager.evaluations == traced.evaluations == 2 + ptr.bisection_steps(0.5, 1.4, 0.01)
   assert kinds == {(False, False), (True, False), (True, True)}
+
+
+# ------------------------------------------------------------------------------------------------
+# The default calibration delivers the ε asked for; ⊥ says why
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["paper", "sound"])
+def test_default_calibration_states_the_epsilon_asked_for(mode):
+  for eps, R, zeta in ((1.0, 0.5, 0.01), (3.0, 0.2, 0.05), (0.5, 1.0, 0.001)):
+    s = ptr.privacy_statement(epsilon=eps, delta=0.1, radius=R, mode=mode, zeta=zeta)
+    assert s.epsilon_at_radius == pytest.approx(eps, rel=1e-12) and s.delta == 0.05
+    # the code's calibration stays available by name, and spends 2ε(1 + ζ/2R) (paper mode)
+    code = ptr.privacy_statement(epsilon=eps, delta=0.1, radius=R, calib="code", mode=mode,
+                                 zeta=zeta)
+    if mode == "paper":
+      assert code.epsilon_at_radius == pytest.approx(2 * eps * (1 + zeta / (2 * R)), rel=1e-12)
+
+
+def test_default_release_noise_spends_epsilon():
+  """From the scales the mechanism actually used: ε_test = (R + ζ)/b_test (the statistic's
+  sensitivity over R-neighbours is < R + ζ) and ε_release = Δp R/b_release add up to ε."""
+  x = jnp.asarray([0.3, -0.2])
+  for eps, R, zeta, prop in ((1.0, 0.5, 0.01, 2.0), (4.0, 0.3, 0.02, 0.7)):
+    a = ptr.ptr_query(jax.random.PRNGKey(0), mlp_apply, NET, x, proposal=prop, epsilon=eps,
+                      delta=0.1, radius=R, zeta=zeta)
+    spent = (R + zeta) / a.test_scale + prop * R / a.release_scale
+    assert spent == pytest.approx(eps, rel=1e-9)
+    assert a.threshold == pytest.approx(math.log(1 / 0.1) * a.test_scale)
+    code = ptr.ptr_query(jax.random.PRNGKey(0), mlp_apply, NET, x, proposal=prop, epsilon=eps,
+                         delta=0.1, radius=R, zeta=zeta, calib="code")
+    assert (R + zeta) / code.test_scale + prop * R / code.release_scale == pytest.approx(
+        2 * eps + eps * zeta / R, rel=1e-9)
+
+
+def test_a_refusal_says_why_with_the_numbers():
+  x = jnp.asarray([0.3, -0.2])
+  kw = dict(epsilon=2.0, delta=0.1, radius=0.5, radius_max=1.4, zeta=0.01)
+  # not certified at R: the oracle's bound exceeds Δp
+  a = ptr.ptr_query(jax.random.PRNGKey(1), mlp_apply, NET, x, proposal=1.0,
+                    oracle=lambda z, r: 2.0, **kw)
+  assert not a.answered and a.output is None
+  assert "not certified at the radius R = 0.5" in a.reason and "Δp = 1" in a.reason
+  assert f"{a.noisy_statistic:.4g}" in a.reason and f"τ = {a.threshold:.4g}" in a.reason
+  # certified up to ρ = 0.9 (oracle below Δp until 0.9): below the radius τ asks for, 2τ
+  oracle = lambda z, r: 0.5 if r <= 0.9 else 2.0
+  for seed in range(20):
+    a = ptr.ptr_query(jax.random.PRNGKey(seed), mlp_apply, NET, x, proposal=1.0, oracle=oracle,
+                      **kw)
+    if not a.answered:
+      break
+  assert not a.answered
+  need = 2 * a.threshold
+  assert a.search.lo < need
+  assert f"certified radius ρ = {a.search.lo:.4g} is below the radius {need:.4g}" in a.reason
+  assert "radius_max = 1.4" in a.reason            # 2τ > R_max: only the noise can pass
+  assert f"noisy statistic {a.noisy_statistic:.4g}" in a.reason
+  # answered queries carry no reason
+  b = ptr.ptr_query(jax.random.PRNGKey(0), mlp_apply, NET, x, proposal=1.0, epsilon=math.inf,
+                    delta=0.1, radius=0.5, oracle=lambda z, r: 0.5)
+  assert b.answered and b.reason == ""

@@ -201,8 +201,11 @@ def test_laplace_scales_of_image_and_adversarial_releases():
   assert np.array_equal(np.asarray(noisy_images(jax.random.PRNGKey(1), x, math.inf)), x)
   v = jnp.zeros((20_000, 8))
   rel = np.asarray(adversarial_release(jax.random.PRNGKey(2), v, proposal=3.0, epsilon=2.0,
-                                       radius=0.5))
+                                       radius=0.5, calib="code"))
   assert np.mean(np.abs(rel)) == pytest.approx(3.0 * 0.5 / 2.0, rel=0.02)   # Δp R/ε
+  rel = np.asarray(adversarial_release(jax.random.PRNGKey(2), v, proposal=3.0, epsilon=2.0,
+                                       radius=0.5))
+  assert np.mean(np.abs(rel)) == pytest.approx(2 * 3.0 * 0.5 / 2.0, rel=0.02)   # default 2Δp R/ε
   with pytest.raises(ValueError, match="epsilon"):
     noisy_images(jax.random.PRNGKey(1), x, 0.0)
 

@@ -24,7 +24,8 @@ from boundjax.agt.certify import certify, check_shared_nominal, max_certified_k,
 from boundjax.agt.config import Config
 from boundjax.agt.descent import clip, descent_bounds, descent_bounds_dense, semax, semin
 from boundjax.agt.optim import (BoundedState, BoundedTransformation, Directions, ParamBox,
-                                bounded_adam, bounded_sgd, bounded_sgdm, point_box, transform)
+                                bounded_adam, bounded_sgd, bounded_sgdm, point_box, transform,
+                                with_vacuity_check)
 from boundjax.agt.train import (EpochRecord, FitResult, KGrid, State, batches,
                                 descent_directions, fit, fit_k_grid, init, make_step,
                                 point_optimizer, update)
@@ -41,4 +42,5 @@ __all__ = [
     "transform",
     "bounded_sgd", "bounded_sgdm", "bounded_adam", "point_box", "ParamBox", "Directions",
     "BoundedState", "BoundedTransformation", "descent_directions", "poisoning", "poison_attacks",
+    "with_vacuity_check",
 ]

@@ -160,9 +160,10 @@ def box_stats(params: Any, bounds: Any) -> BoxStats:
 
 
 def vacuous_message(stats: BoxStats, epoch: int, config: Any, certified: float | None = None,
-                    probe: str = "probe", check: VacuityCheck = VacuityCheck()) -> str:
+                    probe: str = "probe", check: VacuityCheck = VacuityCheck(),
+                    when: str | None = None) -> str:
   """The text of `VacuousCertificateWarning`: what was measured, how wide the box is, and what
-  helps."""
+  helps. ``when`` replaces "after epoch <epoch>" (e.g. "at step 40")."""
   i = int(np.argmax(stats.ratio)) if stats.layers else None
   widest = ("" if i is None else f"widest leaf {stats.layers[i]}: mean width "
             f"{stats.width_mean[i]:.3g} vs its layer's mean |w| {stats.weight_scale[i]:.3g}")
@@ -173,7 +174,8 @@ def vacuous_message(stats: BoxStats, epoch: int, config: Any, certified: float |
     what = (f"the parameter box is wider than {check.max_width_ratio:g}x the weights "
             f"({widest})")
   return (f"AGT (k_private={config.k_private}, batch_size={config.batch_size}, clip_gamma="
-          f"{config.clip_gamma}, learning_rate={config.learning_rate}): after epoch {epoch} "
+          f"{config.clip_gamma}, learning_rate={config.learning_rate}): "
+          f"{when or f'after epoch {epoch}'} "
           f"{what}; the certificates are (nearly) vacuous. What helps: " + "; ".join(KNOBS) + ".")
 
 
@@ -195,3 +197,65 @@ def overflow_error(step: int, layers: tuple[str, ...], flags: np.ndarray, config
       f"{', '.join(bad)} (k_private={config.k_private}, batch_size={config.batch_size}, "
       f"learning_rate={config.learning_rate}, loss={config.loss!r}; {clip}). A box this wide "
       f"certifies nothing. What helps: " + "; ".join(KNOBS) + ".")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+  """What `check` measured on a box.
+
+  Attributes:
+    certified: the fraction of the probe points the box certifies (AGT, Lemma 4.4); None for
+      ``loss="mse"`` (a regression has no certificate).
+    stats: the box's widths against the weights (`BoxStats`).
+    vacuous: the rule (`VacuityCheck.fires`) says the certificates are (nearly) vacuous.
+    message: the warning's text when ``vacuous``, else ``""``.
+  """
+  certified: float | None
+  stats: BoxStats
+  vacuous: bool
+  message: str
+
+
+def check(bounds: Any, x: Any, *, apply_fn: Any, config: Any, backend: str = "mlp",
+          rule: VacuityCheck = VacuityCheck(), step: int | None = None,
+          warn: bool = True) -> CheckResult:
+  """The vacuity check of `boundjax.agt.fit`, for a training loop of your own.
+
+  The same measurement and rule as ``fit`` after each epoch: the box certifies the probe points
+  ``x`` (AGT, Lemma 4.4, the compiled certification ``fit`` uses), `VacuityCheck.fires` decides,
+  and `vacuous_message` words the warning. Raises `BoxOverflowError` when an endpoint of the box
+  is infinite or NaN (as ``fit`` does), and warns with `VacuousCertificateWarning` (with
+  ``warn``) when the rule fires.
+
+  Args:
+    bounds: the box: anything with ``.params`` (nominal parameters) and ``.bounds`` (their
+      `Interval` pytree): the ``ParamBox`` of `boundjax.agt.optim` or `fit`'s ``State``.
+    x: probe points, e.g. a few hundred training or validation inputs.
+    apply_fn: ``apply_fn(params, x) -> outputs``.
+    config: the run's `boundjax.agt.Config` (loss, interval product, bound method; its
+      settings are quoted in the message).
+    backend: "mlp" or "ibp" (`boundjax.agt.bounds`).
+    rule: when to call the certificates vacuous (`VacuityCheck`).
+    step: the step count, quoted in the message.
+    warn: warn when the rule fires (else only report).
+  """
+  import warnings
+  from boundjax.agt import train   # train imports this module
+
+  params, box = bounds.params, bounds.bounds
+  flags = np.asarray(finite_flags(box))
+  if not flags.all():
+    raise overflow_error(-1 if step is None else int(step), layer_names(params), flags, config)
+  stats = box_stats(params, box)
+  certified = None
+  if config.loss != "mse":
+    state = train.State(params, box, None)
+    certified = train._certified_fraction(apply_fn, config, backend, state, jnp.asarray(x))
+  vacuous = rule.fires(certified, stats)
+  message = ""
+  if vacuous:
+    when = "now" if step is None else f"at step {int(step)}"
+    message = vacuous_message(stats, 0, config, certified, f"{len(x)} probe", rule, when)
+    if warn:
+      warnings.warn(message, VacuousCertificateWarning, stacklevel=2)
+  return CheckResult(certified, stats, bool(vacuous), message)

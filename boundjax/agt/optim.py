@@ -8,7 +8,8 @@ maps the descent direction of one batch *and its bounds* (AGT, Thm 4.6:
     state = tx.init(params)                      # count, moments and their bounds
     box = agt.point_box(params)                  # nominal params + [theta_L, theta_U]
     for xb, yb in batches:
-      dirs = agt.descent_directions(apply_fn, cfg, "mlp", box.params, box.bounds, xb, yb)
+      dirs = agt.descent_directions(apply_fn, cfg, box.params, box.bounds, xb, yb,
+                                    backend="mlp")   # or "ibp" for any model
       box, state = tx.update(dirs, state, box)
 
 ``update(directions, state, box) -> (box, state)`` is pure and jittable and composes in any user
@@ -482,6 +483,46 @@ def bounded_adam(learning_rate: LearningRate, *, b1: float = 0.9, b2: float = 0.
                              (leaves(lambda r: r.m_hi), leaves(lambda r: r.v_hi)))
     return ParamBox(new_n, join_tree(new_l, new_u)), new_state
   return BoundedTransformation(init, update)
+
+
+def with_vacuity_check(tx: BoundedTransformation, *, every: int, apply_fn: Callable,
+                       config: Any, x: Any, backend: str = "mlp",
+                       rule: Any = None) -> BoundedTransformation:
+  """``tx`` whose ``update`` also runs `boundjax.agt.diagnostics.check` (the vacuity check of
+  `boundjax.agt.fit`) on the new box after every ``every``-th step (``count % every == 0``).
+
+  The check runs on the host (``jax.debug.callback`` under a ``lax.cond``, so a jitted step
+  stays jittable and only the checked steps leave the device): it warns with
+  ``VacuousCertificateWarning`` when the box certifies fewer than ``rule.min_certified`` of the
+  probe points ``x`` and raises ``BoxOverflowError`` (inside ``jit``: as the runtime error that
+  carries its message) when an endpoint became infinite or NaN.
+
+  Args:
+    tx: a pair of this module (`bounded_sgd`, `bounded_adam`, `transform`, ...).
+    every: check after every ``every`` steps (an int >= 1).
+    apply_fn, config, x, backend, rule: as in `boundjax.agt.diagnostics.check` (``rule``
+      default: ``VacuityCheck()``).
+  """
+  from boundjax.agt import diagnostics
+  if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1:
+    raise ValueError(f"with_vacuity_check: every must be an int >= 1, got {every!r}.")
+  every = int(every)
+  rule = diagnostics.VacuityCheck() if rule is None else rule
+  probe = jnp.asarray(x)
+
+  def host(count, params, bounds):
+    diagnostics.check(ParamBox(params, bounds), probe, apply_fn=apply_fn, config=config,
+                      backend=backend, rule=rule, step=int(count))
+
+  def update(directions, state, box):
+    new_box, new_state = tx.update(directions, state, box)
+    count = jnp.asarray(new_state.count)
+    jax.lax.cond(count % every == 0,
+                 lambda c, p, b: jax.debug.callback(host, c, p, b, ordered=False),
+                 lambda c, p, b: None, count, new_box.params, new_box.bounds)
+    return new_box, new_state
+
+  return BoundedTransformation(tx.init, update)
 
 
 def transform(config: Any) -> BoundedTransformation:

@@ -87,16 +87,61 @@ def nominal_grad_fn(apply_fn: Callable, loss: str) -> Callable:
   return jax.vmap(jax.grad(one), in_axes=(None, 0, 0))
 
 
-def descent_directions(apply_fn: Callable, config: Config, backend: str,
-                       params: Any, box: Any, xs: Array, ys: Array) -> tuple[Any, Any, Any]:
+BACKEND_VALUES = ("mlp", "ibp")
+"""The values of ``backend`` in `descent_directions` and `make_step` (``"auto"`` is resolved
+from concrete parameters by `boundjax.agt.bounds.resolve`, as `fit` does)."""
+
+
+def _backend_argument(backend: str | None, params: Any, box: Any, xs: Any, ys: Any,
+                      legacy: tuple) -> tuple[str, Any, Any, Any, Any]:
+  """``(backend, params, box, xs, ys)`` from a keyword call, or from the deprecated positional
+  one ``descent_directions(apply_fn, config, "mlp", params, box, xs, ys)`` (with a
+  `DeprecationWarning`)."""
+  if isinstance(params, str):
+    if backend is not None or len(legacy) != 1:
+      raise TypeError("descent_directions(apply_fn, config, params, box, xs, ys, *, backend): "
+                      f"got a positional backend {params!r} and {len(legacy) + 4} further "
+                      "positional arguments" + (" and backend=" + repr(backend) if backend else ""))
+    warnings.warn("descent_directions: pass the AGT back-end as the keyword backend='mlp' or "
+                  "backend='ibp' after the batch: descent_directions(apply_fn, config, params, "
+                  "box, xs, ys, backend=...); the positional form will be removed.",
+                  DeprecationWarning, stacklevel=3)
+    backend, params, box, xs, ys = params, box, xs, ys, legacy[0]
+  elif legacy:
+    raise TypeError(f"descent_directions takes 6 positional arguments (apply_fn, config, "
+                    f"params, box, xs, ys) but {6 + len(legacy)} were given; the back-end is "
+                    "the keyword backend='mlp' or 'ibp'.")
+  if backend not in BACKEND_VALUES:
+    raise ValueError(f"descent_directions: backend must be one of {BACKEND_VALUES} (keyword): "
+                     "'mlp' for a Dense+ReLU stack that boundjax.agt.mlp.apply reproduces "
+                     "(fast), 'ibp' for any model bj.ibp supports; got "
+                     f"{backend!r}" + (" (not given)" if backend is None else ""))
+  return backend, params, box, xs, ys
+
+
+def descent_directions(apply_fn: Callable, config: Config, params: Any, box: Any, xs: Array,
+                       ys: Array, *legacy: Any, backend: str | None = None
+                       ) -> tuple[Any, Any, Any]:
   """Nominal mean clipped gradient and its Thm 4.6 bounds ``(D_n, D_L, D_U)`` for one batch
   (with ``config.poisoning``, the poisoning bounds of `boundjax.agt.poisoning` instead).
+
+  Args:
+    apply_fn: ``apply_fn(params, x) -> outputs`` on a batch ``x``.
+    config: the run's `Config`.
+    params, box: the nominal parameters and their box (pytree of `Interval`).
+    xs, ys: the batch.
+    backend: keyword, required: ``"mlp"`` (the Dense+ReLU passes of `boundjax.agt.mlp`, for a
+      Dense stack that ``mlp.apply`` reproduces) or ``"ibp"`` (``bj.ibp`` of the per-sample
+      gradient of any model the engine supports); see `boundjax.agt.bounds`. The old positional
+      form ``descent_directions(apply_fn, config, "mlp", params, box, xs, ys)`` still works,
+      with a `DeprecationWarning`.
 
   The batch is processed in fragments of ``config.fragsize`` samples
   (`boundjax.agt.descent.scan_fragments`); only running sums and the k extreme bounds per
   coordinate are kept, so memory does not grow with b. For the "mlp" back-end the nominal
   per-sample gradients come from the batched passes of `boundjax.agt.mlp.per_sample_grads`.
   """
+  backend, params, box, xs, ys = _backend_argument(backend, params, box, xs, ys, legacy)
   b = xs.shape[0]
   k, gamma = config.k_private, config.gamma
   if k >= b:
@@ -173,8 +218,8 @@ def make_step(apply_fn: Callable, config: Config, backend: str = "mlp"
   def step(state: State, x_batch: Array, y_batch: Array) -> State:
     # the sound floating-point mode assumes float32 products (u = 2^-24): no TF32 passes
     with jax.default_matmul_precision("highest" if config.sound else None):
-      d_n, d_l, d_u = descent_directions(apply_fn, config, backend, state.params,
-                                         state.bounds, x_batch, y_batch)
+      d_n, d_l, d_u = descent_directions(apply_fn, config, state.params, state.bounds,
+                                         x_batch, y_batch, backend=backend)
       return update(config, state, d_n, d_l, d_u)
   return step
 

@@ -121,14 +121,35 @@ def source_frame(source_info):
   return None
 
 
+ONNX_SCOPE = "onnx:"
+"""Prefix of the JAX name scope in which `boundjax.io.onnx` runs each node's converter
+(``onnx:Gelu node 'gelu_1'``)."""
+
+
+def onnx_node(source_info) -> str | None:
+  """The ONNX node an equation was converted from (``Gelu node 'gelu_1'``), or None: the
+  innermost name scope that starts with `ONNX_SCOPE`."""
+  try:
+    names = [getattr(s, "name", str(s)) for s in source_info.name_stack.stack]
+  except Exception:  # pragma: no cover - best effort only
+    return None
+  for name in reversed(names):
+    if isinstance(name, str) and name.startswith(ONNX_SCOPE):
+      return name[len(ONNX_SCOPE):]
+  return None
+
+
 def source_line(source_info) -> str:
   """The user's line of an equation: the innermost frame of its traceback outside boundjax,
-  jax, flax, optax and the standard library, e.g. ``model.py:12 (__call__)``."""
+  jax, flax, optax and the standard library, e.g. ``model.py:12 (__call__)``; for a model loaded
+  by `boundjax.io.load_onnx` followed by the ONNX node, ``... in ONNX Gelu node 'gelu_1'``."""
+  node = onnx_node(source_info)
+  suffix = "" if node is None else f", in ONNX {node}"
   frame = source_frame(source_info)
   if frame is not None:
     line = getattr(frame, "line_num", None) or getattr(frame, "start_line", "?")
-    return f"{frame.file_name}:{line} ({frame.function_name})"
+    return f"{frame.file_name}:{line} ({frame.function_name}){suffix}"
   try:
-    return source_info_util.summarize(source_info) or "<unknown location>"
+    return (source_info_util.summarize(source_info) or "<unknown location>") + suffix
   except Exception:  # pragma: no cover - best effort only
-    return "<unknown location>"
+    return "<unknown location>" + suffix

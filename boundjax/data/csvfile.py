@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from boundjax.data.base import Dataset, DatasetNotFoundError, as_tuple
+from boundjax.data.base import CATEGORICAL, Dataset, DatasetNotFoundError, FeatureGroup, as_tuple
 from boundjax.data.encoding import MISSING
 from boundjax.data.tabular import table_dataset
 
@@ -60,7 +60,7 @@ def _describe(counts: dict[str, int]) -> str:
 
 def load_csv(path: str | pathlib.Path, label_column: str, *, categorical: Sequence[str] = (),
              sensitive: str | None = None, test_fraction: float = 0.2, seed: int = 0,
-             encoding: str = "sphynx", positive: Any = None, drop: Sequence[str] = (),
+             encoding: str | None = None, positive: Any = None, drop: Sequence[str] = (),
              test_path: str | pathlib.Path | None = None, name: str | None = None,
              missing: str = "impute", **read_kw) -> Dataset:
   """Loads a CSV table into a `Dataset` (features in ``[0, 1]``, int32 labels).
@@ -74,7 +74,10 @@ def load_csv(path: str | pathlib.Path, label_column: str, *, categorical: Sequen
       ``Dataset.sensitive``).
     test_fraction, seed: the seeded stratified split, when ``test_path`` is not given; ``seed``
       also fixes the (shuffled) row order of each split.
-    encoding: ``"sphynx"`` or ``"onehot"``.
+    encoding: ``"sphynx"`` (a categorical column of m > 2 categories becomes the two features
+      ``<column>_cos``, ``<column>_sin``: category i at angle ``2πi/m`` on the unit circle) or
+      ``"onehot"``. None (default): ``"sphynx"``, with one `UserWarning` naming every such
+      column and its encoding.
     drop: columns to ignore (e.g. an id column).
     test_path: a second CSV with the test split (same columns).
     name: the dataset's name (default: the file's stem).
@@ -132,10 +135,34 @@ def load_csv(path: str | pathlib.Path, label_column: str, *, categorical: Sequen
                   "(categorical: an extra category '?'; continuous: the training median). Pass "
                   "missing='drop' or missing='error' to avoid imputation.", UserWarning,
                   stacklevel=2)
-  return table_dataset(name or pathlib.Path(path).stem, df, label_column, positive=positive,
-                       categorical=categorical, sensitive=sensitive, encoding=encoding,
-                       test_fraction=test_fraction, seed=seed, test_df=test_df,
+  data = table_dataset(name or pathlib.Path(path).stem, df, label_column, positive=positive,
+                       categorical=categorical, sensitive=sensitive,
+                       encoding=encoding or "sphynx", test_fraction=test_fraction, seed=seed,
+                       test_df=test_df,
                        meta={"source": f"CSV file {path}"
                                        + (f" (test: {test_path})" if test_path else ""),
                              "missing": missing, "missing_by_column": counts,
                              "rows_dropped": dropped})
+  if encoding is None:
+    note = encoding_note(data.groups, as_tuple(categorical))
+    if note:
+      warnings.warn(f"load_csv: {path}: {note}", UserWarning, stacklevel=2)
+  return data
+
+
+def encoding_note(groups: Sequence[FeatureGroup], named: Sequence[str] = ()) -> str:
+  """One clause per categorical column with more than two categories (two become one 0/1
+  feature): its name, why it is categorical (listed in ``categorical``, or non-numeric) and the
+  features it became (Sphynx's (cos, sin) point on the unit circle); ``""`` when there is none."""
+  parts = []
+  for g in groups:
+    if g.kind != CATEGORICAL:
+      continue
+    why = "listed in categorical" if g.name in named else "non-numeric"
+    parts.append(f"column {g.name!r} ({why}, {len(g.categories)} categories) became the features "
+                 f"{g.name}_cos, {g.name}_sin (Sphynx's encoding: category i at angle "
+                 f"2πi/{len(g.categories)} on the unit circle)")
+  if not parts:
+    return ""
+  return ("; ".join(parts) + ". Pass encoding='sphynx' to keep this encoding without this "
+          "warning, or encoding='onehot' for one 0/1 feature per category.")

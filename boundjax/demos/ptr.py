@@ -26,7 +26,7 @@ def run(radius: float = 0.5, delta: float = 0.1, eps: tuple[float, ...] = (1.0, 
   """Trains the pipeline on digits and reports utility and the answer rate per ε.
 
   ``delta`` is in the authors' code's convention (the guarantee holds with ``δ/2``); the
-  calibration is ``"code"`` (``ε`` per R-neighbourhood).
+  calibration is the default ``"total"``: each query is ``(ε, δ/2)``-DP for R-neighbours.
   """
   d = bd.load("digits")
   x_tr, y_tr = np.asarray(d.x_train), np.asarray(d.y_train)

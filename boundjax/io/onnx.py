@@ -23,17 +23,22 @@ constants, and every ``Shape``/``Size`` (the shapes are static), is evaluated on
 ``Shape -> Gather -> Unsqueeze -> Concat -> Reshape`` leaves only the Reshape, with a static
 target shape, in ``apply_fn``.
 
-Shapes and batches. JAX shapes are static, so ``apply_fn`` takes exactly the model's input shape
-(``model.input_shape``). VNN-COMP networks have a fixed batch dimension of 1 (ACAS Xu
-``(1, 1, 1, 5)``, MNIST ``(1, 784)`` or ``(1, 784, 1)``); a symbolic dimension (``"N"``, or 0) is
-fixed at load time by ``load_onnx(path, input_shape=...)``, else set to 1. To run many inputs,
-vmap over a new leading axis::
+Shapes and batches. JAX shapes are static, so the graph runs on the model's input shape
+(``model.input_shape``). VNN-COMP networks and PyTorch exports have a fixed batch dimension of 1
+(ACAS Xu ``(1, 1, 1, 5)``, MNIST ``(1, 784)`` or ``(1, 1, 28, 28)``); a symbolic dimension
+(``"N"``, or 0) is fixed at load time by ``load_onnx(path, input_shape=...)``, else set to 1.
+When the first dimension is 1, ``apply_fn`` also takes a batch in its place, ``(B, 1, 28, 28)``
+for ``(1, 1, 28, 28)``: the graph runs on each ``x[i:i+1]`` (a vmap, so graphs that hard-code the
+batch of 1 stay right) and every output whose first dimension is 1 gets ``B`` there::
 
-    ys = jax.vmap(model.apply_fn, in_axes=(None, 0))(model.params, xs)   # xs: (B, *input_shape)
+    ys = model.apply_fn(model.params, xs)          # xs: (B, 1, 28, 28) -> ys: (B, 10)
+    ys = model.batched(model.params, xs5)          # xs5: (B, 1, 1, 28, 28) -> (B, 1, 10)
 
-(``model.batched`` is that function). For bounds, give one box of ``input_shape`` with
+(``model.batched`` is ``jax.vmap(apply_fn, in_axes=(None, 0))``, for inputs ``(B,
+*input_shape)`` whatever the first dimension.) For bounds, give one box of ``input_shape`` with
 ``bj.crown(model.apply_fn, batch_axis=None)`` (the model's own batch axis of 1 is then just a
-dimension), or a batch of boxes ``(B, *input_shape)`` to ``bj.crown(model.batched)``.
+dimension), a batch of boxes ``(B, 1, 28, 28)`` to ``bj.crown(model.apply_fn)``, or ``(B,
+*input_shape)`` to ``bj.crown(model.batched)``.
 ``model.apply_flat(params, x)`` takes and returns flat vectors, numbered as in VNNLIB files
 (``X_i``, ``Y_j``: row-major order of the input and output tensors). ``model.run_float64(x)``
 replays an input in float64 (for checking counterexamples).
@@ -42,7 +47,15 @@ Errors. An operator without a converter raises `UnsupportedOperatorError` (a
 ``NotImplementedError`` and a ``ValueError``) naming the operator, the node and the file; a node
 the converter cannot handle (an unsupported attribute value, a dynamic value where a static one
 is needed) raises `OnnxImportError` (a ``ValueError``) with the same context. Control flow
-(``If``, ``Loop``, ``Scan``) and operators of custom domains are not supported.
+(``If``, ``Loop``, ``Scan``) and operators of custom domains are not supported. Each node's
+converter runs in a JAX name scope naming the node, so a bound domain (``bj.ibp``, ``bj.crown``)
+that cannot bound one of its operations names the ONNX operator and node in its error
+(``... in ONNX Xor node 'the_xor'``).
+
+PyTorch. Both exporters of torch 2.13 are covered (``tests/data/``): the default one
+(``torch.export`` based, opset 18-20: ``LayerNormalization``, ``Gelu``, ``HardSwish``,
+``HardSigmoid``, BatchNorm folded into convolutions) and ``dynamo=False`` (TorchScript based:
+GELU as ``Erf``/``Tanh`` arithmetic, ``Expand``, ``Where``, ``Gather`` with constant indices).
 
 Operator semantics follow the ONNX operator specification (opset 7-21, https://onnx.ai/onnx/
 operators/); where an operator changed between opsets (inputs that used to be attributes, default
@@ -68,6 +81,7 @@ from onnx import helper as onnx_helper
 from onnx import numpy_helper
 
 from boundjax import nn as bj_nn
+from boundjax.core.ir import ONNX_SCOPE
 
 __all__ = ["OnnxModel", "OnnxFunction", "load_onnx", "CONVERTERS", "OnnxImportError",
            "UnsupportedOperatorError", "Node"]
@@ -115,9 +129,13 @@ class Node:
     return cls(proto.op_type, proto.name, tuple(proto.input), tuple(proto.output), attrs, opset,
                index, path)
 
-  def where(self) -> str:
+  def label(self) -> str:
+    """``<op> node '<name>'`` (or ``#<index>`` for an unnamed node), e.g. ``Gelu node 'gelu_1'``."""
     name = repr(self.name) if self.name else f"#{self.index} (unnamed, outputs {list(self.outputs)})"
-    return f"{self.op_type} node {name} of {self.path}"
+    return f"{self.op_type} node {name}"
+
+  def where(self) -> str:
+    return f"{self.label()} of {self.path}"
 
   def error(self, message: str) -> OnnxImportError:
     return OnnxImportError(f"{self.where()}: {message}")
@@ -350,6 +368,45 @@ def _softmax_like(node: Node, x, fn):
   return fn(jnp.reshape(x, (rows, -1)), axis=1).reshape(x.shape)
 
 
+def _hard_sigmoid(x, alpha: float, beta: float):
+  """``max(0, min(1, alpha * x + beta))``."""
+  return jnp.clip(alpha * jnp.asarray(x) + beta, 0.0, 1.0)
+
+
+@converter("HardSigmoid")
+def _hard_sigmoid_op(node: Node, x):
+  """HardSigmoid (opset 6): ``max(0, min(1, alpha * X + beta))``, ``alpha`` default 0.2,
+  ``beta`` default 0.5."""
+  return _hard_sigmoid(x, node.attr("alpha", 0.2), node.attr("beta", 0.5))
+
+
+@converter("HardSwish")
+def _hard_swish(node: Node, x):
+  """HardSwish (opset 14): ``X * HardSigmoid(X)`` with ``alpha = 1/6``, ``beta = 0.5``, i.e.
+  ``X * relu6(X + 3) / 6`` (Howard et al., "Searching for MobileNetV3", ICCV 2019, §5.2)."""
+  return x * _hard_sigmoid(x, 1.0 / 6.0, 0.5)
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+@converter("Gelu")
+def _gelu(node: Node, x):
+  """Gelu (opset 20): ``approximate="none"`` (default): ``0.5 * X * (1 + erf(X / sqrt(2)))``;
+  ``approximate="tanh"``: ``0.5 * X * (1 + tanh(sqrt(2 / pi) * (X + 0.044715 * X^3)))``
+  (Hendrycks and Gimpel, "Gaussian Error Linear Units (GELUs)", 2016, §2). Written with erf /
+  tanh, a product and a cube, so every domain bounds it with its rules for those pieces."""
+  x = jnp.asarray(x)
+  approximate = node.attr("approximate", "none")
+  if approximate == "none":
+    inner = lax.erf(x * (1.0 / math.sqrt(2.0)))
+  elif approximate == "tanh":
+    inner = jnp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * lax.integer_pow(x, 3)))
+  else:
+    raise node.error(f"approximate={approximate!r} is not supported (ONNX allows none, tanh)")
+  return 0.5 * x * (1.0 + inner)
+
+
 @converter("Softmax")
 def _softmax(node: Node, x):
   """Softmax (opset 1-13): ``exp(x_i) / sum_j exp(x_j)``, with boundjax's tight bound rule
@@ -436,6 +493,28 @@ def _batch_norm(node: Node, x, scale, bias, mean, var):
   shape = (-1,) + (1,) * (jnp.ndim(x) - 2)
   factor = scale / jnp.sqrt(var + node.attr("epsilon", 1e-5))
   return (x - jnp.reshape(mean, shape)) * jnp.reshape(factor, shape) + jnp.reshape(bias, shape)
+
+
+@converter("LayerNormalization")
+def _layer_norm(node: Node, x, scale, bias=None):
+  """LayerNormalization (opset 17): over the axes ``axis..rank-1`` (``axis`` default -1),
+  ``D = X - mean(X)``, ``Y = D / sqrt(mean(D^2) + epsilon) * Scale + B`` (``epsilon`` default
+  1e-5; ``Scale``, ``B`` broadcast to the normalised axes). The optional outputs are ``Mean`` and
+  ``InvStdDev = 1 / sqrt(mean(D^2) + epsilon)`` with the normalised axes kept as size 1.
+  ``stash_type`` (the precision of the statistics) is ignored: they are computed in the input's
+  type (Ba, Kiros and Hinton, "Layer Normalization", 2016, §3)."""
+  x = jnp.asarray(x)
+  axes = tuple(range(_axis(node.attr("axis", -1), x.ndim), x.ndim))
+  mean = jnp.mean(x, axis=axes, keepdims=True)
+  d = x - mean
+  inv_std = lax.rsqrt(jnp.mean(jnp.square(d), axis=axes, keepdims=True) +
+                      np.asarray(node.attr("epsilon", 1e-5), x.dtype))
+  y = d * inv_std * scale
+  if bias is not None:
+    y = y + bias
+  if len(node.outputs) > 1:
+    return y, mean, inv_std
+  return y
 
 
 @converter("MaxPool")
@@ -815,7 +894,10 @@ def _run(graph: _Graph, params: dict, x: Any, folded: dict | None = None):
       with jax.ensure_compile_time_eval(), jax.enable_x64(True):
         outs = [None if o is None else np.asarray(o) for o in _convert_node(node, values)]
     else:
-      outs = _convert_node(node, values)
+      # the scope names the node in the equations' source info, so a bound domain that cannot
+      # handle one of them names the ONNX operator (`boundjax.core.ir.source_line`)
+      with jax.named_scope(ONNX_SCOPE + node.label()):
+        outs = _convert_node(node, values)
     for name, value in zip(node.outputs, outs):
       if name:
         env[name] = value
@@ -823,6 +905,67 @@ def _run(graph: _Graph, params: dict, x: Any, folded: dict | None = None):
           folded[name] = np.asarray(value)
   outs = tuple(jnp.asarray(env[name]) for name in graph.output_names)
   return outs[0] if len(outs) == 1 else outs
+
+
+def is_user_batch(own: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+  """A batch in place of the file's batch dimension of 1: ``own = (1, *rest)`` and ``shape =
+  (B, *rest)`` (``B = 1`` is the model's own shape)."""
+  return len(own) >= 1 and own[0] == 1 and len(shape) == len(own) and shape[1:] == own[1:]
+
+
+def _over_user_batch(graph: _Graph, params: dict, x: Any) -> Any:
+  """The graph on each ``x[i:i+1]`` of a batch ``(B, *rest)`` (a ``vmap``, so a graph that
+  hard-codes its batch of 1, e.g. ``Reshape(x, [1, -1])``, stays correct). An output whose first
+  dimension is 1 (the file's batch dimension) gets ``B`` there, ``(B, *out[1:])``; any other
+  output gets a new leading axis, ``(B, *out)``."""
+  outs = jax.vmap(lambda xi: _run(graph, params, xi[None]))(x)
+  single = not isinstance(outs, tuple)
+  outs = (outs,) if single else outs
+  outs = tuple(jnp.reshape(o, (o.shape[0], *o.shape[2:])) if o.ndim >= 2 and o.shape[1] == 1
+               else o for o in outs)
+  return outs[0] if single else outs
+
+
+def _shape_error(path: str, own: tuple[int, ...], shape: tuple[int, ...], called: str) -> str:
+  """Why ``called`` (``"apply_fn"`` or ``"model.batched"``) refuses an input of ``shape``, the
+  shapes it takes, and which other function takes ``shape`` (never ``called`` itself)."""
+  batch1 = len(own) >= 1 and own[0] == 1
+  user = f"(B, {', '.join(map(str, own[1:]))}{',' if len(own) == 2 else ''})" if batch1 else None
+  full = f"(B, {', '.join(map(str, own))})"
+  if called == "apply_fn":
+    takes = f"an input of the model's shape {own}" + (f" or a batch {user}" if batch1 else "")
+    hint = ""
+    if len(shape) == len(own) + 1 and shape[1:] == own:
+      hint = (f" A batch of inputs of the model's full shape {full} is what model.batched takes"
+              + (f"; or pass it here as {user}" if batch1 else "") + ".")
+    elif len(shape) == len(own) - 1 and batch1 and shape == own[1:]:
+      hint = f" For one input, add the batch dimension of 1: x[None] has shape {own}."
+  else:
+    takes = f"a batch {full}" + (f" or {user}" if batch1 else "")
+    hint = ""
+    if shape == own:
+      hint = " For one input of the model's shape, call model.apply_fn (or model(x))."
+  return f"{path}: {called} takes {takes}; got an input of shape {shape}.{hint}"
+
+
+class _Batched:
+  """``model.batched``: ``apply_fn`` over a leading batch axis. ``(B, *input_shape)`` -> each
+  output with a leading ``B`` (``jax.vmap(apply_fn, in_axes=(None, 0))``); a batch in place of the
+  file's batch dimension of 1, ``(B, *input_shape[1:])``, goes to ``apply_fn`` as is."""
+
+  def __init__(self, fn: "OnnxFunction"):
+    self.fn = fn
+    self.__name__ = self.__qualname__ = fn.__name__ + "_batched"
+    self.__doc__ = self.__class__.__doc__
+
+  def __call__(self, params: dict, x: Any) -> Any:
+    shape = tuple(jnp.shape(x))
+    own = self.fn.graph.input_shape
+    if len(shape) == len(own) + 1 and shape[1:] == own:
+      return jax.vmap(lambda xi: _run(self.fn.graph, params, xi))(x)
+    if is_user_batch(own, shape):
+      return self.fn(params, x)
+    raise ValueError(_shape_error(self.fn.graph.path, own, shape, "model.batched"))
 
 
 class OnnxFunction:
@@ -837,11 +980,12 @@ class OnnxFunction:
 
   def __call__(self, params: dict, x: Any) -> Any:
     shape = tuple(jnp.shape(x))
-    if shape != self.graph.input_shape:
-      raise ValueError(f"{self.graph.path}: apply_fn takes an input of shape "
-                       f"{self.graph.input_shape} (the model's own); got {shape}. For a batch, "
-                       "use jax.vmap(apply_fn, in_axes=(None, 0)) (model.batched)")
-    return _run(self.graph, params, x)
+    own = self.graph.input_shape
+    if shape == own:
+      return _run(self.graph, params, x)
+    if is_user_batch(own, shape):
+      return _over_user_batch(self.graph, params, x)
+    raise ValueError(_shape_error(self.graph.path, own, shape, "apply_fn"))
 
   def __repr__(self) -> str:
     return f"<{self.__name__}: ONNX graph of {self.graph.path}, input {self.graph.input_shape}>"
@@ -897,8 +1041,9 @@ class OnnxModel:
   @functools.cached_property
   def batched(self) -> Callable[[dict, Any], Any]:
     """``jax.vmap(apply_fn, in_axes=(None, 0))``: inputs ``(B, *input_shape)``, for a batch of
-    points or, under ``bj.crown(model.batched)`` / ``bj.ibp``, a batch of boxes."""
-    return jax.vmap(self.apply_fn, in_axes=(None, 0))
+    points or, under ``bj.crown(model.batched)`` / ``bj.ibp``, a batch of boxes. (When the file's
+    batch dimension is 1, ``apply_fn`` itself also takes ``(B, *input_shape[1:])``.)"""
+    return _Batched(self.apply_fn)
 
   def __iter__(self) -> Iterator[Any]:
     yield self.apply_fn

@@ -104,6 +104,17 @@ def check_inputs(x: Any, input_shape: tuple[int, ...], what: str) -> np.ndarray:
   return a + np.float32(0.0)
 
 
+def single_input_error(shape: tuple[int, ...], input_shape: tuple[int, ...]) -> str:
+  """The message of ``guard(x)`` / ``guard.query(x)`` for an ``x`` that is not one input: what was
+  passed, what the call takes, and, for a batch, the call that answers it."""
+  msg = (f"LabelOnlyGuard: guard(x) and guard.query(x) answer one input of shape {input_shape}; "
+         f"got an array of shape {tuple(shape)}")
+  if len(shape) == len(input_shape) + 1 and tuple(shape[1:]) == input_shape:
+    return (msg + f", a batch of {shape[0]} inputs. For a batch call guard.query_batch(x), which "
+            "returns a GuardAnswer (.labels, .noised, .confidence).")
+  return msg + "."
+
+
 @dataclasses.dataclass(frozen=True)
 class GuardAnswer:
   """Answers of `LabelOnlyGuard.query_batch`.
@@ -203,8 +214,11 @@ class LabelOnlyGuard:
     self.memo.clear()
 
   def query(self, x: Any) -> int:
-    """One label (LUCID Alg. 2 ``Access``)."""
+    """One label (LUCID Alg. 2 ``Access``) for one input of shape ``input_shape``; ``guard(x)``
+    is the same call. A batch goes to `query_batch`."""
     a = np.asarray(x)
+    if tuple(a.shape) != tuple(self.input_shape):
+      raise ValueError(single_input_error(a.shape, tuple(self.input_shape)))
     return int(self.query_batch(a[None]).labels[0])
 
   __call__ = query

@@ -28,15 +28,23 @@ on a wall-clock timeout, which makes the statistic depend on machine speed), and
 ``N(x, R)`` already fails. The authors' code releases with the *measured* Lipschitz value, which
 is not private; the release here always uses ``Δp``.
 
-Calibration (``calib``): ``"code"`` (the authors' code): test noise ``Lap(R/ε)``, threshold
-``τ = ln(1/δ) R/ε``, release ``Lap(Δp R/ε)``. ``"unit"`` (the supplement's Algorithm 1):
-``Lap(1/ε)``, ``τ = ln(1/δ)/ε``, ``Lap(Δp/ε)``. The two are the same mechanism with
-``ε_code = ε_unit · R``.
+Calibration (``calib``). ``"total"`` (the default): the query as a whole is ``(ε, δ/2)``-DP for
+R-neighbours, ε split evenly between test and release (basic composition, Dwork & Roth 2014,
+Thm 3.16): test noise ``Lap(2(R + ζ)/ε)`` (the statistic's sensitivity over R-neighbours is
+``< R + ζ`` in both modes), threshold ``τ = ln(1/δ) · 2(R + ζ)/ε``, release ``Lap(2 Δp R/ε)``
+(``||f(x) - f(x')||_1 <= Δp R``). ``"code"`` (the authors' code): test noise ``Lap(R/ε)``,
+threshold ``τ = ln(1/δ) R/ε``, release ``Lap(Δp R/ε)``: each half spends ε, so the query is
+``(2ε(1 + ζ/2R), δ/2)``-DP, about ``2ε``; use it to reproduce the paper's numbers. ``"unit"``
+(the supplement's Algorithm 1): ``Lap(1/ε)``, ``τ = ln(1/δ)/ε``, ``Lap(Δp/ε)``: ε per unit of
+L∞ distance (``"code"`` with ``ε_code = ε_unit · R``).
 
 Privacy statements (assumptions: ``U >= L`` and inclusion-monotone — IBP, enumeration, and the
 MILP solved to optimality, not a MILP stopped by a time limit; ``Δp`` fixed before seeing ``x``;
 the fixed step count; ``ζ`` the bisection tolerance). For ``x, x'`` with ``d = ||x - x'||_inf``:
 
+* ``calib="total"`` (either mode): for ``d <= R``, ``P[M(x) in S] <= e^{ε} P[M(x') in S] + δ/2``
+  (test ``ε/2``, release ``ε/2``); ``mode="sound"`` also per unit of distance:
+  ``e^{ε (d + ζ)/(2(R + ζ)) + ε d/(2R)}``.
 * ``calib="code"``, ``mode="paper"``: for ``d <= R``,
   ``P[M(x) in S] <= e^{2ε} P[M(x') in S] + δ/2`` (test: sensitivity ``< R + ζ``, noise ``R/ε``,
   so ``ε(1 + ζ/R)`` strictly; release: if either point is safe ``||f(x) - f(x')||_1 <= Δp d``;
@@ -47,7 +55,9 @@ the fixed step count; ``ζ`` the bisection tolerance). For ``x, x'`` with ``d = 
 * ``calib="unit"``, ``mode="paper"``: near the clamp only ``e^{ε(R + ζ) + ε d}`` for ``d <= R``,
   not metric privacy (the supplement's claim does not hold there).
 
-`privacy_statement` returns these as values.
+`privacy_statement` returns these as values. A refused query (⊥) says why in
+``PTRAnswer.reason`` (`ptr_query`), with the certified radius and the radius the threshold asks
+for.
 """
 
 from __future__ import annotations
@@ -67,7 +77,8 @@ Array = jax.Array
 Oracle = Callable[[Any, Any], Any]        # (x, radius) -> an upper bound on L(f, N(x, radius))
 
 MODES = ("paper", "sound")
-CALIBS = ("code", "unit")
+CALIBS = ("total", "code", "unit")
+DEFAULT_CALIB = "total"   # the query is (ε, δ/2)-DP for R-neighbours; "code" spends about 2ε
 SEARCHES = ("bisect", "grid")
 
 
@@ -108,6 +119,8 @@ class PTRAnswer:
     threshold: ``τ``; the test passes iff ``noisy_statistic >= threshold``.
     test_scale, release_scale: the Laplace scales.
     search: the radius search.
+    reason: for ⊥, why (`refusal_reason`: the certified radius against the radius the
+      threshold asks for, or that the point is not certified at ``R``); ``""`` when answered.
   """
 
   output: Array | None
@@ -118,6 +131,7 @@ class PTRAnswer:
   test_scale: float
   release_scale: float
   search: RadiusSearch
+  reason: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +148,11 @@ class PrivacyStatement:
   radius: float
   metric: bool
   text: str
+
+  @property
+  def epsilon_at_radius(self) -> float:
+    """The ε of the statement for R-neighbours: ``eps_per_unit · R + eps_constant``."""
+    return self.eps_per_unit * self.radius + self.eps_constant
 
 
 # ------------------------------------------------------------------------------------------------
@@ -166,28 +185,40 @@ def _check_choice(name: str, value: str, options: tuple[str, ...]) -> None:
     raise ValueError(f"ptr: {name} must be one of {options}, got {value!r}.")
 
 
-def test_scale(epsilon: float, radius: float, calib: str = "code") -> float:
-  """Laplace scale of the test: ``R/ε`` (code) or ``1/ε`` (unit); 0 for ``ε = inf``."""
+def test_scale(epsilon: float, radius: float, calib: str = DEFAULT_CALIB,
+               zeta: float = 0.01) -> float:
+  """Laplace scale of the test: ``2(R + ζ)/ε`` (total: ``ε/2`` for a statistic of sensitivity
+  ``< R + ζ``), ``R/ε`` (code) or ``1/ε`` (unit); 0 for ``ε = inf``."""
   _check_choice("calib", calib, CALIBS)
+  if calib == "total":
+    return 2.0 * (radius + zeta) / epsilon
   return (radius if calib == "code" else 1.0) / epsilon
 
 
-def threshold(epsilon: float, delta: float, radius: float, calib: str = "code") -> float:
-  """``τ = ln(1/δ) · test_scale`` (PTR, App. B, step 4; Dwork & Lei 2009)."""
-  return math.log(1.0 / delta) * test_scale(epsilon, radius, calib)
+def threshold(epsilon: float, delta: float, radius: float, calib: str = DEFAULT_CALIB,
+              zeta: float = 0.01) -> float:
+  """``τ = ln(1/δ) · test_scale``, so ``P[0 + Lap(b) >= τ] = δ/2`` (PTR, App. B, step 4;
+  Dwork & Lei 2009)."""
+  return math.log(1.0 / delta) * test_scale(epsilon, radius, calib, zeta)
 
 
-def release_scale(proposal: float, epsilon: float, radius: float, calib: str = "code") -> float:
-  """Laplace scale of the release, ``Δp · test_scale``: from the proposal, never from ``x``."""
+def release_scale(proposal: float, epsilon: float, radius: float,
+                  calib: str = DEFAULT_CALIB) -> float:
+  """Laplace scale of the release, from the proposal ``Δp``, never from ``x``: ``2 Δp R/ε``
+  (total: ``ε/2`` for ``||f(x) - f(x')||_1 <= Δp R``), ``Δp R/ε`` (code) or ``Δp/ε`` (unit)."""
+  _check_choice("calib", calib, CALIBS)
+  if calib == "total":
+    return 2.0 * proposal * radius / epsilon
   return proposal * test_scale(epsilon, radius, calib)
 
 
 def pass_probability(statistic: float, *, epsilon: float, delta: float, radius: float,
-                     calib: str = "code") -> float:
+                     calib: str = DEFAULT_CALIB, zeta: float = 0.01) -> float:
   """``P[s + Lap(b) >= τ]``: ``1 - exp(-(s - τ)/b)/2`` for ``s >= τ``, else
   ``exp(-(τ - s)/b)/2``; ``δ/2`` at ``s = 0``."""
   _check(epsilon, delta, radius)
-  b, tau = test_scale(epsilon, radius, calib), threshold(epsilon, delta, radius, calib)
+  b, tau = (test_scale(epsilon, radius, calib, zeta),
+            threshold(epsilon, delta, radius, calib, zeta))
   if b == 0:
     return 1.0 if statistic >= tau else 0.0
   if statistic >= tau:
@@ -212,12 +243,31 @@ def _statistic(lo, feasible, radius: float, mode: str):
   return jnp.where(feasible, s, 0.0)
 
 
-def privacy_statement(*, epsilon: float, delta: float, radius: float, calib: str = "code",
-                      mode: str = "paper", zeta: float = 0.01) -> PrivacyStatement:
-  """The guarantee of `ptr_release` for one query (module docstring; PTR, App. A–B)."""
+def privacy_statement(*, epsilon: float, delta: float, radius: float,
+                      calib: str = DEFAULT_CALIB, mode: str = "paper",
+                      zeta: float = 0.01) -> PrivacyStatement:
+  """The guarantee of `ptr_release` for one query (module docstring; PTR, App. A–B).
+
+  Test and release compose: ``ε_test = Δs / b_test`` with ``Δs`` the statistic's sensitivity
+  (``< R + ζ`` for ``d <= R``; ``<= d + ζ`` for φ*) and ``ε_release = Δp d / b_release``.
+  ``calib="total"`` gives ``epsilon_at_radius == ε``.
+  """
   _check(epsilon, delta, radius, zeta=zeta)
   _check_choice("calib", calib, CALIBS)
   _check_choice("mode", mode, MODES)
+  if calib == "total":
+    b_test = test_scale(epsilon, radius, calib, zeta)
+    release_unit = epsilon / (2.0 * radius)                # Δp d / (2 Δp R / ε) per unit of d
+    if mode == "sound":
+      per, const = 1.0 / b_test + release_unit, zeta / b_test
+      text = (f"metric privacy: P[M(x)∈S] <= exp({per:.4g}·d + {const:.3g}) P[M(x')∈S] + "
+              f"{delta / 2:.4g} for d = ||x - x'||_inf <= {radius}, i.e. exp({epsilon:.4g}) "
+              f"at d = R")
+      return PrivacyStatement(per, const, delta / 2, radius, True, text)
+    per, const = release_unit, (radius + zeta) / b_test
+    text = (f"(ε, δ) for R-neighbours: P[M(x)∈S] <= exp({per:.4g}·d + {const:.4g}) P[M(x')∈S] "
+            f"+ {delta / 2:.4g} for d <= R = {radius}, i.e. exp({epsilon:.4g}) at d = R")
+    return PrivacyStatement(per, const, delta / 2, radius, False, text)
   unit = epsilon / radius if calib == "code" else epsilon   # ε per unit of L∞ distance
   if mode == "sound":
     per, const, metric = 2 * unit, 2 * unit * zeta / 2, True
@@ -385,11 +435,11 @@ class _Setting:
 
   @property
   def b_test(self) -> float:
-    return test_scale(self.epsilon, self.radius, self.calib)
+    return test_scale(self.epsilon, self.radius, self.calib, self.zeta)
 
   @property
   def tau(self) -> float:
-    return threshold(self.epsilon, self.delta, self.radius, self.calib)
+    return threshold(self.epsilon, self.delta, self.radius, self.calib, self.zeta)
 
   @property
   def b_release(self) -> float:
@@ -440,7 +490,7 @@ def _setting(radius, radius_max, zeta, proposal, epsilon, delta, calib, mode, se
 
 def ptr_query(key: Array, apply_fn: Callable, params: Any, x: Any, *, proposal: float,
               epsilon: float, delta: float, radius: float, radius_max: float = 1.4,
-              zeta: float = 0.01, calib: str = "code", mode: str = "paper",
+              zeta: float = 0.01, calib: str = DEFAULT_CALIB, mode: str = "paper",
               search: str = "bisect", method: str = "ibp", out_norm: str = "l1",
               oracle: Oracle | None = None) -> PTRAnswer:
   """One PTR query with its diagnostics (`ptr_release` returns only the output).
@@ -453,8 +503,10 @@ def ptr_query(key: Array, apply_fn: Callable, params: Any, x: Any, *, proposal: 
     epsilon: ``> 0``; ``math.inf`` releases ``f(x)`` exactly (no privacy).
     delta: in ``(0, 1)``; an unsafe point is answered with probability ``δ/2``.
     radius: ``R`` (> 0), radius_max, zeta: the search (`radius_search`).
-    calib: ``"code"`` or ``"unit"``; mode: ``"paper"`` or ``"sound"`` (module docstring for the
-      guarantee of each combination, or `privacy_statement`).
+    calib: ``"total"`` (default: the query is ``(ε, δ/2)``-DP for R-neighbours), ``"code"``
+      (the authors' code, about ``2ε``) or ``"unit"`` (ε per unit distance); mode: ``"paper"`` or
+      ``"sound"`` (module docstring for the guarantee of each combination, or
+      `privacy_statement`).
     search, method, out_norm, oracle: the radius search and its Lipschitz oracle.
   """
   st = _setting(radius, radius_max, zeta, proposal, epsilon, delta, calib, mode, search, method,
@@ -473,22 +525,50 @@ def ptr_query(key: Array, apply_fn: Callable, params: Any, x: Any, *, proposal: 
     value = jnp.reshape(apply_fn(params, x), (-1,))
     noisy, answered, released = _noisy(key, stat, value, st)
   answered = bool(answered)
+  reason = "" if answered else refusal_reason(search_res, float(noisy), st)
   return PTRAnswer(released if answered else None, answered, search_res.statistic, float(noisy),
-                   st.tau, st.b_test, st.b_release, search_res)
+                   st.tau, st.b_test, st.b_release, search_res, reason)
+
+
+def required_radius(tau: float, radius: float, mode: str) -> float:
+  """The certified radius ``ρ`` whose noiseless statistic reaches ``τ``: ``2τ`` (``φ = ρ/2``,
+  mode paper) or ``R + τ`` (``φ* = ρ - R``, mode sound)."""
+  return 2.0 * tau if mode == "paper" else radius + tau
+
+
+def refusal_reason(search: RadiusSearch, noisy: float, st: _Setting) -> str:
+  """Why a query got ⊥, with the numbers: not certified at ``R`` (statistic 0), or the certified
+  radius ``ρ`` against the radius the threshold asks for (`required_radius`), and the noisy
+  statistic against ``τ``."""
+  need = required_radius(st.tau, st.radius, st.mode)
+  test = (f"the noisy statistic {noisy:.4g} (statistic {search.statistic:.4g} + Lap({st.b_test:.4g})"
+          f" noise) is below the threshold τ = {st.tau:.4g}")
+  if not search.feasible:
+    return (f"⊥: x is not certified at the radius R = {st.radius:g}: the Lipschitz bound on "
+            f"N(x, R) exceeds the proposal Δp = {st.proposal:.4g}, so the statistic is 0 and "
+            f"{test}")
+  if search.lo < need:
+    cap = (f"; the search stops at radius_max = {st.radius_max:g}, so only the test noise can "
+           "pass at this ε and δ" if need > st.radius_max else "")
+    return (f"⊥: the certified radius ρ = {search.lo:.4g} is below the radius {need:.4g} the "
+            f"threshold asks for{cap}; {test}")
+  return (f"⊥: the certified radius ρ = {search.lo:.4g} reaches the radius {need:.4g} the "
+          f"threshold asks for, but the test noise pulled the noisy statistic down: {test}")
 
 
 def ptr_release(key: Array, apply_fn: Callable, params: Any, x: Any, *, proposal: float,
                 epsilon: float, delta: float, radius: float, **options: Any) -> Array | None:
-  """``f(x) + Lap(b)^m`` with ``b = Δp·R/ε`` (``calib="code"``) or ``Δp/ε`` (``"unit"``), or
-  ``None`` (⊥) when the noisy test fails (PTR, App. B, Algorithm 1, corrected as in the module
-  docstring; the options are `ptr_query`'s)."""
+  """``f(x) + Lap(b)^m`` with ``b = 2Δp·R/ε`` (``calib="total"``, the default), ``Δp·R/ε``
+  (``"code"``) or ``Δp/ε`` (``"unit"``), or ``None`` (⊥) when the noisy test fails (PTR, App. B,
+  Algorithm 1, corrected as in the module docstring; the options are `ptr_query`'s, whose
+  ``reason`` says why a query was refused)."""
   return ptr_query(key, apply_fn, params, x, proposal=proposal, epsilon=epsilon, delta=delta,
                    radius=radius, **options).output
 
 
 def ptr_release_batch(key: Array, apply_fn: Callable, params: Any, xs: Any, *, proposal: float,
                       epsilon: float, delta: float, radius: float, radius_max: float = 1.4,
-                      zeta: float = 0.01, calib: str = "code", mode: str = "paper",
+                      zeta: float = 0.01, calib: str = DEFAULT_CALIB, mode: str = "paper",
                       search: str = "bisect", method: str = "ibp",
                       out_norm: str = "l1") -> tuple[Array, Array, Array]:
   """Many queries in one compiled ``vmap`` (IBP oracles): ``(outputs, answered, statistics)``.

@@ -182,9 +182,11 @@ def ldp_embedding_release(key: Array, v: Any, rng: OutputRange, epsilon: float,
 # ------------------------------------------------------------------------------------------------
 
 def adversarial_release(key: Array, v: Any, *, proposal: float, epsilon: float, radius: float,
-                        calib: str = "code") -> Array:
-  """``v + Lap(b)^m`` with PTR's release scale ``b = Δp R/ε`` (``calib="code"``) or ``Δp/ε``
-  (``"unit"``), for every query: the paper's Table 1 "Adversarial" row, which skips the test."""
+                        calib: str = ptr.DEFAULT_CALIB) -> Array:
+  """``v + Lap(b)^m`` with PTR's release scale (`boundjax.ptr.release.release_scale`: ``b =
+  2Δp R/ε`` with ``calib="total"``, the default, ``Δp R/ε`` with ``"code"``, ``Δp/ε`` with
+  ``"unit"``), for every query: the paper's Table 1 "Adversarial" row, which skips the test (so
+  it is not private for points where ``f`` is steeper than ``Δp``)."""
   v = jnp.asarray(v)
   b = ptr.release_scale(proposal, _check_epsilon(epsilon), radius, calib)
   return v if b == 0 else v + b * jax.random.laplace(key, v.shape, v.dtype)

@@ -41,7 +41,8 @@ class PTRAccuracy:
 
 def release_from_statistics(key: Array, statistics: Any, values: Any, *, proposal: float,
                             epsilon: float, delta: float, radius: float,
-                            calib: str = "code") -> tuple[Array, Array]:
+                            calib: str = ptr.DEFAULT_CALIB,
+                            zeta: float = 0.01) -> tuple[Array, Array]:
   """``(outputs, answered)`` of PTR's test and release given each query's statistic ``s_i`` and
   ``f(z_i)``: ``answered_i = s_i + Lap(b_test) >= τ`` and ``outputs_i = f(z_i) + Lap(b_rel)^m``
   with the scales and threshold of `boundjax.ptr.release` (``test_scale``, ``threshold``,
@@ -50,8 +51,8 @@ def release_from_statistics(key: Array, statistics: Any, values: Any, *, proposa
   stats, values = jnp.asarray(statistics), jnp.asarray(values)
   if math.isinf(epsilon):
     return values, jnp.ones(stats.shape, bool)
-  b_test = ptr.test_scale(epsilon, radius, calib)
-  tau = ptr.threshold(epsilon, delta, radius, calib)
+  b_test = ptr.test_scale(epsilon, radius, calib, zeta)
+  tau = ptr.threshold(epsilon, delta, radius, calib, zeta)
   b_rel = ptr.release_scale(proposal, epsilon, radius, calib)
 
   def one(k, s, v):
@@ -72,7 +73,7 @@ def _score(model: TrainedARL, out, answered, y, epsilon: float, stats) -> PTRAcc
 
 def ptr_accuracy_grid(key: Array, model: TrainedARL, z: Any, y: Any, *, proposal: float,
                       epsilons: Sequence[float], delta: float, radius: float,
-                      calib: str = "code", **options: Any) -> list[PTRAccuracy]:
+                      calib: str = ptr.DEFAULT_CALIB, **options: Any) -> list[PTRAccuracy]:
   """`ptr_accuracy` for every ε in ``epsilons`` with one radius search per query (module
   docstring); ε number ``j`` uses ``fold_in(key, j)``."""
   _, _, stats = ptr.ptr_release_batch(key, model.apply, model.obf_params, z, proposal=proposal,
@@ -85,7 +86,8 @@ def ptr_accuracy_grid(key: Array, model: TrainedARL, z: Any, y: Any, *, proposal
       raise ValueError(f"ptr_accuracy_grid: every epsilon must be > 0, got {e!r}.")
     rel, answered = release_from_statistics(jax.random.fold_in(key, j), stats, values,
                                             proposal=proposal, epsilon=e, delta=delta,
-                                            radius=radius, calib=calib)
+                                            radius=radius, calib=calib,
+                                            zeta=options.get("zeta", 0.01))
     out.append(_score(model, rel, answered, y, e, stats))
   return out
 
