@@ -10,6 +10,7 @@ model and the same batches, in one process. The paper reports 2–4x for its PyT
 
   JAX_PLATFORMS=cpu .venv/bin/python benchmarks/agt.py --profile   # per-fragment breakdown
   JAX_PLATFORMS=cpu .venv/bin/python benchmarks/agt.py --public-task [--poison]
+  JAX_PLATFORMS=cpu .venv/bin/python benchmarks/agt.py --public-floor  # FLOP / bandwidth floors
 
 The public PyTorch AGT (psosnin/AbstractGradientTraining) side by side: not possible here. It is
 not on the package index this machine reaches (``pip download abstract-gradient-training``
@@ -20,7 +21,8 @@ the final box and logit-bound widths, writes the exact data and initial weights 
 ``results/agt_public_task.npz`` so the public code can be run on the same inputs elsewhere, and
 records in ``results/agt_public.json`` that the public side was not run.
 
-Results: benchmarks/results/agt_cost.json, benchmarks/results/agt_soundness.json.
+Results: benchmarks/results/agt_cost.json, benchmarks/results/agt_soundness.json,
+agt_public.json, agt_public_poison.json, agt_public_floor.json.
 
 Where a step's time goes (``--profile``, process CPU ms per fragment on the 2-core machine;
 Fashion 128-32-1, fragment 2,000, P = 4,161 / Amazon-shaped 384-100-1, fragment 500,
@@ -59,6 +61,19 @@ an interleaved A/B, 1.31 against 1.46 s). The poisoning row (``--public-task --p
 k_poison = 10, epsilon = 0.01): 6.3 s before, 2.5 s after (bit for bit; it still computes its
 two bounds in one stage).
 
+Since then (interleaved A/B in one process, process CPU seconds for the 4 epochs, bit for bit
+the same final state): the per-sample arrays are no longer carried from one scan iteration to
+the next, which made XLA copy every carried buffer twice per iteration (it could not prove
+that the merge reads the old value before the next stage writes the new one; an
+``optimization_barrier`` leaves no trace on CPU); each stage's output is instead the result of
+a ``lax.cond`` that is never false-branched (`boundjax.agt.descent._written`), which XLA
+writes once without fusing its producer into the consumers. The poisoning row runs in two
+stages as well (`boundjax.agt.poisoning.mlp_stages`), and the nominal per-sample gradients are
+computed in the second stage. Privacy 1.10 -> 0.85 s, poisoning 2.60 -> 1.36 s, a batch in a
+single fragment (``fragsize=5000``) 4.08 -> 1.63 s; compilation 27 -> 7 s and 35 -> 12 s.
+``--public-floor`` measures the floors (XLA's flop count of the per-sample stages against the
+GEMM throughput, and the per-sample arrays written and read once against the copy bandwidth).
+
 Why 3x is out of reach on a 2-core CPU: plain SGD is three GEMMs over the batch, about 6 b P
 flops that run at GEMM speed (~50 GFLOP/s here: 5 ms for Fashion's b = 10,000). AGT must
 produce 3 b P per-sample values (nominal, lower, upper: 125 M for Fashion, each a product,
@@ -85,7 +100,7 @@ import numpy as np
 import optax
 
 from boundjax import agt
-from boundjax.agt import losses, mlp, retrain
+from boundjax.agt import descent, losses, mlp, retrain
 from common import RESULTS, record
 
 
@@ -416,6 +431,60 @@ def memory_floor(reps: int) -> dict:
           "step_over_floor_xla": step_s / (moved / bw_xla)}
 
 
+def public_floor(reps: int) -> dict:
+  """The floor of the public task's 4 epochs (both rows, `public_task`), measured on this machine.
+
+  Work of one step's per-sample bounds (the two stages of every fragment: nominal clipped
+  gradients and their interval bounds, clipped; for poisoning also the bounds over the input
+  box), counted by XLA's cost analysis of the compiled stages (every element-wise operation is
+  one flop), against the best GEMM throughput (a jitted 1024 x 1024 float32 product, 2 n^3
+  flops); and the bytes the streaming bound must move at least, each of its per-sample arrays
+  (privacy: nominal, lower, upper; poisoning: nominal and the clean and poisoned lower and
+  upper bounds, b x #params float32 each) written once and read once, against the copy
+  bandwidth (``numpy.copyto`` of 64 MB, read + write). Neither floor counts the top-k merge.
+  """
+  from boundjax.agt import poisoning
+  from boundjax.core.interval import Interval
+  n = 1024
+  a = jnp.asarray(np.random.default_rng(0).random((n, n), dtype=np.float32))
+  mm = jax.jit(lambda a: a @ a)
+  mm(a).block_until_ready()
+  gemm = 2 * n ** 3 / min(_wall(lambda: mm(a).block_until_ready()) for _ in range(max(reps, 5)))
+  src = np.random.default_rng(0).random(16 * 2 ** 20, dtype=np.float32)
+  dst = np.empty_like(src)
+  copy = 2 * src.nbytes / min(_wall(lambda: np.copyto(dst, src)) for _ in range(max(reps, 5)))
+  params = mlp.init(jax.random.PRNGKey(0), [6, 128, 2])
+  n_params = sum(int(np.size(v)) for v in jax.tree_util.tree_leaves(params))
+  box = jax.tree_util.tree_map(lambda w: Interval(w - 1e-3, w + 1e-3, validate=False), params)
+  b, f, steps = 5000, 1000, 16
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(f, 6)), jnp.float32)
+  y = jnp.zeros((f,), jnp.int32)
+  out = {"gemm_gflop_s": gemm / 1e9, "copy_gb_s": copy / 1e9, "n_params": n_params,
+         "batch": b, "fragment": f, "steps": steps, "rows": []}
+  for poison in (False, True):
+    cfg = agt.Config(n_epochs=4, learning_rate=2.0, batch_size=b, loss="cross_entropy",
+                     k_private=10, clip_gamma=0.06, lr_decay=0.6, lr_min=1e-3, fragsize=f)
+    if poison:
+      cfg = dataclasses.replace(cfg, k_private=0, k_poison=10, epsilon=0.01)
+      gfn = lambda p, x, y: mlp.per_sample_grads(p, x, y, cfg.loss)  # noqa: E731
+      first, second = poisoning.mlp_stages(cfg, gfn, params, box)
+      fn, arrays = (lambda x, y: second(first(x, y))), 5
+    else:
+      def fn(x, y):
+        g = descent.clip(mlp.per_sample_grads(params, x, y, cfg.loss), cfg.gamma)
+        return g, descent.clip(mlp.grad_bounds(box, x, y, cfg.loss, cfg.matmul), cfg.gamma)
+      arrays = 3
+    ca = jax.jit(fn).lower(x, y).compile().cost_analysis()
+    ca = ca[0] if isinstance(ca, list) else ca
+    flops = float(ca["flops"]) * (b // f) * steps
+    moved = 2 * arrays * b * n_params * 4 * steps
+    out["rows"].append({"row": "poisoning" if poison else "privacy", "arrays_per_sample": arrays,
+                        "flops_4_epochs": flops, "compute_floor_s": flops / gemm,
+                        "bytes_4_epochs": moved, "memory_floor_s": moved / copy})
+  print(json.dumps(out, indent=1), flush=True)
+  return out
+
+
 def _wall(fn) -> float:
   t = time.perf_counter()
   fn()
@@ -433,6 +502,8 @@ def main():
                   help="our side of the public-AGT comparison task (module docstring)")
   ap.add_argument("--poison", action="store_true",
                   help="with --public-task: the poisoning row (k_poison=10, epsilon=0.01)")
+  ap.add_argument("--public-floor", action="store_true",
+                  help="FLOP and bandwidth floors of the public task's two rows")
   ap.add_argument("--floor", action="store_true",
                   help="the per-sample memory floor of a Fashion step against the step's time")
   ap.add_argument("--n-sets", type=int, default=64)
@@ -447,6 +518,10 @@ def main():
     res = {"provenance": record(), **memory_floor(max(a.reps, 3))}
     print(json.dumps(res, indent=1))
     (RESULTS / "agt_memory_floor.json").write_text(json.dumps(res, indent=1))
+    return
+  if a.public_floor:
+    res = {"provenance": record(), **public_floor(a.reps)}
+    (RESULTS / "agt_public_floor.json").write_text(json.dumps(res, indent=1))
     return
   if a.public_task:
     res = {"provenance": record(), **public_task(a.reps, a.poison)}

@@ -107,3 +107,37 @@ def test_descent_directions_equal_the_sorted_batch(frag, poison):
     np.testing.assert_allclose(_leaves(d_l)[i], lo, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(_leaves(d_u)[i], hi, rtol=1e-12, atol=1e-15)
     assert np.all(np.asarray(lo) <= np.asarray(hi)) and np.any(np.asarray(lo) < np.asarray(hi))
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, 1.5, -np.inf, np.inf, np.nan])
+def test_written_stage_gives_the_stage_values(value):
+  """`descent._written` (a stage computed as the branch of a conditional that is never
+  false-branched) returns ``fn(*args)`` bit for bit, whatever the first input value the
+  predicate reads (NaN and infinities included), under jit and without."""
+  x = jnp.asarray([[value, 2.0], [3.0, -1.0]])
+  fn = lambda a, b: (a * b + 1.0, jnp.sum(a, 0) - b[0])  # noqa: E731
+  y = jnp.asarray([[0.5, -2.0], [1.0, 4.0]])
+  assert not bool(descent._never(x))
+  written = lambda x, y: descent._written(fn, descent._never(x), x, y)  # noqa: E731
+  for got in (written(x, y), jax.jit(written)(x, y)):
+    for g, r in zip(got, fn(x, y)):
+      np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
+
+
+def test_poisoning_stages_equal_the_one_stage_bounds():
+  """`poisoning.mlp_stages` (the poisoning step's two pipeline stages) gives the clipped nominal
+  gradients, clean bounds and input-box bounds of the one-stage form, bit for bit."""
+  params, box, x, y = _fragment_setup()
+  cfg = agt.Config(n_epochs=1, learning_rate=0.1, batch_size=23, loss="cross_entropy",
+                   clip_gamma=0.3, k_poison=2, epsilon=0.05, label_k_poison=1)
+  gfn = lambda p, x, y: mlp.per_sample_grads(p, x, y, cfg.loss)  # noqa: E731
+  first, second = poisoning.mlp_stages(cfg, gfn, params, box)
+  got = second(first(x, y))
+  pfn = poisoning.poisoned_grad_bounds_fn(mlp.apply, cfg, "mlp")
+  ref = (descent.clip(gfn(params, x, y), 0.3),
+         descent.clip(mlp.grad_bounds(box, x, y, cfg.loss), 0.3),
+         descent.clip(pfn(box, x, y), 0.3))
+  for g, r in zip(got, ref):
+    for a, b in zip(_leaves(g), _leaves(r)):
+      for u, v in ((a.lower, b.lower), (a.upper, b.upper)) if isinstance(a, Interval) else ((a, b),):
+        np.testing.assert_array_equal(np.asarray(u), np.asarray(v))

@@ -249,11 +249,21 @@ def scan_fragments(params: Any, xs: Array, ys: Array, fragsize: int,
   no masking is needed). Per fragment, ``per_sample(x, y)`` returns a tuple of pytrees shaped
   like ``params`` (per-sample gradients and their bounds, leading axis = sample; `Interval`
   leaves allowed); or ``per_sample`` is a pair ``(first, second)`` with ``first(x, y)`` any
-  pytree and ``second(first(x, y))`` that tuple (each stage's output is written once,
-  `_pipelined`); and ``merge_leaf(acc, *leaves)`` folds one parameter leaf's values into its
-  accumulator (``init_leaf(param_leaf)`` at the start). ``finalize_leaf(acc)`` turns each
-  accumulator into ``(D_n, D_L, D_U)``; the result is that triple as three pytrees like
-  ``params``. Memory is O(fragsize * #params) plus the accumulators, whatever b.
+  pytree and ``second(first(x, y))`` that tuple; and ``merge_leaf(acc, *leaves)`` folds one
+  parameter leaf's values into its accumulator (``init_leaf(param_leaf)`` at the start).
+  ``finalize_leaf(acc)`` turns each accumulator into ``(D_n, D_L, D_U)``; the result is that
+  triple as three pytrees like ``params``. Memory is O(fragsize * #params) plus the
+  accumulators, whatever b.
+
+  Each stage's output is written once (`_written`) and read by the next stage or the merge.
+  Computed and consumed in one expression, XLA fuses a long element-wise producer (the
+  engine's bounds: NaN guards, 0 * inf products, a transposed product) into each of its
+  consumers (sums, group maxima, the gathered groups of the top-k) and recomputes it there,
+  through index-remapping reshapes; ``optimization_barrier`` does not prevent that on CPU (XLA
+  removes it before fusion). Carrying the outputs to the next iteration of the scan forces one
+  write as well, but XLA then copies every carried buffer twice per iteration (it cannot prove
+  that the merge reads the old value before the next stage writes the new one). The same
+  values in both forms, merged in the same order.
   """
   b = xs.shape[0]
   f = min(fragsize, b)
@@ -264,9 +274,10 @@ def scan_fragments(params: Any, xs: Array, ys: Array, fragsize: int,
   stages = tuple(per_sample) if isinstance(per_sample, (tuple, list)) else (per_sample,)
 
   def run(x: Array, y: Array) -> Any:
-    vals = stages[0](x, y)
+    never = _never(x)
+    vals = _written(stages[0], never, x, y)
     for stage in stages[1:]:
-      vals = stage(vals)
+      vals = _written(stage, never, vals)
     return vals
 
   def merge(acc: list, trees: Any) -> list:
@@ -275,46 +286,37 @@ def scan_fragments(params: Any, xs: Array, ys: Array, fragsize: int,
 
   xf = xs[: nf * f].reshape((nf, f) + xs.shape[1:])
   yf = ys[: nf * f].reshape((nf, f) + ys.shape[1:])
-  acc = _pipelined(merge, stages, acc0, xf, yf)
+  if nf == 1:
+    acc = merge(acc0, run(xf[0], yf[0]))
+  else:
+    acc, _ = jax.lax.scan(lambda a, xy: (merge(a, run(*xy)), None), acc0, (xf, yf))
   if rem:
     acc = merge(acc, run(xs[nf * f:], ys[nf * f:]))
   fin = [finalize_leaf(a) for a in acc]
   return tuple(tdef.unflatten([t[i] for t in fin]) for i in range(3))
 
 
-def _pipelined(merge: Callable[[Any, Any], Any], stages: tuple[Callable, ...], acc: Any,
-               xf: Array, yf: Array) -> Any:
-  """Folds every fragment ``xf[j], yf[j]`` into ``acc``: ``first = stages[0](x, y)``, then
-  (with two stages) ``stages[1](first)``, then ``merge(acc, result)``.
+def _never(x: Array) -> Array:
+  """A boolean scalar that is always False but not known to the compiler: ``v > v`` for the
+  first element v of ``x`` (False for every number, NaN included)."""
+  v = jnp.ravel(x)[0]
+  return v > v
 
-  A ``lax.scan`` in which each step merges the result of one fragment, runs the second stage on
-  the next and the first stage on the one after that, reading only what the previous step left
-  in the carry. Every stage's output thus crosses a loop boundary, so XLA writes it once and
-  its consumers read it; computed and consumed in one step, XLA fuses a long element-wise
-  producer (the engine's bounds: NaN guards, 0 * inf products, a transposed product) into each
-  consumer and recomputes it there, through index-remapping reshapes (``optimization_barrier``
-  does not prevent that on CPU: XLA removes it before fusion). The first fragment's two stages
-  run before the loop, and the last step's first stage (on the last fragment again) is unused.
-  Same values, merged in the same order.
+
+def _written(fn: Callable, never: Array, *args: Any) -> Any:
+  """``fn(*args)``, computed as the taken branch of a ``lax.cond`` on ``never`` (always False;
+  the other branch gives zeros of the same shapes).
+
+  The result of a conditional is written to memory once and its consumers read it: XLA does
+  not fuse the branch's element-wise producers into the consumers outside, so nothing is
+  recomputed per consumer, and nothing is carried through a loop (no copies). The values are
+  those of ``fn(*args)``: the zero branch is never taken.
   """
-  nf = xf.shape[0]
-  if len(stages) == 1:
-    def body1(carry, xy):
-      a, vals = carry
-      return (merge(a, vals), stages[0](*xy)), None
-    (acc, vals), _ = jax.lax.scan(body1, (acc, stages[0](xf[0], yf[0])), (xf[1:], yf[1:]))
-    return merge(acc, vals)
-  first, second = stages
-  if nf == 1:
-    return merge(acc, second(first(xf[0], yf[0])))
+  shapes = jax.eval_shape(fn, *args)
 
-  def body2(carry, t):
-    a, part, vals = carry                 # fragment t - 1 after the first stage, t - 2 done
-    j = jnp.minimum(t, nf - 1)
-    return (merge(a, vals), first(xf[j], yf[j]), second(part)), None
-  carry = (acc, first(xf[1], yf[1]), second(first(xf[0], yf[0])))
-  (acc, _, vals), _ = jax.lax.scan(body2, carry, jnp.arange(2, nf + 1))
-  return merge(acc, vals)
+  def zeros(*_: Any) -> Any:
+    return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  return jax.lax.cond(never, zeros, fn, *args)
 
 
 def rounding_margin(acc: Accumulator, b: int, gamma: float, remove_only: bool = False) -> Array:

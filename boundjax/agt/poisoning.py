@@ -258,14 +258,50 @@ def descent_bounds_dense(wp_l: Array, wp_u: Array, iwp_l: Array, iwp_u: Array, k
   return lo, hi
 
 
+def mlp_stages(config: Config, gfn: Callable, params: Any, box: Any
+               ) -> tuple[Callable, Callable]:
+  """The per-sample work of `descent_directions` for the "mlp" back-end with interval bounds,
+  as the two pipeline stages of `boundjax.agt.descent.scan_fragments`.
+
+  ``first(x, y)``: the clipped nominal gradients and the O(f * width) factors of both bounds
+  (`boundjax.agt.mlp.grad_parts` at the clean points, and over the input box
+  ``[x - epsilon, x + epsilon]`` with `label_logit_grad_bounds`); ``second`` turns both into
+  the clipped O(f * #params) per-sample boxes (`boundjax.agt.mlp.grads_from_parts`). The same
+  values as ``(clip(gfn), clip(bfn), clip(pfn))`` with ``bfn = mlp.grad_bounds`` and ``pfn``
+  of `poisoned_grad_bounds_fn`, each stage's output written once (AGT, App. B).
+  """
+  eps = config.epsilon if config.k_poison > 0 else 0.0
+  gamma = config.gamma
+  lg = None
+  if config.label_k_poison > 0:
+    lg = lambda z, y: label_logit_grad_bounds(  # noqa: E731
+        config.loss, z, y, config.label_epsilon, config.poison_target_idx)
+  last = mlp.layers(box)[-1]["bias"]
+  _check_target(config, (last.lower if _is_iv(last) else last).shape[-1])
+
+  def first(x: Array, y: Array) -> tuple:
+    return (x, y, mlp.grad_parts(box, x, y, config.loss, config.matmul),
+            mlp.grad_parts(box, input_box(x, eps), y, config.loss, config.matmul, lg))
+
+  def second(vals: tuple) -> tuple:
+    x, y, clean, poisoned = vals
+    return (descent.clip(gfn(params, x, y), gamma),
+            descent.clip(mlp.grads_from_parts(box, clean, config.matmul), gamma),
+            descent.clip(mlp.grads_from_parts(box, poisoned, config.matmul), gamma))
+  return first, second
+
+
 def descent_directions(config: Config, gfn: Callable, bfn: Callable, pfn: Callable,
-                       params: Any, box: Any, xs: Array, ys: Array) -> tuple[Any, Any, Any]:
+                       params: Any, box: Any, xs: Array, ys: Array,
+                       stages: tuple[Callable, Callable] | None = None
+                       ) -> tuple[Any, Any, Any]:
   """Nominal mean clipped gradient and its poisoning bounds ``(D_n, D_L, D_U)`` for one batch.
 
   ``gfn(params, xs, ys)``: nominal per-sample gradients; ``bfn(box, xs, ys)``: clean bounds;
   ``pfn(box, xs, ys)``: poisoned bounds (`poisoned_grad_bounds_fn`). Fragments of
   ``config.fragsize`` samples (`boundjax.agt.descent.scan_fragments`), as in
-  `boundjax.agt.train.descent_directions`.
+  `boundjax.agt.train.descent_directions`. ``stages``: the same per-sample values as two
+  pipeline stages (`mlp_stages`) instead of ``gfn, bfn, pfn``.
   """
   b = xs.shape[0]
   k, gamma = config.poison_budget, config.gamma
@@ -276,6 +312,8 @@ def descent_directions(config: Config, gfn: Callable, bfn: Callable, pfn: Callab
   def per_sample(x, y):
     return (descent.clip(gfn(params, x, y), gamma), descent.clip(bfn(box, x, y), gamma),
             descent.clip(pfn(box, x, y), gamma))
+  if stages is not None:
+    per_sample = stages
 
   def merge_leaf(acc, g_n, wp, iwp):
     return accumulate(acc, g_n, wp.lower, wp.upper, iwp.lower, iwp.upper, track_abs=config.sound)

@@ -153,19 +153,24 @@ def descent_directions(apply_fn: Callable, config: Config, params: Any, box: Any
   bfn = bnd.grad_bounds_fn(apply_fn, config.loss, backend, config.matmul, config.bound_method)
   if config.poisoning:   # bounded modification of samples instead (`boundjax.agt.poisoning`)
     pfn = poisoning.poisoned_grad_bounds_fn(apply_fn, config, backend)
-    return poisoning.descent_directions(config, gfn, bfn, pfn, params, box, xs, ys)
+    stages = None
+    if backend == "mlp" and config.bound_method == "interval":
+      stages = poisoning.mlp_stages(config, gfn, params, box)
+    return poisoning.descent_directions(config, gfn, bfn, pfn, params, box, xs, ys, stages)
 
   if backend == "mlp" and config.bound_method == "interval":
     # Two stages (`descent.scan_fragments`): the O(f * width) factors (nominal gradients,
     # activation and delta boxes), then the O(f * #params) per-sample boxes from them, each
     # written once, so the deltas are not recomputed for every input of a kernel's outer product.
+    # The nominal per-sample gradients are computed in the second stage, from (x, y): the
+    # first stage's output is then O(f * width), and each O(f * #params) array is written once.
     def first(x, y):
-      return (descent.clip(gfn(params, x, y), gamma),
-              mlp.grad_parts(box, x, y, config.loss, config.matmul))
+      return x, y, mlp.grad_parts(box, x, y, config.loss, config.matmul)
 
     def second(vals):
-      g_n, parts = vals
-      return g_n, descent.clip(mlp.grads_from_parts(box, parts, config.matmul), gamma)
+      x, y, parts = vals
+      return (descent.clip(gfn(params, x, y), gamma),
+              descent.clip(mlp.grads_from_parts(box, parts, config.matmul), gamma))
     per_sample = (first, second)
   else:
     def per_sample(x, y):
