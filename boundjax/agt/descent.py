@@ -262,8 +262,11 @@ def scan_fragments(params: Any, xs: Array, ys: Array, fragsize: int,
   through index-remapping reshapes; ``optimization_barrier`` does not prevent that on CPU (XLA
   removes it before fusion). Carrying the outputs to the next iteration of the scan forces one
   write as well, but XLA then copies every carried buffer twice per iteration (it cannot prove
-  that the merge reads the old value before the next stage writes the new one). The same
-  values in both forms, merged in the same order.
+  that the merge reads the old value before the next stage writes the new one). The
+  per-sample values are the same in both forms, merged in the same order; the sums over a
+  fragment are XLA's reductions of those values, whose summation order XLA picks per
+  compiled reduction (bit for bit the same boxes on the public task of benchmarks/agt.py;
+  last-bit differences on other shapes, which the ``sound`` margin covers for any order).
   """
   b = xs.shape[0]
   f = min(fragsize, b)
