@@ -947,10 +947,12 @@ def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
   ivs2, pre2, rel2 = passes(bp, ctx)
   l2, h2 = _backward(ctx, v, ivs2, pre2, rel2, spec=spec, alphas=al, betas=be, splits=splits,
                      record=rec)
+  det = details(*bp[:2])
+  if det is not None and mid_keys:  # the intermediate bounds the final pass used (sound mode:
+    det["pre"] = pre2               # computed in ctx's mode, met with CROWN's first pass)
   if lean:
-    return l2, h2, details(*bp[:2])
-  return (jnp.maximum(lo, l2.reshape(lo.shape)), jnp.minimum(hi, h2.reshape(hi.shape)),
-          details(*bp[:2]))
+    return l2, h2, det
+  return (jnp.maximum(lo, l2.reshape(lo.shape)), jnp.minimum(hi, h2.reshape(hi.shape)), det)
 
 
 def _intermediate_alphas(ctx: Ctx, v: _Var, pre: dict, dtype) -> tuple[list, list]:
@@ -1210,8 +1212,9 @@ def run_backward(ctx: Ctx, boxes: Sequence[Interval], spec=None, data: dict | No
   if not ctx.info:
     return results
   m = det["alpha"][0].shape[1] if det and det["alpha"] else 0
+  used = det["pre"] if det and "pre" in det else pre  # α-optimised intermediate bounds if any
   info = {
-      "pre": [(pre[x][0].reshape(-1), pre[x][1].reshape(-1)) for x, _ in ctx.nodes],
+      "pre": [(used[x][0].reshape(-1), used[x][1].reshape(-1)) for x, _ in ctx.nodes],
       "infeasible": empty,
       "alpha": det["alpha"] if det else [],
       "beta": det["beta"] if det else [],
