@@ -21,7 +21,7 @@ from boundjax.domains.linear.rules import (
     CrownEqn, Lines, CrownProgram, bind1, endpoint_check, finite_or_constant, is_float,
     leaky_lines, low_precision, mccormick, read_value, reciprocal_lines, relu_argument,
     relu_lines,
-    relu_parts, unary_fn, unary_relaxation)
+    relu_parts, sound_unary_lines, unary_fn, unary_relaxation)
 from boundjax.domains.linear import windows as _windows
 from boundjax.domains.linear.prefix import (  # noqa: F401  (names used by the windowed pass too)
     Prefix, abs_linear, add_to, affine_vjp, center_radius, has_offset, is_zero, rowdot,
@@ -758,7 +758,7 @@ def _relax_lines(e: CrownEqn, cenv: dict, bounds: list, y_iv: Interval,
   if e.mode in ("unary", "reciprocal", "leaky"):
     (l, u), = bounds
     if e.mode == "unary":
-      lines = unary_relaxation(e.name, e.params)(l, u)
+      lines = (sound_unary_lines(e.name) if sound else unary_relaxation(e.name, e.params))(l, u)
       check = endpoint_check(unary_fn(e.name, e.params))(l, u)
     elif e.mode == "reciprocal":
       c = jnp.broadcast_to(jnp.asarray(read_value(cenv, e.invars[0]), l.dtype), l.shape)
