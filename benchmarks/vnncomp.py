@@ -128,6 +128,7 @@ def main(argv=None) -> dict:
         results.append({"category": cat, "onnx_rel": r["onnx"], "vnnlib_rel": r["vnnlib"],
                         "status": res["status"], "seconds": res["seconds"],
                         "phase": res["phase"], "nodes": res["nodes"], "timeout": t,
+                        "error": res.get("error"), "settled": res.get("settled"),
                         "engine": (res["outcome"].stats.get("engine")
                                    if res.get("outcome") is not None else None)})
   truth = verdicts(root)                       # read only now, to score

@@ -281,3 +281,33 @@ def test_peak_memory_of_a_cnn_run_stays_under_the_budget(tmp_path):
   code, status, peak_kib = proc.stdout.split()[-3:]
   assert code == "0" and status == "unsat", proc.stdout + proc.stderr
   assert int(peak_kib) * 1024 < 1 << 30, f"peak RSS {int(peak_kib) / 1024:.0f} MiB"
+
+
+def test_run_instances_waits_for_the_work_an_earlier_row_left_behind(monkeypatch):
+  """A bound still running in a ``boundjax-worker`` thread when its instance's deadline came
+  (a compilation cannot be interrupted) is waited for before the next row starts, and the
+  wait is counted in no row's time (``settled``): each instance runs alone."""
+  import threading
+  import time as _time
+  from boundjax.verify import api
+  from boundjax.verify.outcome import Outcome
+  seen = {}
+
+  def fake(onnx, vnnlib, timeout, **kw):
+    if str(onnx) == "first":
+      threading.Thread(target=_time.sleep, args=(1.5,), name="boundjax-worker").start()
+    else:
+      seen["alive"] = [t for t in threading.enumerate()
+                       if t.name == "boundjax-worker" and t.is_alive()]
+    return Outcome("timeout", None, 0.01, {"nodes": 0, "phase": None})
+
+  monkeypatch.setattr(api, "verify_instance", fake)
+  results = api.run_instances([("first", "a"), ("second", "b")], 30, progress=False)
+  assert seen["alive"] == []
+  assert results[0]["settled"] < 0.5 and results[1]["settled"] >= 1.0, results
+  assert results[1]["seconds"] < 1.0  # the wait is not the second row's time
+  # a cap on the wait
+  results = api.run_instances([("first", "a"), ("second", "b")], 30, progress=False,
+                              settle_seconds=0.1)
+  assert results[1]["settled"] < 1.0 and len(seen["alive"]) == 1
+  api.settle(5.0)

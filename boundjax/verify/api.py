@@ -453,11 +453,34 @@ def verify_instance(onnx_path: str | Path, vnnlib_path: str | Path, *, timeout: 
   return Outcome(out.status, out.counterexample, time.monotonic() - start, out.stats)
 
 
+def settle(seconds: float) -> float:
+  """Waits up to ``seconds`` for the bound computations an earlier instance left behind at
+  its deadline (`engine.call_with_budget` and `chain.warm_up` workers, named
+  ``boundjax-worker``: a compilation or a jitted α-CROWN loop cannot be interrupted) and
+  returns the seconds waited. Without it they run on while the next instance's clock runs,
+  taking its cores and adding their buffers to its memory (OVAL21: a left-behind α-CROWN of
+  ``cifar_wide_kw`` ran for over a minute into the next instance)."""
+  import threading
+  start = time.monotonic()
+  end = start + max(float(seconds), 0.0)
+  for t in threading.enumerate():
+    if t.name == "boundjax-worker" and t.is_alive() and t is not threading.current_thread():
+      t.join(max(end - time.monotonic(), 0.0))
+  return time.monotonic() - start
+
+
 def run_instances(rows: Iterable[Any], timeout: float, progress: bool = True,
-                  root: str | Path | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+                  root: str | Path | None = None, settle_seconds: float | None = None,
+                  **kwargs: Any) -> list[dict[str, Any]]:
   """Runs `verify_instance` on rows ``(onnx, vnnlib[, ...])`` or dicts with ``onnx`` and
   ``vnnlib`` keys (paths relative to ``root`` if given) and returns one dict per row:
-  ``onnx, vnnlib, status, seconds, phase, nodes`` (plus ``outcome``). Never reads verdicts.
+  ``onnx, vnnlib, status, seconds, phase, nodes, settled`` (plus ``outcome``). Never reads
+  verdicts.
+
+  Before each row, the work an earlier row left running at its deadline is waited for
+  (`settle`, at most ``settle_seconds``, default ``timeout``; not counted in any row's
+  ``seconds``, reported as ``settled``), so that each instance runs alone, as it would in a
+  process of its own.
 
   A row that raises (an unreadable file, a property of another size, an unsupported operator,
   any failure inside the verifier) gets ``status="error"`` with the exception in ``error`` and
@@ -472,17 +495,18 @@ def run_instances(rows: Iterable[Any], timeout: float, progress: bool = True,
     onnx_p, vnn_p = (row["onnx"], row["vnnlib"]) if isinstance(row, dict) else (row[0], row[1])
     if root is not None:
       onnx_p, vnn_p = Path(root) / onnx_p, Path(root) / vnn_p
+    settled = settle(timeout if settle_seconds is None else settle_seconds)
     start = time.monotonic()
     try:
       out = verify_instance(onnx_p, vnn_p, timeout=timeout, **kwargs)
     except Exception as e:  # noqa: BLE001  (reported per row; never a verdict)
       row_out = {"onnx": str(onnx_p), "vnnlib": str(vnn_p), "status": "error",
                  "seconds": time.monotonic() - start, "phase": None, "nodes": None,
-                 "error": f"{type(e).__name__}: {e}", "outcome": None}
+                 "error": f"{type(e).__name__}: {e}", "outcome": None, "settled": settled}
     else:
       row_out = {"onnx": str(onnx_p), "vnnlib": str(vnn_p), "status": out.status,
                  "seconds": out.seconds, "phase": out.stats.get("phase"),
-                 "nodes": out.stats.get("nodes"), "outcome": out}
+                 "nodes": out.stats.get("nodes"), "outcome": out, "settled": settled}
     results.append(row_out)
     if bar is not None:
       bar.update(1)

@@ -119,7 +119,7 @@ _LOCKS: defaultdict = defaultdict(threading.Lock)  # per bounder: one compilatio
 
 
 def bounder(sound: bool, intermediate: str = "crown", steps: int = 0, lr: float = 0.1,
-            beta: bool = False, chunk: int | None = None):
+            beta: bool = False, chunk: int | None = None, alpha_intermediate: bool = False):
   """The engine's bound of `chain_fn` with split constraints and known bounds
   (``bj.crown(..., splits=True, return_info=True)``), one transform per option set, called
   under `jax.jit` (one compilation per argument shape and structure; the engine's per-call
@@ -129,10 +129,10 @@ def bounder(sound: bool, intermediate: str = "crown", steps: int = 0, lr: float 
   splits=)`` like the engine's function. ``chunk``: the engine's ``chunk_size`` (boxes per
   vmapped step; `memory.split_chunk` has checked that they fit), None: the engine's default
   (as many as fit its 1 GiB budget)."""
-  key = (sound, intermediate, int(steps), float(lr), beta, chunk)
+  key = (sound, intermediate, int(steps), float(lr), beta, chunk, alpha_intermediate)
   if key not in _BOUNDERS:
-    opt = {"alpha": True, "alpha_steps": int(steps), "alpha_lr": lr, "beta": beta} if steps \
-        else {}
+    opt = {"alpha": True, "alpha_steps": int(steps), "alpha_lr": lr, "beta": beta,
+           "alpha_intermediate": alpha_intermediate} if steps else {}
     fn = crown(chain_fn, batch_axis=0, sound=sound, intermediate=intermediate, splits=True,
                return_info=True, chunk_size=chunk, **opt)
     jitted = jax.jit(lambda p, box, pre, splits, warm: fn(p, box, pre=pre, splits=splits,

@@ -559,7 +559,8 @@ class CrownInfo(NamedTuple):
 
   Attributes:
     pre: ``(lo, hi)`` per node, (n,) each: the bounds of the node's input used by the relaxation
-      (met with ``pre`` and clipped by ``splits``).
+      (met with ``pre`` and clipped by ``splits``); with ``alpha_intermediate``, those of the
+      final pass (the optimised slopes' bounds met with CROWN's), the tightest computed.
     infeasible: True where the split constraints are unsatisfiable on the box (empty bounds).
     alpha: (2, k, n) per node: the lower ReLU slopes of the lower rows ([0]) and the upper rows
       ([1]) of the returned bounds' last pass (CROWN's adaptive slopes without optimisation).

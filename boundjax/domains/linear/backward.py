@@ -21,7 +21,7 @@ from boundjax.domains.linear.rules import (
     CrownEqn, Lines, CrownProgram, bind1, endpoint_check, finite_or_constant, is_float,
     leaky_lines, low_precision, mccormick, read_value, reciprocal_lines, relu_argument,
     relu_lines,
-    relu_parts, unary_fn, unary_relaxation)
+    relu_parts, sound_unary_lines, unary_fn, unary_relaxation)
 from boundjax.domains.linear import windows as _windows
 from boundjax.domains.linear.prefix import (  # noqa: F401  (names used by the windowed pass too)
     Prefix, abs_linear, add_to, affine_vjp, center_radius, has_offset, is_zero, rowdot,
@@ -758,7 +758,7 @@ def _relax_lines(e: CrownEqn, cenv: dict, bounds: list, y_iv: Interval,
   if e.mode in ("unary", "reciprocal", "leaky"):
     (l, u), = bounds
     if e.mode == "unary":
-      lines = unary_relaxation(e.name, e.params)(l, u)
+      lines = (sound_unary_lines(e.name) if sound else unary_relaxation(e.name, e.params))(l, u)
       check = endpoint_check(unary_fn(e.name, e.params))(l, u)
     elif e.mode == "reciprocal":
       c = jnp.broadcast_to(jnp.asarray(read_value(cenv, e.invars[0]), l.dtype), l.shape)
@@ -952,10 +952,12 @@ def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
   ivs2, pre2, rel2 = passes(bp, ctx)
   l2, h2 = _backward(ctx, v, ivs2, pre2, rel2, spec=spec, alphas=al, betas=be, splits=splits,
                      record=rec)
+  det = details(*bp[:2])
+  if det is not None and mid_keys:  # the intermediate bounds the final pass used (sound mode:
+    det["pre"] = pre2               # computed in ctx's mode, met with CROWN's first pass)
   if lean:
-    return l2, h2, details(*bp[:2])
-  return (jnp.maximum(lo, l2.reshape(lo.shape)), jnp.minimum(hi, h2.reshape(hi.shape)),
-          details(*bp[:2]))
+    return l2, h2, det
+  return (jnp.maximum(lo, l2.reshape(lo.shape)), jnp.minimum(hi, h2.reshape(hi.shape)), det)
 
 
 def _intermediate_alphas(ctx: Ctx, v: _Var, pre: dict, dtype) -> tuple[list, list]:
@@ -1215,8 +1217,9 @@ def run_backward(ctx: Ctx, boxes: Sequence[Interval], spec=None, data: dict | No
   if not ctx.info:
     return results
   m = det["alpha"][0].shape[1] if det and det["alpha"] else 0
+  used = det["pre"] if det and "pre" in det else pre  # α-optimised intermediate bounds if any
   info = {
-      "pre": [(pre[x][0].reshape(-1), pre[x][1].reshape(-1)) for x, _ in ctx.nodes],
+      "pre": [(used[x][0].reshape(-1), used[x][1].reshape(-1)) for x, _ in ctx.nodes],
       "infeasible": empty,
       "alpha": det["alpha"] if det else [],
       "beta": det["beta"] if det else [],

@@ -15,6 +15,7 @@ import numpy as np
 from jax import lax
 from jax._src.lax import lax as lax_internal  # copy_p is not exported by jax.lax
 
+from boundjax.core import budgets
 from boundjax.core import rounding
 from boundjax.core import program as prog_lib
 from boundjax.core.program import Lit as _Lit, Var as _Var
@@ -183,6 +184,56 @@ _UNARY_LINES: dict[str, Callable] = {
     "abs": _abs_lines,
     "square": _power_lines(2),
 }
+
+
+# S-shaped functions bounded by 1 in magnitude whose CROWN lines have a sound version
+# (`sound_unary_lines`): name -> (the function's derivative in terms of its value, `far`)
+_SOUND_UNARY = {"logistic": (lambda y: y * (1 - y), 20.0), "tanh": (lambda y: 1 - y * y, 10.0)}
+
+
+def sound_unary_lines(name: str):
+  """``(l, u) -> (a_lo, b_lo, a_up, b_up)``: `_s_shaped`'s lines of ``logistic`` or ``tanh``
+  moved outward so that they hold in exact arithmetic on ``[l, u]`` (sound mode), or None for
+  another function.
+
+  Every line `_s_shaped` builds is a chord through ``(l, f̂(l))`` and ``(u, f̂(u))``, a tangent
+  at a point ``d`` where the gap ``f − line`` (or ``line − f``) is convex on the box, or (a box
+  around 0) a tangent at ``d`` on one side that passes the far end of the box: on the far side
+  of 0 the gap is concave and non-negative at its two ends, on the near side convex (CROWN,
+  Zhang et al. 2018, §3.2). What float evaluation changes: the values ``f̂`` (|f̂ − f| <= E,
+  ``E = 2 · ulps · eps`` from the measured budget of `boundjax.core.budgets`, ``|f| <= 1``),
+  the slope of a tangent ``f'(d)`` computed from ``f̂(d)`` (error <= ``2E + 4 eps``), and the
+  rounding of ``b`` and of the end-point tests (``4 eps (|a| (|l| + |u| + far) + |b| + 1)``).
+  A convex gap is at least its value at ``d`` minus the slope error times the distance from
+  ``d`` (at most ``u - l + far``, `_s_shaped` searches ``d`` in ``[0, max(u, far)]``); a
+  concave gap is at least its smallest end value. So each line moved by
+
+      δ = 2 [2E + (2E + 4 eps)(u − l + far) + 4 eps (|a| (|l| + |u| + far) + |b| + 1)] + 4 λ
+
+  (the factor 2 covers the rounding of δ itself; λ = finfo.tiny) holds, and its offset is then
+  rounded outward once more. Non-finite lines stay non-finite (the caller substitutes the
+  interval bound)."""
+  if name not in _SOUND_UNARY:
+    return None
+  from boundjax.core import rounding
+  lines = _UNARY_LINES[name]
+  far = _SOUND_UNARY[name][1]
+  ulps = budgets.BUDGETS[name].ulps
+
+  def sound(l, u):
+    a_lo, b_lo, a_up, b_up = lines(l, u)
+    fin = jnp.finfo(l.dtype)
+    eps, tiny = float(fin.eps), float(fin.tiny)
+    E = 2.0 * ulps * eps
+    width = jnp.abs(u - l) + far
+    def delta(a, b):
+      return 2.0 * (2 * E + (2 * E + 4 * eps) * width
+                    + 4 * eps * (jnp.abs(a) * (jnp.abs(l) + jnp.abs(u) + far) + jnp.abs(b) + 1)
+                    ) + 4 * tiny
+    b_lo = rounding.round_down(b_lo - delta(a_lo, b_lo))
+    b_up = rounding.round_up(b_up + delta(a_up, b_up))
+    return a_lo, b_lo, a_up, b_up
+  return sound
 
 
 def finite_or_constant(a_lo, b_lo, a_up, b_up, l, u, y_lo, y_hi, check: Callable | None):
@@ -559,7 +610,8 @@ def _scaled_copy(v, x, abstract: set, made_by: dict):
 
 
 # Relaxations whose slopes are exact floats (box bounds, 0, 1) and whose offsets are box bounds
-# or one rounded product: kept in sound mode (the rest falls back to intervals there).
+# or one rounded product: kept in sound mode (the rest falls back to intervals there, except the
+# S-shaped functions of `sound_unary_lines`, whose lines are moved outward by their error).
 _SOUND_MODES = frozenset({"product", "pool", "max2", "min2", "select", "dot"})
 
 
@@ -593,7 +645,8 @@ class _Decision:
     self.e.kind, self.e.reason = "fallback", reason
 
   def nonlinear(self, mode: str, relax_in, aux=None) -> None:
-    if self.sound and mode not in _SOUND_MODES:
+    if self.sound and mode not in _SOUND_MODES and not (
+        mode == "unary" and self.e.name in _SOUND_UNARY):
       return self.fallback("sound mode bounds smooth nonlinear operations by intervals (their "
                            "lines are not exact in floating point)")
     e = self.e
