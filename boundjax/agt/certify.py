@@ -29,6 +29,7 @@ clipping and optimiser as the run that built the box.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping
 
 import jax
@@ -127,3 +128,18 @@ def check_shared_nominal(params_by_k: Mapping[int, Any], atol: float = 0.0) -> N
       if a.shape != b.shape or not np.allclose(np.asarray(a), np.asarray(b), rtol=0, atol=atol):
         raise ValueError(f"k-sweep: the nominal parameters of k={k} differ from those of "
                          f"k={k0}; certificates must share one nominal model (AGT, §4.3).")
+
+
+@functools.lru_cache(maxsize=64)
+def _jitted_certified(apply_fn: Callable, backend: str, matmul: str, bound_method: str):
+  """`certified_mask` compiled once per (model, back-end, product, bound method)."""
+  return jax.jit(functools.partial(certified_mask, apply_fn, backend=backend, matmul=matmul,
+                                   bound_method=bound_method))
+
+
+def certified_fraction(apply_fn: Callable, config: Any, backend: str, params: Any, box: Any,
+                       x: Any) -> float:
+  """Fraction of ``x`` certified stable by the parameter box (AGT, Lemma 4.4), with the
+  interval product and bound method of ``config`` (a `boundjax.agt.Config`)."""
+  fn = _jitted_certified(apply_fn, backend, config.matmul, config.bound_method)
+  return float(np.mean(np.asarray(fn(params, box, jnp.asarray(x)))))

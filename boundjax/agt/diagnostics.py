@@ -240,7 +240,7 @@ def check(bounds: Any, x: Any, *, apply_fn: Any, config: Any, backend: str = "ml
     warn: warn when the rule fires (else only report).
   """
   import warnings
-  from boundjax.agt import train   # train imports this module
+  from boundjax.agt.certify import certified_fraction
 
   params, box = bounds.params, bounds.bounds
   flags = np.asarray(finite_flags(box))
@@ -249,8 +249,7 @@ def check(bounds: Any, x: Any, *, apply_fn: Any, config: Any, backend: str = "ml
   stats = box_stats(params, box)
   certified = None
   if config.loss != "mse":
-    state = train.State(params, box, None)
-    certified = train._certified_fraction(apply_fn, config, backend, state, jnp.asarray(x))
+    certified = certified_fraction(apply_fn, config, backend, params, box, jnp.asarray(x))
   vacuous = rule.fires(certified, stats)
   message = ""
   if vacuous:

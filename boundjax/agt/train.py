@@ -41,7 +41,8 @@ from boundjax import training
 from boundjax.agt import bounds as bnd
 from boundjax.core import options
 from boundjax.agt import descent, diagnostics, losses, mlp, optim, poisoning
-from boundjax.agt.certify import certified_mask, check_shared_nominal, predict
+from boundjax.agt.certify import (certified_fraction, certified_mask, check_shared_nominal,
+                                   predict)
 from boundjax.agt.config import Config
 from boundjax.training import Schedule
 
@@ -457,20 +458,6 @@ def _probe(x: Array, epochs: list[list[np.ndarray]], config: Config,
   return x[order[:vacuity.n_probe]]
 
 
-@functools.lru_cache(maxsize=64)
-def _jitted_certified(apply_fn: Callable, backend: str, matmul: str, bound_method: str):
-  """`certify.certified_mask` compiled once per (model, back-end, product, bound method)."""
-  return jax.jit(functools.partial(certified_mask, apply_fn, backend=backend, matmul=matmul,
-                                   bound_method=bound_method))
-
-
-def _certified_fraction(apply_fn: Callable, config: Config, backend: str, state: State,
-                        x: Any) -> float:
-  """Fraction of ``x`` certified stable by the state's box (AGT, Lemma 4.4)."""
-  fn = _jitted_certified(apply_fn, backend, config.matmul, config.bound_method)
-  return float(np.mean(np.asarray(fn(state.params, state.bounds, jnp.asarray(x)))))
-
-
 def _epoch_record(apply_fn: Callable, config: Config, backend: str, state: State, epoch: int,
                   x_val: Any, y_val: Any, probe: Optional[Array] = None) -> EpochRecord:
   """Box width against the weights and, with validation data, accuracy (or mse) and the
@@ -482,15 +469,15 @@ def _epoch_record(apply_fn: Callable, config: Config, backend: str, state: State
   if x_val is None:
     if probe is None:
       return EpochRecord(**done)
-    return EpochRecord(**done, probe_certified=_certified_fraction(apply_fn, config, backend,
-                                                                   state, probe))
+    return EpochRecord(**done, probe_certified=certified_fraction(
+        apply_fn, config, backend, state.params, state.bounds, probe))
   if config.loss == "mse":
     per_sample = jax.vmap(losses.per_sample_loss("mse"))   # y (n,) against outputs (n, 1)
     mse = float(jnp.mean(per_sample(apply_fn(state.params, x_val), jnp.asarray(y_val))))
     return EpochRecord(**done, val_mse=mse)
   pred = predict(apply_fn, state.params, x_val, config.loss)
   accuracy = float(jnp.mean(pred == jnp.asarray(y_val).astype(pred.dtype)))
-  certified = _certified_fraction(apply_fn, config, backend, state, x_val)
+  certified = certified_fraction(apply_fn, config, backend, state.params, state.bounds, x_val)
   return EpochRecord(**done, val_accuracy=accuracy, val_certified=certified)
 
 
