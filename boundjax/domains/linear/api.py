@@ -21,7 +21,7 @@ from boundjax.core.interval import Interval, is_interval, validate_arguments
 
 from boundjax.domains.linear.rules import (
     INTERMEDIATE_MODES, CrownProgram, classify_program, eval_concrete, from_core, is_float,
-    low_precision, read_value, warn_fallbacks)
+    S_SHAPED, low_precision, read_value, warn_fallbacks)
 from boundjax.domains.linear.backward import Ctx, run_backward, unstable_fraction
 from boundjax.domains.linear.prefix import ancestors_of, build_prefix
 from boundjax.domains.linear.windows import (
@@ -91,7 +91,8 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
           memory_bytes: int = 1 << 30, patches: bool = True, spec: Any = None,
           alpha: bool = False, alpha_steps: int = 20, alpha_lr: float = 0.1,
           beta: bool = False, splits: bool = False, return_info: bool = False,
-          unstable_rows: float | str = "auto", alpha_intermediate: bool = False) -> Callable:
+          unstable_rows: float | str = "auto", alpha_intermediate: bool = False,
+          alpha_objective: str = "both") -> Callable:
   """CROWN: backward linear bound propagation of ``fn`` over its `Interval` arguments.
 
   Args:
@@ -129,7 +130,14 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       with the output's for the output's bound (α-CROWN, §3.2: the loss sees them through the
       intermediate bounds they tighten); each step then costs a whole CROWN pass instead of
       the output's. The intermediate bounds are met with CROWN's, and the output's bound is
-      never looser than CROWN's.
+      never looser than CROWN's. With logistic/tanh equations, ``alpha`` also optimises their
+      tangent points (one pair per row and neuron, ``rules.s_shaped_lines_at``; every choice
+      is a sound relaxation).
+    alpha_objective: what α's steps minimise: ``"both"`` (default) the total width, upper
+      minus lower bounds; ``"lower"`` (``"upper"``) only the lower (upper) bounds, when only
+      one side is wanted (a verifier proving ``C y - d > 0``): the slopes shared by the rows,
+      the intermediate layers', then serve that side alone. The other side's bounds are still
+      returned, never looser than CROWN's.
     beta: β-CROWN (Wang et al., NeurIPS 2021, §3.1): with split constraints (``splits``),
       optimise their multipliers ``β >= 0`` together with α (implies ``alpha``): on the set
       where ``s·z >= 0`` holds, ``min g >= min (g - β s z)`` for every ``β >= 0``.
@@ -196,6 +204,9 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
                      ("alpha_intermediate", alpha_intermediate)):
     if not isinstance(flag, bool):
       raise ValueError(f"crown: {name} must be a bool, got {flag!r}")
+  if alpha_objective not in ("both", "lower", "upper"):
+    raise ValueError(f"crown: alpha_objective must be 'both', 'lower' or 'upper', got "
+                     f"{alpha_objective!r}")
   alpha = alpha or beta
   alpha_steps = options.integer("crown: alpha_steps", alpha_steps, minimum=1)
   alpha_lr = options.number("crown: alpha_lr", alpha_lr, positive=True)
@@ -309,7 +320,7 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       ctx = Ctx(prog, cenv, sound, intermediate, prefixes, ancestors, plans,
                 self.spec_var, self.spec_var is not None and self.axes is not None,
                 alpha_steps if alpha else 0, float(alpha_lr), beta, self.nodes, return_info,
-                caps, alpha_intermediate)
+                caps, alpha_intermediate, _s_nodes(prog) if alpha else (), alpha_objective)
       chunk = chunk_size or _auto_chunk(prog, targets, ancestors, memory_bytes)
       return ctx, [v for v in values if is_interval(v)], chunk
 
@@ -597,6 +608,13 @@ def _relu_nodes(prog: CrownProgram) -> tuple:
         seen.add(x)
         nodes.append((x, i))
   return tuple(nodes)
+
+
+def _s_nodes(prog: CrownProgram) -> tuple:
+  """``(x, equation index)`` of every logistic/tanh equation relaxed by lines (its input
+  ``x``): α-CROWN optimises their tangent points (`rules.s_shaped_lines_at`)."""
+  return tuple((e.relax_in[0], i) for i, e in enumerate(prog.eqns)
+               if e.kind == "nonlinear" and e.mode == "unary" and e.name in S_SHAPED)
 
 
 def _one_output(prog: CrownProgram):

@@ -21,7 +21,8 @@ from boundjax.domains.linear.rules import (
     CrownEqn, Lines, CrownProgram, bind1, endpoint_check, finite_or_constant, is_float,
     leaky_lines, low_precision, mccormick, read_value, reciprocal_lines, relu_argument,
     relu_lines,
-    relu_parts, sound_unary_lines, unary_fn, unary_relaxation)
+    relu_parts, s_shaped_default_t, s_shaped_lines_at, sound_unary_lines, unary_fn,
+    unary_relaxation)
 from boundjax.domains.linear import windows as _windows
 from boundjax.domains.linear.prefix import (  # noqa: F401  (names used by the windowed pass too)
     Prefix, abs_linear, add_to, affine_vjp, center_radius, has_offset, is_zero, rowdot,
@@ -46,6 +47,8 @@ class Ctx:
   info: bool = False  # also return `run_backward`'s per-example details of the bounded output
   row_caps: dict = dataclasses.field(default_factory=dict)  # ReLU input var -> rows bounded
   alpha_intermediate: bool = False  # α-CROWN also on the ReLU layers' own bounds
+  s_nodes: tuple = ()  # (input var, eqn index) of logistic/tanh equations: α tangent points
+  alpha_objective: str = "both"  # α minimises upper - lower, or -lower, or upper alone
 
 
 def _mag(iv: Interval):
@@ -385,12 +388,34 @@ def _nonlinear_step(st: _Pass, i: int, e: CrownEqn) -> None:
       st.slack = st.slack + extra
     else:
       st.bias = _dot_step(st.rel[i], e, mu, m, st.lam, st.bias, st.ivs[y])
-  elif sound:
-    st.bias, extra = _relaxed_step(st.rel[i], e, mu, m, st.lam, st.bias,
-                                   (st.ivs, st.ctx.prog.uses, st.n_eq, st.dtype))
-    st.slack = st.slack + extra
   else:
-    st.bias = _relaxed_step(st.rel[i], e, mu, m, st.lam, st.bias)
+    t = None if st.alphas is None or e.mode != "unary" else st.alphas.get(e.relax_in[0])
+    ln = st.rel[i] if t is None else _s_shaped_rows(st, e, t)
+    if sound:
+      st.bias, extra = _relaxed_step(ln, e, mu, m, st.lam, st.bias,
+                                     (st.ivs, st.ctx.prog.uses, st.n_eq, st.dtype))
+      st.slack = st.slack + extra
+    else:
+      st.bias = _relaxed_step(ln, e, mu, m, st.lam, st.bias)
+
+
+def _s_shaped_rows(st: _Pass, e: CrownEqn, t) -> Lines:
+  """α-CROWN's lines of a logistic/tanh equation, one pair per row of the pass:
+  ``t`` (2, 2, m, n) holds the tangent fractions of `s_shaped_lines_at` (lower line, upper
+  line) × (lower-bound rows, upper-bound rows). The rows come out in `_relaxed_step`'s order:
+  its lower-line rows are the lower bound's positive and the upper bound's negative
+  coefficients, so the lower line of the lower-bound rows comes first, then of the upper-bound
+  rows (and the same for the upper line)."""
+  x, y = e.relax_in[0], e.outvars[0]
+  n = x.size
+  l, u = (a.reshape(-1) for a in st.pre[x])
+  y_lo, y_hi = st.ivs[y].lower.reshape(-1), st.ivs[y].upper.reshape(-1)
+  rows = lambda a: jnp.broadcast_to(a, (2, st.m, n)).reshape((2 * st.m, n))  # noqa: E731
+  lines = s_shaped_lines_at(e.name, l, u, rows(t[0]), rows(t[1]), st.ctx.sound)
+  check = endpoint_check(unary_fn(e.name, e.params))(l, u)
+  a_lo, b_lo, a_up, b_up = finite_or_constant(*lines, l, u, y_lo, y_hi, check)
+  shape = lambda a: a.reshape((2 * st.m, *x.shape))  # noqa: E731
+  return Lines([shape(a_lo)], shape(b_lo), [shape(a_up)], shape(b_up))
 
 
 def _fallback_step(st: _Pass, i: int, e: CrownEqn) -> None:
@@ -872,7 +897,9 @@ def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
 
   behind = {ctx.prog.eqns[i].invars[ctx.prog.eqns[i].abstract_pos[0]]
             for i in ctx.ancestors[v] if ctx.prog.eqns[i].kind == "relu"}
-  if not ctx.alpha_steps or not any(x in behind for x, _ in ctx.nodes):
+  anc = set(ctx.ancestors[v])
+  s_keys = [x for x, i in ctx.s_nodes if i in anc and x in pre]
+  if not ctx.alpha_steps or not (any(x in behind for x, _ in ctx.nodes) or s_keys):
     if ctx.alpha_steps and (ctx.info or lean):  # nothing to optimise: CROWN's pass
       lo, hi = _backward(ctx, v, ivs, pre, rel, spec=spec, record=rec)
     return lo, hi, details(alphas0, betas0)
@@ -881,9 +908,12 @@ def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
   use_beta = ctx.beta and bool(splits)
   mid_keys, mid0 = _intermediate_alphas(ctx, v, pre, dtype) if rerun is not None else ([], [])
 
+  s0 = [_s_default(pre[x], (2, 2, m, x.size), dtype) for x in s_keys]
+
   def as_dicts(params):
-    al, be, _ = params
-    return dict(zip(keys, al)), (dict(zip(keys, be)) if use_beta else None)
+    al, be, _, ts = params
+    return ({**dict(zip(keys, al)), **dict(zip(s_keys, ts))},
+            dict(zip(keys, be)) if use_beta else None)
 
   def passes(params, c: Ctx):
     """The forward pass's boxes and lines: CROWN's, or recomputed with the intermediate
@@ -905,9 +935,16 @@ def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
   def finite_sum(a):
     return jnp.sum(jnp.where(jnp.isfinite(a), a, 0.0))
 
+  w_up = float(ctx.alpha_objective != "lower")
+  w_lo = float(ctx.alpha_objective != "upper")
+
+  def objective(l2, h2):
+    """What the steps minimise (``ctx.alpha_objective``): the total width or one side."""
+    return w_up * finite_sum(h2) - w_lo * finite_sum(l2)
+
   def loss(params):
     l2, h2 = fast_bounds(params)
-    return finite_sum(h2) - finite_sum(l2), (l2, h2)
+    return objective(l2, h2), (l2, h2)
 
   def keep_best(params, best, l2, h2):
     """Per row the output slopes and multipliers of its best bound; the intermediate slopes,
@@ -918,10 +955,12 @@ def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
     better = jnp.stack([l2 > b_lo, h2 < b_hi])[:, :, None]  # (2, m, 1)
     rows = jax.tree_util.tree_map(lambda new, old: jnp.where(better, new, old), params[:2],
                                   bp[:2])
-    total = finite_sum(h2) - finite_sum(l2)
+    ts = [jnp.where(better[None], new, old) for new, old in zip(params[3], bp[3])]
+    total = objective(l2, h2)
     mid = jax.tree_util.tree_map(lambda new, old: jnp.where(total < b_loss, new, old),
                                  params[2], bp[2])
-    return (*rows, mid), jnp.maximum(b_lo, l2), jnp.minimum(b_hi, h2), jnp.minimum(b_loss, total)
+    return ((*rows, mid, ts), jnp.maximum(b_lo, l2), jnp.minimum(b_hi, h2),
+            jnp.minimum(b_loss, total))
 
   opt = optax.adam(ctx.alpha_lr)
 
@@ -930,13 +969,13 @@ def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
     (_, (l2, h2)), g = jax.value_and_grad(loss, has_aux=True)(params)
     best = keep_best(params, best, l2, h2)
     upd, state = opt.update(g, state, params)
-    al, be, mid = optax.apply_updates(params, upd)
+    al, be, mid, ts = optax.apply_updates(params, upd)
     clip = lambda a: jnp.clip(a, 0.0, 1.0)  # noqa: E731
     params = ([clip(a) for a in al], [jnp.maximum(b, 0.0) for b in be],
-              jax.tree_util.tree_map(clip, mid))
+              jax.tree_util.tree_map(clip, mid), [clip(t) for t in ts])
     return params, state, best
 
-  params0 = (alphas0, betas0, mid0)
+  params0 = (alphas0, betas0, mid0, s0)
   inf = jnp.full((m,), jnp.inf, dtype)
   best0 = (params0, -inf, inf, jnp.asarray(jnp.inf, dtype))
   params, _, best = lax.fori_loop(0, ctx.alpha_steps, step, (params0, opt.init(params0), best0))
@@ -960,6 +999,13 @@ def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
   return (jnp.maximum(lo, l2.reshape(lo.shape)), jnp.minimum(hi, h2.reshape(hi.shape)), det)
 
 
+def _s_default(bounds, shape: tuple, dtype):
+  """CROWN's tangent fractions (`s_shaped_default_t`) of a logistic/tanh node with input
+  ``bounds``, broadcast to ``shape`` (lower/upper line, lower/upper-bound rows, rows, n)."""
+  l, u = (a.reshape(-1) for a in bounds)
+  return jnp.broadcast_to(s_shaped_default_t(l, u).astype(dtype), shape)
+
+
 def _intermediate_alphas(ctx: Ctx, v: _Var, pre: dict, dtype) -> tuple[list, list]:
   """α-CROWN on the intermediate layers (Xu et al., ICLR 2021, §3.2: every layer's bounds get
   their own slopes, optimised for the output's bound through the bounds they tighten): for
@@ -974,9 +1020,11 @@ def _intermediate_alphas(ctx: Ctx, v: _Var, pre: dict, dtype) -> tuple[list, lis
     if t is v or t not in pre or t in ctx.plans:  # a windowed target keeps CROWN's slopes:
       continue  # each step reruns its windowed pass on the bounds the other slopes tightened
     behind = [(x, i) for x, i in ctx.nodes if i in set(anc) and x in pre]
-    if not behind:
+    s_behind = [x for x, i in ctx.s_nodes if i in set(anc) and x in pre]
+    if not behind and not s_behind:
       continue
-    nodes_t, arrays = [], []
+    nodes_t = list(s_behind)  # logistic/tanh nodes: tangent fractions (2, 2, rows, n)
+    arrays = [_s_default(pre[x], (2, 2, t.size, x.size), dtype) for x in s_behind]
     for x, i in behind:
       _, c, sigma = relu_parts(ctx.prog.eqns[i], ctx.cenv)
       lt, ut, _, _ = relu_argument(pre[x][0], pre[x][1], c, sigma, False)
@@ -1093,12 +1141,13 @@ backward one): together with the kind set by `rules.classify_program` and the re
 
 
 def forward_pass(ctx: Ctx, boxes: Sequence[Interval], data: dict | None = None,
-                 mid_alphas: dict | None = None):
+                 mid_alphas: dict | None = None, floor: dict | None = None):
   """`run_backward`'s forward pass on one example: the intervals of every abstract variable,
   the bounds of every ReLU and relaxed equation's input (by its own backward pass when
   ``ctx.intermediate="crown"``, met with ``data``'s known bounds and splits) and the lines of
   every relaxed equation. ``mid_alphas``: target var -> the α-CROWN slopes of its own pass
-  (as `_backward`'s ``alphas``). Returns ``(ivs, pre, rel, empty)``, ``empty`` true where the
+  (as `_backward`'s ``alphas``); ``floor``: var -> ``(lo, hi)`` bounds known to hold (an
+  earlier pass's), met with every bound this pass computes. Returns ``(ivs, pre, rel, empty)``, ``empty`` true where the
   split constraints cannot hold."""
   prog, cenv = ctx.prog, ctx.cenv
   data = data or {}
@@ -1138,6 +1187,8 @@ def forward_pass(ctx: Ctx, boxes: Sequence[Interval], data: dict | None = None,
           _, c, sigma = relu_parts(prog.eqns[ctx.nodes[k][1]], cenv)
           lo, hi = unstable_backward(ctx, x, ivs, pre, rel, ivs[x], c, sigma, cap)
         ivs[x] = _intersect(ivs[x], lo, hi, ctx.sound)
+        if floor is not None and x in floor:
+          ivs[x] = _intersect(ivs[x], *floor[x], ctx.sound)
       constrain(x, k)
       pre[x] = (ivs[x].lower, ivs[x].upper)
     return pre[x]
@@ -1189,7 +1240,7 @@ def run_backward(ctx: Ctx, boxes: Sequence[Interval], spec=None, data: dict | No
       and met with the bounds of the first pass (so never looser than CROWN's)."""
       again = dict(data, pre=[pre.get(x) for x, _ in ctx.nodes])
       ivs2, pre2, rel2, _ = forward_pass(dataclasses.replace(c, row_caps={}), boxes, again,
-                                         mid_alphas=mids)
+                                         mid_alphas=mids, floor=pre)
       return ivs2, pre2, rel2
   results = []
   det = None

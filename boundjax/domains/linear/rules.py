@@ -215,25 +215,85 @@ def sound_unary_lines(name: str):
   interval bound)."""
   if name not in _SOUND_UNARY:
     return None
-  from boundjax.core import rounding
   lines = _UNARY_LINES[name]
-  far = _SOUND_UNARY[name][1]
-  ulps = budgets.BUDGETS[name].ulps
 
   def sound(l, u):
-    a_lo, b_lo, a_up, b_up = lines(l, u)
-    fin = jnp.finfo(l.dtype)
-    eps, tiny = float(fin.eps), float(fin.tiny)
-    E = 2.0 * ulps * eps
-    width = jnp.abs(u - l) + far
-    def delta(a, b):
-      return 2.0 * (2 * E + (2 * E + 4 * eps) * width
-                    + 4 * eps * (jnp.abs(a) * (jnp.abs(l) + jnp.abs(u) + far) + jnp.abs(b) + 1)
-                    ) + 4 * tiny
-    b_lo = rounding.round_down(b_lo - delta(a_lo, b_lo))
-    b_up = rounding.round_up(b_up + delta(a_up, b_up))
-    return a_lo, b_lo, a_up, b_up
+    return _sound_shift(name, l, u, *lines(l, u))
   return sound
+
+
+def _sound_shift(name: str, l, u, a_lo, b_lo, a_up, b_up):
+  """`sound_unary_lines`' outward move ``δ`` of lines of ``logistic`` or ``tanh`` built by
+  `_s_shaped` or `s_shaped_lines_at` (chords, and tangents at points ``d`` at most
+  ``|u - l| + far`` from every point of the box), then the offsets rounded outward."""
+  from boundjax.core import rounding
+  far = _SOUND_UNARY[name][1]
+  ulps = budgets.BUDGETS[name].ulps
+  fin = jnp.finfo(l.dtype)
+  eps, tiny = float(fin.eps), float(fin.tiny)
+  E = 2.0 * ulps * eps
+  width = jnp.abs(u - l) + far
+
+  def delta(a, b):
+    return 2.0 * (2 * E + (2 * E + 4 * eps) * width
+                  + 4 * eps * (jnp.abs(a) * (jnp.abs(l) + jnp.abs(u) + far) + jnp.abs(b) + 1)
+                  ) + 4 * tiny
+  b_lo = rounding.round_down(b_lo - delta(a_lo, b_lo))
+  b_up = rounding.round_up(b_up + delta(a_up, b_up))
+  return a_lo, b_lo, a_up, b_up
+
+
+# the S-shaped functions whose tangent points α-CROWN optimises: name -> (f, f', far)
+S_SHAPED = {"logistic": (jax.nn.sigmoid, _dlogistic, 20.0), "tanh": (jnp.tanh, _dtanh, 10.0)}
+
+
+def s_shaped_default_t(l, u):
+  """The tangent fractions of `s_shaped_lines_at` that give CROWN's lines (`_s_shaped`): the
+  midpoint (0.5) where the box lies on one side of 0, the tangent through the far end (0) on a
+  box around 0."""
+  return jnp.where((u <= 0) | (l >= 0), 0.5, 0.0).astype(l.dtype)
+
+
+def s_shaped_lines_at(name: str, l, u, t_lo, t_up, sound: bool = False):
+  """Lines of an S-shaped ``f`` (logistic, tanh) on ``[l, u]`` with optimisable tangent points
+  (α-CROWN, Xu et al., ICLR 2021, §3.1, for general activations): ``t_lo, t_up ∈ [0, 1]``
+  (broadcast against ``l``, e.g. one per row of a backward pass) choose a point in the range
+  where a tangent is a valid line, so every ``t`` gives a sound relaxation:
+
+  * ``u <= 0`` (convex): lower line the tangent at ``d = l + t_lo (u - l)``, any ``d`` in the
+    box; upper line the chord. ``l >= 0`` (concave): the mirror image, upper tangent at
+    ``l + t_up (u - l)``.
+  * ``l < 0 < u``: lower line the tangent at ``d = d* - t_lo (d* - min(l, d*))``, ``d* <= 0``
+    the tangent point whose tangent passes below ``(u, f(u))`` (`_s_shaped`'s bisection).
+    Every ``d <= d*`` is valid: ``h(d) = f(d) + f'(d)(u - d) - f(u)`` has ``h' = f''(d)(u - d)
+    >= 0`` on ``d <= 0``, so ``h(d) <= h(d*) <= 0``; on ``[l, 0]`` a tangent of the convex
+    part lies below ``f``, and on ``[0, u]`` the line minus ``f`` is convex and non-positive
+    at both ends. The upper line is the mirror image (``d = d* + t_up (max(u, d*) - d*)``).
+
+  ``t = 0.5`` on one side of 0 and ``t = 0`` around it are CROWN's lines. Sound mode moves the
+  lines outward as `sound_unary_lines` does (every tangent point lies within ``|u - l| + far``
+  of the box). Returns ``(a_lo, b_lo, a_up, b_up)``; the caller checks them
+  (`finite_or_constant`)."""
+  f, df, far = S_SHAPED[name]
+  t_lo = jnp.clip(t_lo, 0.0, 1.0).astype(l.dtype)
+  t_up = jnp.clip(t_up, 0.0, 1.0).astype(l.dtype)
+  # the tangent points through the far ends: no gradient flows through the bisection (the
+  # values are the same; α's gradient keeps its other paths through l and u)
+  ls, us = lax.stop_gradient(l), lax.stop_gradient(u)
+  fls, fus = f(ls), f(us)
+  d_up = _bisect(lambda d: f(d) + df(d) * (ls - d) >= fls, jnp.zeros_like(ls), jnp.maximum(us, far))
+  d_lo = _bisect(lambda d: f(d) + df(d) * (us - d) <= fus, jnp.zeros_like(us), jnp.minimum(ls, -far))
+  left, right = u <= 0, l >= 0
+  at_lo = jnp.where(left, l + t_lo * (u - l), d_lo - t_lo * (d_lo - jnp.minimum(l, d_lo)))
+  at_up = jnp.where(right, l + t_up * (u - l), d_up + t_up * (jnp.maximum(u, d_up) - d_up))
+  a_lo, b_lo = _tangent(f, df, at_lo)
+  a_up, b_up = _tangent(f, df, at_up)
+  c_a, c_b = _chord(f, l, u)
+  a_lo, b_lo = jnp.where(right, c_a, a_lo), jnp.where(right, c_b, b_lo)
+  a_up, b_up = jnp.where(left, c_a, a_up), jnp.where(left, c_b, b_up)
+  if sound:
+    return _sound_shift(name, l, u, a_lo, b_lo, a_up, b_up)
+  return a_lo, b_lo, a_up, b_up
 
 
 def finite_or_constant(a_lo, b_lo, a_up, b_up, l, u, y_lo, y_hi, check: Callable | None):

@@ -1,0 +1,95 @@
+"""α-CROWN on logistic and tanh: optimised tangent points (`rules.s_shaped_lines_at`) are sound
+relaxations for every choice, and α's bounds contain every sampled output and are never looser
+than CROWN's."""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import boundjax as bj
+from boundjax.domains.linear import rules
+
+FUNS = {"logistic": lambda x: 1 / (1 + np.exp(-x)), "tanh": np.tanh}
+
+
+@pytest.mark.parametrize("name", sorted(FUNS))
+@pytest.mark.parametrize("sound", [False, True])
+def test_every_tangent_fraction_gives_valid_lines(name, sound):
+  """For boxes left of, right of and around 0 and tangent fractions on a grid of [0, 1] (and
+  outside it: clipped), both lines hold at 501 points of the box, in float64."""
+  rng = np.random.default_rng(0)
+  centres = rng.uniform(-8, 8, 300)
+  widths = rng.exponential(3.0, 300) + 1e-3
+  l = (centres - widths / 2).astype(np.float32)
+  u = (centres + widths / 2).astype(np.float32)
+  grid = np.linspace(0.0, 1.0, 501)
+  xs = l[:, None].astype(np.float64) + (u - l)[:, None].astype(np.float64) * grid
+  f = FUNS[name](xs)
+  ts = np.array(list(itertools.product([-0.5, 0.0, 0.3, 0.5, 1.0, 1.7], repeat=2)), np.float32)
+  lines = jax.jit(rules.s_shaped_lines_at, static_argnums=(0, 5))
+  a_lo, b_lo, a_up, b_up = (np.asarray(a, np.float64)[..., None] for a in lines(
+      name, jnp.asarray(l), jnp.asarray(u), jnp.asarray(ts[:, :1]), jnp.asarray(ts[:, 1:]),
+      sound))  # (36 fractions, 300 boxes, 1)
+  slack = 0.0 if sound else 2e-6
+  assert np.all(a_lo * xs + b_lo <= f + slack), np.max(a_lo * xs + b_lo - f)
+  assert np.all(a_up * xs + b_up >= f - slack), np.max(f - a_up * xs - b_up)
+
+
+@pytest.mark.parametrize("name", sorted(FUNS))
+def test_default_fractions_are_crowns_lines(name):
+  l = jnp.asarray([-3.0, -1.0, 0.5, -0.2, -6.0], jnp.float32)
+  u = jnp.asarray([-1.0, 2.0, 3.0, 0.1, 4.0], jnp.float32)
+  t = rules.s_shaped_default_t(l, u)
+  got = rules.s_shaped_lines_at(name, l, u, t, t)
+  want = rules.unary_relaxation(name, {})(l, u)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+
+
+def _net(act, seed=0):
+  ks = jax.random.split(jax.random.PRNGKey(seed), 4)
+  W = [jax.random.normal(ks[0], (6, 16)) * 0.9, jax.random.normal(ks[1], (16, 16)) * 0.9,
+       jax.random.normal(ks[2], (16, 4)) * 0.9]
+
+  def f(x):
+    h = act(x @ W[0])
+    h = act(h @ W[1])
+    return h @ W[2]
+  return f, jax.random.normal(ks[3], (6,))
+
+
+@pytest.mark.parametrize("act,sound", [
+    (jax.nn.sigmoid, False), pytest.param(jax.nn.sigmoid, True, marks=pytest.mark.slow),
+    pytest.param(jnp.tanh, False, marks=pytest.mark.slow), (jnp.tanh, True)],
+    ids=["logistic-float", "logistic-sound", "tanh-float", "tanh-sound"])
+@pytest.mark.parametrize("options", [  # α on the intermediate layers compiles long: slow suite
+    dict(alpha=True),
+    pytest.param(dict(alpha=True, alpha_intermediate=True), marks=pytest.mark.slow),
+    pytest.param(dict(alpha=True, alpha_intermediate=True, alpha_objective="lower"),
+                 marks=pytest.mark.slow)],
+    ids=["output", "intermediate", "lower-only"])
+def test_alpha_bounds_contain_samples_and_corners_and_beat_crown(act, sound, options):
+  f, x0 = _net(act)
+  box = bj.Interval(x0 - 0.6, x0 + 0.6)
+  rng = np.random.default_rng(1)
+  xs = np.asarray(box.lower) + np.asarray(box.upper - box.lower) * rng.random((10_000, 6))
+  corners = np.array(list(itertools.product(*zip(np.asarray(box.lower), np.asarray(box.upper)))))
+  ys = np.asarray(jax.vmap(f)(jnp.asarray(np.concatenate([xs, corners]), jnp.float32)))
+  crown = bj.crown(f, batch_axis=None, sound=sound)(box)
+  alpha = bj.crown(f, batch_axis=None, sound=sound, alpha_lr=0.2, **options)(box)
+  lo, hi = np.asarray(alpha.lower), np.asarray(alpha.upper)
+  assert not np.any(np.isnan(lo)) and not np.any(np.isnan(hi))
+  assert np.all(lo <= ys.min(0)) and np.all(hi >= ys.max(0))
+  c_lo, c_hi = np.asarray(crown.lower), np.asarray(crown.upper)
+  assert np.all(lo >= c_lo - 1e-5) and np.all(hi <= c_hi + 1e-5)  # never looser than CROWN
+  if options.get("alpha_objective") == "lower":
+    assert np.sum(lo - c_lo) > 0.05  # the lower bounds it optimises got tighter
+  else:
+    assert np.sum((hi - lo) - (c_hi - c_lo)) < -0.05  # strictly tighter in total
+
+
+def test_alpha_objective_is_checked():
+  with pytest.raises(ValueError, match="alpha_objective"):
+    bj.crown(lambda x: x, alpha=True, alpha_objective="width")
