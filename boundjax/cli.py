@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 
@@ -57,6 +58,11 @@ def demo(only: list[str] | None = None, json_path: str | None = None,
   unknown = [n for n in names if n not in SECTIONS]
   if unknown:
     raise SystemExit(f"unknown demo section(s) {unknown}; choose from {list(SECTIONS)}")
+  if quick and "XLA_FLAGS" not in os.environ:
+    # A short run's time is mostly XLA compiling small programs; without LLVM's optimisation
+    # passes (as the fast test suite compiles) that takes about a third less. JAX reads this
+    # when its CPU backend starts, so it changes nothing once this process has computed.
+    os.environ["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
   expected = {n: expected_seconds(n, quick) for n in names}
   setting = "quick settings" if quick else "full settings; --quick for a short run"
   print(f"boundjax demo: {len(names)} section(s), {setting}; about {_duration(sum(expected.values()))} "
