@@ -65,8 +65,9 @@ def demo(only: list[str] | None = None, json_path: str | None = None,
     os.environ["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
   expected = {n: expected_seconds(n, quick) for n in names}
   setting = "quick settings" if quick else "full settings; --quick for a short run"
-  print(f"boundjax demo: {len(names)} section(s), {setting}; about {_duration(sum(expected.values()))} "
-        "on a quiet 2-core CPU (longer on a loaded machine)", flush=True)
+  print(f"boundjax demo: {len(names)} section(s), {setting}; expected "
+        f"{_duration(sum(expected.values()))} on a quiet 2-core CPU (longer on a loaded machine)",
+        flush=True)
   record = {}
   start = time.perf_counter()
   for i, name in enumerate(names, 1):
