@@ -56,6 +56,11 @@ class Run:
   ``quick`` is None when the script has no small setting that redirects its output (``--out``);
   quick mode then shows the committed result. ``{out}`` in the arguments is replaced by the JSON
   path and ``{dir}`` by its folder (both relative to the repository root).
+
+  Every section of the report shows a table and a figure: the table is ``compare``'s rows (or,
+  without them, the JSON's own numbers, `result_rows`); the figure is the script's PNGs, else
+  ``plot(doc, path, title)`` (True when it drew one), else ours against the paper's numbers
+  (`bar_chart`), else the table's numbers (`values_chart`).
   """
   paper: str
   title: str                      # what it reproduces, e.g. "Table 1 (Adult 2x50)"
@@ -66,6 +71,7 @@ class Run:
   compare: Callable[[dict], list[Row]] | None = None
   figures: tuple[str, ...] = ()   # PNGs the script writes beside its JSON
   paper_rows: tuple[Row, ...] = ()  # paper numbers the JSON does not carry ("Paper, Table N")
+  plot: Callable[[dict, Path, str], bool] | None = None  # draws the result's figure (matplotlib)
 
 
 # ------------------------------------------------------------------ comparisons read from JSONs
@@ -207,11 +213,133 @@ def compare_ablation(doc: dict) -> list[Row]:
   return rows
 
 
+def compare_poisoning(doc: dict) -> list[Row]:
+  """Certified accuracy under poisoning per data set and sweep (k poisoned points, their
+  feature budget epsilon, label flips); the paper's numbers are not quoted (no paper text)."""
+  rows = []
+  for d in doc["settings"]:
+    for r in d["rows"]:
+      rows.append((f"{d['name']}: {r['sweep']}={r['value']:g} certified accuracy", None,
+                   _round(r["certified_accuracy"]),
+                   f"nominal {_round(r['nominal_accuracy'])}, attacked "
+                   f"{_round(r['attacked_accuracy'])}"))
+  return rows
+
+
+def compare_barron_per_mu(doc: dict) -> list[Row]:
+  """Barron, Figure 1, one row per mu: the lower bound L_emp - gap against the true minimal
+  loss, and its ratio to L_emp (paper: 89%-97% over its mu range)."""
+  plo, phi = doc.get("paper_ratio_range") or (None, None)
+  paper = f"{plo:.2f}-{phi:.2f}" if plo is not None else None
+  rows = []
+  for r in doc["rows"]:
+    rows.append((f"mu={r['mu']:g}: ratio bound / L_emp", paper, _round(r["ratio"]),
+                 f"bound {_round(r['lower_bound'])} <= L_true {_round(r['L_true'])}: "
+                 f"{r['lower_bound'] <= r['L_true']}"))
+  return rows
+
+
+def plot_barron(doc: dict, path: Path, title: str) -> bool:
+  """Barron, Figure 1: the ratio (L_emp - gap) / L_emp over mu, with the paper's range."""
+  rows = doc.get("rows") or []
+  if not rows:
+    return False
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6, 3.2))
+  mus = [r["mu"] for r in rows]
+  ax.plot(mus, [r["ratio"] for r in rows], "o-", label="ours: (L_emp - gap) / L_emp")
+  if doc.get("paper_ratio_range"):
+    lo, hi = doc["paper_ratio_range"]
+    ax.axhspan(lo, hi, color="tab:gray", alpha=0.25, label=f"paper: {lo:.2f}-{hi:.2f}")
+  ax.set_xlabel("mu")
+  ax.set_ylabel("ratio")
+  ax.legend(fontsize=8)
+  ax.set_title(title[:80], fontsize=9)
+  return _save(fig, path)
+
+
+def compare_adult_audit(doc: dict) -> list[Row]:
+  """Barron, an audit of UCI Adult: per noise level gamma, the best adversary's loss and the
+  lower bounds of Theorem 1 with each C_eta estimate; the certified bounds of Theorems 2-3.
+  The paper audits no real data set, so there is no paper number."""
+  rows = []
+  for r in doc.get("representation", []):
+    g = f"gamma={r['gamma']:g}"
+    rows.append((f"{g}: L_emp (best adversary)", None, _round(r["L_emp_best_adversary"]),
+                 f"L of the best constant {_round(doc.get('L_best_constant'))}"))
+    lin = r.get("C_eta_linear_logistic") or {}
+    if lin:
+      rows.append((f"{g}: lower bound, C_eta logistic", None, _round(lin.get("lower_bound")),
+                   f"C_eta {_round(lin.get('C_eta'))} (estimate, not a certificate)"))
+    rows.append((f"{g}: lower bound, C_eta network surrogate", None,
+                 _round(r.get("lower_bound_with_surrogate")),
+                 f"C_eta {_round(r.get('C_eta_network_surrogate'))}"))
+    rows.append((f"{g}: lower bound, C_eta KDE", None, _round(r.get("lower_bound")),
+                 "KDE noise inflates C_eta"))
+  c = doc.get("classification") or {}
+  if c:
+    rows.append(("T = predicted label: MMSE(S|T) >= (Thm 2, certified)", None,
+                 _round(c.get("sq_lower_bound_certified")), f"ERM {_round(c.get('sq_erm'))}"))
+    rows.append(("T = predicted label: H(S|T) >= nats (Thm 3, certified)", None,
+                 _round(c.get("log_lower_bound_certified")), f"H(S) {_round(c.get('H_S_nats'))}"))
+  return rows
+
+
+def plot_adult_audit(doc: dict, path: Path, title: str) -> bool:
+  """The Adult audit: L_emp and the lower bounds per noise level gamma (log scale in gamma)."""
+  reps = doc.get("representation") or []
+  if not reps:
+    return False
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6, 3.2))
+  gammas = [r["gamma"] for r in reps]
+  ax.plot(gammas, [r["L_emp_best_adversary"] for r in reps], "o-", label="L_emp (best adversary)")
+  ax.plot(gammas, [(r.get("C_eta_linear_logistic") or {}).get("lower_bound", math.nan)
+                   for r in reps], "s--", label="lower bound, C_eta logistic")
+  ax.plot(gammas, [r.get("lower_bound_with_surrogate", math.nan) for r in reps], "^--",
+          label="lower bound, network surrogate")
+  ax.axhline(0.0, color="k", lw=0.8)
+  ax.set_xscale("log")
+  ax.set_ylim(bottom=max(-1.0, ax.get_ylim()[0]))
+  ax.set_xlabel("release noise gamma")
+  ax.set_ylabel("squared loss")
+  ax.legend(fontsize=7)
+  ax.set_title(title[:80], fontsize=9)
+  return _save(fig, path)
+
+
+def _pyplot():
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def _save(fig, path: Path) -> bool:
+  import matplotlib.pyplot as plt
+  fig.tight_layout()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return True
+
+
 def _num(x) -> float | None:
   try:
     return float(x)
   except (TypeError, ValueError):
     return None
+
+
+def _lead_num(x) -> float | None:
+  """The number a table cell of ours starts with (``9.0`` of ``"9.0x"``, ``0.89`` of
+  ``"0.890-0.972"``); None for booleans, missing values and text."""
+  if isinstance(x, bool) or x is None:
+    return None
+  if isinstance(x, (int, float)):
+    return float(x)
+  m = re.match(r"\s*([-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)", str(x))
+  return float(m.group(1)) if m else None
 
 
 def _round(x, digits: int = 4):
@@ -266,7 +394,7 @@ RUNS: tuple[Run, ...] = (
         "agt_privacy.json", ("--only", "blobs", "--results", "{dir}"), (), compare_agt_privacy,
         figures=("agt_privacy_certified.png", "agt_privacy_eps.png", "agt_privacy_queries.png")),
     Run("agt", "Poisoning certificates", "benchmarks/agt_poisoning.py", "agt_poisoning.json",
-        None, ()),
+        None, (), compare_poisoning, figures=("agt_poisoning.png",)),
     Run("agt", "CROWN inside AGT", "benchmarks/agt_crown.py", "agt_crown.json", None, ()),
     Run("agt", "The paper's settings", "benchmarks/agt_settings.py", "agt_settings.json", None,
         ()),
@@ -291,11 +419,12 @@ RUNS: tuple[Run, ...] = (
         ("--members", "32", "--chunk", "16", "--epochs", "1", "--out", "{out}"), ()),
     Run("barron", "Figure 1: Gaussian example", "benchmarks/barron.py", "barron.json",
         ("--n", "10000", "--k", "100", "--restarts", "2", "--epochs", "2", "--tp-restarts",
-         "2", "--out", "{out}"), (), compare_barron),
+         "2", "--out", "{out}"), (),
+        lambda doc: compare_barron(doc) + compare_barron_per_mu(doc), plot=plot_barron),
     Run("barron", "An audit of UCI Adult (Theorems 1-3)", "benchmarks/adult_audit.py",
         "adult_audit.json",
         ("--k", "100", "--restarts", "2", "--epochs", "2", "--gammas", "0.5", "--out", "{out}"),
-        ()),
+        (), compare_adult_audit, plot=plot_adult_audit),
     Run("engine", "Propagation cost against the forward pass", "benchmarks/propagation.py",
         "propagation.json",
         ("--nets", "b", "--reps", "3", "--crown-reps", "1", "--shared", "--out", "{out}"),
@@ -436,6 +565,8 @@ class Section:
   error: str = ""
   timing: str = ""
   markdown: str = ""              # a table the script itself wrote (its "markdown" key)
+  missing: str = ""               # no result: says so and names the command that makes it
+  notes: str = ""                 # a figure or table that could not be shown, and why
 
 
 SETTING_KEYS = ("setting", "settings", "deviations", "differences", "notes", "note", "subset",
@@ -450,7 +581,7 @@ def settings_of(doc: dict) -> list[str]:
     if v in (None, "", [], {}):
       continue
     if isinstance(v, list):
-      out += [f"{k}: {x}" for x in v]
+      out += [f"{k}: {_short(x, 300)}" for x in v]
     elif isinstance(v, dict):
       out.append(f"{k}: " + ", ".join(f"{a}={_short(b)}" for a, b in v.items()))
     else:
@@ -474,22 +605,77 @@ def paper_keys_rows(doc: dict) -> list[Row]:
   return rows
 
 
-def section_of(outcome: Outcome, figure_dir: Path, root: Path) -> Section:
-  """Reads one outcome's JSON into a Section (a layout we cannot read is reported, not fatal)."""
+RESULT_SKIP = ("provenance", "markdown", "device", "platform", "machine", *SETTING_KEYS)
+LABEL_KEYS = ("name", "setting", "arch", "kind", "mu", "gamma", "epsilon", "members", "n")
+
+
+def result_rows(doc: dict, limit: int = 30) -> list[Row]:
+  """The JSON's own numbers as table rows (quantity, -, value, ""): every number or boolean
+  outside its provenance, settings and paper entries, by its path (``rows[mu=0.1].ratio``), the
+  first ``limit`` of them; the table of a result without a dedicated comparison."""
+  rows: list[Row] = []
+
+  def walk(v, path):
+    if isinstance(v, bool) or (isinstance(v, (int, float)) and math.isfinite(v)):
+      rows.append((path, None, _round(v) if isinstance(v, float) else v, ""))
+    elif isinstance(v, dict):
+      for k, x in v.items():
+        if path == "" and (k in RESULT_SKIP or k.startswith("paper")):
+          continue
+        walk(x, f"{path}.{k}" if path else str(k))
+    elif isinstance(v, list):
+      for i, x in enumerate(v):
+        label = next((f"{k}={x[k]}" for k in LABEL_KEYS if isinstance(x, dict) and k in x
+                      and isinstance(x[k], (str, int, float))), str(i))
+        walk(x, f"{path}[{label}]")
+
+  walk(doc, "")
+  if len(rows) > limit:
+    rows = rows[:limit] + [(f"... {len(rows) - limit} more numbers in the JSON", None, None, "")]
+  return rows
+
+
+def producing_command(run: Run, mode: str) -> str:
+  """The command that writes ``run``'s result: its quick setting in quick (and render) mode when
+  it has one, else its documented full run."""
+  use = "quick" if mode in ("quick", "render") and run.quick is not None else "full"
+  argv = command_of(run, use, output_path(run, use))
+  cmd = "JAX_PLATFORMS=cpu python " + " ".join(argv)
+  if use == "quick":
+    cmd += f" (or `boundjax reproduce --quick --only {run.paper}`)"
+  return cmd
+
+
+def section_of(outcome: Outcome, figure_dir: Path, root: Path, mode: str = "quick") -> Section:
+  """Reads one outcome's JSON into a Section (a layout we cannot read is reported, not fatal).
+
+  The section always has a table and a figure, or says plainly which is missing and names the
+  command that produces the result."""
   run = outcome.run
   title = f"{run.title} ({run.script})"
   timing = (f" in {outcome.seconds:.0f} s wall, {outcome.cpu_seconds:.0f} CPU s"
             if outcome.status in ("ran", "failed") else "")
+  command = producing_command(run, mode)
   if outcome.json_path is None or not outcome.json_path.is_file():
+    why = {"failed": "the run failed (log below)",
+           "not yet available": f"the script {run.script} is not in this clone"}.get(
+               outcome.status, "no result has been produced yet")
+    missing = (f"This section's result is missing ({why}), so it has no table of ours and no "
+               f"figure. Produce it with: `{command}`")
+    error = ("the run failed; log tail:\n" + outcome.log[-1500:]) if outcome.log else ""
     return Section(title, outcome.status, outcome.label, None, list(run.paper_rows), [], [],
-                   outcome.log[-1500:], timing)
+                   error, timing, missing=missing)
   doc = json.loads(outcome.json_path.read_text())
-  rows, error = list(run.paper_rows), ""
+  rows, error, notes = list(run.paper_rows), "", []
   try:
     rows += run.compare(doc) if run.compare else paper_keys_rows(doc)
   except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
     error = f"could not read the comparison from this JSON ({type(e).__name__}: {e})"
     rows += paper_keys_rows(doc)
+  if not any(_lead_num(o) is not None for _, _, o, _ in rows):
+    rows += result_rows(doc)       # no numbers of ours yet: the JSON's own
+  if not rows:
+    notes.append("The result holds no numbers to tabulate.")
   figures, tag = [], re.sub(r"\W+", "_", outcome.label).strip("_")
   for name in run.figures:
     src = outcome.json_path.parent / name
@@ -499,15 +685,55 @@ def section_of(outcome: Outcome, figure_dir: Path, root: Path) -> Section:
       dst = figure_dir / f"{tag}_{src.name}"
       shutil.copyfile(src, dst)
       figures.append(dst.name)
-  plot = bar_chart(rows, figure_dir / f"{tag}_{Path(run.result).stem}_vs_paper.png",
-                   run.title)
+    else:
+      notes.append(f"The script's figure {name} is not beside this result; `{command}` "
+                   "writes it.")
+  stem = f"{tag}_{Path(run.result).stem}"
+  if run.plot is not None:
+    try:
+      if run.plot(doc, figure_dir / f"{stem}.png", run.title):
+        figures.append(f"{stem}.png")
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+      notes.append(f"could not draw this result's figure ({type(e).__name__}: {e})")
+  plot = bar_chart(rows, figure_dir / f"{stem}_vs_paper.png", run.title)
   if plot:
     figures.append(plot)
+  if not figures:
+    plot = values_chart(rows, figure_dir / f"{stem}_values.png", run.title)
+    if plot:
+      figures.append(plot)
+    else:
+      notes.append(f"No figure: the result has no numbers to draw. Produce it with: "
+                   f"`{command}`")
   if outcome.status == "failed":
     error = (error + "\n" if error else "") + "the run failed; log tail:\n" + outcome.log[-1500:]
   md = doc.get("markdown") if isinstance(doc.get("markdown"), str) else ""
   return Section(title, outcome.status, outcome.label, provenance_of(doc), rows,
-                 settings_of(doc), figures, error, timing, md)
+                 settings_of(doc), figures, error, timing, md, notes=" ".join(notes))
+
+
+def values_chart(rows: list[Row], path: Path, title: str) -> str | None:
+  """Our numbers of the table, one bar each (the first 20; symmetric-log scale when they span
+  several orders of magnitude): the figure of a result with neither a figure of its own nor
+  paper numbers to divide by. None when no row holds a number."""
+  vals = [(q, _lead_num(o)) for q, _, o, _ in rows]
+  vals = [(q, v) for q, v in vals if v is not None and math.isfinite(v)][:20]
+  if not vals:
+    return None
+  import textwrap
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(7, 0.9 + 0.3 * len(vals)))
+  ys = list(range(len(vals)))[::-1]
+  ax.barh(ys, [v for _, v in vals], color="tab:blue")
+  mags = [abs(v) for _, v in vals if v != 0]
+  if mags and max(mags) / min(mags) > 1e3:
+    ax.set_xscale("symlog", linthresh=min(mags))
+  ax.set_yticks(ys)
+  ax.set_yticklabels([textwrap.shorten(q, 48) for q, _ in vals], fontsize=7)
+  ax.set_xlabel("ours (each quantity in its own unit; see the table)", fontsize=8)
+  ax.set_title(title[:80], fontsize=9)
+  _save(fig, path)
+  return path.name
 
 
 def bar_chart(rows: list[Row], path: Path, title: str) -> str | None:
@@ -559,6 +785,8 @@ def render_markdown(sections: dict[str, list[Section]], meta: dict) -> str:
       out += ["No result yet.", ""]
     for s in secs:
       out += [f"### {s.title}", "", f"Status: {s.status}{s.timing}; setting: *{s.label}*.", ""]
+      if s.missing:
+        out += [f"**No result.** {s.missing}", ""]
       if s.provenance:
         p = s.provenance
         m = p.get("machine") if isinstance(p.get("machine"), dict) else {}
@@ -570,7 +798,9 @@ def render_markdown(sections: dict[str, list[Section]], meta: dict) -> str:
                 f"{m.get('device')}", ""]
       if s.rows:
         out += ["| quantity | paper | ours | note |", "|---|---|---|---|"]
-        out += [f"| {q} | {_fmt(p)} | {_fmt(o)} | {n} |" for q, p, o, n in s.rows]
+        cell = lambda v: str(v).replace("|", "\\|")  # noqa: E731  (a | would end the cell)
+        out += [f"| {cell(q)} | {cell(_fmt(p))} | {cell(_fmt(o))} | {cell(n)} |"
+                for q, p, o, n in s.rows]
         out.append("")
       if s.settings:
         out += ["Setting and differences from the paper:", ""]
@@ -578,6 +808,8 @@ def render_markdown(sections: dict[str, list[Section]], meta: dict) -> str:
       if s.markdown:
         out += [s.markdown.replace("\n### ", "\n#### "), ""]
       out += [f"![{f}](figures/{f})" for f in s.figures]
+      if s.notes:
+        out += ["", s.notes]
       if s.error:
         out += ["", "```", s.error, "```"]
       out.append("")
@@ -604,6 +836,8 @@ def render_html(sections: dict[str, list[Section]], meta: dict) -> str:
       cls = " class='quick'" if s.label == "quick" else ""
       parts.append(f"<h3>{e(s.title)}</h3><p>Status: {e(s.status + s.timing)}; setting: "
                    f"<b{cls}>{e(s.label)}</b>.</p>")
+      if s.missing:
+        parts.append(f"<p><b>No result.</b> {e(s.missing)}</p>")
       if s.provenance:
         p = s.provenance
         m = p.get("machine") if isinstance(p.get("machine"), dict) else {}
@@ -627,6 +861,8 @@ def render_html(sections: dict[str, list[Section]], meta: dict) -> str:
         parts.append(f"<pre>{e(s.markdown.strip())}</pre>")
       parts += [f"<p><img src='figures/{e(f)}' alt='{e(f)}' style='max-width:100%'></p>"
                 for f in s.figures]
+      if s.notes:
+        parts.append(f"<p>{e(s.notes)}</p>")
       if s.error:
         parts.append(f"<pre>{e(s.error)}</pre>")
   parts.append("</body></html>")
@@ -642,7 +878,7 @@ def write_report(outcomes: list[Outcome], papers: list[str], root: Path, mode: s
   sections: dict[str, list[Section]] = {k: [] for k in papers}
   for o in outcomes:
     if o.run.paper in sections:
-      sections[o.run.paper].append(section_of(o, figure_dir, root))
+      sections[o.run.paper].append(section_of(o, figure_dir, root, mode))
   ran = [o for o in outcomes if o.status in ("ran", "failed")]
   meta = {"mode": mode, "commit": _commit(root),
           "runs": (f"This invocation ran {len(ran)} script(s): "

@@ -1,9 +1,13 @@
 """The `boundjax` command.
 
+```text
     boundjax demo                       every section on embedded data (scikit-learn sets, blobs)
     boundjax demo --only bounds crown   some sections: data, bounds, crown, ensembles, agt, ldcp,
                                         barron, idp
     boundjax demo --json out.json       also write each section's numbers (and report) as JSON
+    boundjax demo --quick               smaller sizes and fewer steps (about half a minute); every
+                                        section prints its expected time before it runs
+    boundjax --version                  the installed version
 
     boundjax verify NET.onnx PROP.vnnlib --timeout 60 --out RESULT
                                         VNN-COMP's contract: RESULT holds sat (and the
@@ -17,6 +21,7 @@
     boundjax reproduce [--quick | --full | --render-only] [--only PAPER ...]
                                         run the benchmark suite of a clone and write
                                         report/index.html and report/README.md
+```
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 
@@ -39,25 +45,64 @@ def _jsonable(value):
   return str(value)
 
 
-def demo(only: list[str] | None = None, json_path: str | None = None) -> int:
-  """Runs the demo sections ``only`` (default: all), prints their reports, writes JSON if asked."""
+def demo(only: list[str] | None = None, json_path: str | None = None,
+         quick: bool = False) -> int:
+  """Runs the demo sections ``only`` (default: all), prints their reports, writes JSON if asked.
+
+  Before each section it prints what the section shows and its expected time (the section's
+  ``SECONDS``, measured on a quiet 2-core CPU), after it the measured time. ``quick``: each
+  section's ``QUICK`` settings (smaller sizes and fewer steps; the numbers are not the full
+  demo's)."""
+  from boundjax.demos import expected_seconds, title
   names = list(only or SECTIONS)
   unknown = [n for n in names if n not in SECTIONS]
   if unknown:
     raise SystemExit(f"unknown demo section(s) {unknown}; choose from {list(SECTIONS)}")
+  if quick and "XLA_FLAGS" not in os.environ:
+    # A short run's time is mostly XLA compiling small programs; without LLVM's optimisation
+    # passes (as the fast test suite compiles) that takes about a third less. JAX reads this
+    # when its CPU backend starts, so it changes nothing once this process has computed.
+    os.environ["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
+  expected = {n: expected_seconds(n, quick) for n in names}
+  setting = "quick settings" if quick else "full settings; --quick for a short run"
+  print(f"boundjax demo: {len(names)} section(s), {setting}; expected "
+        f"{_duration(sum(expected.values()))} on a quiet 2-core CPU (longer on a loaded machine)",
+        flush=True)
   record = {}
-  for name in names:
-    print(f"\n=== {name} ===", flush=True)
-    t0 = time.perf_counter()
-    result = section(name)()
-    seconds = time.perf_counter() - t0
+  start = time.perf_counter()
+  for i, name in enumerate(names, 1):
+    print(f"\n=== {name} === [{i}/{len(names)}] {title(name)} "
+          f"(expected {_duration(expected[name])})", flush=True)
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    result = section(name, quick)()
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     print(result.text)
-    print(f"[{name}: {seconds:.1f} s]", flush=True)
-    record[name] = {"numbers": result.numbers, "text": result.text, "seconds": seconds}
+    print(f"[{name}: {seconds:.1f} s, expected {_duration(expected[name])}; "
+          f"{time.perf_counter() - start:.0f} s since the start]", flush=True)
+    record[name] = {"numbers": result.numbers, "text": result.text, "seconds": seconds,
+                    "cpu_seconds": cpu, "expected_seconds": expected[name], "quick": quick}
   if json_path:
     with open(json_path, "w") as f:
       json.dump(record, f, indent=2, default=_jsonable)
   return 0
+
+
+def _duration(seconds: float) -> str:
+  """``~12 s`` or ``~3 min``: an expected time, rounded as a person would say it."""
+  if seconds < 90:
+    return f"~{max(1, round(seconds))} s"
+  return f"~{round(seconds / 60)} min"
+
+
+def version() -> str:
+  """The installed distribution's version (package metadata), else ``boundjax.__version__``
+  (a clone on the path without an install)."""
+  from importlib import metadata
+  try:
+    return metadata.version("boundjax")
+  except metadata.PackageNotFoundError:
+    import boundjax
+    return boundjax.__version__
 
 
 def compile_cache(path: str | None) -> str | None:
@@ -167,10 +212,14 @@ def _benchmark_report():
 
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="boundjax", description="Sound bounds for neural networks.")
+  parser.add_argument("--version", action="version", version=f"boundjax {version()}")
   sub = parser.add_subparsers(dest="command", required=True)
   d = sub.add_parser("demo", help="run the demonstration on embedded datasets")
   d.add_argument("--only", nargs="*", help=f"sections to run (default: all of {list(SECTIONS)})")
   d.add_argument("--json", help="also write each section's numbers and report as JSON to this path")
+  d.add_argument("--quick", action="store_true",
+                 help="smaller sizes and fewer steps in every section (the whole demo in about "
+                      "half a minute on a quiet 2-core CPU; the full one takes about 1.5 min)")
   v = sub.add_parser("verify", help="verify an ONNX network against a VNNLIB property")
   v.add_argument("net", nargs="?", help="the network (.onnx)")
   v.add_argument("prop", nargs="?", help="the property (.vnnlib)")
@@ -211,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {path} and {path.with_name('README.md')}")
     return 0
   if args.command == "demo":
-    return demo(args.only, args.json)
+    return demo(args.only, args.json, args.quick)
   if args.command == "verify":
     code = verify(args.net, args.prop, args.timeout, args.out, args.batch, args.root, args.json,
                   not args.unsound_fp,

@@ -1,6 +1,7 @@
 """Independent jobs in parallel: in this process, a local process pool, or a Ray cluster.
 
-The one executor of the package (MILP solves of LDCP and iDP-DB, chunked leave-out training).
+The one executor of the package (MILP solves of LDCP, Sphynx §3, and
+of LUCID's iDP-DB, LUCID §4, Def. 4.1; chunked leave-out training).
 A job is a picklable description (numpy arrays, dataclasses) and a module-level function that
 turns it into a picklable result; results come back in job order.
 

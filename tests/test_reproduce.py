@@ -217,7 +217,10 @@ def test_quick_reproduction_writes_a_report_with_all_papers():
   for key in ("lucid", "agt", "ptr", "sphynx", "barron"):
     assert f"<h2 id='{key}'>" in page
   assert "failed" not in re.findall(r"Status: (\w+)", page)
-  assert (ROOT / "report" / "README.md").is_file()
+  md = (ROOT / "report" / "README.md").read_text()
+  for sec in _sections(md):   # every section: its table and its figure, or why not and how
+    assert "**No result.**" in sec or (
+        "| quantity |" in sec and _figures(sec, ROOT / "report" / "figures")), sec[:300]
 
 
 def test_a_result_from_uncommitted_code_is_flagged_in_the_report(tmp_path):
@@ -244,3 +247,98 @@ def test_a_benchmark_run_on_uncommitted_code_says_so_on_stderr(monkeypatch, caps
   monkeypatch.setattr(common, "git_commit", lambda: "c" * 40)
   common.record(["benchmarks/toy.py"])
   assert "WARNING" not in capsys.readouterr().err
+
+
+# ------------------------------------------------ every section shows its table and its figure
+
+NESTED = '''
+import json, sys, pathlib
+args = sys.argv[1:]
+out = pathlib.Path(args[args.index("--out") + 1])
+out.parent.mkdir(parents=True, exist_ok=True)
+out.write_text(json.dumps({"provenance": {"command": "python " + " ".join(sys.argv),
+                                          "commit": "b" * 40, "date": "2026-01-01T00:00:00",
+                                          "machine": {"cpu_count": 2, "device": "cpu"}},
+                           "setting": {"gammas": [0.5, 4.0]},
+                           "results": [{"gamma": 0.5, "bound": 0.125},
+                                       {"gamma": 4.0, "bound": 0.75}]}))
+'''
+
+
+def _sections(md: str) -> list[str]:
+  """The report's Markdown cut into its sections (each starts with its title)."""
+  return [p.split("\n## ")[0] for p in re.split(r"^### ", md, flags=re.M)[1:]]
+
+
+def _figures(section: str, folder: Path) -> list[Path]:
+  return [folder / name for name in re.findall(r"!\[[^\]]*\]\(figures/([^)]+)\)", section)]
+
+
+def test_a_result_with_only_its_own_numbers_gets_a_table_and_a_figure(tmp_path):
+  root = fake_clone(tmp_path)
+  (root / "benchmarks" / "nested.py").write_text(NESTED)
+  run = R.Run("barron", "Nested audit", "benchmarks/nested.py", "nested.json",
+              ("--out", "{out}"), ("--out", "benchmarks/results/nested.json"))
+  R.reproduce("quick", root=root, runs=(run,), progress=False)
+  md = (root / "report" / "README.md").read_text()
+  [sec] = _sections(md)
+  assert sec.startswith("Nested audit (benchmarks/nested.py)")
+  # the results are numbers the JSON holds below its top level, not a setting
+  assert re.search(r"^\| results\[gamma=0\.5\]\.bound \| - \| 0\.125 \|", sec, re.M)
+  assert re.search(r"^\| results\[gamma=4(\.0)?\]\.bound \| - \| 0\.75 \|", sec, re.M)
+  figs = _figures(sec, root / "report" / "figures")
+  assert figs and all(f.read_bytes()[:4] == b"\x89PNG" for f in figs)
+  assert "No result" not in sec
+
+
+def test_a_missing_result_says_so_and_names_its_command(tmp_path):
+  root = fake_clone(tmp_path)
+  import dataclasses
+  runs = (dataclasses.replace(toy_run("barron", quick=None), title="No quick setting"),
+          dataclasses.replace(toy_run("lucid", script="benchmarks/not_written_yet.py"),
+                              title="No script"),
+          dataclasses.replace(toy_run("ptr", quick=("--fail", "--out", "{out}")),
+                              title="A failed run"))
+  R.reproduce("quick", root=root, runs=runs, progress=False)
+  md = (root / "report" / "README.md").read_text()
+  page = (root / "report" / "index.html").read_text()
+  secs = {s.split(" (")[0]: s for s in _sections(md)}
+  assert set(secs) == {"No quick setting", "No script", "A failed run"}
+  for sec in secs.values():
+    assert "**No result.**" in sec and "missing" in sec
+    assert not _figures(sec, root / "report" / "figures")
+  # each names the command that writes the result: the full run without a quick setting
+  assert ("python benchmarks/toy.py --n 5 --out benchmarks/results/toy.json"
+          in secs["No quick setting"])
+  assert ("python benchmarks/not_written_yet.py --n 3 --out report/quick/toy.json"
+          in secs["No script"])
+  assert "--only lucid" in secs["No script"] and "not in this clone" in secs["No script"]
+  assert "python benchmarks/toy.py --fail --out report/quick/toy.json" in secs["A failed run"]
+  assert "something broke" in secs["A failed run"]
+  assert page.count("<b>No result.</b>") == 3
+
+
+@pytest.mark.parametrize("script", ["benchmarks/barron.py", "benchmarks/adult_audit.py"])
+def test_barron_paper_sections_have_tables_and_figures(tmp_path, script):
+  """The two Barron results (Figure 1 and the Adult audit) as a quick run leaves them: each
+  section has a table with our numbers per setting and its figure."""
+  run = next(r for r in R.RUNS if r.script == script)
+  doc = json.loads((ROOT / "benchmarks" / "results" / run.result).read_text())
+  (tmp_path / "q").mkdir()
+  path = tmp_path / "q" / run.result
+  path.write_text(json.dumps(doc))
+  out = tmp_path / "report"
+  R.write_report([R.Outcome(run, "ran", path, "quick", 1.0, 1.0)], ["barron"], ROOT, "quick",
+                 out_dir=out)
+  [sec] = _sections((out / "README.md").read_text())
+  table = [line for line in sec.splitlines() if line.startswith("| ") and "quantity" not in line]
+  ours = [line.split(" | ")[2] for line in table]
+  assert sum(re.fullmatch(r"-?[\d.]+(e-?\d+)?", o) is not None for o in ours) >= 2, sec
+  # one row per setting of the run: mu for Figure 1, the noise level gamma for the audit
+  settings = ([r["mu"] for r in doc["rows"]] if "rows" in doc
+              else [r["gamma"] for r in doc["representation"]])
+  for v in settings:
+    assert re.search(rf"(mu|gamma)={v:g}:", sec), v
+  figs = _figures(sec, out / "figures")
+  assert figs and all(f.is_file() and f.read_bytes()[:4] == b"\x89PNG" for f in figs)
+  assert "No result" not in sec and "No figure" not in sec

@@ -11,7 +11,8 @@ Differentially Private Prediction in Gradient-Based Training", AGT).
   `Directions`, `BoundedState` (`boundjax.agt.optim`): the interval optimisers as optax-style
   ``(init, update)`` pairs for a user's own loop (with `descent_directions` per batch);
   `fit` runs the same pairs.
-* `clip`, `descent_bounds`, `semin`, `semax` (`boundjax.agt.descent`): Thm 4.6's bounds.
+* `clip`, `descent_bounds`, `semin`, `semax` (`boundjax.agt.descent`): the descent-direction
+  bounds of AGT's Thm 4.6 (§4.2), with SEMin/SEMax the sums of the smallest/largest values.
 * `retrain` (`boundjax.agt.retrain`): empirical soundness checks by real retraining.
 * `poisoning`, `poison_attacks`: poisoning certificates (``Config(k_poison=..., epsilon=...,
   label_k_poison=...)``; Sosnin et al., "Certified Robustness to Data Poisoning in

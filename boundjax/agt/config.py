@@ -48,10 +48,11 @@ class Config:
     loss: "cross_entropy" (integer labels, one logit per class), "binary_cross_entropy"
       (one logit, labels in {0, 1}) or "mse" (per-sample mean squared error over outputs).
     k_private: k, the number of points that may be removed from *and* added to every batch
-      (Thm 4.6). Must be < batch_size.
+      (AGT paper, Thm 4.6 in §4.2). Must be < batch_size.
     neighbourhood: "add_remove" (the privacy variant: up to k removals and k additions per
       batch, Thm 4.6) or "remove" (unlearning: up to k removals per batch only,
-      each batch's mean taken over the points left, ``SEMin_{b-k}(delta_L) / (b - k)`` and
+      each batch's mean taken over the points left, ``SEMin_{b-k}(delta_L) / (b - k)`` (SEMin:
+      the sum of the b - k smallest, AGT paper, Thm 4.6 in §4.2) and
       ``SEMax_{b-k}(delta_U) / (b - k)``, the public code's unlearning rule; no clipping
       needed). "remove" encloses every leave-k-out network that
       `boundjax.ensembles.train_ensemble` trains (the masked mean divides by the points left);

@@ -75,10 +75,10 @@ def _forward_fn(apply_fn: Callable | None) -> Callable:
 
 def forward_bounds(param_bounds: Any, x: Array, matmul: str = "midrad",
                    apply_fn: Callable | None = None) -> Interval:
-  """Logit bounds over the parameter box (`boundjax.crown`, module docstring) for a point
+  """Logit bounds over the parameter box (`boundjax.agt.crown`'s module docstring) for a point
   ``x``, batched (n, d) or single (d,). ``apply_fn``: the batched model (default: the Dense+ReLU
   stack of `boundjax.agt.mlp`)."""
-  del matmul  # the engine's products are at least as tight (module docstring)
+  del matmul  # the engine's products are at least as tight (this module's docstring)
   _check_point(x)
   x = jnp.asarray(x)
   if x.ndim == 1:

@@ -7,7 +7,8 @@ b by removing r <= k points and adding a <= k points, element-wise (AGT, Thm 4.6
     dtheta_L = (SEMin_{b-k}{delta_L[i]} - k * gamma) / b
     dtheta_U = (SEMax_{b-k}{delta_U[i]} + k * gamma) / b
 
-where SEMin_a / SEMax_a sum the a smallest / largest values per coordinate.
+where SEMin_a / SEMax_a sum the a smallest / largest values per coordinate (AGT, Thm 4.6 in
+§4.2; App. D.4).
 
 Which mean is bounded (``normalise``):
 

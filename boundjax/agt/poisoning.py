@@ -23,7 +23,8 @@ Bound on the descent direction. For every sample, with the parameter box ``[thet
 AGT, App. B) and ``[iwp_L, iwp_U]`` bounds it over the input box ``[x - eps, x + eps]`` and the
 label set as well (input and weight perturbation). A poisoned batch's sum is a sum of b terms,
 at most k of them from the poisoned boxes, so element-wise (Sosnin et al.; the public code's
-``PoisoningGradientAccumulator``)
+``PoisoningGradientAccumulator``; SEMin_k / SEMax_k sum the k smallest / largest values per
+coordinate, AGT's Thm 4.6 notation, §4.2)
 
     dtheta_L = (sum_i wp_L[i] + SEMin_k{min(iwp_L[i] - wp_L[i], 0)}) / b
     dtheta_U = (sum_i wp_U[i] + SEMax_k{max(iwp_U[i] - wp_U[i], 0)}) / b
@@ -33,8 +34,8 @@ fewer than k poisoned samples even where rounding makes an ``iwp`` bound narrowe
 ``wp`` bound (the public code does not clamp; in exact arithmetic the input box contains the
 clean point, so the differences have these signs anyway). The batch keeps its size, so the
 mean is over b in every convention. The streaming form keeps running sums and the k extreme
-differences per coordinate (`boundjax.agt.descent.topk_leading`, exact), like Thm 4.6's
-bound in `boundjax.agt.descent`.
+differences per coordinate (`boundjax.agt.descent.topk_leading`, exact), like the AGT
+paper's Thm 4.6 (§4.2) bound in `boundjax.agt.descent`.
 
 By induction over steps (AGT, Thm 4.5, with this descent bound), the parameter box contains
 every model the same training (initialisation, schedule, step sizes, clipping, optimiser)

@@ -13,7 +13,7 @@ points with 0/1 weights (0 = removed) followed by k extra slots (weight 1 = adde
 descent direction is ``sum_i w_i Clip(g_i) / sum_i w_i`` (true SGD on the modified batch,
 ``normalise="actual"``), or ``/ b`` with ``normalise="nominal"`` (the fixed-1/b convention)
 (`boundjax.training.clipped_mean_gradient`). By default the convention is the config's
-(``Config.normalise``), the one its box covers. Thm 4.6's bound (``Config.normalise="actual"``)
+(``Config.normalise``), the one its box covers. AGT's Thm 4.6 (§4.2) bound (``normalise="actual"``)
 covers the fixed-1/b convention only when no batch grows (additions <= removals): with more
 additions than removals the sum has more than b terms and leaves it (AGT, Thm 4.6 states the
 mean over ``|B~|``), so `retrain` refuses that combination. The modifications are drawn once per distinct batch

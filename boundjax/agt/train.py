@@ -15,7 +15,8 @@ nominal ones by at most k removals and k additions each, each batch's step being
 the points it holds (``Config.normalise="actual"``, AGT's Alg. 1; "nominal" covers the fixed 1/b
 convention as well, `boundjax.agt.descent`). With ``Config(neighbourhood="remove")``
 (unlearning) only removals are allowed and each batch's mean is over the points left, so
-``[D_L, D_U]`` is ``[SEMin_{b-k}(dL), SEMax_{b-k}(dU)] / (b - k)`` and no clipping is needed;
+``[D_L, D_U]`` is ``[SEMin_{b-k}(dL), SEMax_{b-k}(dU)] / (b - k)`` (SEMin/SEMax: sums of the
+b - k smallest/largest, AGT's Thm 4.6, §4.2) and no clipping is needed;
 ``fit(..., schedule=...)`` follows any `boundjax.training.Schedule` (e.g. reshuffled epochs, a
 smaller last batch): the box encloses the networks `boundjax.ensembles.train_ensemble` trains on
 the *same* schedule object. Options (from the public code): L2 (monotone

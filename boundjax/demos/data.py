@@ -8,6 +8,16 @@ from boundjax.data import NAMES, DatasetNotFoundError, TextDataset, load
 from boundjax.demos.common import Section
 
 
+# Printed by ``boundjax demo`` before the section runs.
+TITLE = "a table of the embedded datasets"
+# ``boundjax demo --quick``: smaller sizes and fewer steps (keyword arguments of `run`).
+QUICK: dict = {}
+# Wall seconds of the section on a quiet 2-core CPU, full and ``--quick``: the CPU seconds it
+# took (``boundjax demo --json``, 2026-11-27, a shared 2-core machine) scaled by the ratio of
+# the full demo's quiet wall time (85 s) to its CPU seconds. Printed as the expected time.
+SECONDS = {"full": 0.5, "quick": 0.3}
+
+
 def run(names: Sequence[str] | None = ("breast_cancer", "digits", "blobs")) -> Section:
   """A plain-text table of the datasets: sizes, input shape, classes and feature range.
 

@@ -160,7 +160,7 @@ class LabelOnlyGuard:
       (a sign network: class 1 iff ``z >= 0``).
     params: N's parameters.
     betas: β per class (sequence or ``{class: β}``), see `validate_betas`. Any value ≥ the true
-      iDP-DB is sound; larger values only add noise.
+      iDP-DB (LUCID, §4, Def. 4.1) is sound; larger values only add noise.
     epsilon: the iDP budget of a noised answer (``ε >= 0``; 0 = uniform label).
     key: the JAX PRNG key of the noise (default ``jax.random.PRNGKey(42)``, as LUCID's code).
     memo_size: the memo's capacity (noised answers kept; the oldest is evicted when full). The

@@ -32,7 +32,8 @@ Calibration (``calib``). ``"total"`` (the default): the query as a whole is ``(�
 R-neighbours, ε split evenly between test and release (basic composition, Dwork & Roth 2014,
 Thm 3.16): test noise ``Lap(2(R + ζ)/ε)`` (the statistic's sensitivity over R-neighbours is
 ``< R + ζ`` in both modes), threshold ``τ = ln(1/δ) · 2(R + ζ)/ε``, release ``Lap(2 Δp R/ε)``
-(``||f(x) - f(x')||_1 <= Δp R``). ``"code"`` (the authors' code): test noise ``Lap(R/ε)``,
+(``||f(x) - f(x')||_1 <= Δp R``). ``"code"`` (the calibration of the authors' public code for
+PTR, Singh et al., NeurIPS 2023; not the supplement's Algorithm 1, App. B): test noise ``Lap(R/ε)``,
 threshold ``τ = ln(1/δ) R/ε``, release ``Lap(Δp R/ε)``: each half spends ε, so the query is
 ``(2ε(1 + ζ/2R), δ/2)``-DP, about ``2ε``; use it to reproduce the paper's numbers. ``"unit"``
 (the supplement's Algorithm 1): ``Lap(1/ε)``, ``τ = ln(1/δ)/ε``, ``Lap(Δp/ε)``: ε per unit of

@@ -1,6 +1,7 @@
 """The one branch-and-bound skeleton under every search of the project.
 
 Input splitting (`boundjax.verify.input_bab`, `boundjax.verify.generic`) and LUCID's iDP-DB
+(LUCID, §4 and §5.3)
 search over hyper-networks (`milp.idpdb.search`) are the same loop (Land & Doig 1960; the
 "generic BaB" of Bunel et al. 2020, "Branch and bound for piecewise linear neural network
 verification", §3, Alg. 1):

@@ -1,4 +1,5 @@
-"""Screening: a sound iDP-DB of each member from its difference intervals alone, no MILP.
+"""Screening: a sound iDP-DB (LUCID, §4, Def. 4.1) of each member from its difference intervals
+alone, no MILP.
 
 Ours, not LUCID's. `screen_bound` bounds one node by its logit difference intervals against N;
 `member_bounds` applies it to every member alone (one interval pass each). The maximum over the

@@ -95,22 +95,30 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
           alpha_objective: str = "both") -> Callable:
   """CROWN: backward linear bound propagation of ``fn`` over its `Interval` arguments.
 
+  The method, its relaxations and their costs are described in the docstring of the package
+  `boundjax.domains.linear` (``help(boundjax.domains.linear)``); the options below name the
+  paragraph of that docstring that explains them.
+
   Args:
     fn: a JAX function, e.g. a Flax linen ``model.apply``: affine operations and ReLUs are
-      handled exactly, the nonlinearities listed in the module docstring by linear relaxations,
+      handled exactly, the nonlinearities listed in `boundjax.domains.linear`'s docstring by
+      linear relaxations,
       anything else with an interval rule by its interval bound (with a warning).
     intermediate: where ReLU pre-activation bounds come from: "crown" (a backward pass per ReLU
       layer; tightest) or "ibp" (interval propagation; CROWN-IBP, much cheaper).
-    batch_axis: axis along which the `Interval` leaves hold independent examples (see the module
-      docstring for the rule), or None to bound the whole call as one problem.
+    batch_axis: axis along which the `Interval` leaves hold independent examples (the rule:
+      *Batching* in `boundjax.domains.linear`'s docstring), or None to bound the whole call as
+      one problem.
     sound: round every bound outward by an a-priori bound on the float error so it holds in
-      exact arithmetic, and run every product at ``precision=HIGHEST`` (see the module
-      docstring); the same option as ``bj.ibp(fn, sound=True)``.
+      exact arithmetic, and run every product at ``precision=HIGHEST`` (*Sound floating
+      point* in `boundjax.domains.linear`'s docstring); the same option as
+      ``bj.ibp(fn, sound=True)``.
     chunk_size: examples per vmapped chunk; default: as many as fit in ``memory_bytes``.
     memory_bytes: memory budget for the backward state of one chunk.
     patches: compute the backward pass of a local layer (a convolution behind one ReLU layer
-      that follows a convolution of the input) on receptive-field windows (see the module
-      docstring); the bounds equal the dense pass up to the order of float sums. Not used with
+      that follows a convolution of the input) on receptive-field windows (*Windows* in
+      `boundjax.domains.linear`'s docstring); the bounds equal the dense pass up to the order
+      of float sums. Not used with
       ``sound`` (whose error bound follows the dense pass).
     spec: a specification matrix ``C``: bound ``C @ y`` instead of ``y``, where ``y`` is ``fn``'s
       one box-dependent output, flattened per example (``m`` entries). ``C`` of shape (k, m) is
