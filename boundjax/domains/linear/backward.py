@@ -21,7 +21,8 @@ from boundjax.domains.linear.rules import (
     CrownEqn, Lines, CrownProgram, bind1, endpoint_check, finite_or_constant, is_float,
     leaky_lines, low_precision, mccormick, read_value, reciprocal_lines, relu_argument,
     relu_lines,
-    relu_parts, s_shaped_default_t, s_shaped_lines_at, sound_unary_lines, unary_fn,
+    relu_parts, s_shaped_default_t, s_shaped_far_points, s_shaped_lines_at, sound_unary_lines,
+    unary_fn,
     unary_relaxation)
 from boundjax.domains.linear import windows as _windows
 from boundjax.domains.linear.prefix import (  # noqa: F401  (names used by the windowed pass too)
@@ -390,7 +391,7 @@ def _nonlinear_step(st: _Pass, i: int, e: CrownEqn) -> None:
       st.bias = _dot_step(st.rel[i], e, mu, m, st.lam, st.bias, st.ivs[y])
   else:
     t = None if st.alphas is None or e.mode != "unary" else st.alphas.get(e.relax_in[0])
-    ln = st.rel[i] if t is None else _s_shaped_rows(st, e, t)
+    ln = st.rel[i] if t is None else _s_shaped_rows(st, i, e, t)
     if sound:
       st.bias, extra = _relaxed_step(ln, e, mu, m, st.lam, st.bias,
                                      (st.ivs, st.ctx.prog.uses, st.n_eq, st.dtype))
@@ -399,7 +400,7 @@ def _nonlinear_step(st: _Pass, i: int, e: CrownEqn) -> None:
       st.bias = _relaxed_step(ln, e, mu, m, st.lam, st.bias)
 
 
-def _s_shaped_rows(st: _Pass, e: CrownEqn, t) -> Lines:
+def _s_shaped_rows(st: _Pass, i: int, e: CrownEqn, t) -> Lines:
   """α-CROWN's lines of a logistic/tanh equation, one pair per row of the pass:
   ``t`` (2, 2, m, n) holds the tangent fractions of `s_shaped_lines_at` (lower line, upper
   line) × (lower-bound rows, upper-bound rows). The rows come out in `_relaxed_step`'s order:
@@ -411,7 +412,8 @@ def _s_shaped_rows(st: _Pass, e: CrownEqn, t) -> Lines:
   l, u = (a.reshape(-1) for a in st.pre[x])
   y_lo, y_hi = st.ivs[y].lower.reshape(-1), st.ivs[y].upper.reshape(-1)
   rows = lambda a: jnp.broadcast_to(a, (2, st.m, n)).reshape((2 * st.m, n))  # noqa: E731
-  lines = s_shaped_lines_at(e.name, l, u, rows(t[0]), rows(t[1]), st.ctx.sound)
+  lines = s_shaped_lines_at(e.name, l, u, rows(t[0]), rows(t[1]), st.ctx.sound,
+                            st.rel.get(("far", i)))
   check = endpoint_check(unary_fn(e.name, e.params))(l, u)
   a_lo, b_lo, a_up, b_up = finite_or_constant(*lines, l, u, y_lo, y_hi, check)
   shape = lambda a: a.reshape((2 * st.m, *x.shape))  # noqa: E731
@@ -1130,6 +1132,9 @@ def _forward_nonlinear(fw: _Forward, i: int, e: CrownEqn) -> None:
     a = e.invars[0]
     pred = fw.ivs[a] if isinstance(a, _Var) and a in ctx.prog.abstract else read_value(cenv, a)
   fw.rel[i] = _relax_lines(e, cenv, bounds, fw.ivs[e.outvars[0]], ctx.sound, pred)
+  if any(j == i for _, j in ctx.s_nodes):  # α-CROWN's tangent points need the far points
+    l, u = (a.reshape(-1) for a in bounds[0])
+    fw.rel[("far", i)] = s_shaped_far_points(e.name, l, u)
 
 
 FORWARD_STEPS = {"concrete": _forward_concrete, "relu": _forward_relu,

@@ -254,7 +254,20 @@ def s_shaped_default_t(l, u):
   return jnp.where((u <= 0) | (l >= 0), 0.5, 0.0).astype(l.dtype)
 
 
-def s_shaped_lines_at(name: str, l, u, t_lo, t_up, sound: bool = False):
+def s_shaped_far_points(name: str, l, u):
+  """The tangent points ``(d_lo, d_up)`` of `s_shaped_lines_at` on a box around 0: the
+  tangents there pass below ``(u, f(u))`` and above ``(l, f(l))`` (`_s_shaped`'s bisection).
+  No gradient flows through the search (α's gradient keeps its paths through ``l`` and
+  ``u`` elsewhere)."""
+  f, df, far = S_SHAPED[name]
+  ls, us = lax.stop_gradient(l), lax.stop_gradient(u)
+  fls, fus = f(ls), f(us)
+  d_up = _bisect(lambda d: f(d) + df(d) * (ls - d) >= fls, jnp.zeros_like(ls), jnp.maximum(us, far))
+  d_lo = _bisect(lambda d: f(d) + df(d) * (us - d) <= fus, jnp.zeros_like(us), jnp.minimum(ls, -far))
+  return d_lo, d_up
+
+
+def s_shaped_lines_at(name: str, l, u, t_lo, t_up, sound: bool = False, far_points=None):
   """Lines of an S-shaped ``f`` (logistic, tanh) on ``[l, u]`` with optimisable tangent points
   (α-CROWN, Xu et al., ICLR 2021, §3.1, for general activations): ``t_lo, t_up ∈ [0, 1]``
   (broadcast against ``l``, e.g. one per row of a backward pass) choose a point in the range
@@ -272,17 +285,12 @@ def s_shaped_lines_at(name: str, l, u, t_lo, t_up, sound: bool = False):
 
   ``t = 0.5`` on one side of 0 and ``t = 0`` around it are CROWN's lines. Sound mode moves the
   lines outward as `sound_unary_lines` does (every tangent point lies within ``|u - l| + far``
-  of the box). Returns ``(a_lo, b_lo, a_up, b_up)``; the caller checks them
-  (`finite_or_constant`)."""
-  f, df, far = S_SHAPED[name]
+  of the box). ``far_points``: `s_shaped_far_points` of the box, if already computed. Returns
+  ``(a_lo, b_lo, a_up, b_up)``; the caller checks them (`finite_or_constant`)."""
+  f, df, _ = S_SHAPED[name]
   t_lo = jnp.clip(t_lo, 0.0, 1.0).astype(l.dtype)
   t_up = jnp.clip(t_up, 0.0, 1.0).astype(l.dtype)
-  # the tangent points through the far ends: no gradient flows through the bisection (the
-  # values are the same; α's gradient keeps its other paths through l and u)
-  ls, us = lax.stop_gradient(l), lax.stop_gradient(u)
-  fls, fus = f(ls), f(us)
-  d_up = _bisect(lambda d: f(d) + df(d) * (ls - d) >= fls, jnp.zeros_like(ls), jnp.maximum(us, far))
-  d_lo = _bisect(lambda d: f(d) + df(d) * (us - d) <= fus, jnp.zeros_like(us), jnp.minimum(ls, -far))
+  d_lo, d_up = far_points if far_points is not None else s_shaped_far_points(name, l, u)
   left, right = u <= 0, l >= 0
   at_lo = jnp.where(left, l + t_lo * (u - l), d_lo - t_lo * (d_lo - jnp.minimum(l, d_lo)))
   at_up = jnp.where(right, l + t_up * (u - l), d_up + t_up * (jnp.maximum(u, d_up) - d_up))
@@ -303,8 +311,11 @@ def finite_or_constant(a_lo, b_lo, a_up, b_up, l, u, y_lo, y_hi, check: Callable
   ok = ~tiny & jnp.isfinite(a_lo) & jnp.isfinite(b_lo) & jnp.isfinite(a_up) & jnp.isfinite(b_up)
   if check is not None:
     ok = ok & check(a_lo, b_lo, a_up, b_up)
-  ok_lo = ok & (a_lo * l + b_lo <= y_hi) & (a_lo * u + b_lo <= y_hi)  # never above the box
-  ok_up = ok & (a_up * l + b_up >= y_lo) & (a_up * u + b_up >= y_lo)
+  # never above (below) the box, up to the rounding of evaluating the line: a tangent through
+  # a box end (`_s_shaped`'s lines around 0) meets the interval bound there exactly
+  tol_hi, tol_lo = 1e-6 * (1 + jnp.abs(y_hi)), 1e-6 * (1 + jnp.abs(y_lo))
+  ok_lo = ok & (a_lo * l + b_lo <= y_hi + tol_hi) & (a_lo * u + b_lo <= y_hi + tol_hi)
+  ok_up = ok & (a_up * l + b_up >= y_lo - tol_lo) & (a_up * u + b_up >= y_lo - tol_lo)
   zero = jnp.zeros_like(l)
   return (jnp.where(ok_lo, a_lo, zero), jnp.where(ok_lo, b_lo, y_lo),
           jnp.where(ok_up, a_up, zero), jnp.where(ok_up, b_up, y_hi))
