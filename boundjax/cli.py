@@ -108,6 +108,7 @@ def verify(net: str | None, prop: str | None, timeout: float, out: str | None,
     compile_cache(cache)
 
   from boundjax.verify import format_result, run_instances, verify_instance
+  from boundjax.verify.outcome import summary
   options = {"sound": sound} if memory is None else {"sound": sound, "memory": memory}
   if batch is None:
     if net is None or prop is None:
@@ -119,8 +120,8 @@ def verify(net: str | None, prop: str | None, timeout: float, out: str | None,
       raise SystemExit(f"boundjax verify: {e}") from None
     if out:
       Path(out).write_text(format_result(outcome))
-    print(f"{outcome.status} in {outcome.seconds:.2f} s ({outcome.stats.get('phase')}, "
-          f"{outcome.stats.get('nodes')} nodes): {Path(net).name} {Path(prop).name}")
+    first, *rest = summary(outcome, timeout, out_path=out).split("\n")
+    print("\n".join([f"{first} [{Path(net).name} {Path(prop).name}]", *rest]))
     return 0
   with open(batch) as f:
     rows = [{"onnx": r["onnx"], "vnnlib": r["vnnlib"]} for r in csv.DictReader(f)]
