@@ -89,6 +89,14 @@ every hidden layer's bounds optimised) is far slower there (a 784-2704-784-64-10
 no root bound within 60 s)."""
 
 
+def alpha_fits(budget: float, crown_seconds: float) -> bool:
+  """Whether α-CROWN may start with ``budget`` seconds after CROWN took ``crown_seconds``
+  (compilation included). α-CROWN's program is CROWN's with its gradient, iterated: it costs
+  more than CROWN, so a budget under CROWN's time would only leave a compilation running past
+  it (it cannot be interrupted), taking the CPU from the stages after it."""
+  return budget > crown_seconds
+
+
 def _extract(apply_fn: Callable, params: Any, input_shape: Sequence[int]):
   """A point `milp.network.Network` for the function, or None if it is not an affine/ReLU
   chain (or no extractor applies)."""
@@ -370,10 +378,13 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
     # 2. α-CROWN on the whole property: by the engine where ReLU splitting's own root (α-CROWN
     # on the dense chain) is missing or slow (wide layers: convolutions densified)
     wide = lay is None or max(lay.widths[1:-1], default=0) > WIDE
-    if fitted and (wide or engine_bounds is True) and (high_dim or engine_bounds is True):
+    share = engine_share if engine_share is not None else (ALPHA_SHARE if lay is not None
+                                                          else 0.8)
+    if (fitted and (wide or engine_bounds is True) and (high_dim or engine_bounds is True)
+        and not alpha_fits(share * deadline.remaining(), stats["seconds"].get("crown", 0.0))):
+      stats["engine"]["alpha"] = "skipped: too little time"
+    elif fitted and (wide or engine_bounds is True) and (high_dim or engine_bounds is True):
       report.stage = "alpha-crown"
-      share = engine_share if engine_share is not None else (ALPHA_SHARE if lay is not None
-                                                            else 0.8)
       eng = engine_bounds_on(regions, share * deadline.remaining(), ("alpha",), fitted)
       stats["engine"].update(eng.modes)
       stats["seconds"]["alpha"] = deadline.elapsed() - sum(stats["seconds"].values())
