@@ -146,3 +146,96 @@ def test_a_short_limit_is_kept_within_five_percent(tmp_path):
   assert status == "timeout", proc.stdout
   assert seconds <= 1.05 * limit + 0.25, proc.stdout
   assert "stage: " in proc.stdout, proc.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# the memory budget's shares do not overlap: bounds left running past their time are waited for
+# ------------------------------------------------------------------------------------------------
+
+def test_a_bound_left_behind_is_returned_and_no_other_mode_starts_beside_it(monkeypatch):
+  """`engine.prove_with_engine` with a bound that outlives its budget: the mode is marked
+  ``budget``, the still-running bound comes back as ``pending`` (its buffers are live), and no
+  later mode (α-CROWN) is started beside it."""
+  import threading
+  import time
+  from boundjax.verify import engine
+  from boundjax.verify.outcome import Deadline
+  from boundjax.verify.spec import as_regions
+  calls = []
+  release = threading.Event()
+
+  def slow(*args, mode, **kw):
+    calls.append(mode)
+    release.wait(5.0)
+    return np.full(1, -1.0)
+
+  monkeypatch.setattr(engine, "region_lower", slow)
+  monkeypatch.setattr(engine, "fingerprint", lambda *a: "key")
+  regions = as_regions([((np.zeros(12), np.ones(12)), [(np.ones((1, 2)), np.zeros(1))])])
+  t0 = time.monotonic()
+  eng = engine.prove_with_engine(None, {}, (12,), regions, Deadline(10.0), 0.3)
+  assert time.monotonic() - t0 < 2.0
+  assert eng.modes["crown"] == "budget" and eng.pending is not None and not eng.pending.done()
+  assert calls == ["crown"]
+  release.set()
+  assert eng.pending.wait(5.0)[0]
+
+
+def test_branch_and_bound_waits_for_a_bound_left_behind(monkeypatch):
+  """The verifier does not start branch and bound (here the generic path, the network being a
+  sigmoid MLP) while a whole-property bound left behind by its stage is still running: the
+  search starts after that bound ends, so the two never hold their memory shares at once."""
+  import threading
+  import time
+  import jax
+  import jax.numpy as jnp
+  from boundjax.verify import engine, generic
+  seen = {}
+  release = threading.Event()
+
+  def leftover():
+    release.wait(1.0)
+    seen["left_ended"] = time.monotonic()
+
+  def fake_engine(apply_fn, params, input_shape, regions, deadline, budget, **kw):
+    job = engine.start(leftover)
+    return engine.EngineResult([np.zeros(len(r.disjuncts), bool) for r in regions],
+                               {"crown": "budget"},
+                               [np.full(len(r.disjuncts), -np.inf) for r in regions], job)
+
+  def fake_generic(*args, **kw):
+    seen["search_started"] = time.monotonic()
+    return "unknown", None, 0
+
+  monkeypatch.setattr(engine, "prove_with_engine", fake_engine)
+  monkeypatch.setattr(generic, "input_split_generic", fake_generic)
+  rng = np.random.default_rng(0)
+  params = (rng.normal(size=(6, 12)).astype(np.float32), np.zeros(6, np.float32),
+            rng.normal(size=(2, 6)).astype(np.float32), np.zeros(2, np.float32))
+
+  def apply_fn(p, x):
+    return p[2] @ jax.nn.sigmoid(p[0] @ jnp.reshape(x, (-1,)) + p[1]) + p[3]
+
+  prop = [((np.zeros(12), np.ones(12)), [(np.array([[1.0, 0.0]]), np.array([-100.0]))])]
+  out = mc.verify(apply_fn, params, (12,), prop, timeout=60.0, attack_restarts=2,
+                  attack_steps=2)
+  assert out.status == "unknown", out
+  assert seen["search_started"] >= seen["left_ended"], seen
+
+
+def test_run_instances_waits_until_the_previous_instance_s_work_ends(monkeypatch):
+  """`run_instances` starts an instance only once the work the previous one left running has
+  ended, even when that outlasts the time limit (a wait capped at the limit let OVAL21
+  instances run beside the previous one's buffers)."""
+  import threading
+  import time
+  from boundjax.verify.outcome import Outcome
+
+  def fake(onnx, vnnlib, timeout, **kw):
+    if str(onnx) == "first":
+      threading.Thread(target=time.sleep, args=(1.2,), name="boundjax-worker").start()
+    return Outcome("timeout", None, 0.01, {"nodes": 0, "phase": None})
+
+  monkeypatch.setattr(mc, "verify_instance", fake)
+  results = mc.run_instances([("first", "a"), ("second", "b")], 0.2, progress=False)
+  assert results[1]["settled"] >= 1.0, results

@@ -194,6 +194,20 @@ def _attack(apply_fn: Callable, params: Any, input_shape: Sequence[int],
   return hit if finished else None
 
 
+def _after(jobs: Sequence[tuple[str, engine.Job]], deadline: Deadline,
+           report: Progress) -> bool:
+  """Waits until the bounds left running past their budget (``(stage, job)`` pairs) have
+  ended, at most until ``deadline`` (``report.stage`` names the one waited for); True when
+  they have. The memory budget's shares hold only if the stages using them do not overlap
+  (`boundjax.verify.memory`): branch and bound must not allocate its share beside the buffers
+  of a bound still running."""
+  for stage, job in jobs:
+    if not job.done():
+      report.stage = stage
+      job.wait(deadline.remaining())
+  return all(job.done() for _, job in jobs)
+
+
 def _open_part(regions: Sequence[Region], proven: Sequence[np.ndarray]) -> tuple[Region, ...]:
   """The regions with their disjuncts not yet proven (regions with none left dropped)."""
   out = []
@@ -357,8 +371,13 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
       plan = early[0]
     stats["dense_batch"] = plan
     fitted: tuple[str, ...] = ()
+    behind: list[tuple[str, engine.Job]] = []  # bounds left running past their budget
     if first is not None:
       finished, eng = first.wait(0.0)  # still running: a compilation past its share
+      if not finished:
+        behind.append(("crown", first))
+      elif eng.pending is not None:
+        behind.append(("crown", eng.pending))
       if finished:
         stats["engine"] = dict(eng.modes)
         if eng.all_proven:
@@ -387,6 +406,8 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
       report.stage = "alpha-crown"
       eng = engine_bounds_on(regions, share * deadline.remaining(), ("alpha",), fitted)
       stats["engine"].update(eng.modes)
+      if eng.pending is not None:
+        behind.append(("alpha-crown", eng.pending))
       stats["seconds"]["alpha"] = deadline.elapsed() - sum(stats["seconds"].values())
       if eng.all_proven:
         return done("unsat", phase="bounds")
@@ -400,6 +421,8 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
                     attack_steps, key + 1)
       if hit is not None:
         return done("sat", hit, "attack")
+    if not _after(behind, deadline, report):
+      return done("timeout")
     if lay is None:
       from boundjax.verify import generic
       report.stage = "generic"
@@ -546,19 +569,22 @@ def verify_instance(onnx_path: str | Path, vnnlib_path: str | Path, *, timeout: 
   return Outcome(out.status, out.counterexample, time.monotonic() - start, out.stats)
 
 
-def settle(seconds: float) -> float:
-  """Waits up to ``seconds`` for the bound computations an earlier instance left behind at
-  its deadline (`engine.call_with_budget` and `chain.warm_up` workers, named
-  ``boundjax-worker``: a compilation or a jitted α-CROWN loop cannot be interrupted) and
-  returns the seconds waited. Without it they run on while the next instance's clock runs,
-  taking its cores and adding their buffers to its memory (OVAL21: a left-behind α-CROWN of
-  ``cifar_wide_kw`` ran for over a minute into the next instance)."""
+def settle(seconds: float | None = None) -> float:
+  """Waits for the bound computations an earlier instance left behind at its deadline
+  (`engine.call_with_budget` and `chain.warm_up` workers and the pipeline itself, named
+  ``boundjax-worker``: a compilation or a jitted α-CROWN loop cannot be interrupted), at most
+  ``seconds`` (None: until they end), and returns the seconds waited. Without it they run on
+  while the next instance's clock runs, taking its cores and adding their buffers to its
+  memory: the memory budget holds per instance only if instances do not overlap (OVAL21 with
+  a 120 s limit and the wait capped at the limit: two instances started beside work the one
+  before left running after 120 s of waiting, and the batch's peak resident memory was
+  5.12 GB against the 4 GiB budget)."""
   import threading
   start = time.monotonic()
-  end = start + max(float(seconds), 0.0)
+  end = None if seconds is None else start + max(float(seconds), 0.0)
   for t in threading.enumerate():
     if t.name == "boundjax-worker" and t.is_alive() and t is not threading.current_thread():
-      t.join(max(end - time.monotonic(), 0.0))
+      t.join(None if end is None else max(end - time.monotonic(), 0.0))
   return time.monotonic() - start
 
 
@@ -571,9 +597,9 @@ def run_instances(rows: Iterable[Any], timeout: float, progress: bool = True,
   verdicts.
 
   Before each row, the work an earlier row left running at its deadline is waited for
-  (`settle`, at most ``settle_seconds``, default ``timeout``; not counted in any row's
+  (`settle`, at most ``settle_seconds``, default: until it ends; not counted in any row's
   ``seconds``, reported as ``settled``), so that each instance runs alone, as it would in a
-  process of its own.
+  process of its own, within its time and its memory budget.
 
   A row that raises (an unreadable file, a property of another size, an unsupported operator,
   any failure inside the verifier) gets ``status="error"`` with the exception in ``error`` and
@@ -588,7 +614,7 @@ def run_instances(rows: Iterable[Any], timeout: float, progress: bool = True,
     onnx_p, vnn_p = (row["onnx"], row["vnnlib"]) if isinstance(row, dict) else (row[0], row[1])
     if root is not None:
       onnx_p, vnn_p = Path(root) / onnx_p, Path(root) / vnn_p
-    settled = settle(timeout if settle_seconds is None else settle_seconds)
+    settled = settle(settle_seconds)
     start = time.monotonic()
     try:
       out = verify_instance(onnx_p, vnn_p, timeout=timeout, **kwargs)

@@ -269,6 +269,9 @@ class EngineResult:
   proven: list[np.ndarray]
   modes: dict[str, str]
   lower: list[np.ndarray] = dataclasses.field(default_factory=list)
+  pending: Job | None = None
+  """A bound still running when its budget ran out (left behind: a compilation or a jitted
+  α-CROWN loop cannot be interrupted), whose buffers are still live; None when none is."""
 
   @property
   def all_proven(self) -> bool:
@@ -302,6 +305,7 @@ def prove_with_engine(apply_fn: Callable, params: Any, input_shape: Sequence[int
   phase = Deadline(min(budget, deadline.remaining()))
   proven = [np.zeros(len(r.disjuncts), bool) for r in regions]
   lower = [np.full(len(r.disjuncts), -np.inf) for r in regions]
+  pending = None
   status: dict[str, str] = {}
   if not params_exact_f32(params):
     return EngineResult(proven, {m: "params not float32" for m in modes}, lower)
@@ -325,12 +329,13 @@ def prove_with_engine(apply_fn: Callable, params: Any, input_shape: Sequence[int
         r = regions[i]
         if any(dj.C.shape[0] == 0 for dj in r.disjuncts):
           continue  # an empty conjunction holds everywhere: never proven by a bound
-        finished, low = call_with_budget(
-            lambda r=r: region_lower(apply_fn, params, input_shape, key, r, sound=sound,
-                                     mode=run_mode, memory_bytes=memory_bytes),
-            phase.remaining())
+        job = start(lambda r=r: region_lower(apply_fn, params, input_shape, key, r,
+                                             sound=sound, mode=run_mode,
+                                             memory_bytes=memory_bytes))
+        finished, low = job.wait(phase.remaining())
         if not finished:
           status[mode] = "budget"
+          pending = job
           break
         _, _, ranges = region_rows(r)
         best = np.array([float(np.max(low[a:b])) for a, b in ranges])
@@ -341,7 +346,9 @@ def prove_with_engine(apply_fn: Callable, params: Any, input_shape: Sequence[int
         fits.add(mode)
     except MemoryError:
       status[mode] = "memory"
-  return EngineResult(proven, status, lower)
+    if pending is not None:  # a bound left behind: no other mode beside its buffers
+      break
+  return EngineResult(proven, status, lower, pending)
 
 
 # ------------------------------------------------------------------------------------------------
