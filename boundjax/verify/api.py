@@ -447,6 +447,8 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
   def dense(lay, net, plan, replay, warm) -> Outcome:
     """Bounds and branch and bound on the dense chain."""
     phase = "bounds"
+    if warm:
+      report.stage = "input-split"  # its bound compiling
     for ready in warm:  # the search's time shares start once its bound is compiled
       ready.wait(max(deadline.remaining(), 0.0))
     with jax.enable_x64(True):  # thread-local: set in the worker
