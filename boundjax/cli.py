@@ -10,7 +10,10 @@
                                         counterexample), unsat, timeout or unknown; compiled
                                         bounds are cached in ~/.cache/boundjax/jax for later
                                         runs (--compile-cache DIR, --no-compile-cache);
-                                        --memory 4G bounds the bound calls' memory
+                                        --memory 4G bounds the bound calls' memory;
+                                        prints a summary (`boundjax.verify.summary`):
+                                        what proved it, the counterexample (replayed), or
+                                        the nodes, margin and stage reached at the limit
     boundjax verify --batch INSTANCES.csv --timeout 60 [--root DIR] [--json results.json]
                                         a list of instances (columns onnx, vnnlib), with a
                                         progress bar and a results table
