@@ -1,7 +1,8 @@
 """The verifier's first stages and its time limit (`boundjax.verify.api.verify`).
 
 - CROWN first: a property that the engine's CROWN proves on the whole box is answered ``unsat``
-  by that stage, before any attack, extraction or branch and bound (no BaB node, no method);
+  by that stage, after a quick attack and before any extraction or branch and bound (no BaB
+  node, no method);
 - α-CROWN next: a property CROWN misses and α-CROWN proves is answered by α-CROWN;
 - the time limit, compilation included: a CNN instance whose bounds cannot finish in a short
   limit is answered ``timeout`` within 5 % of the limit, measured by the verifier itself (the
@@ -34,18 +35,20 @@ def _holds_on_samples(apply_fn, params, prop, rng, n=5000) -> bool:
 
 def test_crown_first_answers_a_cnn_property_without_branch_and_bound():
   """A robustness property of a small CNN at a small radius (margins far above 0): ``unsat``
-  by the CROWN stage, with 0 branch-and-bound nodes, no dense extraction (no ``method``), and
-  no attack (its time is not even recorded), and a positive certified margin not above the
-  sampled margins."""
+  by the CROWN stage, with 0 branch-and-bound nodes, no dense path (neither planned nor
+  extracted, no ``method``), no attack but the quick one before CROWN, and a positive
+  certified margin not above the sampled margins."""
   apply_fn, params = _cnn(1)
   rng = np.random.default_rng(1)
   x0 = rng.uniform(0, 1, 64)
   prop = _margin_property(apply_fn, params, x0, 0.002)
   assert _holds_on_samples(apply_fn, params, prop, rng)
-  out = mc.verify(apply_fn, params, (1, 8, 8), prop, timeout=60.0)
+  out = mc.verify(apply_fn, params, (1, 8, 8), prop, timeout=60.0, attack_restarts=4,
+                  attack_steps=5)
   assert out.status == "unsat", out
   assert out.stats["stage"] == "crown" and out.stats["nodes"] == 0, out.stats
-  assert "method" not in out.stats and "attack" not in out.stats["seconds"], out.stats
+  assert "method" not in out.stats and "dense_batch" not in out.stats, out.stats
+  assert set(out.stats["seconds"]) == {"quick attack", "crown"}, out.stats
   (lo, hi), disjuncts = prop[0]
   y = _f64_outputs(apply_fn, params, _samples(lo, hi, 2000, rng))
   sampled = min(float(np.max(y @ C.T - d, axis=1).min()) for C, d in disjuncts)

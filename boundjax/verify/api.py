@@ -5,14 +5,15 @@ Pipeline for a property (regions × disjuncts, see `boundjax.verify.spec`):
 1. **CROWN first** (`engine.prove_with_engine`): the engine's own bound (`bj.crown`, sound
    mode) of every region's whole box with the specification composed into the function (all
    disjuncts' rows in one backward pass; CROWN-IBP only where CROWN does not fit
-   ``memory_bytes``), alone on the CPU until ``CROWN_SHARE`` of the time limit. A disjunct
-   with a row whose certified lower bound is > 0 is done; all done is ``unsat`` (stage
-   ``"crown"``), before any attack, extraction or branch and bound. This runs for every
+   ``memory_bytes``), alone on the CPU until ``CROWN_SHARE`` of the time limit, after a quick
+   attack (``QUICK_ATTACK`` of the time). A disjunct with a row whose certified lower bound
+   is > 0 is done; all done is ``unsat`` (stage ``"crown"``), before any extraction or branch
+   and bound. This runs for every
    network with more than ``input_split_dims`` inputs (MLP, CNN, residual); with fewer
    inputs, input splitting's first bound *is* CROWN on the whole box (the same engine on the
    dense chain), so it is not paid twice (``engine_bounds=True`` runs it anyway).
-2. **attack** (`boundjax.verify.attack`): sampling and PGD, at most ``attack_share`` of the time;
-   a float64-replayed hit is ``sat``.
+2. **attack** (`boundjax.verify.attack`): sampling and PGD, at most ``attack_share`` of the time
+   (the quick attack's included); a float64-replayed hit is ``sat``.
 3. **dense plan** (`engine.dense_plan`, `memory.split_chunk` when only input splitting runs):
    the memory of the dense path estimated from the traced program's widths before anything is
    built; over ``dense_memory_bytes`` (half of ``memory``, `boundjax.verify.memory`) it is
@@ -78,6 +79,10 @@ from boundjax.verify.spec import Disjunct, Region, as_regions
 
 CROWN_SHARE = 0.5
 """The CROWN stage (the engine on the whole property) ends at this share of the time limit."""
+
+QUICK_ATTACK = 0.1
+"""Before CROWN, the attack runs for this share of the time limit (the rest of
+``attack_share`` after CROWN, with other random starts)."""
 
 ALPHA_SHARE = 0.5
 """The engine's α-CROWN stage gets this share of the time left when branch and bound follows."""
@@ -322,19 +327,31 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
       from boundjax.verify import input_bab
       split_rows = max(input_bab.spec_rows(r.disjuncts) for r in regions)
     # 1. CROWN first, on the whole property, alone on the CPU (an attack beside it halved its
-    # share on a loaded machine: a CNN's CROWN proof went from 20 s to over 60 s). With few
-    # inputs, input splitting's first bound is the same CROWN bound of the whole box (on the
-    # dense chain), so it is not computed twice (unless ``engine_bounds=True``).
+    # share on a loaded machine: a CNN's CROWN proof went from 20 s to over 60 s), after a
+    # quick attack (`QUICK_ATTACK` of the time: a CIFAR CNN's counterexample that PGD finds in
+    # seconds was lost behind CROWN's compilation at a 60 s limit). With few inputs, input
+    # splitting's first bound is the same CROWN bound of the whole box (on the dense chain),
+    # so it is not computed twice (unless ``engine_bounds=True``).
     first = None
     stats["seconds"] = {}
     crown_end = Deadline(timeout * (engine_share if engine_share is not None else CROWN_SHARE),
                          deadline.start)
-    if (high_dim and engine_bounds is not False) or engine_bounds is True:
+    crown_first = (high_dim and engine_bounds is not False) or engine_bounds is True
+    quick = min(QUICK_ATTACK, attack_share) * timeout if crown_first else 0.0
+    if quick > 0:
+      report.stage = "attack"
+      hit = _attack(apply_fn, params, input_shape, regions, replay,
+                    Deadline(min(deadline.remaining(), quick)), deadline, attack_restarts,
+                    attack_steps, key)
+      stats["seconds"]["quick attack"] = deadline.elapsed()
+      if hit is not None:
+        return done("sat", hit, "attack")
+    if crown_first:
       report.stage = "crown"
       first = engine.start(lambda: engine_bounds_on(
           regions, crown_end.remaining(), ("crown", "ibp")))
       first.wait(min(crown_end.remaining(), deadline.remaining()))
-      stats["seconds"]["crown"] = deadline.elapsed()
+      stats["seconds"]["crown"] = deadline.elapsed() - sum(stats["seconds"].values())
       if first.done():
         eng = first.wait(0.0)[1]
         if eng.all_proven:
@@ -357,8 +374,8 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
           warm.append(chain.warm_up(early[2], rows, sound, intermediate, chunk))
     report.stage = "attack"
     hit = _attack(apply_fn, params, input_shape, regions, replay,
-                  Deadline(min(deadline.remaining(), attack_share * timeout)), deadline,
-                  attack_restarts, attack_steps, key)
+                  Deadline(min(deadline.remaining(), attack_share * timeout - quick)), deadline,
+                  attack_restarts, attack_steps, key + 2 if quick > 0 else key)
     stats["seconds"]["attack"] = deadline.elapsed() - sum(stats["seconds"].values())
     if hit is not None:
       return done("sat", hit, "attack")
