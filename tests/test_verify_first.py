@@ -242,3 +242,18 @@ def test_run_instances_waits_until_the_previous_instance_s_work_ends(monkeypatch
   monkeypatch.setattr(mc, "verify_instance", fake)
   results = mc.run_instances([("first", "a"), ("second", "b")], 0.2, progress=False)
   assert results[1]["settled"] >= 1.0, results
+
+
+def test_relu_split_reports_the_smallest_bound_left_as_its_margin():
+  """ReLU splitting's certified margin at a stop (`relu_bab._global_lower`): the smallest
+  bound of the domains on the frontier and of the last domains popped (a leaf's, whose
+  children were never bounded), never a bound of a part only; ``inf`` once proved."""
+  from boundjax.verify import bab, relu_bab
+  front = bab.Heap()
+  front.push({"bound": np.array([0.5, -0.2])}, np.array([0.5, -0.2]))
+  popped = {"bound": np.array([-0.4, 0.1])}
+  stop = lambda reason, popped: bab.SearchOutcome(reason, None, front, [], popped, 4, 2, 1, 2,
+                                                  0.0)
+  assert relu_bab._global_lower(stop(bab.LEAF, popped)) == -0.4
+  assert relu_bab._global_lower(stop(bab.DEADLINE, None)) == -0.2
+  assert relu_bab._global_lower(stop(bab.PROVED, None)) == float("inf")

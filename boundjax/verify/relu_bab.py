@@ -265,10 +265,13 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
 
 def _global_lower(res: Any) -> float:
   """The search's certified lower bound of the disjunct's margin: the smallest bound of the
-  domains left on the frontier and, when the deadline stopped a round, of the domains popped
-  for it (their children were not all bounded); ``inf`` when nothing is left (proved)."""
+  domains left on the frontier and of the last domains popped (a leaf, or a round the
+  deadline stopped, leaves their children unbounded; each popped bound holds on its whole
+  domain, so counting them is always sound); ``inf`` when the search proved the disjunct."""
+  if res.reason == bab.PROVED:
+    return float("inf")
   low = res.frontier.peek()
-  if res.pending and res.popped is not None and len(res.popped):
+  if res.popped is not None and "bound" in res.popped and len(res.popped["bound"]):
     low = min(low, float(np.min(res.popped["bound"])))
   return float(low)
 
