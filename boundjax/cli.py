@@ -14,7 +14,10 @@
                                         counterexample), unsat, timeout or unknown; compiled
                                         bounds are cached in ~/.cache/boundjax/jax for later
                                         runs (--compile-cache DIR, --no-compile-cache);
-                                        --memory 4G bounds the bound calls' memory
+                                        --memory 4G bounds the bound calls' memory;
+                                        prints a summary (`boundjax.verify.summary`):
+                                        what proved it, the counterexample (replayed), or
+                                        the nodes, margin and stage reached at the limit
     boundjax verify --batch INSTANCES.csv --timeout 60 [--root DIR] [--json results.json]
                                         a list of instances (columns onnx, vnnlib), with a
                                         progress bar and a results table
@@ -153,6 +156,7 @@ def verify(net: str | None, prop: str | None, timeout: float, out: str | None,
     compile_cache(cache)
 
   from boundjax.verify import format_result, run_instances, verify_instance
+  from boundjax.verify.outcome import summary
   options = {"sound": sound} if memory is None else {"sound": sound, "memory": memory}
   if batch is None:
     if net is None or prop is None:
@@ -164,8 +168,8 @@ def verify(net: str | None, prop: str | None, timeout: float, out: str | None,
       raise SystemExit(f"boundjax verify: {e}") from None
     if out:
       Path(out).write_text(format_result(outcome))
-    print(f"{outcome.status} in {outcome.seconds:.2f} s ({outcome.stats.get('phase')}, "
-          f"{outcome.stats.get('nodes')} nodes): {Path(net).name} {Path(prop).name}")
+    first, *rest = summary(outcome, timeout, out_path=out).split("\n")
+    print("\n".join([f"{first} [{Path(net).name} {Path(prop).name}]", *rest]))
     return 0
   with open(batch) as f:
     rows = [{"onnx": r["onnx"], "vnnlib": r["vnnlib"]} for r in csv.DictReader(f)]

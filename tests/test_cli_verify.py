@@ -72,7 +72,7 @@ def test_unsat_instance_writes_unsat(files, capsys):
   assert cli.main(["verify", str(d / "net.onnx"), str(d / "unsat.vnnlib"), "--timeout", "60",
                    "--out", str(d / "unsat.txt")]) == 0
   assert (d / "unsat.txt").read_text().strip() == "unsat"
-  assert capsys.readouterr().out.startswith("unsat in ")
+  assert capsys.readouterr().out.startswith("unsat after ")
 
 
 def test_sat_instance_writes_a_counterexample_onnxruntime_confirms(files):
@@ -311,3 +311,65 @@ def test_run_instances_waits_for_the_work_an_earlier_row_left_behind(monkeypatch
                               settle_seconds=0.1)
   assert results[1]["settled"] < 1.0 and len(seen["alive"]) == 1
   api.settle(5.0)
+
+
+def _printed(line: str) -> np.ndarray:
+  """The numbers of a printed ``[v, v, ..., v]`` list."""
+  return np.array([float(v) for v in line.split("[", 1)[1].rsplit("]", 1)[0].split(",")])
+
+
+def test_sat_prints_the_counterexample_without_out(files, capsys):
+  """Without ``--out`` a ``sat`` answer still shows the counterexample: its input lies in the
+  box, its output is what onnxruntime computes on that input and satisfies the unsafe
+  condition, and the text says it was replayed on the network."""
+  d, sess = files
+  assert cli.main(["verify", str(d / "net.onnx"), str(d / "sat.vnnlib"), "--timeout", "60"]) == 0
+  text = capsys.readouterr().out
+  assert text.startswith("sat after ") and "replayed on the network" in text, text
+  x_line = next(l for l in text.splitlines() if l.strip().startswith("input x (3 values)"))
+  y_line = next(l for l in text.splitlines() if l.strip().startswith("output y (2 values)"))
+  x, y = _printed(x_line), _printed(y_line)
+  assert x.shape == (3,) and y.shape == (2,)
+  assert np.all(x >= -1.0) and np.all(x <= 1.0)
+  y_ort = sess.run(None, {"x": x.astype(np.float32)[None]})[0][0]
+  np.testing.assert_allclose(y, y_ort, rtol=1e-4, atol=1e-4)
+  bound = float(Path(d / "sat.vnnlib").read_text().split("(<= Y_0 ")[1].split(")")[0])
+  assert y[0] <= bound + 1e-5
+  assert "--out" not in text  # three inputs, two outputs: every value is printed
+
+
+def test_unsat_says_which_method_proved_it(files, capsys):
+  d, _ = files
+  assert cli.main(["verify", str(d / "net.onnx"), str(d / "unsat.vnnlib"), "--timeout", "60"]) == 0
+  first = capsys.readouterr().out.splitlines()[0]
+  assert re.match(r"unsat after [0-9.]+ s \(limit 60 s\): proved by ", first), first
+  assert "net.onnx unsat.vnnlib" in first
+
+
+def test_summary_of_a_large_counterexample_and_of_a_timeout():
+  """`summary`: a counterexample of 784 inputs is shortened (the first and last values, the
+  count) and points to ``--out`` or to the file given; a timeout names the nodes (singular for
+  one), the best margin and the stage in words."""
+  from boundjax.verify.outcome import Outcome, summary
+  x = np.linspace(0.0, 1.0, 784)
+  y = np.arange(10.0)
+  out = Outcome("sat", (x, y), 12.34, {"nodes": 0, "phase": "attack", "stage": "attack"})
+  text = summary(out, 240.0)
+  lines = text.splitlines()
+  assert lines[0].startswith("sat after 12.3 s (limit 240 s): counterexample found by the attack")
+  assert "replayed on the network" in lines[0]
+  xs = lines[1]
+  shown = _printed(xs.replace(" ...,", ""))
+  assert "input x (784 values)" in xs and "..." in xs and shown.size == 10, xs
+  np.testing.assert_allclose(shown, np.concatenate([x[:8], x[-2:]]), rtol=1e-5)
+  assert "output y (10 values): [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]" in lines[2]
+  assert "--out" in lines[3]
+  assert "/tmp/r.txt" in summary(out, 240.0, out_path="/tmp/r.txt")
+  out = Outcome("timeout", None, 240.02, {"nodes": 1, "stage": "root", "margin": -0.0312})
+  assert summary(out, 240.0) == (
+      "timeout after 240.0 s (limit 240 s): 1 branch-and-bound node, best lower bound on the "
+      "margin -0.0312 (stage: α-CROWN at the root of ReLU splitting)")
+  out = Outcome("timeout", None, 5.0, {"nodes": 0, "stage": "crown", "margin": None})
+  assert "0 branch-and-bound nodes, no certified bound" in summary(out, 5.0)
+  out = Outcome("unsat", None, 3.0, {"nodes": 1234, "stage": "relu-split", "margin": 0.5})
+  assert "proved by branch and bound (ReLU splitting, β-CROWN) with 1,234 nodes" in summary(out)

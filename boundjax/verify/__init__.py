@@ -16,8 +16,8 @@ with split constraints, sound floating point), `engine` (whole-property engine b
 
 from boundjax.core.errors import MemoryBudgetError
 from boundjax.verify.api import run_instances, verify, verify_instance
-from boundjax.verify.outcome import Deadline, Outcome, format_result, parse_result
+from boundjax.verify.outcome import Deadline, Outcome, format_result, parse_result, summary
 from boundjax.verify.spec import Disjunct, Region, as_regions
 
 __all__ = ["verify", "verify_instance", "run_instances", "Outcome", "Deadline", "format_result",
-           "parse_result", "Region", "Disjunct", "as_regions", "MemoryBudgetError"]
+           "parse_result", "summary", "Region", "Disjunct", "as_regions", "MemoryBudgetError"]

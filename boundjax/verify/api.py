@@ -2,31 +2,52 @@
 
 Pipeline for a property (regions × disjuncts, see `boundjax.verify.spec`):
 
-1. **attack** (`boundjax.verify.attack`): sampling and PGD, at most ``attack_share`` of the time;
-   a float64-replayed hit is ``sat``.
-2. **dense plan** (`engine.dense_plan`, `memory.split_chunk` when only input splitting runs):
+1. **CROWN first** (`engine.prove_with_engine`): the engine's own bound (`bj.crown`, sound
+   mode) of every region's whole box with the specification composed into the function (all
+   disjuncts' rows in one backward pass; CROWN-IBP only where CROWN does not fit
+   ``memory_bytes``), alone on the CPU until ``CROWN_SHARE`` of the time limit, after a quick
+   attack (``QUICK_ATTACK`` of the time). A disjunct with a row whose certified lower bound
+   is > 0 is done; all done is ``unsat`` (stage ``"crown"``), before any extraction or branch
+   and bound. This runs for every
+   network with more than ``input_split_dims`` inputs (MLP, CNN, residual); with fewer
+   inputs, input splitting's first bound *is* CROWN on the whole box (the same engine on the
+   dense chain), so it is not paid twice (``engine_bounds=True`` runs it anyway).
+2. **attack** (`boundjax.verify.attack`): sampling and PGD, at most ``attack_share`` of the time
+   (the quick attack's included); a float64-replayed hit is ``sat``.
+3. **dense plan** (`engine.dense_plan`, `memory.split_chunk` when only input splitting runs):
    the memory of the dense path estimated from the traced program's widths before anything is
    built; over ``dense_memory_bytes`` (half of ``memory``, `boundjax.verify.memory`) it is
-   skipped.
-3. **network**: within the budget, the function is extracted to an affine/ReLU chain
+   skipped. Within the budget, the function is extracted to an affine/ReLU chain
    (`milp.network`), checked against the float64 replay on random points, and densified in
    float64 (`chain`, whose bounds all come from the engine). When every input is small enough
    for input splitting this comes first, before the attack, and input splitting's bound
    compiles in a background thread while the attack runs (`chain.warm_up`).
-4. **bounds** (`boundjax.verify.engine`): the engine (`bj.crown`, sound mode) on every region's
-   whole box with the specification composed into the function: CROWN (CROWN-IBP where CROWN
-   does not fit), then α-CROWN while disjuncts stay open, within a share of the time and
-   ``memory_bytes``. A disjunct with a row whose certified lower bound is > 0 is done; all
-   done is ``unsat`` ("bounds"). By default (``engine_bounds="auto"``) this runs when there is
-   no dense chain (skipped, or not a ReLU chain) and an input has more than
-   ``input_split_dims`` entries; with ``engine_bounds=True`` it runs before step 3.
+4. **α-CROWN** on the open disjuncts of the whole property (α-CROWN, Xu et al., ICLR 2021): by
+   the engine when there is no dense chain or it has a hidden layer wider than `WIDE` (a
+   densified convolution, whose dense root is slow), within ``ALPHA_SHARE`` of the time left
+   (0.8 without a chain); else by ReLU splitting's root (α-CROWN on the dense chain, every
+   hidden layer's bounds optimised, stage ``"root"``).
 5. without a dense chain: (high-dimensional inputs) the attack again on the open disjuncts for
    half the time left, then the generic path (`boundjax.verify.generic`: the engine on
    sub-boxes within ``memory_bytes``).
-6. with one: **bounds** and **bab** on the open disjuncts: input splitting when the input has
-   at most ``input_split_dims`` entries (`input_bab`; a third of the time with the smear
-   branching, then the rest with look-ahead branching, see `_input_split_portfolio`), ReLU
-   splitting with β-CROWN otherwise (`relu_bab`, with the MILP fallback).
+6. with one: **bab** on the open disjuncts: input splitting when the input has at most
+   ``input_split_dims`` entries (`input_bab`; a third of the time with the smear branching,
+   then the rest with look-ahead branching, see `_input_split_portfolio`), ReLU splitting with
+   β-CROWN otherwise (`relu_bab`, with the MILP fallback).
+
+**Time limit.** ``timeout`` covers everything, compilation included: the whole pipeline runs in
+a worker thread joined until the deadline, so the answer (``timeout`` at the latest) comes
+within a thread join's wake-up of the limit even when a step cannot be interrupted (an XLA
+compilation, a jitted α-CROWN loop, a MILP solve past its time limit); such a step is left
+behind (`engine.call_with_budget`; `boundjax verify` exits without waiting for it,
+`run_instances` waits before the next instance, `settle`). Inside, every step gets at most the
+time left and checks it between batches, so that little work is left behind.
+
+**Progress** (`outcome.Progress`): each stage records its name, the branch-and-bound nodes and
+the best certified lower bound of every disjunct's margin; the outcome's ``stats`` carry
+``stage`` (what decided, or what was running at the deadline), ``nodes`` and ``margin`` (the
+property's certified margin: the smallest disjunct's best lower bound, None before any bound),
+which `outcome.summary` puts in words.
 
 **Memory**: one budget, ``memory`` (default 4 GiB), bounds the estimated JAX/XLA buffers of
 every bound call (`boundjax.verify.memory`: what is covered and what is not); sub-problems are
@@ -34,9 +55,7 @@ bounded in chunks that fit it, and a sub-problem that does not fit alone raises
 `MemoryBudgetError` with the size it needs (`run_instances` reports it as an ``error`` row).
 
 ``unsat`` is returned only when every disjunct of every region is proven; with ``sound=True``
-(default) every bound holds in exact arithmetic (see `engine` and `chain`). Time is
-wall-clock and checked between batches; compilation counts (an engine bound still compiling
-when its budget ends is left behind, `engine.call_with_budget`).
+(default) every bound holds in exact arithmetic (see `engine` and `chain`).
 """
 
 from __future__ import annotations
@@ -54,8 +73,33 @@ from boundjax.core.errors import MemoryBudgetError
 from boundjax.core.options import OptionError
 from boundjax.verify import attack, chain, engine
 from boundjax.verify import memory as _memory
-from boundjax.verify.outcome import Deadline, Outcome
+from boundjax.verify.outcome import Deadline, Outcome, Progress
 from boundjax.verify.spec import Disjunct, Region, as_regions
+
+
+CROWN_SHARE = 0.5
+"""The CROWN stage (the engine on the whole property) ends at this share of the time limit."""
+
+QUICK_ATTACK = 0.1
+"""Before CROWN, the attack runs for this share of the time limit (the rest of
+``attack_share`` after CROWN, with other random starts)."""
+
+ALPHA_SHARE = 0.5
+"""The engine's α-CROWN stage gets this share of the time left when branch and bound follows."""
+
+WIDE = 1024
+"""A dense chain with a hidden layer wider than this (a convolution densified) gets the engine's
+α-CROWN on the whole property: ReLU splitting's own root (α-CROWN on the dense float64 chain,
+every hidden layer's bounds optimised) is far slower there (a 784-2704-784-64-10 MNIST CNN:
+no root bound within 60 s)."""
+
+
+def alpha_fits(budget: float, crown_seconds: float) -> bool:
+  """Whether α-CROWN may start with ``budget`` seconds after CROWN took ``crown_seconds``
+  (compilation included). α-CROWN's program is CROWN's with its gradient, iterated: it costs
+  more than CROWN, so a budget under CROWN's time would only leave a compilation running past
+  it (it cannot be interrupted), taking the CPU from the stages after it."""
+  return budget > crown_seconds
 
 
 def _extract(apply_fn: Callable, params: Any, input_shape: Sequence[int]):
@@ -155,6 +199,20 @@ def _attack(apply_fn: Callable, params: Any, input_shape: Sequence[int],
   return hit if finished else None
 
 
+def _after(jobs: Sequence[tuple[str, engine.Job]], deadline: Deadline,
+           report: Progress) -> bool:
+  """Waits until the bounds left running past their budget (``(stage, job)`` pairs) have
+  ended, at most until ``deadline`` (``report.stage`` names the one waited for); True when
+  they have. The memory budget's shares hold only if the stages using them do not overlap
+  (`boundjax.verify.memory`): branch and bound must not allocate its share beside the buffers
+  of a bound still running."""
+  for stage, job in jobs:
+    if not job.done():
+      report.stage = stage
+      job.wait(deadline.remaining())
+  return all(job.done() for _, job in jobs)
+
+
 def _open_part(regions: Sequence[Region], proven: Sequence[np.ndarray]) -> tuple[Region, ...]:
   """The regions with their disjuncts not yet proven (regions with none left dropped)."""
   out = []
@@ -192,15 +250,13 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
       at most 256 and halved until its estimate fits the dense share of ``memory``; input
       splitting: bound ``stats["chunk"]`` at a time).
     milp: allow the MILP fallback (`milp.property.check_property`) in ReLU splitting.
-    engine_bounds: when the engine (`engine.prove_with_engine`) bounds every region: True,
-      after the attack and before any extraction; ``"auto"`` (default), before the generic
-      path only, i.e. when the dense path is skipped (memory estimate over
-      ``dense_memory_bytes``) or the function is not an affine/ReLU chain, and some region has
-      more than ``input_split_dims`` inputs (else the generic path's input splitting runs
-      the engine on sub-boxes from the start); False, never. The
-      default because the engine's sound bounds compile far slower than the dense path's
-      (ACAS Xu 1_2 prop_2 and MNIST 256x2 prop_10_0.03 went from solved to timeouts at 60 s
-      with True, measured with a load of 8 on 2 cores).
+    engine_bounds: when the engine (`engine.prove_with_engine`) bounds the whole property:
+      ``"auto"`` (default), first (CROWN, before the attack; α-CROWN after the extraction,
+      where the dense chain's own root does not do it, see the module docstring) when some
+      region has more than ``input_split_dims`` inputs; with fewer, input splitting's root is
+      that bound (the engine's sound bounds compile far slower than the dense chain's: ACAS
+      Xu 1_2 prop_2 went from solved to a timeout at 60 s with True, measured with a load of 8
+      on 2 cores). True: first for every property, α-CROWN included; False: never.
     memory: the memory budget in bytes (default 4 GiB) of the bound calls' JAX/XLA buffers,
       estimated from the network's widths before anything is allocated (`boundjax.verify.memory`:
       what it covers and the formulas; not the Python process's baseline, the compiler, the
@@ -214,15 +270,20 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
       only if its estimate fits (`engine.dense_plan` with ReLU splitting,
       `memory.split_chunk` with input splitting), and input splitting's chunk
       (``stats["chunk"]``) is the largest power of two up to 64 boxes that fits it.
-    engine_share: the share of the time left for the engine bounds; default 1/3 when the
-      dense path runs after them, 0.8 when it does not.
+    engine_share: overrides both engine shares: CROWN ends at this share of ``timeout``
+      (default ``CROWN_SHARE``), α-CROWN gets this share of the time left (default
+      ``ALPHA_SHARE`` when branch and bound on a dense chain follows, 0.8 when it does not).
     attack_share: the first attack stops after this share of ``timeout`` (PGD on a CIFAR CNN
       took all of 120 s on a loaded CPU, leaving nothing to the bounds); before the generic
       path the attack runs again on the open disjuncts (other starts) for half the time left.
 
   Returns:
-    an `Outcome`; ``sat`` carries ``(x, y)`` replayed in float64. ``stats["memory"]``: the
-    budget and its shares in bytes; ``stats["chunk"]``: input splitting's boxes per call.
+    an `Outcome`, at the latest when ``timeout`` has passed (module docstring); ``sat`` carries
+    ``(x, y)`` replayed in float64. ``stats``: ``stage`` (a key of `outcome.STAGES`: what
+    decided, or what ran at the deadline), ``nodes``, ``margin`` (the certified margin, None
+    before any bound), ``phase`` (``"attack"``, ``"bounds"``, ``"bab"``, ``"milp"``),
+    ``memory`` (the budget and its shares in bytes), ``chunk`` (input splitting's boxes per
+    call), ``engine`` (what each engine mode did) and ``seconds`` per stage.
 
   Raises:
     boundjax.core.options.OptionError: the property's input or output count is not the
@@ -237,98 +298,174 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
   memory_bytes, dense_memory_bytes = _memory.shares(memory, memory_bytes, dense_memory_bytes)
   stats: dict[str, Any] = {"nodes": 0, "phase": None, "memory": {
       "total": memory, "engine": memory_bytes, "dense": dense_memory_bytes}}
+  report = Progress([dj for r in regions for dj in r.disjuncts])
 
   def done(status, cex=None, phase=None):
     stats["phase"] = phase
+    stats["stage"] = report.stage
+    stats["margin"] = report.margin()
+    stats["nodes"] = max(stats["nodes"], report.nodes)
     return Outcome(status, cex, deadline.elapsed(), dict(stats))
 
-  replay = attack.Replayer(apply_fn, params, input_shape)
-  high_dim = any(r.dim > input_split_dims for r in regions)
-  split_rows = None
-  if not high_dim:
-    from boundjax.verify import input_bab
-    split_rows = max(input_bab.spec_rows(r.disjuncts) for r in regions)
-  early, warm = None, []
-  if not high_dim and engine_bounds is not True:
-    # input splitting ahead: the chain is extracted first and its bound compiles in the
-    # background while the attack runs (`chain.warm_up`; the two overlap on two cores)
-    plan = _dense_plan(apply_fn, params, input_shape, dense_memory_bytes, min(batch, 256),
-                       split_rows, bool(alpha_steps))
-    early = (plan, *_dense_chain(apply_fn, params, input_shape, plan, replay, regions, key))
-    if early[2] is not None and not alpha_steps:
-      for rows in sorted({input_bab.spec_rows(r.disjuncts) for r in regions}):
-        try:
-          chunk = input_bab.chunk_for(early[2], rows, dense_memory_bytes)
-        except MemoryError:  # the chain's widths are not the estimate's: the search reports it
-          continue
-        warm.append(chain.warm_up(early[2], rows, sound, intermediate, chunk))
-  first = Deadline(min(deadline.remaining(), attack_share * timeout))
-  hit = _attack(apply_fn, params, input_shape, regions, replay, first, deadline,
-                attack_restarts, attack_steps, key)
-  stats["seconds"] = {"attack": deadline.elapsed()}
-  if hit is not None:
-    return done("sat", hit, "attack")
-  if deadline.expired():
-    return done("timeout", phase="attack")
-  if early is None:
-    plan = _dense_plan(apply_fn, params, input_shape, dense_memory_bytes, min(batch, 256),
-                       split_rows, bool(alpha_steps))
-  else:
-    plan = early[0]
-  stats["dense_batch"] = plan
+  def engine_bounds_on(regs: Sequence[Region], budget: float, modes: Sequence[str],
+                       fitted: Sequence[str] = ()) -> engine.EngineResult:
+    """The engine's bounds of the regions ``regs``, recorded in ``report``."""
+    eng = engine.prove_with_engine(apply_fn, params, input_shape, regs, deadline, budget,
+                                   sound=sound, memory_bytes=memory_bytes, modes=modes,
+                                   fitted=fitted)
+    for r, low in zip(regs, eng.lower):
+      for dj, v in zip(r.disjuncts, low):
+        report.bound(dj, v)
+    return eng
 
-  def bound_with_engine(share: float):
-    """The engine's bounds; ``None`` when they decide, else the outcome to return."""
+  def run() -> Outcome:
     nonlocal regions
-    share = engine_share if engine_share is not None else share
-    eng = engine.prove_with_engine(apply_fn, params, input_shape, regions, deadline,
-                                   share * deadline.remaining(), sound=sound,
-                                   memory_bytes=memory_bytes)
-    stats["engine"] = eng.modes
-    stats["seconds"]["engine"] = deadline.elapsed() - sum(stats["seconds"].values())
-    if eng.all_proven:
-      return done("unsat", phase="bounds")
-    regions = _open_part(regions, eng.proven)
-    if deadline.expired():
-      return done("timeout", phase="bounds")
-    return None
-
-  if engine_bounds is True:
-    out = bound_with_engine(1 / 3 if plan else 0.8)
-    if out is not None:
-      return out
-  if early is None:
-    net, lay = _dense_chain(apply_fn, params, input_shape, plan, replay, regions, key)
-  else:
-    net, lay = early[1:]
-  if lay is None and engine_bounds == "auto" and high_dim:
-    # input splitting (the generic path) is hopeless on images: whole-box bounds come first
-    out = bound_with_engine(0.8)
-    if out is not None:
-      return out
-  if lay is None and high_dim:  # the attack again on the open disjuncts, other starts
+    replay = attack.Replayer(apply_fn, params, input_shape)
+    high_dim = any(r.dim > input_split_dims for r in regions)
+    split_rows = None
+    if not high_dim:
+      from boundjax.verify import input_bab
+      split_rows = max(input_bab.spec_rows(r.disjuncts) for r in regions)
+    # 1. CROWN first, on the whole property, alone on the CPU (an attack beside it halved its
+    # share on a loaded machine: a CNN's CROWN proof went from 20 s to over 60 s), after a
+    # quick attack (`QUICK_ATTACK` of the time: a CIFAR CNN's counterexample that PGD finds in
+    # seconds was lost behind CROWN's compilation at a 60 s limit). With few inputs, input
+    # splitting's first bound is the same CROWN bound of the whole box (on the dense chain),
+    # so it is not computed twice (unless ``engine_bounds=True``).
+    first = None
+    stats["seconds"] = {}
+    crown_end = Deadline(timeout * (engine_share if engine_share is not None else CROWN_SHARE),
+                         deadline.start)
+    crown_first = (high_dim and engine_bounds is not False) or engine_bounds is True
+    quick = min(QUICK_ATTACK, attack_share) * timeout if crown_first else 0.0
+    if quick > 0:
+      report.stage = "attack"
+      hit = _attack(apply_fn, params, input_shape, regions, replay,
+                    Deadline(min(deadline.remaining(), quick)), deadline, attack_restarts,
+                    attack_steps, key)
+      stats["seconds"]["quick attack"] = deadline.elapsed()
+      if hit is not None:
+        return done("sat", hit, "attack")
+    if crown_first:
+      report.stage = "crown"
+      first = engine.start(lambda: engine_bounds_on(
+          regions, crown_end.remaining(), ("crown", "ibp")))
+      first.wait(min(crown_end.remaining(), deadline.remaining()))
+      stats["seconds"]["crown"] = deadline.elapsed() - sum(stats["seconds"].values())
+      if first.done():
+        eng = first.wait(0.0)[1]
+        if eng.all_proven:
+          stats["engine"] = dict(eng.modes)
+          report.stage = "crown-ibp" if eng.decided_by == "ibp" else "crown"
+          return done("unsat", phase="bounds")
+    early, warm = None, []
+    if not high_dim and engine_bounds is not True:
+      # input splitting ahead: the chain is extracted first and its bound compiles in the
+      # background while the attack runs (`chain.warm_up`; the two overlap on two cores)
+      plan = _dense_plan(apply_fn, params, input_shape, dense_memory_bytes, min(batch, 256),
+                         split_rows, bool(alpha_steps))
+      early = (plan, *_dense_chain(apply_fn, params, input_shape, plan, replay, regions, key))
+      if early[2] is not None and not alpha_steps:
+        for rows in sorted({input_bab.spec_rows(r.disjuncts) for r in regions}):
+          try:
+            chunk = input_bab.chunk_for(early[2], rows, dense_memory_bytes)
+          except MemoryError:  # the chain's widths are not the estimate's: the search says so
+            continue
+          warm.append(chain.warm_up(early[2], rows, sound, intermediate, chunk))
+    report.stage = "attack"
     hit = _attack(apply_fn, params, input_shape, regions, replay,
-                  Deadline(deadline.remaining() / 2), deadline, attack_restarts, attack_steps,
-                  key + 1)
+                  Deadline(min(deadline.remaining(), attack_share * timeout - quick)), deadline,
+                  attack_restarts, attack_steps, key + 2 if quick > 0 else key)
+    stats["seconds"]["attack"] = deadline.elapsed() - sum(stats["seconds"].values())
     if hit is not None:
       return done("sat", hit, "attack")
-  if lay is None:
-    from boundjax.verify import generic
+    if deadline.expired():
+      return done("timeout", phase="attack")
+    if early is None:
+      plan = _dense_plan(apply_fn, params, input_shape, dense_memory_bytes, min(batch, 256),
+                         split_rows, bool(alpha_steps))
+    else:
+      plan = early[0]
+    stats["dense_batch"] = plan
+    fitted: tuple[str, ...] = ()
+    behind: list[tuple[str, engine.Job]] = []  # bounds left running past their budget
+    if first is not None:
+      finished, eng = first.wait(0.0)  # still running: a compilation past its share
+      if not finished:
+        behind.append(("crown", first))
+      elif eng.pending is not None:
+        behind.append(("crown", eng.pending))
+      if finished:
+        stats["engine"] = dict(eng.modes)
+        if eng.all_proven:
+          report.stage = "crown-ibp" if eng.decided_by == "ibp" else "crown"
+          return done("unsat", phase="bounds")
+        regions = _open_part(regions, eng.proven)
+        fitted = tuple(m for m in ("crown", "ibp") if eng.modes.get(m) in ("open", "proved"))
+      else:
+        stats["engine"] = {"crown": "budget"}
+    if deadline.expired():
+      return done("timeout", phase="bounds")
+    if early is None:
+      report.stage = "extract"
+      net, lay = _dense_chain(apply_fn, params, input_shape, plan, replay, regions, key)
+    else:
+      net, lay = early[1:]
+    # 2. α-CROWN on the whole property: by the engine where ReLU splitting's own root (α-CROWN
+    # on the dense chain) is missing or slow (wide layers: convolutions densified)
+    wide = lay is None or max(lay.widths[1:-1], default=0) > WIDE
+    share = engine_share if engine_share is not None else (ALPHA_SHARE if lay is not None
+                                                          else 0.8)
+    if (fitted and (wide or engine_bounds is True) and (high_dim or engine_bounds is True)
+        and not alpha_fits(share * deadline.remaining(), stats["seconds"].get("crown", 0.0))):
+      stats["engine"]["alpha"] = "skipped: too little time"
+    elif fitted and (wide or engine_bounds is True) and (high_dim or engine_bounds is True):
+      report.stage = "alpha-crown"
+      eng = engine_bounds_on(regions, share * deadline.remaining(), ("alpha",), fitted)
+      stats["engine"].update(eng.modes)
+      if eng.pending is not None:
+        behind.append(("alpha-crown", eng.pending))
+      stats["seconds"]["alpha"] = deadline.elapsed() - sum(stats["seconds"].values())
+      if eng.all_proven:
+        return done("unsat", phase="bounds")
+      regions = _open_part(regions, eng.proven)
+      if deadline.expired():
+        return done("timeout", phase="bounds")
+    if lay is None and high_dim:  # the attack again on the open disjuncts, other starts
+      report.stage = "attack"
+      hit = _attack(apply_fn, params, input_shape, regions, replay,
+                    Deadline(deadline.remaining() / 2), deadline, attack_restarts,
+                    attack_steps, key + 1)
+      if hit is not None:
+        return done("sat", hit, "attack")
+    if not _after(behind, deadline, report):
+      return done("timeout")
+    if lay is None:
+      from boundjax.verify import generic
+      report.stage = "generic"
+      try:
+        status, cex, nodes = generic.input_split_generic(
+            apply_fn, params, input_shape, regions, replay, deadline, sound=sound,
+            progress=progress, memory_bytes=memory_bytes)
+      except MemoryBudgetError as e:
+        if not shared[0]:  # a budget set by the caller: its own message
+          raise
+        raise _memory.against_total(e, memory) from e
+      stats["nodes"] += nodes
+      stats["method"] = "generic"
+      return done(status, cex, "bab" if status in ("sat", "unsat") else None)
     try:
-      status, cex, nodes = generic.input_split_generic(
-          apply_fn, params, input_shape, regions, replay, deadline, sound=sound,
-          progress=progress, memory_bytes=memory_bytes)
+      return dense(lay, net, plan, replay, warm)
     except MemoryBudgetError as e:
-      if not shared[0]:  # a budget set by the caller: its own message
+      if not shared[1]:  # a budget set by the caller: its own message
         raise
       raise _memory.against_total(e, memory) from e
-    stats["nodes"] += nodes
-    stats["method"] = "generic"
-    return done(status, cex, "bab" if status in ("sat", "unsat") else None)
 
-  def dense() -> Outcome:
-    """Bounds and branch and bound on the dense chain (in a worker thread, see below)."""
+  def dense(lay, net, plan, replay, warm) -> Outcome:
+    """Bounds and branch and bound on the dense chain."""
     phase = "bounds"
+    if warm:
+      report.stage = "input-split"  # its bound compiling
     for ready in warm:  # the search's time shares start once its bound is compiled
       ready.wait(max(deadline.remaining(), 0.0))
     with jax.enable_x64(True):  # thread-local: set in the worker
@@ -341,6 +478,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
           if split_inputs:
             from boundjax.verify import input_bab
             stats["method"] = "input-split"
+            report.stage = "input-split"
             stats["chunk"] = input_bab.chunk_for(lay, input_bab.spec_rows(disjunct),
                                                  dense_memory_bytes, alpha_steps)
             bar = _bar(progress, "input split")
@@ -360,7 +498,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
             stats["method"] = "relu-split"
             status, cex, nodes, how = relu_bab.relu_split(
                 lay, net, region, disjunct, replay, deadline, sound=sound,
-                batch=plan, progress=progress, use_milp=milp)
+                batch=plan, progress=progress, use_milp=milp, report=report)
             stats["nodes"] += nodes
             if how != "bounds":
               phase = how
@@ -370,14 +508,10 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
             return done(status)
     return done("unsat", phase=phase)
 
-  # the dense path checks the deadline between batches, but a compilation (seconds to minutes
-  # on a loaded CPU) cannot be interrupted: it runs in a worker joined until the deadline
-  try:
-    finished, out = engine.call_with_budget(dense, deadline.remaining() + 1.0)
-  except MemoryBudgetError as e:
-    if not shared[1]:  # a budget set by the caller: its own message
-      raise
-    raise _memory.against_total(e, memory) from e
+  # 3. the deadline, compilation included: every step runs in a worker joined until the
+  # deadline (a compilation, a jitted α-CROWN loop or a MILP solve cannot be interrupted; the
+  # steps check the deadline between batches, this join is what keeps the time limit)
+  finished, out = engine.call_with_budget(run, deadline.remaining())
   return out if finished else done("timeout")
 
 
@@ -448,24 +582,28 @@ def verify_instance(onnx_path: str | Path, vnnlib_path: str | Path, *, timeout: 
   prop = read_property(model, onnx_path, vnnlib_path)
   left = timeout - (time.monotonic() - start)
   if left <= 0:
-    return Outcome("timeout", None, time.monotonic() - start, {"nodes": 0, "phase": "load"})
+    return Outcome("timeout", None, time.monotonic() - start,
+                   {"nodes": 0, "phase": "load", "stage": "load", "margin": None})
   out = verify(model.apply_fn, model.params, model.input_shape, prop, timeout=left, **kwargs)
   return Outcome(out.status, out.counterexample, time.monotonic() - start, out.stats)
 
 
-def settle(seconds: float) -> float:
-  """Waits up to ``seconds`` for the bound computations an earlier instance left behind at
-  its deadline (`engine.call_with_budget` and `chain.warm_up` workers, named
-  ``boundjax-worker``: a compilation or a jitted α-CROWN loop cannot be interrupted) and
-  returns the seconds waited. Without it they run on while the next instance's clock runs,
-  taking its cores and adding their buffers to its memory (OVAL21: a left-behind α-CROWN of
-  ``cifar_wide_kw`` ran for over a minute into the next instance)."""
+def settle(seconds: float | None = None) -> float:
+  """Waits for the bound computations an earlier instance left behind at its deadline
+  (`engine.call_with_budget` and `chain.warm_up` workers and the pipeline itself, named
+  ``boundjax-worker``: a compilation or a jitted α-CROWN loop cannot be interrupted), at most
+  ``seconds`` (None: until they end), and returns the seconds waited. Without it they run on
+  while the next instance's clock runs, taking its cores and adding their buffers to its
+  memory: the memory budget holds per instance only if instances do not overlap (OVAL21 with
+  a 120 s limit and the wait capped at the limit: two instances started beside work the one
+  before left running after 120 s of waiting, and the batch's peak resident memory was
+  5.12 GB against the 4 GiB budget)."""
   import threading
   start = time.monotonic()
-  end = start + max(float(seconds), 0.0)
+  end = None if seconds is None else start + max(float(seconds), 0.0)
   for t in threading.enumerate():
     if t.name == "boundjax-worker" and t.is_alive() and t is not threading.current_thread():
-      t.join(max(end - time.monotonic(), 0.0))
+      t.join(None if end is None else max(end - time.monotonic(), 0.0))
   return time.monotonic() - start
 
 
@@ -478,9 +616,9 @@ def run_instances(rows: Iterable[Any], timeout: float, progress: bool = True,
   verdicts.
 
   Before each row, the work an earlier row left running at its deadline is waited for
-  (`settle`, at most ``settle_seconds``, default ``timeout``; not counted in any row's
+  (`settle`, at most ``settle_seconds``, default: until it ends; not counted in any row's
   ``seconds``, reported as ``settled``), so that each instance runs alone, as it would in a
-  process of its own.
+  process of its own, within its time and its memory budget.
 
   A row that raises (an unreadable file, a property of another size, an unsupported operator,
   any failure inside the verifier) gets ``status="error"`` with the exception in ``error`` and
@@ -495,7 +633,7 @@ def run_instances(rows: Iterable[Any], timeout: float, progress: bool = True,
     onnx_p, vnn_p = (row["onnx"], row["vnnlib"]) if isinstance(row, dict) else (row[0], row[1])
     if root is not None:
       onnx_p, vnn_p = Path(root) / onnx_p, Path(root) / vnn_p
-    settled = settle(timeout if settle_seconds is None else settle_seconds)
+    settled = settle(settle_seconds)
     start = time.monotonic()
     try:
       out = verify_instance(onnx_p, vnn_p, timeout=timeout, **kwargs)

@@ -213,57 +213,104 @@ def _interval(lo: np.ndarray, hi: np.ndarray):
   return bj.Interval(jnp.asarray(lo), jnp.asarray(hi))
 
 
+class Job:
+  """``fn()`` running in a worker thread (`start`); `wait` joins it for a time budget."""
+
+  def __init__(self, fn: Callable[[], Any]):
+    self._result: dict[str, Any] = {}
+
+    def work():
+      try:
+        self._result["value"] = fn()
+      except BaseException as e:  # noqa: BLE001  (re-raised in the caller's thread)
+        self._result["error"] = e
+
+    # not a daemon: the interpreter's shutdown waits for it (a daemon thread stopped inside
+    # XLA's compiler aborts the process: "terminate called ... FATAL: exception not rethrown")
+    self._thread = threading.Thread(target=work, daemon=False, name="boundjax-worker")
+    self._thread.start()
+
+  def done(self) -> bool:
+    """True once ``fn`` has returned or raised."""
+    return not self._thread.is_alive()
+
+  def wait(self, seconds: float) -> tuple[bool, Any]:
+    """Joins the worker for at most ``seconds``: ``(True, value)``, or ``(False, None)`` when
+    it is still running (it is left to finish on its own). An exception of ``fn`` is raised
+    here."""
+    self._thread.join(max(float(seconds), 0.0))
+    if self._thread.is_alive():
+      return False, None
+    if "error" in self._result:
+      raise self._result["error"]
+    return True, self._result["value"]
+
+
+def start(fn: Callable[[], Any]) -> Job:
+  """Starts ``fn()`` in a worker thread named ``boundjax-worker`` and returns its `Job`."""
+  return Job(fn)
+
+
 def call_with_budget(fn: Callable[[], Any], seconds: float) -> tuple[bool, Any]:
   """Runs ``fn()`` in a worker thread and waits at most ``seconds``: ``(True, value)``, or
   ``(False, None)`` when the budget ran out (the thread is left to finish on its own; the
   interpreter waits for it at exit, which `boundjax verify` skips, see
   `boundjax.cli._leave_if_compiling`). An exception of ``fn`` is raised here."""
-  result: dict[str, Any] = {}
-
-  def work():
-    try:
-      result["value"] = fn()
-    except BaseException as e:  # noqa: BLE001  (re-raised in the caller's thread)
-      result["error"] = e
-
-  # not a daemon: the interpreter's shutdown waits for it (a daemon thread stopped inside XLA's
-  # compiler aborts the process: "terminate called ... FATAL: exception not rethrown")
-  t = threading.Thread(target=work, daemon=False, name="boundjax-worker")
-  t.start()
-  t.join(max(float(seconds), 0.0))
-  if t.is_alive():
-    return False, None
-  if "error" in result:
-    raise result["error"]
-  return True, result["value"]
+  return start(fn).wait(seconds)
 
 
 @dataclasses.dataclass
 class EngineResult:
-  """Per region, which disjuncts are proven (``proven[r][j]``), and per mode what happened
-  (``"proved"``, ``"open"``, ``"memory"``, ``"budget"``, ``"skipped"``)."""
+  """Per region, which disjuncts are proven (``proven[r][j]``), the best certified lower bound
+  of each disjunct's margin (``lower[r][j]``: the largest row lower bound of ``C y - d`` over
+  the modes that ran, ``-inf`` when none finished), and per mode what happened (``"proved"``,
+  ``"open"``, ``"memory"``, ``"budget"``, ``"skipped"``)."""
 
   proven: list[np.ndarray]
   modes: dict[str, str]
+  lower: list[np.ndarray] = dataclasses.field(default_factory=list)
+  pending: Job | None = None
+  """A bound still running when its budget ran out (left behind: a compilation or a jitted
+  α-CROWN loop cannot be interrupted), whose buffers are still live; None when none is."""
 
   @property
   def all_proven(self) -> bool:
     return all(bool(np.all(p)) for p in self.proven)
 
+  @property
+  def decided_by(self) -> str | None:
+    """The mode that proved the last open disjunct (``"crown"``, ``"ibp"`` or ``"alpha"``),
+    None when some disjunct is still open."""
+    if not self.all_proven:
+      return None
+    return next((m for m, s in self.modes.items() if s == "proved"), None)
+
+  @property
+  def margin(self) -> float:
+    """The property's certified margin: the smallest disjunct's best lower bound (``> 0``
+    iff every disjunct is proven; ``-inf`` when a disjunct has no bound)."""
+    lows = [float(x) for low in self.lower for x in low]
+    return min(lows) if lows else -np.inf
+
 
 def prove_with_engine(apply_fn: Callable, params: Any, input_shape: Sequence[int],
                       regions: Sequence[Region], deadline: Deadline, budget: float, *,
                       sound: bool = True, memory_bytes: int = 1 << 30,
-                      modes: Sequence[str] = MODES) -> EngineResult:
+                      modes: Sequence[str] = MODES, fitted: Sequence[str] = ()
+                      ) -> EngineResult:
   """Bounds every region with the engine (see the module docstring) within ``budget`` seconds
-  (and ``deadline``); a mode runs only on regions with an open disjunct."""
+  (and ``deadline``); a mode runs only on regions with an open disjunct. ``fitted``: modes an
+  earlier call ran within the memory budget (α-CROWN runs on their intermediate bounds when
+  ``modes`` holds ``"alpha"`` alone). Returns the `EngineResult`."""
   phase = Deadline(min(budget, deadline.remaining()))
   proven = [np.zeros(len(r.disjuncts), bool) for r in regions]
+  lower = [np.full(len(r.disjuncts), -np.inf) for r in regions]
+  pending = None
   status: dict[str, str] = {}
   if not params_exact_f32(params):
-    return EngineResult(proven, {m: "params not float32" for m in modes})
+    return EngineResult(proven, {m: "params not float32" for m in modes}, lower)
   key = fingerprint(apply_fn, params, input_shape)
-  fits: set[str] = set()
+  fits: set[str] = set(fitted)
   for mode in modes:
     open_regions = [i for i, p in enumerate(proven) if not np.all(p)]
     if not open_regions:
@@ -282,21 +329,26 @@ def prove_with_engine(apply_fn: Callable, params: Any, input_shape: Sequence[int
         r = regions[i]
         if any(dj.C.shape[0] == 0 for dj in r.disjuncts):
           continue  # an empty conjunction holds everywhere: never proven by a bound
-        finished, low = call_with_budget(
-            lambda r=r: region_lower(apply_fn, params, input_shape, key, r, sound=sound,
-                                     mode=run_mode, memory_bytes=memory_bytes),
-            phase.remaining())
+        job = start(lambda r=r: region_lower(apply_fn, params, input_shape, key, r,
+                                             sound=sound, mode=run_mode,
+                                             memory_bytes=memory_bytes))
+        finished, low = job.wait(phase.remaining())
         if not finished:
           status[mode] = "budget"
+          pending = job
           break
         _, _, ranges = region_rows(r)
-        proven[i] |= np.array([bool(np.max(low[a:b]) > 0) for a, b in ranges])
+        best = np.array([float(np.max(low[a:b])) for a, b in ranges])
+        lower[i] = np.maximum(lower[i], best)
+        proven[i] |= best > 0
       else:
         status[mode] = "proved" if all(np.all(p) for p in proven) else "open"
         fits.add(mode)
     except MemoryError:
       status[mode] = "memory"
-  return EngineResult(proven, status)
+    if pending is not None:  # a bound left behind: no other mode beside its buffers
+      break
+  return EngineResult(proven, status, lower, pending)
 
 
 # ------------------------------------------------------------------------------------------------

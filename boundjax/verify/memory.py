@@ -13,7 +13,16 @@ bounds of whole boxes and of the generic path (``memory_bytes``: `bj.crown` chun
 that three copies of one chunk's backward state fit, and raises `MemoryBudgetError` when one
 example alone does not), half to the dense float64 chain (``dense_memory_bytes``: the dense path
 runs only if its estimate fits, ReLU splitting's batch and input splitting's chunk are chosen
-to fit it). The two are never live at once; the rest is headroom for what the estimates miss.
+to fit it). The rest is headroom for what the estimates miss.
+
+**No overlap.** The shares add up only if the stages that use them do not run at once. A bound
+that outlives its time budget cannot be interrupted (a compilation, a jitted α-CROWN loop) and
+keeps its buffers while it finishes in the background: `engine.prove_with_engine` returns it
+(``pending``) and starts no other mode beside it, the verifier waits for it before branch and
+bound allocates its share (`api._after`), and `api.run_instances` waits for what an instance
+left running before starting the next (`api.settle`, until it ends by default; a wait capped
+at the time limit let OVAL21 instances start beside the previous one's work, and the batch's
+peak resident memory reached 5.12 GB against the 4 GiB budget).
 
 **Input splitting's chunk** (`split_chunk`): a call of the dense chain's bound on ``c`` boxes
 (``R`` specification rows, widths ``n_0, ..., n_L``, ``H = Σ_{0<k<L} n_k``) is estimated at

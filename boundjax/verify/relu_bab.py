@@ -102,7 +102,7 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
                root_steps: int | None = None, steps: int = 15, lr: float = 0.1,
                root_alpha_intermediate: bool | None = None,
                max_domains: int = 20_000, milp_unstable: int = 40, use_milp: bool = True,
-               progress: bool = False) -> tuple[str, Any, int, str]:
+               progress: bool = False, report: Any = None) -> tuple[str, Any, int, str]:
   """ReLU-splitting BaB for one region and one disjunct.
 
   ``root_alpha_intermediate``: the root's α-CROWN also optimises every hidden layer's own
@@ -116,9 +116,17 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
   plain root's, is not paid (MNIST 256x2, 120 s limits). ``root_steps``: None, 20 steps with
   optimised intermediate bounds (each a whole CROWN pass), else 50.
 
+  ``report``: a `boundjax.verify.outcome.Progress` kept up to date (stage ``"root"``,
+  ``"relu-split"`` or ``"milp"``, the nodes bounded, the disjunct's certified margin: the
+  root's bound, then the search's global lower bound, the smallest bound of the domains left).
+
   Returns ``(status, counterexample or None, nodes, how)`` with ``how`` in ``"bounds"``,
   ``"bab"``, ``"milp"``.
   """
+  if report is None:
+    from boundjax.verify.outcome import Progress
+    report = Progress()
+  report.stage = "root"
   from boundjax.core.interval import Interval
   p = _params(lay, disjunct.C, disjunct.d)
   if root_alpha_intermediate is None:
@@ -135,6 +143,8 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
   alphas, betas = info.alpha, info.beta
   root_l = [np.asarray(l)[0] for l, _ in info.pre]
   root_u = [np.asarray(u)[0] for _, u in info.pre]
+  report.nodes += 1
+  report.bound(disjunct, float(best.max()))
   if best.max() > 0:
     return "unsat", None, 1, "bounds"
   sub = Region(region.lower, region.upper, (disjunct,))
@@ -154,6 +164,7 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
     return "sat", hit, 1, "bab"
   n_unstable = sum(int(np.sum((l < 0) & (u > 0))) for l, u in zip(root_l, root_u))
   if use_milp and n_unstable <= milp_unstable:
+    report.stage = "milp"
     st, cex = _milp(net, region, disjunct, root_l, root_u, deadline, replay)
     return st, cex, 1, "milp"
 
@@ -165,7 +176,8 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
       {"splits": tuple(np.zeros((1, n), np.int8) for n in hidden),
        "alpha": tuple(np.asarray(a) for a in alphas), "beta": tuple(np.asarray(b) for b in betas),
        "score": _scores([np.asarray(x) for x in lams], cl, cu,
-                        [np.zeros((1, n), np.int8) for n in hidden], np.argmax(best, axis=1))},
+                        [np.zeros((1, n), np.int8) for n in hidden], np.argmax(best, axis=1)),
+       "bound": best.max(axis=1)},
       priority=best.max(axis=1))
   offsets = np.cumsum([0] + list(hidden))
   box = Interval(jnp.asarray(np.broadcast_to(lo, (batch, lo.shape[1]))),
@@ -209,6 +221,7 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
                        warm=([padded(x) for x in children["alpha"]],
                              [padded(x) for x in children["beta"]]))
     bnd = np.asarray(out.lower)[:n]
+    report.nodes += n
     if bar is not None:
       bar.update(n)
     hit = candidates(np.asarray(inf.input_coeffs[0])[:n], bnd)
@@ -220,11 +233,13 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
                     np.argmax(bnd, axis=1))
     nodes = {"splits": children["splits"],
              "alpha": tuple(np.asarray(a)[:n] for a in inf.alpha),
-             "beta": tuple(np.asarray(b)[:n] for b in inf.beta), "score": score}
+             "beta": tuple(np.asarray(b)[:n] for b in inf.beta), "score": score,
+             "bound": bnd.max(axis=1)}
     return bab.Bounded(nodes, priority=bnd.max(axis=1), closed=bnd.max(axis=1) > 0)
 
   # with the MILP to fall back on, branching gets half of the time that is left
   half = _Until(deadline.elapsed() + 0.5 * deadline.remaining(), deadline) if use_milp else deadline
+  report.stage = "relu-split"
   try:
     res = bab.search(root, bound, branch, frontier=bab.Heap(), batch=batch, pop=batch // 2,
                      deadline=half, max_frontier=max_domains)
@@ -232,6 +247,8 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
     if bar is not None:
       bar.close()
   nodes = 1 + res.bounded
+  if res.reason != bab.COUNTEREXAMPLE:
+    report.bound(disjunct, _global_lower(res))
   if res.reason == bab.COUNTEREXAMPLE:
     return "sat", res.counterexample, nodes, "bab"
   if res.reason == bab.PROVED:
@@ -239,10 +256,24 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
   if deadline.expired():
     return "timeout", None, nodes, "bab"
   if use_milp:  # a leaf, a frontier over max_domains, or half of the time gone
+    report.stage = "milp"
     st, cex = _milp(net, region, disjunct, root_l, root_u, deadline, replay)
     return st, cex, nodes, "milp"
   return ("unknown" if res.reason == bab.LEAF else bab.VERDICTS.get(res.reason, "unknown"),
           None, nodes, "bab")
+
+
+def _global_lower(res: Any) -> float:
+  """The search's certified lower bound of the disjunct's margin: the smallest bound of the
+  domains left on the frontier and of the last domains popped (a leaf, or a round the
+  deadline stopped, leaves their children unbounded; each popped bound holds on its whole
+  domain, so counting them is always sound); ``inf`` when the search proved the disjunct."""
+  if res.reason == bab.PROVED:
+    return float("inf")
+  low = res.frontier.peek()
+  if res.popped is not None and "bound" in res.popped and len(res.popped["bound"]):
+    low = min(low, float(np.min(res.popped["bound"])))
+  return float(low)
 
 
 class _Until:
