@@ -51,6 +51,7 @@ from typing import Any, Callable, Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from boundjax.agt import select
 from boundjax.core.interval import Interval
 
 Array = jax.Array
@@ -230,8 +231,8 @@ def accumulate(acc: Accumulator, g_n: Array, d_l: Array, d_u: Array, mask: Array
     m = mask.reshape((-1,) + (1,) * (g_n.ndim - 1)).astype(bool)
     cand_l = jnp.where(m, d_l, -jnp.inf)
     cand_u = jnp.where(m, d_u, jnp.inf)
-  top_l = topk_leading(cand_l, k, acc.top_l)
-  bot_u = topk_leading(cand_u, k, acc.bot_u, largest=False)
+  top_l = select.merge(cand_l, acc.top_l)
+  bot_u = select.merge(cand_u, acc.bot_u, largest=False)
   return Accumulator(sum_n, sum_l, sum_u, top_l, bot_u, sum_abs)
 
 
