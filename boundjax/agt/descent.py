@@ -203,10 +203,17 @@ def accumulate(acc: Accumulator, g_n: Array, d_l: Array, d_u: Array, mask: Array
   ``None`` when every sample is real). ``track_abs=False`` leaves ``sum_abs`` (used only by the
   floating-point margin) untouched, saving a pass over the fragment.
 
-  Merging selects the top k of the running k extremes and the fragment (`topk_leading`, exact),
-  so the result does not depend on fragment size or order.
+  Merging selects the top k of the running k extremes and the fragment (exact), so the result
+  does not depend on fragment size or order. On CPU the whole fold (sums and extremes) is one
+  native pass over the fragment (`boundjax.agt.select.accumulate`; the sums then follow the
+  sample order); the XLA form below is the reference and runs elsewhere.
   """
   f = g_n.shape[0]
+  if mask is None and select.use_native(d_l.dtype) and d_l.dtype == d_u.dtype == g_n.dtype:
+    sum_n, sum_l, sum_u, sum_abs, top_l, bot_u = select.accumulate(
+        g_n, d_l, d_u, (acc.sum_n, acc.sum_l, acc.sum_u, acc.sum_abs), acc.top_l, acc.bot_u,
+        track_abs)
+    return Accumulator(sum_n, sum_l, sum_u, top_l, bot_u, sum_abs)
   if mask is None and g_n[0].size <= _REDUCE_MAX:
     # A plain reduction: XLA fuses it into the element-wise producer of the per-sample values
     # (outer product, clipping), so those are not written out just to be summed (3x faster

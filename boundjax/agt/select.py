@@ -80,7 +80,9 @@ def native_available() -> bool:
       try:
         lib = ctypes.cdll.LoadLibrary(str(_build()))
         for name, sym in (("boundjax_topk_merge_f32", "BoundjaxTopkMergeF32"),
-                          ("boundjax_topk_merge_f64", "BoundjaxTopkMergeF64")):
+                          ("boundjax_topk_merge_f64", "BoundjaxTopkMergeF64"),
+                          ("boundjax_accumulate_f32", "BoundjaxAccumulateF32"),
+                          ("boundjax_accumulate_f64", "BoundjaxAccumulateF64")):
           jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, sym)),
                                       platform="cpu")
         _state["ok"] = True
@@ -90,7 +92,9 @@ def native_available() -> bool:
     return _state["ok"]
 
 
-def _use_native(dtype) -> bool:
+def use_native(dtype) -> bool:
+  """True when the native merge runs for arrays of ``dtype`` (float32 or float64, CPU
+  back-end, `native_available`)."""
   return (np.dtype(dtype) in _TARGETS and jax.default_backend() == "cpu"
           and native_available())
 
@@ -113,7 +117,7 @@ def merge(values: Array, running: Array, largest: bool = True) -> Array:
   k = running.shape[-1]
   if k == 0:
     return running
-  if not _use_native(values.dtype):
+  if not use_native(values.dtype):
     from boundjax.agt.descent import topk_leading
     return topk_leading(values, k, running, largest)
   d = int(np.prod(rest, dtype=np.int64))
@@ -123,3 +127,38 @@ def merge(values: Array, running: Array, largest: bool = True) -> Array:
   out = call(values.reshape(f, d), running.reshape(d, k).astype(values.dtype),
              largest=bool(largest))
   return out.reshape(rest + (k,))
+
+
+def accumulate(g_n: Array, d_l: Array, d_u: Array, sums: tuple[Array, Array, Array, Array],
+               top_l: Array, bot_u: Array, track_abs: bool = True
+               ) -> tuple[Array, Array, Array, Array, Array, Array]:
+  """One chunk folded into the running state of Thm 4.6's streaming bound, natively in one
+  pass (call only when `use_native`; `boundjax.agt.descent.accumulate` is the reference).
+
+  Args:
+    g_n, d_l, d_u: the chunk's clipped nominal gradients and their lower / upper bounds, shape
+      (f, *leaf).
+    sums: running ``(sum_n, sum_l, sum_u, sum_abs)``, each shaped like the leaf.
+    top_l, bot_u: the running k largest lower / k smallest upper bounds, (*leaf, k), sorted
+      from the most extreme.
+    track_abs: also add ``max(|d_l|, |d_u|)`` to ``sum_abs`` (else it is returned as given).
+
+  Returns ``(sum_n, sum_l, sum_u, sum_abs, top_l, bot_u)``: the sums by recursive summation in
+  sample order (within the error bound `boundjax.agt.descent.rounding_margin` assumes for any
+  order) and the same extremes as `merge`.
+  """
+  f = d_l.shape[0]
+  rest = d_l.shape[1:]
+  k = top_l.shape[-1]
+  d = int(np.prod(rest, dtype=np.int64))
+  dt = d_l.dtype
+  flat = lambda a: a.reshape(d).astype(dt)  # noqa: E731
+  name = {np.dtype(np.float32): "boundjax_accumulate_f32",
+          np.dtype(np.float64): "boundjax_accumulate_f64"}[np.dtype(dt)]
+  vec, mat = jax.ShapeDtypeStruct((d,), dt), jax.ShapeDtypeStruct((d, k), dt)
+  call = jax.ffi.ffi_call(name, (vec, vec, vec, vec, mat, mat), vmap_method="sequential")
+  out = call(g_n.reshape(f, d).astype(dt), d_l.reshape(f, d), d_u.reshape(f, d).astype(dt),
+             *(flat(a) for a in sums), top_l.reshape(d, k).astype(dt),
+             bot_u.reshape(d, k).astype(dt), track_abs=bool(track_abs))
+  return (*(o.reshape(rest) for o in out[:4]), out[4].reshape(rest + (k,)),
+          out[5].reshape(rest + (k,)))
