@@ -1,14 +1,20 @@
-// Running top-k merge for AGT's streaming descent bound (boundjax.agt.select).
+// Native streaming fold for AGT's descent bound (boundjax.agt.select; AGT, Thm 4.6 in §4.2).
 //
-// topk_merge(values: T[f, d], running: T[d, k]) -> T[d, k], attribute largest: bool.
-// running[p] holds the k extreme values seen so far at coordinate p, sorted from the most
-// extreme (largest first when largest, smallest first otherwise; -inf / +inf fill empty
-// slots). The result holds the k extreme values of running[p] and values[:, p]: the same
-// multiset as lax.top_k over their concatenation (ties give equal values, so the sorted
-// arrays are identical). A value enters only when it is strictly more extreme than the
-// current k-th; that test runs over blocks of coordinates (vectorised), and the rare insertion
-// is a scalar insertion sort. NaN never compares more extreme, so it is not inserted (the
-// caller's sums carry it).
+// The k extreme values per coordinate are kept in k slots in no particular order, with the
+// least extreme of them (the threshold) and its slot tracked per coordinate. A value enters
+// only when it is strictly more extreme than the threshold: it replaces that slot, and the
+// threshold is recomputed over the k slots. The slots then hold the k extremes of everything
+// seen, as a multiset (equal values are interchangeable), whatever the order of arrival; so
+// their sum, the only use, is that of lax.top_k over the concatenation. NaN never compares
+// more extreme, so it does not enter (the caller's sums carry it).
+//
+// topk_merge(values: T[f, d], running: T[d, k]) -> T[d, k]; attribute largest.
+// accumulate(g_n, d_l, d_u: T[f, d], sum_n, sum_l, sum_u, sum_abs: T[d], top_l, bot_u: T[d, k])
+//   -> (sum_n, sum_l, sum_u, sum_abs, top_l, bot_u); attribute track_abs. One pass over a
+//   chunk: the running sums (recursive summation in sample order) and the k largest lower /
+//   k smallest upper bounds. Coordinates are taken in tiles: a tile's sums and thresholds stay
+//   in cache while the chunk's rows stream past, each row's segment read contiguously
+//   (vectorised sums and threshold tests; the rare replacements are scalar).
 
 #include <algorithm>
 #include <cmath>
@@ -21,44 +27,116 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+constexpr int64_t kTile = 512;
+
 template <typename T, bool kLargest>
 inline bool Better(T a, T b) {
   return kLargest ? a > b : a < b;
 }
 
+// The k slots of one coordinate: the threshold (least extreme slot) and where it is.
 template <typename T, bool kLargest>
-void Insert(T v, T* slot, int64_t k) {
-  int64_t j = k - 1;
-  while (j > 0 && Better<T, kLargest>(v, slot[j - 1])) {
-    slot[j] = slot[j - 1];
-    --j;
+struct Slots {
+  T* slot;      // [d, k]
+  T* thr;       // [d]
+  int32_t* at;  // [d]
+  int64_t k;
+
+  void Init(int64_t p) {
+    const T* s = slot + p * k;
+    T m = s[0];
+    int32_t w = 0;
+    for (int32_t j = 1; j < k; ++j) {  // branch-free: the slots' order is data
+      const bool b = Better<T, kLargest>(m, s[j]);
+      m = b ? s[j] : m;
+      w = b ? j : w;
+    }
+    thr[p] = m;
+    at[p] = w;
   }
-  slot[j] = v;
+
+  inline void Offer(T v, int64_t p) {
+    if (!Better<T, kLargest>(v, thr[p])) return;
+    slot[p * k + at[p]] = v;
+    Init(p);
+  }
+};
+
+// Calls fn(p) for every p in [t0, t1) with mask[p - t0] != 0, reading the mask 8 bytes at a
+// time (most are zero: values rarely beat the threshold).
+template <typename Fn>
+inline void ForEachSet(const uint8_t* mask, int64_t t0, int64_t t1, Fn fn) {
+  const int64_t n = t1 - t0;
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    uint64_t w;
+    __builtin_memcpy(&w, mask + j, 8);
+    while (w) {
+      const int bit = __builtin_ctzll(w);
+      w &= w - 1;
+      fn(t0 + j + bit / 8);
+      w &= ~(uint64_t(0xff) << (bit / 8 * 8));
+    }
+  }
+  for (; j < n; ++j)
+    if (mask[j]) fn(t0 + j);
 }
 
 template <typename T, bool kLargest>
-void Merge(const T* values, int64_t f, int64_t d, int64_t k, T* out) {
-  constexpr int64_t kBlock = 16;
+void Merge(const T* __restrict values, int64_t f, int64_t d, int64_t k, T* out) {
   std::vector<T> thr(d);
-  for (int64_t p = 0; p < d; ++p) thr[p] = out[p * k + (k - 1)];
-  const int64_t full = d - d % kBlock;
-  for (int64_t i = 0; i < f; ++i) {
-    const T* row = values + i * d;
-    for (int64_t p0 = 0; p0 < full; p0 += kBlock) {
-      uint32_t mask = 0;
-      for (int64_t q = 0; q < kBlock; ++q)
-        mask |= static_cast<uint32_t>(Better<T, kLargest>(row[p0 + q], thr[p0 + q])) << q;
-      while (mask) {
-        const int64_t p = p0 + __builtin_ctz(mask);
-        mask &= mask - 1;
-        Insert<T, kLargest>(row[p], out + p * k, k);
-        thr[p] = out[p * k + (k - 1)];
-      }
+  std::vector<int32_t> at(d);
+  Slots<T, kLargest> s{out, thr.data(), at.data(), k};
+  for (int64_t p = 0; p < d; ++p) s.Init(p);
+  uint8_t mask[kTile];
+  for (int64_t t0 = 0; t0 < d; t0 += kTile) {
+    const int64_t t1 = std::min(t0 + kTile, d);
+    for (int64_t i = 0; i < f; ++i) {
+      const T* __restrict row = values + i * d;
+      const T* __restrict th = s.thr;
+      for (int64_t q = t0; q < t1; ++q)
+        mask[q - t0] = static_cast<uint8_t>(Better<T, kLargest>(row[q], th[q]));
+      ForEachSet(mask, t0, t1, [&](int64_t p) { s.Offer(row[p], p); });
     }
-    for (int64_t p = full; p < d; ++p) {
-      if (!Better<T, kLargest>(row[p], thr[p])) continue;
-      Insert<T, kLargest>(row[p], out + p * k, k);
-      thr[p] = out[p * k + (k - 1)];
+  }
+}
+
+template <typename T>
+void Accumulate(const T* __restrict gn, const T* __restrict dl, const T* __restrict du,
+                int64_t f, int64_t d, int64_t k, bool track_abs, T* __restrict sn,
+                T* __restrict sl, T* __restrict su, T* __restrict sa, T* top, T* bot) {
+  std::vector<T> thr_l(d), thr_u(d);
+  std::vector<int32_t> at_l(d), at_u(d);
+  Slots<T, true> hi{top, thr_l.data(), at_l.data(), k};
+  Slots<T, false> lo{bot, thr_u.data(), at_u.data(), k};
+  if (k)
+    for (int64_t p = 0; p < d; ++p) {
+      hi.Init(p);
+      lo.Init(p);
+    }
+  uint8_t mask[kTile];
+  for (int64_t t0 = 0; t0 < d; t0 += kTile) {
+    const int64_t t1 = std::min(t0 + kTile, d);
+    for (int64_t i = 0; i < f; ++i) {
+      const T* __restrict rn = gn + i * d;
+      const T* __restrict rl = dl + i * d;
+      const T* __restrict ru = du + i * d;
+      for (int64_t q = t0; q < t1; ++q) {
+        sn[q] += rn[q];
+        sl[q] += rl[q];
+        su[q] += ru[q];
+      }
+      if (track_abs)
+        for (int64_t q = t0; q < t1; ++q) sa[q] += std::max(std::abs(rl[q]), std::abs(ru[q]));
+      if (!k) continue;
+      const T* __restrict tl = hi.thr;
+      const T* __restrict tu = lo.thr;
+      for (int64_t q = t0; q < t1; ++q)
+        mask[q - t0] = static_cast<uint8_t>((rl[q] > tl[q]) | ((ru[q] < tu[q]) << 1));
+      ForEachSet(mask, t0, t1, [&](int64_t p) {
+        hi.Offer(rl[p], p);
+        lo.Offer(ru[p], p);
+      });
     }
   }
 }
@@ -82,66 +160,6 @@ ffi::Error TopkMergeImpl(ffi::Buffer<DT> values, ffi::Buffer<DT> running,
   else
     Merge<T, false>(values.typed_data(), f, d, k, o);
   return ffi::Error::Success();
-}
-
-// accumulate(g_n, d_l, d_u: T[f, d], sum_n, sum_l, sum_u, sum_abs: T[d], top_l, bot_u: T[d, k])
-//   -> (sum_n, sum_l, sum_u, sum_abs, top_l, bot_u), attribute track_abs: bool.
-// One pass over a chunk: the running sums (recursive summation in sample order) and the k
-// largest lower / k smallest upper bounds, coordinate-blocked so that a block's sums and
-// extremes stay in registers and L1 while the chunk's rows stream past.
-template <typename T>
-void Accumulate(const T* gn, const T* dl, const T* du, int64_t f, int64_t d, int64_t k,
-                bool track_abs, T* sn, T* sl, T* su, T* sa, T* top, T* bot) {
-  constexpr int64_t kBlock = 16;
-  for (int64_t p0 = 0; p0 < d; p0 += kBlock) {
-    const int64_t w = std::min(kBlock, d - p0);
-    T an[kBlock], al[kBlock], au[kBlock], aa[kBlock], tl[kBlock], tu[kBlock];
-    for (int64_t q = 0; q < w; ++q) {
-      an[q] = sn[p0 + q]; al[q] = sl[p0 + q]; au[q] = su[p0 + q]; aa[q] = sa[p0 + q];
-      tl[q] = k ? top[(p0 + q) * k + k - 1] : T(0);
-      tu[q] = k ? bot[(p0 + q) * k + k - 1] : T(0);
-    }
-    for (int64_t i = 0; i < f; ++i) {
-      const T* rn = gn + i * d + p0;
-      const T* rl = dl + i * d + p0;
-      const T* ru = du + i * d + p0;
-      uint32_t ml = 0, mu = 0;
-      if (w == kBlock) {
-        for (int64_t q = 0; q < kBlock; ++q) {
-          an[q] += rn[q]; al[q] += rl[q]; au[q] += ru[q];
-          ml |= static_cast<uint32_t>(rl[q] > tl[q]) << q;
-          mu |= static_cast<uint32_t>(ru[q] < tu[q]) << q;
-        }
-        if (track_abs)
-          for (int64_t q = 0; q < kBlock; ++q) aa[q] += std::max(std::abs(rl[q]), std::abs(ru[q]));
-      } else {
-        for (int64_t q = 0; q < w; ++q) {
-          an[q] += rn[q]; al[q] += rl[q]; au[q] += ru[q];
-          if (track_abs) aa[q] += std::max(std::abs(rl[q]), std::abs(ru[q]));
-          ml |= static_cast<uint32_t>(rl[q] > tl[q]) << q;
-          mu |= static_cast<uint32_t>(ru[q] < tu[q]) << q;
-        }
-      }
-      if (!k) continue;
-      while (ml) {
-        const int64_t q = __builtin_ctz(ml);
-        ml &= ml - 1;
-        T* slot = top + (p0 + q) * k;
-        Insert<T, true>(rl[q], slot, k);
-        tl[q] = slot[k - 1];
-      }
-      while (mu) {
-        const int64_t q = __builtin_ctz(mu);
-        mu &= mu - 1;
-        T* slot = bot + (p0 + q) * k;
-        Insert<T, false>(ru[q], slot, k);
-        tu[q] = slot[k - 1];
-      }
-    }
-    for (int64_t q = 0; q < w; ++q) {
-      sn[p0 + q] = an[q]; sl[p0 + q] = al[q]; su[p0 + q] = au[q]; sa[p0 + q] = aa[q];
-    }
-  }
 }
 
 template <ffi::DataType DT>
@@ -172,54 +190,35 @@ ffi::Error AccumulateImpl(ffi::Buffer<DT> gn, ffi::Buffer<DT> dl, ffi::Buffer<DT
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BoundjaxTopkMergeF32, TopkMergeImpl<ffi::F32>,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<bool>("largest"));
+#define BOUNDJAX_MERGE(NAME, DT)                                       \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, TopkMergeImpl<ffi::DT>,          \
+                                ffi::Ffi::Bind()                       \
+                                    .Arg<ffi::Buffer<ffi::DT>>()       \
+                                    .Arg<ffi::Buffer<ffi::DT>>()       \
+                                    .Ret<ffi::Buffer<ffi::DT>>()       \
+                                    .Attr<bool>("largest"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BoundjaxTopkMergeF64, TopkMergeImpl<ffi::F64>,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F64>>()
-                                  .Arg<ffi::Buffer<ffi::F64>>()
-                                  .Ret<ffi::Buffer<ffi::F64>>()
-                                  .Attr<bool>("largest"));
+#define BOUNDJAX_ACCUMULATE(NAME, DT)                                  \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, AccumulateImpl<ffi::DT>,         \
+                                ffi::Ffi::Bind()                       \
+                                    .Arg<ffi::Buffer<ffi::DT>>()       \
+                                    .Arg<ffi::Buffer<ffi::DT>>()       \
+                                    .Arg<ffi::Buffer<ffi::DT>>()       \
+                                    .Arg<ffi::Buffer<ffi::DT>>()       \
+                                    .Arg<ffi::Buffer<ffi::DT>>()       \
+                                    .Arg<ffi::Buffer<ffi::DT>>()       \
+                                    .Arg<ffi::Buffer<ffi::DT>>()       \
+                                    .Arg<ffi::Buffer<ffi::DT>>()       \
+                                    .Arg<ffi::Buffer<ffi::DT>>()       \
+                                    .Ret<ffi::Buffer<ffi::DT>>()       \
+                                    .Ret<ffi::Buffer<ffi::DT>>()       \
+                                    .Ret<ffi::Buffer<ffi::DT>>()       \
+                                    .Ret<ffi::Buffer<ffi::DT>>()       \
+                                    .Ret<ffi::Buffer<ffi::DT>>()       \
+                                    .Ret<ffi::Buffer<ffi::DT>>()       \
+                                    .Attr<bool>("track_abs"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BoundjaxAccumulateF32, AccumulateImpl<ffi::F32>,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<bool>("track_abs"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BoundjaxAccumulateF64, AccumulateImpl<ffi::F64>,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F64>>()
-                                  .Arg<ffi::Buffer<ffi::F64>>()
-                                  .Arg<ffi::Buffer<ffi::F64>>()
-                                  .Arg<ffi::Buffer<ffi::F64>>()
-                                  .Arg<ffi::Buffer<ffi::F64>>()
-                                  .Arg<ffi::Buffer<ffi::F64>>()
-                                  .Arg<ffi::Buffer<ffi::F64>>()
-                                  .Arg<ffi::Buffer<ffi::F64>>()
-                                  .Arg<ffi::Buffer<ffi::F64>>()
-                                  .Ret<ffi::Buffer<ffi::F64>>()
-                                  .Ret<ffi::Buffer<ffi::F64>>()
-                                  .Ret<ffi::Buffer<ffi::F64>>()
-                                  .Ret<ffi::Buffer<ffi::F64>>()
-                                  .Ret<ffi::Buffer<ffi::F64>>()
-                                  .Ret<ffi::Buffer<ffi::F64>>()
-                                  .Attr<bool>("track_abs"));
+BOUNDJAX_MERGE(BoundjaxTopkMergeF32, F32)
+BOUNDJAX_MERGE(BoundjaxTopkMergeF64, F64)
+BOUNDJAX_ACCUMULATE(BoundjaxAccumulateF32, F32)
+BOUNDJAX_ACCUMULATE(BoundjaxAccumulateF64, F64)

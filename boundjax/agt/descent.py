@@ -129,8 +129,10 @@ class Accumulator(NamedTuple):
   Attributes:
     sum_n: sum of nominal clipped per-sample gradients.
     sum_l, sum_u: sums of the lower / upper per-sample bounds.
-    top_l: the k largest lower bounds per coordinate, shape (*leaf, k) (-inf until filled).
-    bot_u: the k smallest upper bounds per coordinate, shape (*leaf, k) (+inf until filled).
+    top_l: the k largest lower bounds per coordinate, shape (*leaf, k) (-inf until filled),
+      in any order along the last axis (only their sum is used).
+    bot_u: the k smallest upper bounds per coordinate, shape (*leaf, k) (+inf until filled),
+      in any order.
     sum_abs: sum of max(|delta_L|, |delta_U|), for the rounding-error margin of `finalize`.
   """
   sum_n: Array
