@@ -11,7 +11,9 @@
 // topk_merge(values: T[f, d], running: T[d, k]) -> T[d, k]; attribute largest.
 // accumulate(g_n, d_l, d_u: T[f, d], sum_n, sum_l, sum_u, sum_abs: T[d], top_l, bot_u: T[d, k])
 //   -> (sum_n, sum_l, sum_u, sum_abs, top_l, bot_u); attribute track_abs. One pass over a
-//   chunk: the running sums (recursive summation in sample order) and the k largest lower /
+//   chunk: the running sums (the chunk summed in double in sample order, then added to the
+//   running sum with one rounding: at least as accurate as XLA's float32 reduction, which the
+//   bounds are compared against) and the k largest lower /
 //   k smallest upper bounds. Coordinates are taken in tiles: a tile's sums and thresholds stay
 //   in cache while the chunk's rows stream past, each row's segment read contiguously
 //   (vectorised sums and threshold tests; the rare replacements are scalar).
@@ -115,19 +117,27 @@ void Accumulate(const T* __restrict gn, const T* __restrict dl, const T* __restr
       lo.Init(p);
     }
   uint8_t mask[kTile];
+  double an[kTile], al[kTile], au[kTile], aa[kTile];  // a tile's chunk sums, in double
   for (int64_t t0 = 0; t0 < d; t0 += kTile) {
     const int64_t t1 = std::min(t0 + kTile, d);
+    const int64_t w = t1 - t0;
+    std::fill(an, an + w, 0.0);
+    std::fill(al, al + w, 0.0);
+    std::fill(au, au + w, 0.0);
+    std::fill(aa, aa + w, 0.0);
     for (int64_t i = 0; i < f; ++i) {
-      const T* __restrict rn = gn + i * d;
-      const T* __restrict rl = dl + i * d;
-      const T* __restrict ru = du + i * d;
-      for (int64_t q = t0; q < t1; ++q) {
-        sn[q] += rn[q];
-        sl[q] += rl[q];
-        su[q] += ru[q];
+      const T* __restrict rn = gn + i * d + t0;
+      const T* __restrict rl = dl + i * d + t0;
+      const T* __restrict ru = du + i * d + t0;
+      for (int64_t q = 0; q < w; ++q) {
+        an[q] += rn[q];
+        al[q] += rl[q];
+        au[q] += ru[q];
       }
       if (track_abs)
-        for (int64_t q = t0; q < t1; ++q) sa[q] += std::max(std::abs(rl[q]), std::abs(ru[q]));
+        for (int64_t q = 0; q < w; ++q) aa[q] += std::max(std::abs(rl[q]), std::abs(ru[q]));
+      rl -= t0;
+      ru -= t0;
       if (!k) continue;
       const T* __restrict tl = hi.thr;
       const T* __restrict tu = lo.thr;
@@ -137,6 +147,12 @@ void Accumulate(const T* __restrict gn, const T* __restrict dl, const T* __restr
         hi.Offer(rl[p], p);
         lo.Offer(ru[p], p);
       });
+    }
+    for (int64_t q = 0; q < w; ++q) {  // one rounding per chunk into the running sums
+      sn[t0 + q] = static_cast<T>(static_cast<double>(sn[t0 + q]) + an[q]);
+      sl[t0 + q] = static_cast<T>(static_cast<double>(sl[t0 + q]) + al[q]);
+      su[t0 + q] = static_cast<T>(static_cast<double>(su[t0 + q]) + au[q]);
+      if (track_abs) sa[t0 + q] = static_cast<T>(static_cast<double>(sa[t0 + q]) + aa[q]);
     }
   }
 }
