@@ -96,6 +96,21 @@ memory of a step no longer grows with b x #params (``memory_vs_batch`` in the JS
 remains on the Amazon-shaped step is the engine's per-sample interval products and clipping
 (the ``cond`` stage, written once per chunk) and those replacements.
 
+Measured at ebfc8ab (``results/agt_cost.json``, process CPU time per epoch, AGT / SGD, load
+average 8-11 on the 2 cores) against the branch point a0522d3 (same method, load 2-6):
+public task's 6-128-2 b=5000 11.2x -> 5.2x; blobs 6-2 5.2x -> 5.9x (a 14-parameter network,
+noise); Fashion 128-32-1 full batch 36x -> 19x; Fashion minibatch b=500 42x -> 20x (17x at a
+24 MB budget); Amazon-shaped 384-100-1 110x -> 68x (46-58x in quieter runs). The 10x target is
+met only by the blobs networks. The floors there were computed with GEMM and copy rates
+measured in wall time under that load (11 GFLOP/s, 2.3 GB/s, about 6x below the unloaded
+74 GFLOP/s and 12 GB/s of ``results/agt_public_floor.json``); with the unloaded rates the
+per-sample work of a step is 17 ms of GEMM-speed flops for the Amazon shape (4x its SGD step)
+and 20 ms for Fashion's full batch (2.4x), and writing and reading its three b x #params arrays
+once through memory 76 ms and 82 ms: a fused per-sample pass that keeps a chunk in cache would
+put 10x within reach; XLA's element-wise producers plus the native fold are 4-17x above the
+compute floor. Public task (``results/agt_public.json``, ``agt_public_poison.json``): privacy
+0.91 -> 0.59 s CPU, poisoning 1.35 -> 1.01 s CPU, the same boxes up to rounding.
+
 Why 3x is out of reach on a 2-core CPU: plain SGD is three GEMMs over the batch, about 6 b P
 flops that run at GEMM speed (~50 GFLOP/s here: 5 ms for Fashion's b = 10,000). AGT must
 produce 3 b P per-sample values (nominal, lower, upper: 125 M for Fashion, each a product,
