@@ -84,10 +84,10 @@ class Config:
       4 products; the public code's default "rump") or "signsplit" (sign-split products; exact
       when one factor is sign-definite, e.g. post-ReLU activations), "exact" (four-corner bound
       per term; materialises the product) or "best" (midrad met with signsplit).
-    fragsize: number of samples bounded at once; memory is O(fragsize * #params + k * #params).
-      It does not change the bounds (up to the rounding order of the sums). On a 2-core CPU
-      250-1000 is fastest for the benchmark MLPs (benchmarks/agt.py): larger fragments leave
-      the cache, smaller ones pay per-fragment overhead.
+    fragsize: the most samples bounded at once; the chunk is also kept within
+      `boundjax.agt.descent.CHUNK_BYTES` per per-sample array (`descent.chunk_size`), so
+      memory is O(chunk * #params + k * #params) whatever the batch. It does not change the
+      bounds (up to the rounding order of the sums).
     seed: seed of the default data order (`schedule`: shuffled once, then fixed).
     sound: the sound floating-point mode: widen every step outward by a worst-case bound
       on the rounding error of the batch sums and of the update

@@ -51,7 +51,9 @@ from typing import Any, Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from boundjax.agt import select
 from boundjax.core.interval import Interval
 
 Array = jax.Array
@@ -128,8 +130,10 @@ class Accumulator(NamedTuple):
   Attributes:
     sum_n: sum of nominal clipped per-sample gradients.
     sum_l, sum_u: sums of the lower / upper per-sample bounds.
-    top_l: the k largest lower bounds per coordinate, shape (*leaf, k) (-inf until filled).
-    bot_u: the k smallest upper bounds per coordinate, shape (*leaf, k) (+inf until filled).
+    top_l: the k largest lower bounds per coordinate, shape (*leaf, k) (-inf until filled),
+      in any order along the last axis (only their sum is used).
+    bot_u: the k smallest upper bounds per coordinate, shape (*leaf, k) (+inf until filled),
+      in any order.
     sum_abs: sum of max(|delta_L|, |delta_U|), for the rounding-error margin of `finalize`.
   """
   sum_n: Array
@@ -202,10 +206,17 @@ def accumulate(acc: Accumulator, g_n: Array, d_l: Array, d_u: Array, mask: Array
   ``None`` when every sample is real). ``track_abs=False`` leaves ``sum_abs`` (used only by the
   floating-point margin) untouched, saving a pass over the fragment.
 
-  Merging selects the top k of the running k extremes and the fragment (`topk_leading`, exact),
-  so the result does not depend on fragment size or order.
+  Merging selects the top k of the running k extremes and the fragment (exact), so the result
+  does not depend on fragment size or order. On CPU the whole fold (sums and extremes) is one
+  native pass over the fragment (`boundjax.agt.select.accumulate`; the sums then follow the
+  sample order); the XLA form below is the reference and runs elsewhere.
   """
   f = g_n.shape[0]
+  if mask is None and select.use_native(d_l.dtype) and d_l.dtype == d_u.dtype == g_n.dtype:
+    sum_n, sum_l, sum_u, sum_abs, top_l, bot_u = select.accumulate(
+        g_n, d_l, d_u, (acc.sum_n, acc.sum_l, acc.sum_u, acc.sum_abs), acc.top_l, acc.bot_u,
+        track_abs)
+    return Accumulator(sum_n, sum_l, sum_u, top_l, bot_u, sum_abs)
   if mask is None and g_n[0].size <= _REDUCE_MAX:
     # A plain reduction: XLA fuses it into the element-wise producer of the per-sample values
     # (outer product, clipping), so those are not written out just to be summed (3x faster
@@ -231,9 +242,30 @@ def accumulate(acc: Accumulator, g_n: Array, d_l: Array, d_u: Array, mask: Array
     m = mask.reshape((-1,) + (1,) * (g_n.ndim - 1)).astype(bool)
     cand_l = jnp.where(m, d_l, -jnp.inf)
     cand_u = jnp.where(m, d_u, jnp.inf)
-  top_l = topk_leading(cand_l, k, acc.top_l)
-  bot_u = topk_leading(cand_u, k, acc.bot_u, largest=False)
+  top_l = select.merge(cand_l, acc.top_l)
+  bot_u = select.merge(cand_u, acc.bot_u, largest=False)
   return Accumulator(sum_n, sum_l, sum_u, top_l, bot_u, sum_abs)
+
+
+CHUNK_BYTES = 8 * 2 ** 20
+"""Memory budget of one per-sample array of a chunk (`chunk_size`), in bytes."""
+
+
+def chunk_size(params: Any, b: int, fragsize: int, budget: int | None = None) -> int:
+  """Samples per chunk of `scan_fragments`: ``min(fragsize, b, budget // (#params * itemsize))``
+  (at least 1), so that each per-sample array of a chunk (f x #params values) takes at most
+  ``budget`` bytes (default `CHUNK_BYTES`).
+
+  The budget keeps a chunk's arrays in the last-level cache and below the C allocator's
+  threshold for fresh memory maps (32 MB with glibc: every larger buffer is mapped anew and
+  page-faulted on first touch, about 6x the cost of an element-wise pass over it, measured in
+  benchmarks/agt.py). The bounds do not depend on the chunk size (exact merges; the sums up to
+  their rounding order).
+  """
+  leaves = jax.tree_util.tree_leaves(params)
+  per_sample = sum(int(np.size(l)) * jnp.dtype(jnp.result_type(l)).itemsize for l in leaves)
+  budget = CHUNK_BYTES if budget is None else budget
+  return max(1, min(int(fragsize), int(b), budget // max(per_sample, 1)))
 
 
 def scan_fragments(params: Any, xs: Array, ys: Array, fragsize: int,
@@ -245,8 +277,8 @@ def scan_fragments(params: Any, xs: Array, ys: Array, fragsize: int,
   """The streaming form of a batch's descent-direction bound (AGT, Thm 4.6 in §4.2; the
   poisoning bound of `boundjax.agt.poisoning` has the same shape), for any accumulator.
 
-  The batch ``xs, ys`` (leading axis = b samples) is cut into fragments of ``min(fragsize, b)``
-  samples: a ``lax.scan`` over the full fragments, then the remainder on its own (no padding, so
+  The batch ``xs, ys`` (leading axis = b samples) is cut into fragments of `chunk_size`
+  samples (at most ``fragsize``, and within the memory budget `CHUNK_BYTES` per array): a ``lax.scan`` over the full fragments, then the remainder on its own (no padding, so
   no masking is needed). Per fragment, ``per_sample(x, y)`` returns a tuple of pytrees shaped
   like ``params`` (per-sample gradients and their bounds, leading axis = sample; `Interval`
   leaves allowed); or ``per_sample`` is a pair ``(first, second)`` with ``first(x, y)`` any
@@ -270,7 +302,7 @@ def scan_fragments(params: Any, xs: Array, ys: Array, fragsize: int,
   last-bit differences on other shapes, which the ``sound`` margin covers for any order).
   """
   b = xs.shape[0]
-  f = min(fragsize, b)
+  f = chunk_size(params, b, fragsize)
   nf, rem = divmod(b, f)
   tdef = jax.tree_util.tree_structure(params)
   acc0 = [init_leaf(p) for p in jax.tree_util.tree_leaves(params)]

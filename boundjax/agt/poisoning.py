@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 
 from boundjax.agt import bounds as bnd
-from boundjax.agt import descent, mlp
+from boundjax.agt import descent, mlp, select
 from boundjax.agt.config import Config
 from boundjax.core.interval import Interval
 from boundjax.core.transforms import ibp
@@ -207,8 +207,8 @@ def accumulate(acc: PoisonAccumulator, g_n: Array, wp_l: Array, wp_u: Array, iwp
   k = acc.top_du.shape[-1]
   top_du, bot_dl = acc.top_du, acc.bot_dl
   if k:
-    top_du = descent.topk_leading(jnp.maximum(iwp_u - wp_u, 0), k, acc.top_du)
-    bot_dl = descent.topk_leading(jnp.minimum(iwp_l - wp_l, 0), k, acc.bot_dl, largest=False)
+    top_du = select.merge(jnp.maximum(iwp_u - wp_u, 0), acc.top_du)
+    bot_dl = select.merge(jnp.minimum(iwp_l - wp_l, 0), acc.bot_dl, largest=False)
   sum_abs = acc.sum_abs
   if track_abs:
     mag = jnp.maximum(jnp.maximum(jnp.abs(wp_l), jnp.abs(wp_u)),

@@ -138,9 +138,11 @@ def descent_directions(apply_fn: Callable, config: Config, params: Any, box: Any
       form ``descent_directions(apply_fn, config, "mlp", params, box, xs, ys)`` still works,
       with a `DeprecationWarning`.
 
-  The batch is processed in fragments of ``config.fragsize`` samples
-  (`boundjax.agt.descent.scan_fragments`); only running sums and the k extreme bounds per
-  coordinate are kept, so memory does not grow with b. For the "mlp" back-end the nominal
+  The batch is streamed in chunks of at most ``config.fragsize`` samples and
+  `boundjax.agt.descent.CHUNK_BYTES` per per-sample array
+  (`boundjax.agt.descent.scan_fragments`); each chunk is folded at once into running sums and
+  the k extreme bounds per coordinate (`boundjax.agt.select`), so memory does not grow with
+  b. For the "mlp" back-end the nominal
   per-sample gradients come from the batched passes of `boundjax.agt.mlp.per_sample_grads`.
   """
   backend, params, box, xs, ys = _backend_argument(backend, params, box, xs, ys, legacy)
