@@ -52,13 +52,24 @@ def _cache_dir() -> pathlib.Path:
   return pathlib.Path(root).expanduser() / "boundjax"
 
 
+def _cpu_flags() -> bytes:
+  """The CPU's feature flags (Linux), so that a library built with ``-march=native`` is never
+  loaded on a machine that lacks its instructions (a cache directory shared between hosts)."""
+  try:
+    with open("/proc/cpuinfo", "rb") as f:
+      return next((line for line in f if line.startswith(b"flags")), b"")
+  except OSError:
+    import platform
+    return platform.processor().encode()
+
+
 def _build() -> pathlib.Path:
   """Compiles ``_topk_merge.cc`` into the cache (once per source, jaxlib version and
   machine) and returns the shared library's path."""
   import jaxlib
   src = _SOURCE.read_bytes()
   key = hashlib.sha256(src + jaxlib.__version__.encode() + os.uname().machine.encode()
-                       + sys.version.encode()).hexdigest()[:16]
+                       + sys.version.encode() + _cpu_flags()).hexdigest()[:16]
   out = _cache_dir() / f"topk_merge_{key}.so"
   if out.exists():
     return out
