@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from boundjax import agt
-from boundjax.agt import descent, mlp, poisoning, train
+from boundjax.agt import descent, select, mlp, poisoning, train
 from boundjax.core.interval import Interval
 
 
@@ -36,7 +36,7 @@ def test_topk_leading_equals_lax_top_k(f, d, k, largest):
 
 @pytest.mark.parametrize("f, k", [(2000, 10), (1000, 10), (500, 10), (997, 10), (5000, 50)])
 def test_group_size_splits_into_more_than_k_groups(f, k):
-  g = descent._group_size(f, k)
+  g = select._group_size(f, k)
   assert 1 <= g and -(-f // g) > k
 
 

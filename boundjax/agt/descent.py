@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from boundjax.agt import select
+from boundjax.agt.select import topk_leading  # noqa: F401  (the exact XLA top-k, re-exported)
 from boundjax.core.interval import Interval
 
 Array = jax.Array
@@ -149,52 +150,6 @@ def init_accumulator(leaf: Array, k: int) -> Accumulator:
   shape = jnp.shape(leaf) + (k,)
   return Accumulator(z, z, z, jnp.full(shape, -jnp.inf, z.dtype), jnp.full(shape, jnp.inf, z.dtype),
                      z)
-
-
-def _group_size(f: int, k: int) -> int:
-  """Group size g of `topk_leading`: about sqrt(f / k) (balances the two selections), leaning
-  small (the gather of k groups costs more per value than the group maxima), and a divisor of f
-  where one is near, so that no padding copy is needed."""
-  target = max(1.0, 0.7 * math.sqrt(f / max(k, 1)))
-  divs = [g for g in range(max(1, int(target / 2)), int(2 * target) + 1) if f % g == 0]
-  return min(divs, key=lambda g: abs(math.log(g / target))) if divs else max(1, round(target))
-
-
-def topk_leading(values: Array, k: int, extra: Array | None = None, largest: bool = True
-                 ) -> Array:
-  """The k largest of ``values`` along the leading axis, per coordinate, shape (*rest, k).
-
-  With ``largest=False`` the k smallest (in increasing order), without negating ``values``.
-
-  Exact (the same multiset as ``lax.top_k`` on the transposed array) but cheaper for k << f:
-  the f samples are split into groups of g ~ sqrt(f / k); only the k groups with the largest
-  maxima can hold a top-k value. (If a top-k value x lay in another group, the k selected
-  groups would each hold a maximum >= x, and those k maxima can replace every such x without
-  lowering the sum; so the k largest of the selected groups have the same values.) Then
-  ``lax.top_k`` runs over k * g candidates per coordinate instead of f, and the (f, d) array is
-  never transposed. ``extra`` (shape (*rest, m), e.g. a running top-k) joins the candidates.
-  Padding uses -inf, so it is never preferred to a real value.
-  """
-  f = values.shape[0]
-  rest = values.shape[1:]
-  v = values.reshape(f, -1)
-  sgn = 1 if largest else -1
-  g = _group_size(f, k)
-  ng = -(-f // g)
-  if ng <= k or g == 1:
-    cand = v.T
-  else:
-    pad = ng * g - f
-    if pad:
-      v = jnp.concatenate([v, jnp.full((pad, v.shape[1]), -sgn * jnp.inf, v.dtype)], 0)
-    vg = v.reshape(ng, g, -1)
-    ext = jnp.max(vg, axis=1) if largest else jnp.min(vg, axis=1)
-    best = jax.lax.top_k(sgn * ext.T, k)[1]                        # (d, k) group indices
-    sel = jnp.take_along_axis(vg, best.T[:, None, :], axis=0)       # (k, g, d)
-    cand = sel.reshape(k * g, -1).T
-  if extra is not None:
-    cand = jnp.concatenate([extra.reshape(cand.shape[0], -1), cand], -1)
-  return (sgn * jax.lax.top_k(sgn * cand, k)[0]).reshape(rest + (k,))
 
 
 _REDUCE_MAX = 8192   # leaf size up to which fragment sums are plain reductions (CPU timings)

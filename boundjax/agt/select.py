@@ -15,7 +15,7 @@ batch is streamed in chunks and each chunk's values are merged into a running to
   about 0.5 us per row whatever its length, i.e. 20 ms per merge for the 38,601 coordinates
   of a 384-100-1 network); `accumulate` folds the running sums into the same pass;
 * elsewhere (another back-end, another dtype, no compiler, or ``BOUNDJAX_NATIVE=0``), the exact
-  two-level selection of `boundjax.agt.descent.topk_leading`.
+  two-level selection of `topk_leading`.
 
 Both give the same k values per coordinate (the k extremes of the running values and the
 chunk, as a multiset; equal values are interchangeable), the native merge in no particular
@@ -26,6 +26,7 @@ order within the last axis, `topk_leading` sorted. Only their sum is used (Thm 4
 from __future__ import annotations
 
 import ctypes
+import math
 import hashlib
 import os
 import pathlib
@@ -124,7 +125,7 @@ def merge(values: Array, running: Array, largest: bool = True) -> Array:
 
   Returns the k extremes of the union (the values of ``lax.top_k`` over the concatenation, as
   a multiset per coordinate), by the native merge on CPU (in no particular order) and
-  `boundjax.agt.descent.topk_leading` otherwise (sorted; module docstring).
+  `topk_leading` otherwise (sorted; module docstring).
   """
   f = values.shape[0]
   rest = values.shape[1:]
@@ -132,7 +133,6 @@ def merge(values: Array, running: Array, largest: bool = True) -> Array:
   if k == 0:
     return running
   if not use_native(values.dtype):
-    from boundjax.agt.descent import topk_leading
     return topk_leading(values, k, running, largest)
   d = int(np.prod(rest, dtype=np.int64))
   call = jax.ffi.ffi_call(_TARGETS[np.dtype(values.dtype)],
@@ -176,3 +176,49 @@ def accumulate(g_n: Array, d_l: Array, d_u: Array, sums: tuple[Array, Array, Arr
              bot_u.reshape(d, k).astype(dt), track_abs=bool(track_abs))
   return (*(o.reshape(rest) for o in out[:4]), out[4].reshape(rest + (k,)),
           out[5].reshape(rest + (k,)))
+
+
+def _group_size(f: int, k: int) -> int:
+  """Group size g of `topk_leading`: about sqrt(f / k) (balances the two selections), leaning
+  small (the gather of k groups costs more per value than the group maxima), and a divisor of f
+  where one is near, so that no padding copy is needed."""
+  target = max(1.0, 0.7 * math.sqrt(f / max(k, 1)))
+  divs = [g for g in range(max(1, int(target / 2)), int(2 * target) + 1) if f % g == 0]
+  return min(divs, key=lambda g: abs(math.log(g / target))) if divs else max(1, round(target))
+
+
+def topk_leading(values: Array, k: int, extra: Array | None = None, largest: bool = True
+                 ) -> Array:
+  """The k largest of ``values`` along the leading axis, per coordinate, shape (*rest, k).
+
+  With ``largest=False`` the k smallest (in increasing order), without negating ``values``.
+
+  Exact (the same multiset as ``lax.top_k`` on the transposed array) but cheaper for k << f:
+  the f samples are split into groups of g ~ sqrt(f / k); only the k groups with the largest
+  maxima can hold a top-k value. (If a top-k value x lay in another group, the k selected
+  groups would each hold a maximum >= x, and those k maxima can replace every such x without
+  lowering the sum; so the k largest of the selected groups have the same values.) Then
+  ``lax.top_k`` runs over k * g candidates per coordinate instead of f, and the (f, d) array is
+  never transposed. ``extra`` (shape (*rest, m), e.g. a running top-k) joins the candidates.
+  Padding uses -inf, so it is never preferred to a real value.
+  """
+  f = values.shape[0]
+  rest = values.shape[1:]
+  v = values.reshape(f, -1)
+  sgn = 1 if largest else -1
+  g = _group_size(f, k)
+  ng = -(-f // g)
+  if ng <= k or g == 1:
+    cand = v.T
+  else:
+    pad = ng * g - f
+    if pad:
+      v = jnp.concatenate([v, jnp.full((pad, v.shape[1]), -sgn * jnp.inf, v.dtype)], 0)
+    vg = v.reshape(ng, g, -1)
+    ext = jnp.max(vg, axis=1) if largest else jnp.min(vg, axis=1)
+    best = jax.lax.top_k(sgn * ext.T, k)[1]                        # (d, k) group indices
+    sel = jnp.take_along_axis(vg, best.T[:, None, :], axis=0)       # (k, g, d)
+    cand = sel.reshape(k * g, -1).T
+  if extra is not None:
+    cand = jnp.concatenate([extra.reshape(cand.shape[0], -1), cand], -1)
+  return (sgn * jax.lax.top_k(sgn * cand, k)[0]).reshape(rest + (k,))
