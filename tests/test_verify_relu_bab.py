@@ -104,3 +104,91 @@ def test_root_alpha_on_intermediate_layers_proves_at_the_root():
                                     root_alpha_intermediate=ai) for ai in (False, True)}
   assert runs[True][0] == "unsat" and runs[True][2:] == (1, "bounds"), runs[True]
   assert runs[False][0] != "unsat" or runs[False][3] == "bab", runs[False]
+
+
+def _cnn_apply(p, x):
+  """A small convolutional network on one (6, 6, 1) image: two 3x3 convolutions with ReLU, a
+  dense layer with ReLU, two outputs."""
+  dn = ("NHWC", "HWIO", "NHWC")
+  h = x[None]
+  for k in ("c1", "c2"):
+    h = jax.lax.conv_general_dilated(h, p[k], (1, 1), "VALID", dimension_numbers=dn)
+    h = jax.nn.relu(h + p[k + "b"])
+  h = jax.nn.relu(h.reshape(-1) @ p["d1"] + p["d1b"])
+  return h @ p["d2"] + p["d2b"]
+
+
+def _cnn_params(seed):
+  rng = np.random.default_rng(seed)
+  f32 = lambda a: np.asarray(a, np.float32)
+  return {"c1": f32(rng.normal(size=(3, 3, 1, 4)) / 3), "c1b": f32(0.2 * rng.normal(size=4)),
+          "c2": f32(rng.normal(size=(3, 3, 4, 4)) / 6), "c2b": f32(0.2 * rng.normal(size=4)),
+          "d1": f32(rng.normal(size=(16, 12)) / 4), "d1b": f32(0.2 * rng.normal(size=12)),
+          "d2": f32(rng.normal(size=(12, 2)) / 3.5), "d2b": f32(0.2 * rng.normal(size=2))}
+
+
+@pytest.mark.parametrize("seed", [3, pytest.param(6, marks=pytest.mark.slow)])
+def test_relu_split_on_the_network_itself(seed):
+  """`relu_bab.engine_problem`: ReLU splitting with the engine's bounds through the
+  convolutions (float32, sound), no dense chain and no MILP. Three pixels of a fixed image
+  range over ±0.6 (the other 33 are fixed), so a dense float64 grid of the 3-dimensional box
+  gives the true minimum of ``y0 - y1`` up to the grid's spacing: a threshold violated on the
+  grid is never ``unsat`` (``sat`` with a replayed counterexample, or no answer: the search
+  finds counterexamples only at its bounds' minimising corners, the attack before it is the
+  verifier's falsifier), one below the minimum by a margin far smaller than the root bound's
+  gap is ``unsat`` after branching."""
+  params = _cnn_params(seed)
+  shape = (6, 6, 1)
+  rng = np.random.default_rng(seed + 100)
+  centre = rng.uniform(0, 1, size=36)
+  free = np.array([7, 14, 21])
+  lo, hi = centre.copy(), centre.copy()
+  lo[free] -= 0.6
+  hi[free] += 0.6
+  axes = [np.linspace(lo[i], hi[i], 41) for i in free]
+  grid3 = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
+  grid = np.repeat(centre[None], len(grid3), 0)
+  grid[:, free] = grid3
+  replay = attack.Replayer(_cnn_apply, params, shape)
+  C = np.array([[1.0, -1.0]])
+  true_min = float((replay(grid) @ C.T).min())
+  probe = relu_bab.engine_problem(_cnn_apply, params, shape, f"cnn{seed}", C, np.zeros(1),
+                                  sound=True, root_steps=20, steps=10, lr=0.1)
+  out, info = probe.root(probe.params, probe.box(lo[None], hi[None]))
+  root_lb = float(out.lower[0, 0])
+  assert [np.asarray(l).shape[-1] for l, _ in info.pre] == [64, 16, 12]  # three ReLU nodes
+  assert root_lb < true_min - 0.05, (root_lb, true_min)  # something for branching to do
+  for want in ("unsat", "sat"):
+    d = (np.array([true_min - 0.03 * (true_min - root_lb) - 0.005]) if want == "unsat"
+         else np.array([true_min + 0.01]))
+    dj = Disjunct(C, d)
+    region = Region(lo, hi, (dj,))
+    problem = relu_bab.engine_problem(_cnn_apply, params, shape, f"cnn{seed}", C, d,
+                                      sound=True, root_steps=20, steps=10, lr=0.1)
+    status, cex, nodes, how = relu_bab.split_search(
+        problem, region, dj, replay, Deadline(120.0 if want == "unsat" else 20.0), batch=32)
+    if want == "sat":
+      assert status in ("sat", "unknown", "timeout"), (status, nodes, how)
+      if status != "sat":
+        continue
+      x, y = cex
+      assert np.all(C @ y - d <= 0) and np.all(x >= lo) and np.all(x <= hi)
+      np.testing.assert_allclose(replay(x[None])[0], y)
+    else:
+      assert status == "unsat", (status, nodes, how)
+      assert how == "bab" and nodes > 1
+
+
+def test_engine_problem_needs_float32_exact_inputs():
+  """Parameters or a specification not exact in float32 would make the engine bound another
+  network or property: no problem is made, the verifier's other paths go on."""
+  params = _cnn_params(3)
+  C = np.array([[1.0, -1.0]])
+  assert relu_bab.engine_problem(_cnn_apply, params, (6, 6, 1), "x", C, np.zeros(1),
+                                 sound=True, root_steps=5, steps=5, lr=0.1) is not None
+  p64 = dict(params, d2b=params["d2b"].astype(np.float64) + 1e-12)
+  assert relu_bab.engine_problem(_cnn_apply, p64, (6, 6, 1), "y", C, np.zeros(1),
+                                 sound=True, root_steps=5, steps=5, lr=0.1) is None
+  assert relu_bab.engine_problem(_cnn_apply, params, (6, 6, 1), "z", np.array([[0.1, -1.0]]),
+                                 np.zeros(1), sound=True, root_steps=5, steps=5,
+                                 lr=0.1) is None

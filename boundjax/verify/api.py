@@ -84,6 +84,16 @@ QUICK_ATTACK = 0.1
 """Before CROWN, the attack runs for this share of the time limit (the rest of
 ``attack_share`` after CROWN, with other random starts)."""
 
+ENGINE_SPLIT_BATCH = 64
+"""Sub-problems per bound call of ReLU splitting on the network itself (`relu_bab.engine_problem`;
+the engine chunks a call further to fit ``memory_bytes``)."""
+
+ENGINE_SPLIT_STEPS = 10
+"""α-β steps per sub-problem there (warm-started from the parent's slopes and multipliers)."""
+
+ENGINE_SPLIT_ROOT_STEPS = 20
+"""α-CROWN steps of its root (on CROWN's intermediate bounds)."""
+
 ALPHA_SHARE = 0.5
 """The engine's α-CROWN stage gets this share of the time left when branch and bound follows."""
 
@@ -431,6 +441,11 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
       regions = _open_part(regions, eng.proven)
       if deadline.expired():
         return done("timeout", phase="bounds")
+    if high_dim and wide and "crown" in fitted and engine_bounds is not False:
+      # 3. ReLU splitting on the network itself (convolutions as they are, not densified)
+      out = engine_split(regions, replay)
+      if out is not None:
+        return out
     if lay is None and high_dim:  # the attack again on the open disjuncts, other starts
       report.stage = "attack"
       hit = _attack(apply_fn, params, input_shape, regions, replay,
@@ -460,6 +475,36 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
       if not shared[1]:  # a budget set by the caller: its own message
         raise
       raise _memory.against_total(e, memory) from e
+
+  def engine_split(regs: Sequence[Region], replay) -> Outcome | None:
+    """ReLU splitting with β-CROWN on the network itself (`relu_bab.engine_problem`: the
+    engine's bounds through convolutions as they are), one open disjunct after another;
+    None when it does not apply (no ReLU, or a specification or parameters not exact in
+    float32): the caller's path goes on."""
+    from boundjax.verify import relu_bab
+    fp = engine.fingerprint(apply_fn, params, input_shape)
+    for region in regs:
+      for disjunct in region.disjuncts:
+        if deadline.expired():
+          return done("timeout")
+        problem = relu_bab.engine_problem(
+            apply_fn, params, input_shape, fp, disjunct.C, disjunct.d, sound=sound,
+            root_steps=ENGINE_SPLIT_ROOT_STEPS, steps=ENGINE_SPLIT_STEPS, lr=0.1,
+            memory_bytes=memory_bytes)
+        if problem is None:
+          return None
+        stats["method"] = "relu-split-engine"
+        status, cex, nodes, how = relu_bab.split_search(
+            problem, region, disjunct, replay, deadline, batch=ENGINE_SPLIT_BATCH,
+            progress=progress, report=report)
+        stats["nodes"] += nodes
+        if how == relu_bab.NO_RELU:
+          return None
+        if status == "sat":
+          return done("sat", cex, how)
+        if status != "unsat":
+          return done(status)
+    return done("unsat", phase="bab")
 
   def dense(lay, net, plan, replay, warm) -> Outcome:
     """Bounds and branch and bound on the dense chain."""

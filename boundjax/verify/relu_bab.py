@@ -30,16 +30,21 @@ the root's sound pre-activation bounds for the time that is left.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from boundjax.core.interval import Interval
 from boundjax.core.transforms import affine_image
 from boundjax.verify import bab, chain
 from boundjax.verify.outcome import Deadline
 from boundjax.verify.spec import Disjunct, Region
 
+
+NO_RELU = "no-relu"
+"""`split_search`'s ``how`` when the network has no ReLU node to split."""
 
 DEEP = 3
 """Hidden layers from which the root optimises the intermediate bounds by default."""
@@ -97,6 +102,87 @@ def _milp(net, region: Region, disjunct: Disjunct, lbs, ubs, deadline: Deadline,
   return res.status, None
 
 
+class Problem(NamedTuple):
+  """What ReLU splitting needs of a network and one disjunct ``C y - d``: the bound functions'
+  first argument, the root bound (α-CROWN of the whole box with every node's bounds and
+  details), the domains' bound (``f(params, box, splits=, pre=, warm=)``: fast mode, the known
+  bounds met with an interval pass, α and β optimised), a box of float64 ends in the bounds'
+  dtype (outward), and the float64 outputs of points (None: every candidate is replayed)."""
+
+  params: Any
+  root: Callable
+  domains: Callable
+  box: Callable
+  forward: Callable | None
+
+
+def chain_problem(lay: chain.Layers, C, d, *, sound: bool, root_steps: int, steps: int,
+                  lr: float, root_alpha_intermediate: bool) -> Problem:
+  """The dense float64 chain's problem (`chain.bounder`, one compilation per option set)."""
+  box = lambda lo, hi: Interval(jnp.asarray(lo, jnp.float64), jnp.asarray(hi, jnp.float64))
+  return Problem(_params(lay, C, d),
+                 _bounder(sound, "crown", root_steps, lr, root_alpha_intermediate),
+                 _bounder(sound, "ibp", steps, lr), box,
+                 lambda xs: chain.forward_np(lay, xs))
+
+
+_ENGINE: dict = {}
+_ENGINE_SIZE = 4
+
+
+def _engine_fn(apply_fn: Callable, input_shape: tuple, key: str, sound: bool,
+               intermediate: str, steps: int, lr: float, memory_bytes: int | None):
+  """The engine's bound of ``C flatten(apply_fn(params, x)) - d`` on a batch of flattened
+  float32 boxes with split constraints, β and the details (``bj.crown(..., splits=True,
+  beta=True, return_info=True)``), jitted, cached per architecture ``key`` and options."""
+  ck = (key, input_shape, sound, intermediate, steps, lr, memory_bytes)
+  if ck not in _ENGINE:
+    from boundjax.domains.linear import crown as engine_crown
+
+    def g(p, xb):
+      prm, C, d = p
+      one = lambda x: C @ jnp.reshape(apply_fn(prm, jnp.reshape(x, input_shape)), (-1,)) - d
+      return jax.vmap(one)(xb)
+
+    budget = {} if memory_bytes is None else {"memory_bytes": memory_bytes}
+    fn = engine_crown(g, batch_axis=0, sound=sound, intermediate=intermediate, splits=True,
+                      beta=True, return_info=True, alpha_steps=steps, alpha_lr=lr,
+                      alpha_objective="lower", **budget)
+    jitted = jax.jit(lambda p, box, pre, splits, warm: fn(p, box, pre=pre, splits=splits,
+                                                          warm=warm))
+    if len(_ENGINE) >= _ENGINE_SIZE:
+      _ENGINE.pop(next(iter(_ENGINE)))
+    _ENGINE[ck] = lambda p, box, pre=None, splits=None, warm=None: jitted(p, box, pre, splits,
+                                                                          warm)
+  return _ENGINE[ck]
+
+
+def engine_problem(apply_fn: Callable, params: Any, input_shape, key: str, C, d, *,
+                   sound: bool, root_steps: int, steps: int, lr: float,
+                   memory_bytes: int | None = None) -> Problem | None:
+  """The problem on the network itself (convolutions, pooling, residual sums as they are: no
+  densified chain), every bound from the engine in float32: the parameters must equal their
+  float32 rounding (ONNX weights do, `engine.params_exact_f32`) and ``C`` be exact in
+  float32 (``d`` is rounded up, `engine.spec_f32`); None otherwise. The root is α-CROWN on
+  CROWN's intermediate bounds."""
+  from boundjax.verify import engine
+  exact = engine.spec_f32(C, d)
+  if exact is None or not engine.params_exact_f32(params):
+    return None
+  shape = tuple(int(s) for s in input_shape)
+  p32 = (jax.tree_util.tree_map(engine.to_f32, params), jnp.asarray(exact[0]),
+         jnp.asarray(exact[1]))
+
+  def box(lo, hi):
+    l32, h32 = engine.box_f32(lo, hi)
+    return Interval(jnp.asarray(l32), jnp.asarray(h32))
+
+  return Problem(p32,
+                 _engine_fn(apply_fn, shape, key, sound, "crown", root_steps, lr, memory_bytes),
+                 _engine_fn(apply_fn, shape, key, sound, "ibp", steps, lr, memory_bytes),
+                 box, None)
+
+
 def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, replay: Any,
                deadline: Deadline, *, sound: bool = True, batch: int = 256,
                root_steps: int | None = None, steps: int = 15, lr: float = 0.1,
@@ -123,26 +209,45 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
   Returns ``(status, counterexample or None, nodes, how)`` with ``how`` in ``"bounds"``,
   ``"bab"``, ``"milp"``.
   """
-  if report is None:
-    from boundjax.verify.outcome import Progress
-    report = Progress()
-  report.stage = "root"
-  from boundjax.core.interval import Interval
-  p = _params(lay, disjunct.C, disjunct.d)
   if root_alpha_intermediate is None:
     root_alpha_intermediate = len(lay.hidden) >= DEEP
   if root_steps is None:  # each step with optimised intermediate bounds is a whole CROWN pass
     root_steps = 20 if root_alpha_intermediate else 50
+  problem = chain_problem(lay, disjunct.C, disjunct.d, sound=sound, root_steps=root_steps,
+                          steps=steps, lr=lr, root_alpha_intermediate=root_alpha_intermediate)
+  milp = None
+  if use_milp:
+    milp = lambda lbs, ubs, dl: _milp(net, region, disjunct, lbs, ubs, dl, replay)
+  return split_search(problem, region, disjunct, replay, deadline, batch=batch,
+                      max_domains=max_domains, milp=milp, milp_unstable=milp_unstable,
+                      progress=progress, report=report)
+
+
+def split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: Any,
+                 deadline: Deadline, *, batch: int = 256, max_domains: int = 20_000,
+                 milp: Callable | None = None, milp_unstable: int = 40, progress: bool = False,
+                 report: Any = None) -> tuple[str, Any, int, str]:
+  """ReLU splitting on ``problem`` (see `relu_split`): the root bound, then branch and bound
+  over split domains in batches of ``batch``. ``milp(lbs, ubs, deadline) -> (status, cex)``:
+  the exact fallback on the root's node bounds (None: no fallback). Returns ``(status,
+  counterexample or None, nodes, how)``."""
+  if report is None:
+    from boundjax.verify.outcome import Progress
+    report = Progress()
+  report.stage = "root"
+  p = problem.params
   lo, hi = np.asarray(region.lower[None], np.float64), np.asarray(region.upper[None], np.float64)
-  hidden = lay.hidden
-  out, info = _bounder(sound, "crown", root_steps, lr, root_alpha_intermediate)(
-      p, Interval(jnp.asarray(lo), jnp.asarray(hi)))
-  best = np.asarray(out.lower)
+  out, info = problem.root(p, problem.box(lo, hi))
+  best = np.asarray(out.lower, np.float64)
+  best = np.where(np.isnan(best), -np.inf, best)
   lam0 = np.asarray(info.input_coeffs[0])
   lams = info.relu_coeffs
   alphas, betas = info.alpha, info.beta
-  root_l = [np.asarray(l)[0] for l, _ in info.pre]
-  root_u = [np.asarray(u)[0] for _, u in info.pre]
+  root_l = [np.asarray(l, np.float64).reshape(1, -1)[0] for l, _ in info.pre]
+  root_u = [np.asarray(u, np.float64).reshape(1, -1)[0] for _, u in info.pre]
+  hidden = [int(l.size) for l in root_l]
+  if not hidden:
+    return "unknown", None, 1, NO_RELU
   report.nodes += 1
   report.bound(disjunct, float(best.max()))
   if best.max() > 0:
@@ -151,10 +256,12 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
 
   def candidates(lam0_b, bnd_b):
     row = np.argmax(bnd_b, axis=1)
-    lam = np.take_along_axis(lam0_b, row[:, None, None], axis=1)[:, 0]
+    lam = np.take_along_axis(np.asarray(lam0_b).reshape(len(bnd_b), bnd_b.shape[1], -1),
+                             row[:, None, None], axis=1)[:, 0]
     xs = np.where(lam > 0, region.lower, region.upper)
-    y = chain.forward_np(lay, xs)
-    hit_mask = disjunct.violated_by(y)
+    if problem.forward is None:
+      return replay.find(sub, xs)
+    hit_mask = disjunct.violated_by(problem.forward(xs))
     if np.any(hit_mask):
       return replay.find(sub, xs[hit_mask])
     return None
@@ -163,9 +270,9 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
   if hit is not None:
     return "sat", hit, 1, "bab"
   n_unstable = sum(int(np.sum((l < 0) & (u > 0))) for l, u in zip(root_l, root_u))
-  if use_milp and n_unstable <= milp_unstable:
+  if milp is not None and n_unstable <= milp_unstable:
     report.stage = "milp"
-    st, cex = _milp(net, region, disjunct, root_l, root_u, deadline, replay)
+    st, cex = milp(root_l, root_u, deadline)
     return st, cex, 1, "milp"
 
   # the search (`boundjax.verify.bab`): a node is a row of a column batch holding its split
@@ -175,16 +282,18 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
   root = bab.Bounded(
       {"splits": tuple(np.zeros((1, n), np.int8) for n in hidden),
        "alpha": tuple(np.asarray(a) for a in alphas), "beta": tuple(np.asarray(b) for b in betas),
-       "score": _scores([np.asarray(x) for x in lams], cl, cu,
+       "score": _scores([_rows(x) for x in lams], cl, cu,
                         [np.zeros((1, n), np.int8) for n in hidden], np.argmax(best, axis=1)),
        "bound": best.max(axis=1)},
       priority=best.max(axis=1))
   offsets = np.cumsum([0] + list(hidden))
-  box = Interval(jnp.asarray(np.broadcast_to(lo, (batch, lo.shape[1]))),
-                 jnp.asarray(np.broadcast_to(hi, (batch, hi.shape[1]))))
-  known = [(jnp.asarray(np.broadcast_to(l, (batch, l.size))),
-            jnp.asarray(np.broadcast_to(u, (batch, u.size)))) for l, u in zip(root_l, root_u)]
-  bounder = _bounder(sound, "ibp", steps, lr)
+  box = problem.box(np.broadcast_to(lo, (batch, lo.shape[1])),
+                    np.broadcast_to(hi, (batch, hi.shape[1])))
+  dt = box.lower.dtype  # known bounds in the bound's dtype, rounded outward
+  known = [(jnp.asarray(_outward(np.broadcast_to(l, (batch, l.size)), dt, -1)),
+            jnp.asarray(_outward(np.broadcast_to(u, (batch, u.size)), dt, 1)))
+           for l, u in zip(root_l, root_u)]
+  bounder = problem.domains
   bar = None
   if progress:
     from tqdm.auto import tqdm
@@ -220,7 +329,8 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
     out, inf = bounder(p, box, splits=[padded(x) for x in children["splits"]], pre=known,
                        warm=([padded(x) for x in children["alpha"]],
                              [padded(x) for x in children["beta"]]))
-    bnd = np.asarray(out.lower)[:n]
+    bnd = np.asarray(out.lower, np.float64)[:n]
+    bnd = np.where(np.isnan(bnd), -np.inf, bnd)
     report.nodes += n
     if bar is not None:
       bar.update(n)
@@ -229,7 +339,7 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
       return bab.Bounded(None, counterexample=hit)
     cl, cu = _clip_np([np.broadcast_to(l, (n, l.size)) for l in root_l],
                       [np.broadcast_to(u, (n, u.size)) for u in root_u], children["splits"])
-    score = _scores([np.asarray(x)[:n] for x in inf.relu_coeffs], cl, cu, children["splits"],
+    score = _scores([_rows(x)[:n] for x in inf.relu_coeffs], cl, cu, children["splits"],
                     np.argmax(bnd, axis=1))
     nodes = {"splits": children["splits"],
              "alpha": tuple(np.asarray(a)[:n] for a in inf.alpha),
@@ -238,7 +348,8 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
     return bab.Bounded(nodes, priority=bnd.max(axis=1), closed=bnd.max(axis=1) > 0)
 
   # with the MILP to fall back on, branching gets half of the time that is left
-  half = _Until(deadline.elapsed() + 0.5 * deadline.remaining(), deadline) if use_milp else deadline
+  half = (_Until(deadline.elapsed() + 0.5 * deadline.remaining(), deadline) if milp is not None
+          else deadline)
   report.stage = "relu-split"
   try:
     res = bab.search(root, bound, branch, frontier=bab.Heap(), batch=batch, pop=batch // 2,
@@ -255,12 +366,29 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
     return "unsat", None, nodes, "bab"
   if deadline.expired():
     return "timeout", None, nodes, "bab"
-  if use_milp:  # a leaf, a frontier over max_domains, or half of the time gone
+  if milp is not None:  # a leaf, a frontier over max_domains, or half of the time gone
     report.stage = "milp"
-    st, cex = _milp(net, region, disjunct, root_l, root_u, deadline, replay)
+    st, cex = milp(root_l, root_u, deadline)
     return st, cex, nodes, "milp"
   return ("unknown" if res.reason == bab.LEAF else bab.VERDICTS.get(res.reason, "unknown"),
           None, nodes, "bab")
+
+
+def _rows(x) -> np.ndarray:
+  """A node's per-row coefficients ``(B, k, ...)`` as ``(B, k, n)`` float64."""
+  x = np.asarray(x, np.float64)
+  return x.reshape(x.shape[0], x.shape[1], -1)
+
+
+def _outward(x: np.ndarray, dtype, direction: int) -> np.ndarray:
+  """``x`` (float64) in ``dtype``, rounded down (``direction`` -1) or up (+1): a known lower
+  (upper) bound stays one."""
+  y = np.asarray(x, np.float64).astype(dtype)
+  if np.dtype(dtype) == np.float64:
+    return y
+  back = y.astype(np.float64)
+  bad = back > x if direction < 0 else back < x
+  return np.where(bad, np.nextafter(y, np.asarray(direction * np.inf, dtype)), y).astype(dtype)
 
 
 def _global_lower(res: Any) -> float:
