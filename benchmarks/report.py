@@ -500,7 +500,7 @@ class Outcome:
   run: Run
   status: str                  # ran, reused, committed, not yet available, failed, no result yet
   json_path: Path | None
-  label: str                   # quick, full, committed or legacy (no provenance)
+  label: str                   # quick, full or committed
   seconds: float = 0.0
   cpu_seconds: float = 0.0     # user + system time of the run's process tree
   log: str = ""
@@ -508,12 +508,10 @@ class Outcome:
 
 def execute(run: Run, mode: str, root: Path, timeout: float | None = None) -> Outcome:
   """Runs ``run`` in ``mode`` unless its JSON records the same command; falls back to the
-  committed result when the script cannot run in this mode."""
+  committed result (``benchmarks/results/``, never its ``legacy/`` folder, whose results predate
+  provenance) when the script cannot run in this mode."""
   committed = root / "benchmarks" / "results" / run.result
-  legacy = root / "benchmarks" / "results" / "legacy" / run.result
-  if not committed.is_file() and legacy.is_file():
-    committed = legacy
-  kept = "legacy (no provenance)" if committed.parent.name == "legacy" else "committed"
+  kept = "committed"         # never benchmarks/results/legacy/: those JSONs have no provenance
   if not (root / run.script).is_file():
     return Outcome(run, "not yet available", committed if committed.is_file() else None, kept)
   out = output_path(run, mode)

@@ -113,16 +113,19 @@ def test_missing_script_failed_run_and_no_quick_setting(tmp_path):
   assert shown.status == "committed" and shown.json_path.name == "toy.json"
 
 
-def test_a_result_kept_in_legacy_is_shown_and_labelled(tmp_path):
+def test_a_result_kept_only_in_legacy_is_not_read(tmp_path):
+  """benchmarks/results/legacy/ holds results without provenance, which the report never reads:
+  a result found only there renders as "No result" with the command that makes it."""
   root = fake_clone(tmp_path)
   (root / "benchmarks/results/legacy").mkdir()
   (root / "benchmarks/results/legacy/toy.json").write_text(json.dumps(
       {"paper_value": 7.0, "value": 5.0}))
   shown = R.execute(toy_run(quick=None), "quick", root)
-  assert shown.status == "legacy (no provenance)" and shown.json_path.parent.name == "legacy"
-  page = R.write_report([shown], ["barron"], root, "quick").read_text()
-  assert "legacy (no provenance)" in page and "<td>value</td><td>7</td><td>5</td>" in page
-  assert (root / "report/figures/legacy_no_provenance_toy_vs_paper.png").is_file()
+  assert shown.status == "no result yet" and shown.json_path is None
+  R.write_report([shown], ["barron"], root, "quick")
+  [sec] = _sections((root / "report/README.md").read_text())
+  assert "**No result.**" in sec and "| value |" not in sec and "legacy" not in sec
+  assert "python benchmarks/toy.py --n 5 --out benchmarks/results/toy.json" in sec
 
 
 def test_report_has_every_paper_numbers_side_by_side_and_failures(tmp_path):
