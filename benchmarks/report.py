@@ -4,6 +4,7 @@
     boundjax reproduce --full               the documented long runs, resumable
     boundjax reproduce --only lucid barron  some papers (lucid, agt, ptr, sphynx, barron, engine)
     boundjax reproduce --render-only        no runs: the report from the results already there
+    boundjax reproduce --render-only --readme   and README.md's measured numbers from the JSONs
 
 The benchmark scripts live in the repository's ``benchmarks/`` (not in the installed package), so
 this runs from a clone. ``--quick`` writes its JSONs to ``report/quick/``; ``--full`` writes to
@@ -685,6 +686,156 @@ def headline_rows(paper: str, root: Path, shown: dict[str, Path | None],
   return rows
 
 
+# ------------------------------------------------------------------- README's measured numbers
+# README.md quotes results only between markers <!-- report:NAME --> ... <!-- /report:NAME -->;
+# `readme_blocks` writes each block from the committed JSON, `update_readme` puts them in, and
+# a test fails when README.md's blocks differ from what the JSONs give.
+
+
+def _f2(x: float) -> str:
+  return f"{x:.2f}"
+
+
+def readme_agt_settings(doc: dict) -> str:
+  """AGT settings, one knob at a time: certified fraction, accuracy and width ratio per value
+  (agt_settings.json)."""
+  names = {"batch_size": "batch size b", "clip_gamma": "clip γ", "learning_rate": "step size α",
+           "k_private": "k"}
+  out = ["| knob | values | certified | accuracy | width / \\|w\\| |", "|---|---|---|---|---|"]
+  for knob, name in names.items():
+    rs = [r for r in doc["rows"] if r["knob"] == knob]
+    out.append(f"| {name} | " + " | ".join(" / ".join(f(r) for r in rs) for f in (
+        lambda r: f"{r['value']:g}", lambda r: _f2(r["certified"]),
+        lambda r: f"{r['accuracy']:.3f}", lambda r: f"{r['max_width_ratio']:.2g}")) + " |")
+  return "\n".join(out)
+
+
+def readme_agt_vacuity(doc: dict) -> str:
+  """How well `fit`'s vacuity warning matched the test set (agt_vacuity.json)."""
+  rows, score = doc["rows"], doc["score"]
+  gap = max(abs(r["probe_certified"] - r["test_certified"]) for r in rows)
+  nets = sorted({r["net"] for r in rows})
+  miss1 = [r for r in rows if r["test_certified"] < 0.1 and not r["fires_ratio_1"]]
+  alarm05 = [r for r in rows if r["test_certified"] >= 0.5 and r["fires_ratio_05"]]
+  low = min((r for r in rows if r["max_width_ratio"] < 0.1), key=lambda r: r["test_certified"])
+  def runs(n):
+    return f"{n} run" + ("" if n == 1 else "s")
+  return (f"In `benchmarks/agt_vacuity.py` ({runs(len(rows))} on {len(nets)} networks) the "
+          f"training probe's certified fraction stayed within {gap:.3f} of the test set's; this "
+          f"rule missed {runs(score['fires_probe_rule']['missed'])} certifying < 10 % and warned "
+          f"on {runs(score['fires_probe_rule']['false_alarms'])} certifying ≥ 50 %; the old "
+          f"ratio-above-1 rule missed {runs(score['fires_ratio_1']['missed'])}"
+          + "".join(f" (ratio {r['max_width_ratio']:.2f}, {100 * r['test_certified']:.0f} % "
+                    "certified)" for r in miss1)
+          + f", a ratio threshold of 0.5 warned on {runs(score['fires_ratio_05']['false_alarms'])}"
+          + "".join(f" (certifying {100 * r['test_certified']:.0f} %)" for r in alarm05)
+          + f". A small ratio does not promise certification either: {low['net']} certified "
+          f"{100 * low['test_certified']:.0f} % at a ratio of {low['max_width_ratio']:.3f}.")
+
+
+def readme_agt_crown(doc: dict) -> str:
+  """CROWN against interval bounds inside AGT on the deepest network both certify on
+  (agt_crown.json): certified fractions, box width and fit time."""
+  rows = doc["rows"]
+  net = "6-64-64-2"
+  rs = [r for r in rows if r["net"] == net and r["k"] in (1, 5, 10)]
+  ks = " / ".join(str(r["k"]) for r in rs)
+  width = [r["crown_box_width"] / r["interval_box_width"] for r in rows if r["net"] == net]
+  fit = [r["crown_fit_s"] / r["interval_fit_s"] for r in rows]
+  return (f"the certified fraction of {net} goes from "
+          + " / ".join(_f2(r["interval_certified"]) for r in rs) + " (interval) to "
+          + " / ".join(_f2(r["crown_certified"]) for r in rs) + f" (CROWN) at k = {ks}, the "
+          f"final box is {min(width):.2f}-{max(width):.2f} times as wide, and a fit takes "
+          f"{min(fit):.2f}-{max(fit):.2f}× the interval one over the {len(fit)} runs (wall time "
+          "on a shared machine).")
+
+
+def readme_agt_privacy(doc: dict) -> str:
+  """Certified private prediction per data set (agt_privacy.json): accuracy, certified
+  fractions, the SS/GS epsilon ratio and Fig. 5's check against DP-SGD."""
+  out = ["| data set | accuracy | certified at k | ε ratio GS / SS (Fig. 2) | DP-SGD at "
+         "(10, 1e-5) | best private prediction, noise free | private beats DP-SGD at Q |",
+         "|---|---|---|---|---|---|---|"]
+  for name, r in doc.items():
+    if not isinstance(r, dict) or "certified_fraction" not in r:
+      continue
+    cf = r["certified_fraction"]
+    ks = [k for k in cf if float(k) in (0, 1, 2, 3, 5, 10, 100, 199)]
+    cert = ", ".join(f"{100 * cf[k]:.0f} % at {k}" for k in ks)
+    ratio = (r.get("eps_within_1pt") or {}).get("ratio")
+    f5 = r.get("fig5_check") or {}
+    qs = f5.get("private_beats_dpsgd_at_Q") or []
+    out.append(f"| {name} | {r['nominal_accuracy']:.3f} | {cert} | "
+               f"{f'{ratio:.1f}' if ratio is not None else '- (SS never within 1 pt)'} | "
+               f"{(r.get('dpsgd') or {}).get('accuracy', '-')} | "
+               f"{f5.get('noise_free_ceiling', '-')} | {', '.join(map(str, qs)) or 'none'} |")
+  return "\n".join(out)
+
+
+def readme_ldcp_full(doc: dict) -> str:
+  """Sphynx against the whole Adult 2x50 family (ldcp_2x50_full.json): accuracy per kind."""
+  r = doc["results"][0]
+  acc, fp = [], 0
+  for kind in ("membership", "dp_robustness", "sensitivity"):
+    c = r["kinds"][kind]["confusion_sphynx"]
+    acc.append(100 * (c["TP"] + c["TN"]) / (c["TP"] + c["TN"] + c["FP"] + c["FN"]))
+    fp += c["FP"]
+  paper = " / ".join(str(SPHYNX_TABLE1_ADULT[r["arch"]][k]) for k in
+                     ("membership", "dp_robustness", "sensitivity"))
+  return ("`results/ldcp_2x50_full.json`: Sphynx accuracy "
+          + " / ".join(f"{a:.0f}" for a in acc) + f" % on membership / DP-robustness / "
+          f"sensitivity over all {r['family_size']:,} networks, {fp} false positives; paper "
+          f"{paper} %")
+
+
+README_BLOCKS: dict[str, tuple[str, Callable[[dict], str]]] = {
+    "agt_settings": ("agt_settings.json", readme_agt_settings),
+    "agt_vacuity": ("agt_vacuity.json", readme_agt_vacuity),
+    "agt_crown": ("agt_crown.json", readme_agt_crown),
+    "agt_privacy": ("agt_privacy.json", readme_agt_privacy),
+    "ldcp_full": ("ldcp_2x50_full.json", readme_ldcp_full),
+}
+
+
+def readme_blocks(results: Path) -> dict[str, str]:
+  """Every README block (`README_BLOCKS`) written from the JSONs in ``results``."""
+  return {name: fn(json.loads((Path(results) / file).read_text()))
+          for name, (file, fn) in README_BLOCKS.items()}
+
+
+def _block_re(name: str) -> re.Pattern:
+  n = re.escape(name)
+  return re.compile(rf"(<!-- report:{n} -->)(.*?)(<!-- /report:{n} -->)", re.S)
+
+
+def readme_block_text(text: str, name: str) -> str | None:
+  """What README ``text`` holds between the markers of block ``name`` (None: no markers)."""
+  m = _block_re(name).search(text)
+  return m.group(2) if m else None
+
+
+def update_readme(text: str, blocks: dict[str, str]) -> str:
+  """``text`` with each block's content replaced by ``blocks[name]``: a block on a line of its
+  own (a table) keeps its markers on their own lines, an inline one stays inline. Raises
+  ValueError naming a block whose markers are missing."""
+  for name, body in blocks.items():
+    old = readme_block_text(text, name)
+    if old is None:
+      raise ValueError(f"README.md has no <!-- report:{name} --> ... <!-- /report:{name} -->")
+    new = f"\n{body}\n" if old.startswith("\n") else body
+    text = _block_re(name).sub(lambda m: m.group(1) + new + m.group(3), text, count=1)
+  return text
+
+
+def write_readme(root: Path) -> Path:
+  """Rewrites the report blocks of ``root``'s README.md from the committed JSONs
+  (``benchmarks/results/``); returns its path."""
+  path = Path(root) / "README.md"
+  path.write_text(update_readme(path.read_text(), readme_blocks(Path(root) / "benchmarks" /
+                                                                "results")))
+  return path
+
+
 # --------------------------------------------------------------------------- the table of runs
 
 _Q = "report/quick"
@@ -1299,9 +1450,11 @@ def _commit(root: Path) -> str:
 
 def reproduce(mode: str = "quick", only: list[str] | None = None, root: Path | None = None,
               runs: tuple[Run, ...] = RUNS, timeout: float | None = None,
-              progress: bool = True) -> Path:
+              progress: bool = True, readme: bool = False) -> Path:
   """Runs the table ``runs`` for the papers ``only`` (default: all) in ``mode`` (quick, full or
-  render: no runs) and writes the report; returns the path of ``report/index.html``."""
+  render: no runs) and writes the report; with ``readme``, also rewrites README.md's report
+  blocks from the committed JSONs (`write_readme`). Returns the path of
+  ``report/index.html``."""
   if mode not in ("quick", "full", "render"):
     raise ValueError(f"mode must be 'quick', 'full' or 'render', got {mode!r}")
   papers = list(only or PAPERS)
@@ -1318,4 +1471,7 @@ def reproduce(mode: str = "quick", only: list[str] | None = None, root: Path | N
       tqdm.write(f"{run.paper:>7} {run.script:<32} {o.status:<22} {o.seconds:7.1f} s wall "
                  f"{o.cpu_seconds:7.1f} s CPU")
     outcomes.append(o)
-  return write_report(outcomes, papers, root, mode)
+  path = write_report(outcomes, papers, root, mode)
+  if readme:
+    write_readme(root)
+  return path

@@ -511,3 +511,54 @@ def test_vnncomp_table_reads_every_committed_category():
     assert (rows[cat]["solved"], rows[cat]["instances"], rows[cat]["wrong"]) == (
         s["solved"], s["instances"], s["wrong"])
   assert not any(r.result == "vnncomp.json" for r in R.RUNS)   # the old 8-instance run
+
+
+# ------------------------------------------- README's measured numbers come from the report
+
+def test_readme_blocks_equal_what_the_committed_results_give():
+  """README.md quotes measured numbers only between report markers; a stale block (a number
+  that no longer matches its JSON) fails here: `boundjax reproduce --render-only --readme`."""
+  text = (ROOT / "README.md").read_text()
+  blocks = R.readme_blocks(ROOT / "benchmarks" / "results")
+  assert set(blocks) == set(R.README_BLOCKS)
+  for name, body in blocks.items():
+    held = R.readme_block_text(text, name)
+    assert held is not None, f"README.md has no report:{name} block"
+    assert held.strip() == body.strip(), f"README.md's report:{name} block is stale"
+  # the numbers found wrong or in no JSON are gone from the prose
+  for stale in ("1.1-1.7×", "within 0.04 of", "majority 0.658"):
+    assert stale not in text
+
+
+def test_update_readme_replaces_inline_and_table_blocks_and_names_a_missing_one():
+  text = ("A fit takes <!-- report:a -->old<!-- /report:a --> here.\n\n"
+          "<!-- report:t -->\n| x |\n|---|\n| 1 |\n<!-- /report:t -->\nend\n")
+  new = R.update_readme(text, {"a": "0.67-1.69×", "t": "| x |\n|---|\n| 2 |"})
+  assert "A fit takes <!-- report:a -->0.67-1.69×<!-- /report:a --> here." in new
+  assert "<!-- report:t -->\n| x |\n|---|\n| 2 |\n<!-- /report:t -->\nend" in new
+  assert R.readme_block_text(new, "t").strip().endswith("| 2 |")
+  with pytest.raises(ValueError, match="report:nope"):
+    R.update_readme(text, {"nope": "x"})
+
+
+def test_readme_crown_block_reads_the_range_over_every_run():
+  rows = [{"net": "6-64-64-2", "k": k, "interval_fit_s": 10.0, "crown_fit_s": c,
+           "interval_box_width": 1.0, "crown_box_width": w, "interval_certified": 0.5,
+           "crown_certified": 0.75} for k, c, w in ((1, 5.0, 0.5), (5, 12.0, 0.25),
+                                                    (10, 10.0, 0.5))]
+  rows.append({"net": "6-128-2", "k": 1, "interval_fit_s": 4.0, "crown_fit_s": 8.0,
+               "interval_box_width": 1.0, "crown_box_width": 1.0, "interval_certified": 1.0,
+               "crown_certified": 1.0})
+  text = R.readme_agt_crown({"rows": rows})
+  assert "0.50 / 0.50 / 0.50 (interval) to 0.75 / 0.75 / 0.75 (CROWN) at k = 1 / 5 / 10" in text
+  assert "0.25-0.50 times as wide" in text
+  assert "0.50-2.00× the interval one over the 4 runs" in text
+
+
+def test_render_only_with_readme_rewrites_the_clones_readme(tmp_path, monkeypatch):
+  root = fake_clone(tmp_path)
+  (root / "README.md").write_text("x <!-- report:a -->old<!-- /report:a --> y\n")
+  (root / "benchmarks/results/a.json").write_text(json.dumps({"v": 3}))
+  monkeypatch.setattr(R, "README_BLOCKS", {"a": ("a.json", lambda d: f"v = {d['v']}")})
+  R.reproduce("render", root=root, runs=(toy_run(),), progress=False, readme=True)
+  assert (root / "README.md").read_text() == "x <!-- report:a -->v = 3<!-- /report:a --> y\n"
