@@ -1351,7 +1351,8 @@ def html_table(t: Table) -> list[str]:
   e = html.escape
   parts = [f"<h3>{e(t.title)}</h3><table><tr>" + "".join(f"<th>{e(c)}</th>" for c in t.columns)
            + "</tr>"]
-  parts += ["<tr>" + "".join(f"<td>{e(_fmt(v))}</td>" for v in row) + "</tr>" for row in t.rows]
+  code = lambda v: re.sub(r"`([^`]*)`", r"<code>\1</code>", e(_fmt(v)))  # noqa: E731
+  parts += ["<tr>" + "".join(f"<td>{code(v)}</td>" for v in row) + "</tr>" for row in t.rows]
   parts.append("</table>")
   if t.note:
     parts.append(f"<p>{e(t.note)}</p>")

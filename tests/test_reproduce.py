@@ -498,6 +498,8 @@ def test_vnncomp_table_has_a_row_per_category_with_abcrown_and_missing_ones(tmp_
           "benchmarks/results/vnncomp_mnistfc.json") in rows["mnistfc"][6]
   md = "\n".join(R.markdown_table(t))
   assert "| acasxu | 2 / 3 | 0 | 60 s |" in md
+  page = "\n".join(R.html_table(t))
+  assert "<td><code>python benchmarks/vnncomp.py --category mnistfc --csv-timeouts" in page
 
 
 def test_vnncomp_table_reads_every_committed_category():
