@@ -17,10 +17,11 @@ provenance), or as "No result" with the command that makes it. The report
 paper's headline numbers beside ours; for the engine, VNN-COMP 2021 per category beside
 α,β-CROWN's 2021 results), puts the paper's numbers beside ours in every table, states each
 setting's differences, and gives the command, commit, date and machine of every result, with
-plots (matplotlib). The paper numbers are typed here from the papers' tables (LUCID Tables 1-3,
-Sphynx Tables 1 and 4, Barron §5.4) and looked up by the paper's mechanism name; a variant of
-ours (e.g. "DP-SGD (no tuning)") maps to it through the names its result declares
-(``row_labels``) and `MECHANISM_BASE`, never by a guess on the name.
+plots (matplotlib). The paper numbers are typed here from the papers' tables (LUCID Tables
+1-3, the PTR supplement's Table 1, Sphynx Tables 1 and 4, Barron §5.4) and looked up by the
+paper's mechanism name; a variant of ours (e.g. "DP-SGD (no tuning)") maps to it through the
+names its result declares (``row_labels``) and `MECHANISM_BASE` (`PTR_METHOD_BASE` for PTR),
+never by a guess on the name.
 """
 
 from __future__ import annotations
@@ -224,6 +225,40 @@ def compare_hypernet(doc: dict) -> list[Row]:
     for k, v in vals.items():
       rows.append((f"{variant}: {k}", v, _round(ours.get(k)), f"pool of "
                    f"{_get(doc, 'setting', 'pool')} networks (paper: all 32,562)"))
+  return rows
+
+
+# PTR supplement, Table 1: accuracy per data set, method and epsilon ("inf": no noise).
+PTR_TABLE1 = {
+    "mnist": {"LDP-Image": (0.1, 0.1, 0.1, 0.3, 0.99),
+              "LDP-Embedding": (0.1075, 0.1319, 0.1927, 0.3107, 0.9096),
+              "Adversarial": (0.514, 0.751, 0.891, 0.912, 0.9291)},
+    "fmnist": {"LDP-Image": (0.1, 0.1, 0.1, 0.1, 0.92),
+               "LDP-Embedding": (0.1012, 0.1251, 0.1708, 0.2420, 0.7798),
+               "Adversarial": (0.371, 0.554, 0.678, 0.722, 0.781)},
+}
+PTR_EPSILONS = ("1", "2", "5", "7", "inf")
+# Our variants of the paper's methods (the authors' code's sensitivity), declared.
+PTR_METHOD_BASE = {"LDP-Embedding (code Δ)": "LDP-Embedding",
+                   "Adversarial (code ∞→∞ Δp)": "Adversarial"}
+
+
+def compare_ptr(doc: dict) -> list[Row]:
+  """PTR supplement, Table 1: accuracy per data set, method and epsilon, a variant of ours
+  beside its paper method (`PTR_METHOD_BASE`); the PTR release rows give their answer rate and
+  the accuracy over answered queries (the paper has no such row)."""
+  rows = []
+  for ds, t in doc["table1"].items():
+    for method, cells in t["rows"].items():
+      base = PTR_METHOD_BASE.get(method, method)
+      paper = (PTR_TABLE1.get(ds) or {}).get(base)
+      for eps, c in cells.items():
+        if c.get("accuracy") is not None:
+          p = paper[PTR_EPSILONS.index(eps)] if paper and eps in PTR_EPSILONS else None
+          rows.append((f"{ds} {method} accuracy, eps={eps}", p, _round(c["accuracy"]), ""))
+        elif c.get("answer_rate") is not None:
+          rows.append((f"{ds} {method} answer rate, eps={eps}", None, _round(c["answer_rate"]),
+                       f"accuracy over answered {_round(c.get('accuracy_answered'))}"))
   return rows
 
 
@@ -887,7 +922,7 @@ RUNS: tuple[Run, ...] = (
     Run("agt", "The paper's settings", "benchmarks/agt_settings.py", "agt_settings.json", None,
         ()),
     Run("ptr", "Propose-test-release on a trained encoder", "benchmarks/ptr.py", "ptr.json",
-        ("--quick", "--no-attack", "--datasets", "mnist", "--out", "{out}"), (),
+        ("--quick", "--no-attack", "--datasets", "mnist", "--out", "{out}"), (), compare_ptr,
         figures=("ptr_reconstructions.png",)),
     Run("ptr", "Lipschitz oracles of the PTR test", "benchmarks/ptr_oracles.py",
         "ptr_oracles.json", None, ()),

@@ -374,6 +374,13 @@ SPHYNX_TABLE1 = {"2x50": {"membership": (93, 0), "dp_robustness": (75, 21),
 SPHYNX_TABLE4 = {("int_abs", "network_abstraction_rate"): 77.04, ("int_abs", "overcoverage"): 1.0,
                  ("predint", "network_abstraction_rate"): 94.55,
                  ("predint", "overcoverage"): 4.52}
+# PTR supplement, Table 1: (data set, method) -> accuracy at eps 1, 2, 5, 7, inf
+PTR_TABLE1 = {("mnist", "LDP-Image"): (0.1, 0.1, 0.1, 0.3, 0.99),
+              ("mnist", "LDP-Embedding"): (0.1075, 0.1319, 0.1927, 0.3107, 0.9096),
+              ("mnist", "Adversarial"): (0.514, 0.751, 0.891, 0.912, 0.9291),
+              ("fmnist", "LDP-Image"): (0.1, 0.1, 0.1, 0.1, 0.92),
+              ("fmnist", "LDP-Embedding"): (0.1012, 0.1251, 0.1708, 0.2420, 0.7798),
+              ("fmnist", "Adversarial"): (0.371, 0.554, 0.678, 0.722, 0.781)}
 # headline numbers: (paper, a words of the claim, the number the paper states)
 HEADLINE_NUMBERS = [("lucid", "at eps = 0 ", 1.4), ("lucid", "at eps = 0.2 ", 1.3),
                     ("lucid", "at eps = 1 ", 1.1), ("lucid", "DP baselines", 12.7),
@@ -437,6 +444,21 @@ def test_lucid_table1_sphynx_and_barron_rows_show_the_papers_numbers():
     assert paper == SPHYNX_TABLE4[(variant, metric)], q
   [(_, paper, _, _)] = R.compare_barron({"ratio_range": [0.5, 0.6]})
   assert paper == "0.89-0.97"
+
+
+def test_ptr_rows_show_the_papers_table1_also_for_our_variants():
+  eps = ("1", "2", "5", "7", "inf")
+  seen = set()
+  for q, paper, _, _ in R.compare_ptr(_committed("ptr.json")):
+    m = re.fullmatch(r"(\w+) (.+) accuracy, eps=(\S+)", q)
+    if not m:
+      assert paper is None, q          # the release rows: no paper number
+      continue
+    ds, method, e = m.groups()
+    method = method.split(" (")[0]      # our variants: the authors' code's sensitivity
+    assert paper == PTR_TABLE1[(ds, method)][eps.index(e)], q
+    seen.add((ds, method))
+  assert seen == set(PTR_TABLE1)
 
 
 def test_headlines_state_the_papers_numbers():
