@@ -103,12 +103,10 @@ def compare_barron(doc: dict) -> list[Row]:
            f"{s.get('restarts')} restarts x {s.get('epochs')} epochs (paper: >500 x 30)")]
 
 
-# LUCID, Table 1: Acc w/o-p (%), beta_c, T_c (hours) and Acc (%) per epsilon, by hidden layers.
+# LUCID, Table 1 (Adult): Acc w/o-p (%), beta_c and T_c (hours), by hidden layers.
 LUCID_TABLE1_ADULT = {
-    "50,50": {"acc": 83.1, "beta0": 0.55, "T0_h": 2.9, "beta1": 0.63, "T1_h": 3.0,
-              "acc_eps": {0.0: 82.4, 0.2: 82.4, 1.0: 82.5}},
-    "100,100": {"acc": 83.3, "beta0": 0.93, "T0_h": 4.3, "beta1": 0.91, "T1_h": 4.1,
-                "acc_eps": {0.0: 80.7, 0.2: 80.8, 1.0: 81.0}},
+    "50,50": {"acc": 83.1, "beta0": 0.55, "T0_h": 2.9, "beta1": 0.63, "T1_h": 3.0},
+    "100,100": {"acc": 83.3, "beta0": 0.93, "T0_h": 4.3, "beta1": 0.91, "T1_h": 4.1},
 }
 
 # LUCID, Tables 1-3 (Adult 2x50): accuracy (%) of each mechanism per epsilon. DP cannot reach
@@ -141,6 +139,13 @@ def paper_mechanism(name: str, row_labels: dict | None = None) -> str | None:
       base = MECHANISM_BASE.get(base, base)
       return base if base in LUCID_ACCURACY_ADULT_2X50 else None
   return None
+
+
+def other_epsilon_rows(row_labels: dict | None) -> set[str]:
+  """The names of our rows whose base name is a declared variant (`MECHANISM_BASE`, e.g. DP-SGD
+  selected on the test set): their guarantee is not at the row's epsilon."""
+  return {(v[0] if isinstance(v, (list, tuple)) else v) for k, v in (row_labels or {}).items()
+          if k in MECHANISM_BASE}
 
 
 def lucid_paper_accuracy(mechanism: str, epsilon: float) -> float | None:
@@ -188,9 +193,8 @@ def dp_beats_lucid_rows(doc: dict) -> list[Row]:
   Variants declared in `MECHANISM_BASE` (e.g. DP-SGD selected on the test set, whose guarantee
   is a multiple of epsilon) are not at the same epsilon and are left out."""
   labels = doc.get("row_labels") or {}
-  other_eps = {(v[0] if isinstance(v, (list, tuple)) else v) for k, v in labels.items()
-               if k in MECHANISM_BASE}
-  table = [r for r in doc["table"]["rows"] if r["mechanism"] not in other_eps]
+  other = other_epsilon_rows(labels)
+  table = [r for r in doc["table"]["rows"] if r["mechanism"] not in other]
   lucid = {r["epsilon"]: r["accuracy"] for r in table if r["mechanism"] == "LUCID"}
   rows = []
   for r in table:
@@ -496,8 +500,7 @@ def _lucid_decrease(doc: dict, mechanisms: tuple[str, ...], eps: float | None = 
   """Our mean accuracy decrease (percentage points against N without protection) over the rows
   of ``mechanisms`` (paper names, `paper_mechanism`) at ``eps`` (None: every epsilon)."""
   labels = doc.get("row_labels") or {}
-  other = {(v[0] if isinstance(v, (list, tuple)) else v) for k, v in labels.items()
-           if k in MECHANISM_BASE}
+  other = other_epsilon_rows(labels)
   vals = [r["decrease_pp"] for r in doc["table"]["rows"]
           if r["mechanism"] not in other and paper_mechanism(r["mechanism"], labels) in mechanisms
           and (eps is None or math.isclose(r["epsilon"], eps))]
