@@ -4,15 +4,24 @@
     boundjax reproduce --full               the documented long runs, resumable
     boundjax reproduce --only lucid barron  some papers (lucid, agt, ptr, sphynx, barron, engine)
     boundjax reproduce --render-only        no runs: the report from the results already there
+    boundjax reproduce --render-only --readme   and README.md's measured numbers from the JSONs
 
 The benchmark scripts live in the repository's ``benchmarks/`` (not in the installed package), so
 this runs from a clone. ``--quick`` writes its JSONs to ``report/quick/``; ``--full`` writes to
 ``benchmarks/results/``. A run is skipped when its JSON already records the same command
 (``provenance.command``), which makes both modes resumable. A script that does not exist yet
-(or cannot redirect its output in quick mode) is shown from its committed result, or as
-"not yet available". The report (``report/index.html`` and ``report/README.md``) puts the
-paper's numbers beside ours, states each setting's differences, and gives the command, commit,
-date and machine of every result, with plots (matplotlib).
+(or cannot redirect its output in quick mode) is shown from its committed result in
+``benchmarks/results/`` (never from ``benchmarks/results/legacy/``, whose results predate
+provenance), or as "No result" with the command that makes it. The report
+(``report/index.html`` and ``report/README.md``) opens each paper's part with its Headlines (the
+paper's headline numbers beside ours; for the engine, VNN-COMP 2021 per category beside
+α,β-CROWN's 2021 results), puts the paper's numbers beside ours in every table, states each
+setting's differences, and gives the command, commit, date and machine of every result, with
+plots (matplotlib). The paper numbers are typed here from the papers' tables (LUCID Tables
+1-3, the PTR supplement's Table 1, Sphynx Tables 1 and 4, Barron §5.4) and looked up by the
+paper's mechanism name; a variant of ours (e.g. "DP-SGD (no tuning)") maps to it through the
+names its result declares (``row_labels``) and `MECHANISM_BASE` (`PTR_METHOD_BASE` for PTR),
+never by a guess on the name.
 """
 
 from __future__ import annotations
@@ -88,19 +97,76 @@ def _get(doc: dict, *path, default=None):
 def compare_barron(doc: dict) -> list[Row]:
   """Barron, Figure 1: the ratio lower bound / L_emp over mu (paper: about 89%-97%)."""
   lo, hi = doc["ratio_range"]
-  plo, phi = doc["paper_ratio_range"]
+  plo, phi = BARRON_RATIO_RANGE
   s = doc.get("setting", {})
   return [("ratio bound / L_emp (range over mu)", f"{plo:.2f}-{phi:.2f}", f"{lo:.3f}-{hi:.3f}",
            f"{s.get('restarts')} restarts x {s.get('epochs')} epochs (paper: >500 x 30)")]
 
 
+# LUCID, Table 1 (Adult): Acc w/o-p (%), beta_c and T_c (hours), by hidden layers.
+LUCID_TABLE1_ADULT = {
+    "50,50": {"acc": 83.1, "beta0": 0.55, "T0_h": 2.9, "beta1": 0.63, "T1_h": 3.0},
+    "100,100": {"acc": 83.3, "beta0": 0.93, "T0_h": 4.3, "beta1": 0.91, "T1_h": 4.1},
+}
+
+# LUCID, Tables 1-3 (Adult 2x50): accuracy (%) of each mechanism per epsilon. DP cannot reach
+# epsilon = 0, so the DP baselines of Table 3 start at 0.02.
+LUCID_ACCURACY_ADULT_2X50 = {
+    "LUCID": {0.0: 82.4, 0.2: 82.4, 1.0: 82.5},          # Table 1
+    "Naive-Noise": {0.0: 49.9, 0.2: 51.7, 1.0: 58.2},    # Table 2
+    "Naive-iDP": {0.0: 83.1, 0.2: 82.9, 1.0: 83.1},      # Table 2
+    "DP-SGD": {0.02: 23.6, 0.2: 76.3, 1.0: 76.3},        # Table 3
+    "ALIBI": {0.02: 67.4, 0.2: 77.4, 1.0: 82.2},         # Table 3
+}
+
+# The paper mechanism behind each of our variants, declared (never guessed from the name). Our
+# benchmark names its rows through ``row_labels`` (base name -> [row name, guarantee]); a base
+# name that is not itself a paper mechanism maps here.
+MECHANISM_BASE = {"DP-SGD best": "DP-SGD"}
+
+DP_BASELINES = ("DP-SGD", "ALIBI")   # LUCID, §7: the baselines with an epsilon-DP guarantee
+
+
+def paper_mechanism(name: str, row_labels: dict | None = None) -> str | None:
+  """The LUCID mechanism (a key of `LUCID_ACCURACY_ADULT_2X50`) whose numbers a row named
+  ``name`` is compared with: the name itself, else the base name under which the JSON's
+  ``row_labels`` declares it (through `MECHANISM_BASE`); None when it is no paper mechanism."""
+  if name in LUCID_ACCURACY_ADULT_2X50:
+    return name
+  for base, label in (row_labels or {}).items():
+    shown = label[0] if isinstance(label, (list, tuple)) else label
+    if shown == name:
+      base = MECHANISM_BASE.get(base, base)
+      return base if base in LUCID_ACCURACY_ADULT_2X50 else None
+  return None
+
+
+def other_epsilon_rows(row_labels: dict | None) -> set[str]:
+  """The names of our rows whose base name is a declared variant (`MECHANISM_BASE`, e.g. DP-SGD
+  selected on the test set): their guarantee is not at the row's epsilon."""
+  return {(v[0] if isinstance(v, (list, tuple)) else v) for k, v in (row_labels or {}).items()
+          if k in MECHANISM_BASE}
+
+
+def lucid_paper_accuracy(mechanism: str, epsilon: float) -> float | None:
+  """LUCID's accuracy (%) of a paper mechanism at ``epsilon`` (Tables 1-3, Adult 2x50)."""
+  vals = LUCID_ACCURACY_ADULT_2X50.get(mechanism) or {}
+  return next((v for e, v in vals.items() if math.isclose(e, epsilon)), None)
+
+
 def compare_idpdb(doc: dict) -> list[Row]:
-  """LUCID, Table 1: beta per class and N's accuracy."""
-  paper = doc.get("paper") or {}
+  """LUCID, Table 1: beta and analysis time T per class and N's accuracy."""
+  hidden = str(_get(doc, "args", "hidden", default="50,50")).replace(" ", "")
+  paper = LUCID_TABLE1_ADULT.get(hidden, {})
   fam = doc.get("family", {})
   note = f"family: N + {fam.get('members')} leave-one-out networks" + (
       " (random subset of D)" if fam.get("subset") else "")
   rows = [(f"beta_{c}", paper.get(f"beta{c}"), doc["betas"][c], note) for c in doc["betas"]]
+  for c, r in (doc.get("classes") or {}).items():
+    if isinstance(r, dict) and r.get("seconds") is not None:
+      rows.append((f"T_{c} (hours)", paper.get(f"T{c}_h"), round(r["seconds"] / 3600, 3),
+                   "our time limit per class: "
+                   f"{_get(doc, 'config', 'total_time_limit')} s (paper: 8 h)"))
   acc = _get(doc, "n", "test_accuracy")
   if acc is not None:
     rows.append(("N test accuracy (%)", paper.get("acc"), round(100 * acc, 2), ""))
@@ -108,27 +174,95 @@ def compare_idpdb(doc: dict) -> list[Row]:
 
 
 def compare_idpdb_accuracy(doc: dict) -> list[Row]:
-  """LUCID, Tables 1-3: accuracy of the guarded predictor and the baselines per epsilon."""
-  paper = doc.get("paper_adult_2x50") or {}
+  """LUCID, Tables 1-3: accuracy of the guarded predictor and the baselines per epsilon; a row
+  whose mechanism is a variant of a paper mechanism (`paper_mechanism`) gets its number. Then
+  every epsilon at which a DP baseline beats LUCID, ours beside the paper's."""
+  labels = doc.get("row_labels") or {}
   rows = []
   for r in doc["table"]["rows"]:
-    eps = r["epsilon"]
-    key = next((k for k in (paper.get(r["mechanism"]) or {}) if _num(k) == eps), None)
+    eps, base = r["epsilon"], paper_mechanism(r["mechanism"], labels)
     rows.append((f"{r['mechanism']} accuracy (%), eps={eps:g}",
-                 (paper.get(r["mechanism"]) or {}).get(key) if key else None,
+                 lucid_paper_accuracy(base, eps) if base else None,
                  round(100 * r["accuracy"], 2), r.get("guarantee", "")))
+  return rows + dp_beats_lucid_rows(doc)
+
+
+def dp_beats_lucid_rows(doc: dict) -> list[Row]:
+  """Each (epsilon, DP baseline) where our baseline's accuracy is above our LUCID's at the same
+  epsilon, stated plainly with the paper's two numbers (LUCID, Tables 1 and 3) beside ours.
+  Variants declared in `MECHANISM_BASE` (e.g. DP-SGD selected on the test set, whose guarantee
+  is a multiple of epsilon) are not at the same epsilon and are left out."""
+  labels = doc.get("row_labels") or {}
+  other = other_epsilon_rows(labels)
+  table = [r for r in doc["table"]["rows"] if r["mechanism"] not in other]
+  lucid = {r["epsilon"]: r["accuracy"] for r in table if r["mechanism"] == "LUCID"}
+  rows = []
+  for r in table:
+    base = paper_mechanism(r["mechanism"], labels)
+    eps = r["epsilon"]
+    if base not in DP_BASELINES or eps not in lucid or r["accuracy"] <= lucid[eps]:
+      continue
+    p_b, p_l = lucid_paper_accuracy(base, eps), lucid_paper_accuracy("LUCID", eps)
+    paper = (f"{base} {p_b:g} vs LUCID {p_l:g}: "
+             f"{base} {'beats' if p_b > p_l else 'does not beat'} LUCID"
+             if p_b is not None and p_l is not None else None)
+    rows.append((f"eps={eps:g}: {r['mechanism']} beats LUCID", paper,
+                 f"{r['mechanism']} {100 * r['accuracy']:.2f} vs LUCID "
+                 f"{100 * lucid[eps]:.2f}", r.get("guarantee", "")))
   return rows
+
+
+# Sphynx, Table 4 (Adult 2x50): network abstraction rate (%) and overcoverage of the interval
+# abstraction of the same K networks (int_abs) and of Sphynx's predicted hyper-network (predint).
+SPHYNX_TABLE4_ADULT_2X50 = {"int_abs": {"network_abstraction_rate": 77.04, "overcoverage": 1.00},
+                            "predint": {"network_abstraction_rate": 94.55, "overcoverage": 4.52}}
+
+# Barron, §5.4 (Figure 1): the lower bound is about 89%-97% of the minimal empirical loss.
+BARRON_RATIO_RANGE = (0.89, 0.97)
 
 
 def compare_hypernet(doc: dict) -> list[Row]:
   """Sphynx, Table 4 (Adult 2x50): network abstraction rate and overcoverage."""
-  paper = doc.get("paper_table4_adult_2x50") or {}
   rows = []
-  for variant, vals in paper.items():
+  for variant, vals in SPHYNX_TABLE4_ADULT_2X50.items():
     ours = doc["metrics"].get(variant, {})
     for k, v in vals.items():
       rows.append((f"{variant}: {k}", v, _round(ours.get(k)), f"pool of "
                    f"{_get(doc, 'setting', 'pool')} networks (paper: all 32,562)"))
+  return rows
+
+
+# PTR supplement, Table 1: accuracy per data set, method and epsilon ("inf": no noise).
+PTR_TABLE1 = {
+    "mnist": {"LDP-Image": (0.1, 0.1, 0.1, 0.3, 0.99),
+              "LDP-Embedding": (0.1075, 0.1319, 0.1927, 0.3107, 0.9096),
+              "Adversarial": (0.514, 0.751, 0.891, 0.912, 0.9291)},
+    "fmnist": {"LDP-Image": (0.1, 0.1, 0.1, 0.1, 0.92),
+               "LDP-Embedding": (0.1012, 0.1251, 0.1708, 0.2420, 0.7798),
+               "Adversarial": (0.371, 0.554, 0.678, 0.722, 0.781)},
+}
+PTR_EPSILONS = ("1", "2", "5", "7", "inf")
+# Our variants of the paper's methods (the authors' code's sensitivity), declared.
+PTR_METHOD_BASE = {"LDP-Embedding (code Δ)": "LDP-Embedding",
+                   "Adversarial (code ∞→∞ Δp)": "Adversarial"}
+
+
+def compare_ptr(doc: dict) -> list[Row]:
+  """PTR supplement, Table 1: accuracy per data set, method and epsilon, a variant of ours
+  beside its paper method (`PTR_METHOD_BASE`); the PTR release rows give their answer rate and
+  the accuracy over answered queries (the paper has no such row)."""
+  rows = []
+  for ds, t in doc["table1"].items():
+    for method, cells in t["rows"].items():
+      base = PTR_METHOD_BASE.get(method, method)
+      paper = (PTR_TABLE1.get(ds) or {}).get(base)
+      for eps, c in cells.items():
+        if c.get("accuracy") is not None:
+          p = paper[PTR_EPSILONS.index(eps)] if paper and eps in PTR_EPSILONS else None
+          rows.append((f"{ds} {method} accuracy, eps={eps}", p, _round(c["accuracy"]), ""))
+        elif c.get("answer_rate") is not None:
+          rows.append((f"{ds} {method} answer rate, eps={eps}", None, _round(c["answer_rate"]),
+                       f"accuracy over answered {_round(c.get('accuracy_answered'))}"))
   return rows
 
 
@@ -229,8 +363,8 @@ def compare_poisoning(doc: dict) -> list[Row]:
 def compare_barron_per_mu(doc: dict) -> list[Row]:
   """Barron, Figure 1, one row per mu: the lower bound L_emp - gap against the true minimal
   loss, and its ratio to L_emp (paper: 89%-97% over its mu range)."""
-  plo, phi = doc.get("paper_ratio_range") or (None, None)
-  paper = f"{plo:.2f}-{phi:.2f}" if plo is not None else None
+  plo, phi = BARRON_RATIO_RANGE
+  paper = f"{plo:.2f}-{phi:.2f}"
   rows = []
   for r in doc["rows"]:
     rows.append((f"mu={r['mu']:g}: ratio bound / L_emp", paper, _round(r["ratio"]),
@@ -248,9 +382,8 @@ def plot_barron(doc: dict, path: Path, title: str) -> bool:
   fig, ax = plt.subplots(figsize=(6, 3.2))
   mus = [r["mu"] for r in rows]
   ax.plot(mus, [r["ratio"] for r in rows], "o-", label="ours: (L_emp - gap) / L_emp")
-  if doc.get("paper_ratio_range"):
-    lo, hi = doc["paper_ratio_range"]
-    ax.axhspan(lo, hi, color="tab:gray", alpha=0.25, label=f"paper: {lo:.2f}-{hi:.2f}")
+  lo, hi = BARRON_RATIO_RANGE
+  ax.axhspan(lo, hi, color="tab:gray", alpha=0.25, label=f"paper: {lo:.2f}-{hi:.2f}")
   ax.set_xlabel("mu")
   ax.set_ylabel("ratio")
   ax.legend(fontsize=8)
@@ -348,6 +481,399 @@ def _round(x, digits: int = 4):
   return x
 
 
+# --------------------------------------------------------------------------- headlines
+
+
+@dataclasses.dataclass(frozen=True)
+class Headline:
+  """A paper's headline number beside ours: ``claim`` names what the paper states and where,
+  ``paper`` is its number as stated, ``ours(doc)`` reads ours (with its setting) from the JSON
+  ``result`` under ``benchmarks/results/``."""
+  paper_key: str
+  claim: str
+  paper: str
+  result: str
+  ours: Callable[[dict], str]
+
+
+def _lucid_decrease(doc: dict, mechanisms: tuple[str, ...], eps: float | None = None) -> float:
+  """Our mean accuracy decrease (percentage points against N without protection) over the rows
+  of ``mechanisms`` (paper names, `paper_mechanism`) at ``eps`` (None: every epsilon)."""
+  labels = doc.get("row_labels") or {}
+  other = other_epsilon_rows(labels)
+  vals = [r["decrease_pp"] for r in doc["table"]["rows"]
+          if r["mechanism"] not in other and paper_mechanism(r["mechanism"], labels) in mechanisms
+          and (eps is None or math.isclose(r["epsilon"], eps))]
+  if not vals:
+    raise ValueError(f"no row of {mechanisms} at eps={eps}")
+  return sum(vals) / len(vals)
+
+
+def _lucid_times(doc: dict) -> str:
+  cls = doc["classes"]
+  t = {c: cls[c]["seconds"] / 3600 for c in sorted(cls)}
+  return (", ".join(f"T{c} {v:.2f} h" for c, v in t.items()) + f" (T0+T1 {sum(t.values()):.2f} h"
+          f"; Adult 2x50, {doc['family']['members']} leave-one-out networks, "
+          f"{doc['config']['total_time_limit']:g} s limit per class)")
+
+
+def _sphynx_kinds(doc: dict) -> list[dict]:
+  return [k["confusion_sphynx"] for r in doc["results"] for k in r["kinds"].values()]
+
+
+def _sphynx_rate(doc: dict, *cells: str) -> str:
+  cs = _sphynx_kinds(doc)
+  tot = sum(c["TP"] + c["TN"] + c["FP"] + c["FN"] for c in cs)
+  return (f"{100 * sum(c[x] for c in cs for x in cells) / tot:.1f} % "
+          f"({tot} neighbourhoods, Adult 2x50)")
+
+
+def _sphynx_verification(doc: dict) -> str:
+  ks = [k for r in doc["results"] for k in r["kinds"].values()]
+  naive = sum(k["mean_naive_s"] for k in ks) / len(ks)
+  ours = sum(k["mean_sphynx_s"] for k in ks) / len(ks)
+  return (f"{naive / ours:.0f}x ({naive:.2f} s naive against {ours:.3f} s per neighbourhood; "
+          "our naive check bounds the members in batches before any MILP)")
+
+
+def _agt_cost(doc: dict) -> str:
+  r = [x["agt_cpu_ratio"] for x in doc["rows"] if "agt_cpu_ratio" in x]
+  return f"{min(r):.1f}-{max(r):.1f}x (process CPU time, CPU, {len(r)} settings)"
+
+
+def _agt_ss_gs(doc: dict) -> str:
+  out = [f"{n}: {r['eps_within_1pt']['ratio']:.1f}x" for n, r in doc.items()
+         if isinstance(r, dict) and (r.get("eps_within_1pt") or {}).get("ratio") is not None]
+  return "; ".join(out) or "no setting with both"
+
+
+def _agt_fig5(doc: dict) -> str:
+  out = []
+  for n, r in doc.items():
+    f5 = r.get("fig5_check") if isinstance(r, dict) else None
+    if f5:
+      qs = f5.get("private_beats_dpsgd_at_Q") or []
+      out.append(f"{n}: {'Q in ' + str(qs) if qs else 'at no Q'}")
+  return "; ".join(out)
+
+
+def _ptr_gain(doc: dict) -> str:
+  rows = doc["table1"]["mnist"]["rows"]
+  a, b = rows["Adversarial"]["1"]["accuracy"], rows["LDP-Embedding"]["1"]["accuracy"]
+  return f"{a - b:+.3f} ({a:.3f} - {b:.3f}; MNIST 5k subset)"
+
+
+HEADLINES: tuple[Headline, ...] = (
+    *(Headline("lucid", f"LUCID's mean accuracy decrease at eps = {e:g} (LUCID, §7; 11 networks)",
+               f"{v} %", "idpdb_accuracy_adult_2x50.json",
+               lambda d, e=e: f"{_lucid_decrease(d, ('LUCID',), e):.2f} pp (Adult 2x50)")
+      for e, v in ((0.0, 1.4), (0.2, 1.3), (1.0, 1.1))),
+    Headline("lucid", "DP baselines' mean accuracy decrease (LUCID, §7; DP-SGD and ALIBI)",
+             "12.7 %", "idpdb_accuracy_adult_2x50.json",
+             lambda d: f"{_lucid_decrease(d, DP_BASELINES):.2f} pp (Adult 2x50, DP-SGD without "
+                       "tuning and ALIBI, eps 0.02 / 0.2 / 1)"),
+    Headline("lucid", "iDP-DB computation time T0 + T1 (LUCID, §7; mean 4.8 h; Adult 2x50 in "
+             "Table 1: T0 2.9 h, T1 3.0 h)", "4.8 h", "idpdb_adult_2x50.json", _lucid_times),
+    Headline("lucid", "A DP baseline more accurate than LUCID at the same epsilon (LUCID, "
+             "Tables 1 and 3, Adult 2x50)", "none", "idpdb_accuracy_adult_2x50.json",
+             lambda d: "; ".join(f"{q.split(':')[0]}: {o}" for q, _, o, _ in
+                                 dp_beats_lucid_rows(d)) or "none"),
+    Headline("agt", "Cost of an AGT run over regular training (AGT, §4.3 and App. E; GPU)",
+             "2-4x", "agt_cost.json", _agt_cost),
+    Headline("agt", "Per-query epsilon down to which SS keeps the noise-free accuracy, GS / SS "
+             "(AGT, Fig. 2)", "~10x", "agt_privacy.json", _agt_ss_gs),
+    Headline("agt", "Private prediction beats DP-SGD at (10, 1e-5) (AGT, Fig. 5)", "Q < 100",
+             "agt_privacy.json", _agt_fig5),
+    Headline("ptr", "Adversarial (ARL) minus LDP-Embedding accuracy at eps = 1, MNIST (PTR "
+             "supplement, Table 1)", "+0.41", "ptr.json", _ptr_gain),
+    Headline("sphynx", "Share of the networks trained (Sphynx, §6)", "7 %", "ldcp_2x50_full.json",
+             lambda d: "; ".join(f"{100 * r['fraction_trained_sphynx']:.1f} % ({r['arch']}, "
+                                 f"K = {r['K']})" for r in d["results"])),
+    Headline("sphynx", "Training-time speed-up over the naive algorithm (Sphynx, §6, Table 2)",
+             "13.6x", "ldcp_2x50_full.json",
+             lambda d: "; ".join(f"{r['train_naive_full_s_est'] / r['train_sphynx_s_est']:.1f}x "
+                                 f"({r['arch']}, CPU estimate)" for r in d["results"])),
+    Headline("sphynx", "Verification-time speed-up over the naive algorithm (Sphynx, §6, "
+             "Table 2)", "1.7e4x", "ldcp_2x50_full.json", _sphynx_verification),
+    Headline("sphynx", "Verification accuracy TP + TN (Sphynx, §6, Table 1)", "93.3 %",
+             "ldcp_2x50_full.json", lambda d: _sphynx_rate(d, "TP", "TN")),
+    Headline("sphynx", "False positive rate (Sphynx, §6)", "1.1 %", "ldcp_2x50_full.json",
+             lambda d: _sphynx_rate(d, "FP")),
+    Headline("sphynx", "False negative rate (Sphynx, §6)", "5.5 %", "ldcp_2x50_full.json",
+             lambda d: _sphynx_rate(d, "FN")),
+    Headline("sphynx", "Network abstraction rate of the predicted hyper-network (Sphynx, §6, "
+             "Table 4)", ">= 90 %", "ldcp_2x50_full.json",
+             lambda d: "; ".join(f"{r['hyper_metrics']['network_abstraction_rate']:.1f} % "
+                                 f"({r['arch']}, all {r['family_size']} networks)"
+                                 for r in d["results"])),
+    Headline("barron", "Lower bound / minimal empirical loss over mu (Barron, §5.4, Figure 1)",
+             "89-97 %", "barron.json",
+             lambda d: f"{100 * d['ratio_range'][0]:.1f}-{100 * d['ratio_range'][1]:.1f} %"),
+)
+
+
+# VNN-COMP 2021's categories (its instances.csv); benchmarks/vnncomp.py runs each one into
+# benchmarks/results/vnncomp_<category>.json with its cactus plot beside it.
+VNNCOMP_CATEGORIES = ("acasxu", "mnistfc", "eran", "marabou-cifar10", "verivital", "oval21",
+                      "cifar10_resnet")
+SOLVED = ("sat", "unsat")
+
+
+def vnncomp_command(category: str) -> str:
+  """The command that writes one category's result at the competition's time limits."""
+  return (f"python benchmarks/vnncomp.py --category {category} --csv-timeouts --out "
+          f"benchmarks/results/vnncomp_{category}.json")
+
+
+def vnncomp_instances_csv(root: Path) -> Path:
+  """Where benchmarks/vnncomp.py reads the competition's instances (and α,β-CROWN's 2021
+  verdicts, column ``abcrown_2021``) by default: beside the clone, ``shared/``."""
+  return Path(root).resolve().parent / "shared" / "benchmarks" / "vnncomp2021" / "instances.csv"
+
+
+def abcrown_solved(csv_rows: list[dict], category: str,
+                   instances: set[tuple[str, str]] | None = None) -> tuple[int, int]:
+  """(solved, instances) of α,β-CROWN at VNN-COMP 2021 in ``category``: rows whose
+  ``abcrown_2021`` is sat or unsat, over the (onnx, vnnlib) pairs ``instances`` when given."""
+  rows = [r for r in csv_rows if r["category"] == category
+          and (instances is None or (r["onnx"], r["vnnlib"]) in instances)]
+  return sum(r.get("abcrown_2021") in SOLVED for r in rows), len(rows)
+
+
+def _limits(instances: list[dict]) -> str:
+  ts = sorted({float(r["timeout"]) for r in instances if r.get("timeout") is not None})
+  if not ts:
+    return "-"
+  return f"{ts[0]:g} s" if len(ts) == 1 else f"{ts[0]:g}-{ts[-1]:g} s"
+
+
+def vnncomp_category_rows(root: Path) -> list[dict]:
+  """One record per VNN-COMP 2021 category (`VNNCOMP_CATEGORIES` and any other
+  ``vnncomp_<category>.json`` under ``benchmarks/results/``): solved, instances, wrong, the time
+  limits used, the commit, α,β-CROWN 2021's solved count on the same instances (None without
+  the instances file); ``solved`` is None, and ``command`` names the run
+  that makes it, when the category has no result."""
+  results = root / "benchmarks" / "results"
+  found = sorted(p.stem[len("vnncomp_"):] for p in results.glob("vnncomp_*.json"))
+  csv_path = vnncomp_instances_csv(root)
+  csv_rows = None
+  if csv_path.is_file():
+    import csv
+    with open(csv_path) as f:
+      csv_rows = list(csv.DictReader(f))
+  out = []
+  for cat in dict.fromkeys([*VNNCOMP_CATEGORIES, *found]):
+    path = results / f"vnncomp_{cat}.json"
+    rec = {"category": cat, "solved": None, "instances": None, "wrong": None, "limits": None,
+           "commit": None, "abcrown": None, "command": vnncomp_command(cat),
+           "path": None}
+    if path.is_file():
+      doc = json.loads(path.read_text())
+      s = doc["summary"][cat]
+      inst = [r for r in doc.get("instances", []) if r.get("category") == cat]
+      rec.update(solved=s["solved"], instances=s["instances"], wrong=s["wrong"],
+                 limits=_limits(inst), commit=(provenance_of(doc) or {}).get("commit"),
+                 path=path)
+      pairs = {(r["onnx_rel"], r["vnnlib_rel"]) for r in inst if "onnx_rel" in r}
+    else:
+      pairs = None
+    if csv_rows is not None:
+      rec["abcrown"] = abcrown_solved(csv_rows, cat, pairs or None)
+    out.append(rec)
+  return out
+
+
+def vnncomp_table(root: Path) -> "Table":
+  """The engine's VNN-COMP 2021 table: one row per category from its committed result (or "No
+  result" and the command that makes it), α,β-CROWN 2021 beside ours."""
+  rows = []
+  for r in vnncomp_category_rows(root):
+    ab = (f"{r['abcrown'][0]} / {r['abcrown'][1]}" if r["abcrown"] is not None
+          else "- (instances.csv not found)")
+    if r["solved"] is None:
+      rows.append((r["category"], "No result", "-", "-", "-", ab, f"`{r['command']}`"))
+      continue
+    rows.append((r["category"], f"{r['solved']} / {r['instances']}", r["wrong"], r["limits"],
+                 f"`{str(r['commit'])[:12]}`", ab, r["path"].name))
+  return Table("Headlines: VNN-COMP 2021, per category (committed results)",
+               ("category", "solved / instances", "wrong", "time limit", "commit",
+                "α,β-CROWN 2021 solved (same instances)", "result"), rows,
+               "Wrong answers are checked against the competition's verdicts and must be 0. "
+               "α,β-CROWN's count is from VNN-COMP 2021's results on the instances we ran. "
+               "Each category's section below has its cactus plot (solved against time).")
+
+
+def headline_rows(paper: str, root: Path, shown: dict[str, Path | None],
+                  mode: str = "render") -> list[Row]:
+  """The Headlines of ``paper`` as rows (claim, paper, ours, source): ours from the JSON the
+  report shows for that result (``shown``: result name -> path), else the committed one; a
+  missing result names the command that makes it."""
+  rows = []
+  for h in (x for x in HEADLINES if x.paper_key == paper):
+    path = shown.get(h.result) or root / "benchmarks" / "results" / h.result
+    run = next((r for r in RUNS if r.result == h.result), None)
+    if path is None or not Path(path).is_file():
+      cmd = producing_command(run, mode) if run else "(no script)"
+      rows.append((h.claim, h.paper, "No result", f"`{cmd}`"))
+      continue
+    try:
+      ours = h.ours(json.loads(Path(path).read_text()))
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as e:
+      ours = f"could not read ({type(e).__name__}: {e})"
+    rows.append((h.claim, h.paper, ours, Path(path).name))
+  return rows
+
+
+# ------------------------------------------------------------------- README's measured numbers
+# README.md quotes results only between markers <!-- report:NAME --> ... <!-- /report:NAME -->;
+# `readme_blocks` writes each block from the committed JSON, `update_readme` puts them in, and
+# a test fails when README.md's blocks differ from what the JSONs give.
+
+
+def _f2(x: float) -> str:
+  return f"{x:.2f}"
+
+
+def readme_agt_settings(doc: dict) -> str:
+  """AGT settings, one knob at a time: certified fraction, accuracy and width ratio per value
+  (agt_settings.json)."""
+  names = {"batch_size": "batch size b", "clip_gamma": "clip γ", "learning_rate": "step size α",
+           "k_private": "k"}
+  out = ["| knob | values | certified | accuracy | width / \\|w\\| |", "|---|---|---|---|---|"]
+  for knob, name in names.items():
+    rs = [r for r in doc["rows"] if r["knob"] == knob]
+    out.append(f"| {name} | " + " | ".join(" / ".join(f(r) for r in rs) for f in (
+        lambda r: f"{r['value']:g}", lambda r: _f2(r["certified"]),
+        lambda r: f"{r['accuracy']:.3f}", lambda r: f"{r['max_width_ratio']:.2g}")) + " |")
+  return "\n".join(out)
+
+
+def readme_agt_vacuity(doc: dict) -> str:
+  """How well `fit`'s vacuity warning matched the test set (agt_vacuity.json)."""
+  rows, score = doc["rows"], doc["score"]
+  gap = max(abs(r["probe_certified"] - r["test_certified"]) for r in rows)
+  nets = sorted({r["net"] for r in rows})
+  miss1 = [r for r in rows if r["test_certified"] < 0.1 and not r["fires_ratio_1"]]
+  alarm05 = [r for r in rows if r["test_certified"] >= 0.5 and r["fires_ratio_05"]]
+  low = min((r for r in rows if r["max_width_ratio"] < 0.1), key=lambda r: r["test_certified"])
+  def runs(n):
+    return f"{n} run" + ("" if n == 1 else "s")
+  return (f"In `benchmarks/agt_vacuity.py` ({runs(len(rows))} on {len(nets)} networks) the "
+          f"training probe's certified fraction stayed within {gap:.3f} of the test set's; this "
+          f"rule missed {runs(score['fires_probe_rule']['missed'])} certifying < 10 % and warned "
+          f"on {runs(score['fires_probe_rule']['false_alarms'])} certifying ≥ 50 %; the old "
+          f"ratio-above-1 rule missed {runs(score['fires_ratio_1']['missed'])}"
+          + "".join(f" (ratio {r['max_width_ratio']:.2f}, {100 * r['test_certified']:.0f} % "
+                    "certified)" for r in miss1)
+          + f", a ratio threshold of 0.5 warned on {runs(score['fires_ratio_05']['false_alarms'])}"
+          + "".join(f" (certifying {100 * r['test_certified']:.0f} %)" for r in alarm05)
+          + f". A small ratio does not promise certification either: {low['net']} certified "
+          f"{100 * low['test_certified']:.0f} % at a ratio of {low['max_width_ratio']:.3f}.")
+
+
+def readme_agt_crown(doc: dict) -> str:
+  """CROWN against interval bounds inside AGT on the deepest network both certify on
+  (agt_crown.json): certified fractions, box width and fit time."""
+  rows = doc["rows"]
+  net = "6-64-64-2"
+  rs = [r for r in rows if r["net"] == net and r["k"] in (1, 5, 10)]
+  ks = " / ".join(str(r["k"]) for r in rs)
+  width = [r["crown_box_width"] / r["interval_box_width"] for r in rows if r["net"] == net]
+  fit = [r["crown_fit_s"] / r["interval_fit_s"] for r in rows]
+  return (f"the certified fraction of {net} goes from "
+          + " / ".join(_f2(r["interval_certified"]) for r in rs) + " (interval) to "
+          + " / ".join(_f2(r["crown_certified"]) for r in rs) + f" (CROWN) at k = {ks}, the "
+          f"final box is {min(width):.2f}-{max(width):.2f} times as wide, and a fit takes "
+          f"{min(fit):.2f}-{max(fit):.2f}× the interval one over the {len(fit)} runs (wall time "
+          "on a shared machine).")
+
+
+def readme_agt_privacy(doc: dict) -> str:
+  """Certified private prediction per data set (agt_privacy.json): accuracy, certified
+  fractions, the SS/GS epsilon ratio and Fig. 5's check against DP-SGD."""
+  out = ["| data set | accuracy | certified at k | ε ratio GS / SS (Fig. 2) | DP-SGD at "
+         "(10, 1e-5) | best private prediction, noise free | private beats DP-SGD at Q |",
+         "|---|---|---|---|---|---|---|"]
+  for name, r in doc.items():
+    if not isinstance(r, dict) or "certified_fraction" not in r:
+      continue
+    cf = r["certified_fraction"]
+    ks = [k for k in cf if float(k) in (0, 1, 2, 3, 5, 10, 100, 199)]
+    cert = ", ".join(f"{100 * cf[k]:.0f} % at {k}" for k in ks)
+    ratio = (r.get("eps_within_1pt") or {}).get("ratio")
+    f5 = r.get("fig5_check") or {}
+    qs = f5.get("private_beats_dpsgd_at_Q") or []
+    out.append(f"| {name} | {r['nominal_accuracy']:.3f} | {cert} | "
+               f"{f'{ratio:.1f}' if ratio is not None else '- (SS never within 1 pt)'} | "
+               f"{(r.get('dpsgd') or {}).get('accuracy', '-')} | "
+               f"{f5.get('noise_free_ceiling', '-')} | {', '.join(map(str, qs)) or 'none'} |")
+  return "\n".join(out)
+
+
+def readme_ldcp_full(doc: dict) -> str:
+  """Sphynx against the whole Adult 2x50 family (ldcp_2x50_full.json): accuracy per kind."""
+  r = doc["results"][0]
+  acc, fp = [], 0
+  for kind in ("membership", "dp_robustness", "sensitivity"):
+    c = r["kinds"][kind]["confusion_sphynx"]
+    acc.append(100 * (c["TP"] + c["TN"]) / (c["TP"] + c["TN"] + c["FP"] + c["FN"]))
+    fp += c["FP"]
+  paper = " / ".join(str(SPHYNX_TABLE1_ADULT[r["arch"]][k]) for k in
+                     ("membership", "dp_robustness", "sensitivity"))
+  return ("`results/ldcp_2x50_full.json`: Sphynx accuracy "
+          + " / ".join(f"{a:.0f}" for a in acc) + f" % on membership / DP-robustness / "
+          f"sensitivity over all {r['family_size']:,} networks, {fp} false positives; paper "
+          f"{paper} %")
+
+
+README_BLOCKS: dict[str, tuple[str, Callable[[dict], str]]] = {
+    "agt_settings": ("agt_settings.json", readme_agt_settings),
+    "agt_vacuity": ("agt_vacuity.json", readme_agt_vacuity),
+    "agt_crown": ("agt_crown.json", readme_agt_crown),
+    "agt_privacy": ("agt_privacy.json", readme_agt_privacy),
+    "ldcp_full": ("ldcp_2x50_full.json", readme_ldcp_full),
+}
+
+
+def readme_blocks(results: Path) -> dict[str, str]:
+  """Every README block (`README_BLOCKS`) written from the JSONs in ``results``."""
+  return {name: fn(json.loads((Path(results) / file).read_text()))
+          for name, (file, fn) in README_BLOCKS.items()}
+
+
+def _block_re(name: str) -> re.Pattern:
+  n = re.escape(name)
+  return re.compile(rf"(<!-- report:{n} -->)(.*?)(<!-- /report:{n} -->)", re.S)
+
+
+def readme_block_text(text: str, name: str) -> str | None:
+  """What README ``text`` holds between the markers of block ``name`` (None: no markers)."""
+  m = _block_re(name).search(text)
+  return m.group(2) if m else None
+
+
+def update_readme(text: str, blocks: dict[str, str]) -> str:
+  """``text`` with each block's content replaced by ``blocks[name]``: a block on a line of its
+  own (a table) keeps its markers on their own lines, an inline one stays inline. Raises
+  ValueError naming a block whose markers are missing."""
+  for name, body in blocks.items():
+    old = readme_block_text(text, name)
+    if old is None:
+      raise ValueError(f"README.md has no <!-- report:{name} --> ... <!-- /report:{name} -->")
+    new = f"\n{body}\n" if old.startswith("\n") else body
+    text = _block_re(name).sub(lambda m: m.group(1) + new + m.group(3), text, count=1)
+  return text
+
+
+def write_readme(root: Path) -> Path:
+  """Rewrites the report blocks of ``root``'s README.md from the committed JSONs
+  (``benchmarks/results/``); returns its path."""
+  path = Path(root) / "README.md"
+  path.write_text(update_readme(path.read_text(), readme_blocks(Path(root) / "benchmarks" /
+                                                                "results")))
+  return path
+
+
 # --------------------------------------------------------------------------- the table of runs
 
 _Q = "report/quick"
@@ -399,7 +925,7 @@ RUNS: tuple[Run, ...] = (
     Run("agt", "The paper's settings", "benchmarks/agt_settings.py", "agt_settings.json", None,
         ()),
     Run("ptr", "Propose-test-release on a trained encoder", "benchmarks/ptr.py", "ptr.json",
-        ("--quick", "--no-attack", "--datasets", "mnist", "--out", "{out}"), (),
+        ("--quick", "--no-attack", "--datasets", "mnist", "--out", "{out}"), (), compare_ptr,
         figures=("ptr_reconstructions.png",)),
     Run("ptr", "Lipschitz oracles of the PTR test", "benchmarks/ptr_oracles.py",
         "ptr_oracles.json", None, ()),
@@ -429,10 +955,9 @@ RUNS: tuple[Run, ...] = (
         "propagation.json",
         ("--nets", "b", "--reps", "3", "--crown-reps", "1", "--shared", "--out", "{out}"),
         ("--shared",)),
-    Run("engine", "VNN-COMP 2021 instances (ACAS Xu, MNIST 256x2)", "benchmarks/vnncomp.py",
-        "vnncomp.json",
-        ("--limit", "1", "--timeout-acasxu", "60", "--timeout-mnistfc", "60", "--out", "{out}"),
-        ("--limit", "8"), compare_vnncomp, figures=("vnncomp_cactus.png",)),
+    *(Run("engine", f"VNN-COMP 2021: {c}", "benchmarks/vnncomp.py", f"vnncomp_{c}.json", None,
+          ("--category", c, "--csv-timeouts", "--out", f"benchmarks/results/vnncomp_{c}.json"),
+          compare_vnncomp, figures=(f"vnncomp_{c}_cactus.png",)) for c in VNNCOMP_CATEGORIES),
     Run("engine", "iDP-DB with 1 and 2 workers", "benchmarks/idpdb_workers.py",
         "idpdb_workers.json", None,
         ("--members", "16", "--hidden", "8", "--epochs", "5", "--seconds", "40")),
@@ -500,7 +1025,7 @@ class Outcome:
   run: Run
   status: str                  # ran, reused, committed, not yet available, failed, no result yet
   json_path: Path | None
-  label: str                   # quick, full, committed or legacy (no provenance)
+  label: str                   # quick, full or committed
   seconds: float = 0.0
   cpu_seconds: float = 0.0     # user + system time of the run's process tree
   log: str = ""
@@ -508,12 +1033,10 @@ class Outcome:
 
 def execute(run: Run, mode: str, root: Path, timeout: float | None = None) -> Outcome:
   """Runs ``run`` in ``mode`` unless its JSON records the same command; falls back to the
-  committed result when the script cannot run in this mode."""
+  committed result (``benchmarks/results/``, never its ``legacy/`` folder, whose results predate
+  provenance) when the script cannot run in this mode."""
   committed = root / "benchmarks" / "results" / run.result
-  legacy = root / "benchmarks" / "results" / "legacy" / run.result
-  if not committed.is_file() and legacy.is_file():
-    committed = legacy
-  kept = "legacy (no provenance)" if committed.parent.name == "legacy" else "committed"
+  kept = "committed"         # never benchmarks/results/legacy/: those JSONs have no provenance
   if not (root / run.script).is_file():
     return Outcome(run, "not yet available", committed if committed.is_file() else None, kept)
   out = output_path(run, mode)
@@ -567,6 +1090,32 @@ class Section:
   markdown: str = ""              # a table the script itself wrote (its "markdown" key)
   missing: str = ""               # no result: says so and names the command that makes it
   notes: str = ""                 # a figure or table that could not be shown, and why
+
+
+@dataclasses.dataclass
+class Table:
+  """A table at the top of a paper's part of the report (its Headlines): a title, column names,
+  rows and a note."""
+  title: str
+  columns: tuple[str, ...]
+  rows: list[tuple]
+  note: str = ""
+
+
+def paper_tables(paper: str, root: Path, shown: dict[str, Path | None],
+                 mode: str = "render") -> list[Table]:
+  """The Headlines part of ``paper``: its headline numbers beside ours (`HEADLINES`) and, for
+  the engine, the VNN-COMP 2021 table per category."""
+  tables = []
+  rows = headline_rows(paper, root, shown, mode)
+  if rows:
+    tables.append(Table("Headlines", ("headline (paper, section)", "paper", "ours", "from"), rows,
+                        note="Ours are on our settings (each section below states them), not the "
+                             "paper's; where the paper averages over its networks, ours is on "
+                             "the network we ran."))
+  if paper == "engine":
+    tables.append(vnncomp_table(root))
+  return tables
 
 
 SETTING_KEYS = ("setting", "settings", "deviations", "differences", "notes", "note", "subset",
@@ -773,14 +1322,33 @@ def _fmt(v) -> str:
   return str(v)
 
 
-def render_markdown(sections: dict[str, list[Section]], meta: dict) -> str:
-  """The report as Markdown (report/README.md)."""
+def _md_cell(v) -> str:
+  return _fmt(v).replace("|", "\\|").replace("\n", " ")   # a | would end the cell
+
+
+def markdown_table(t: Table) -> list[str]:
+  """One `Table` as Markdown lines: its title, the table and its note."""
+  out = [f"### {t.title}", "", "| " + " | ".join(t.columns) + " |",
+         "|" + "---|" * len(t.columns)]
+  out += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in t.rows]
+  out.append("")
+  if t.note:
+    out += ["", t.note]
+  return out + [""]
+
+
+def render_markdown(sections: dict[str, list[Section]], meta: dict,
+                    tables: dict[str, list[Table]] | None = None) -> str:
+  """The report as Markdown (report/README.md); each paper's ``tables`` (its Headlines) come
+  first in its part."""
   out = ["# boundjax: reproduction report", "",
          f"Mode: **{meta['mode']}**; written {meta['date']} at commit `{meta['commit']}`. "
          "Settings marked *quick* are small and are not the papers' settings. "
          f"{meta['runs']}", ""]
   for key, secs in sections.items():
     out += [f"## {PAPERS[key]}", ""]
+    for t in (tables or {}).get(key, []):
+      out += markdown_table(t)
     if not secs:
       out += ["No result yet.", ""]
     for s in secs:
@@ -816,8 +1384,23 @@ def render_markdown(sections: dict[str, list[Section]], meta: dict) -> str:
   return "\n".join(out)
 
 
-def render_html(sections: dict[str, list[Section]], meta: dict) -> str:
-  """The report as one HTML page (report/index.html) with the figures embedded by path."""
+def html_table(t: Table) -> list[str]:
+  """One `Table` as HTML: its title, the table and its note."""
+  e = html.escape
+  parts = [f"<h3>{e(t.title)}</h3><table><tr>" + "".join(f"<th>{e(c)}</th>" for c in t.columns)
+           + "</tr>"]
+  code = lambda v: re.sub(r"`([^`]*)`", r"<code>\1</code>", e(_fmt(v)))  # noqa: E731
+  parts += ["<tr>" + "".join(f"<td>{code(v)}</td>" for v in row) + "</tr>" for row in t.rows]
+  parts.append("</table>")
+  if t.note:
+    parts.append(f"<p>{e(t.note)}</p>")
+  return parts
+
+
+def render_html(sections: dict[str, list[Section]], meta: dict,
+                tables: dict[str, list[Table]] | None = None) -> str:
+  """The report as one HTML page (report/index.html) with the figures embedded by path; each
+  paper's ``tables`` (its Headlines) come first in its part."""
   e = html.escape
   parts = ["<!doctype html><html><head><meta charset='utf-8'><title>boundjax reproduction"
            "</title><style>body{font-family:sans-serif;max-width:1000px;margin:auto}"
@@ -830,6 +1413,8 @@ def render_html(sections: dict[str, list[Section]], meta: dict) -> str:
   parts += [f"<li><a href='#{k}'>{e(PAPERS[k])}</a></li>" for k in sections] + ["</ul>"]
   for key, secs in sections.items():
     parts.append(f"<h2 id='{key}'>{e(PAPERS[key])}</h2>")
+    for t in (tables or {}).get(key, []):
+      parts += html_table(t)
     if not secs:
       parts.append("<p>No result yet.</p>")
     for s in secs:
@@ -879,6 +1464,8 @@ def write_report(outcomes: list[Outcome], papers: list[str], root: Path, mode: s
   for o in outcomes:
     if o.run.paper in sections:
       sections[o.run.paper].append(section_of(o, figure_dir, root, mode))
+  shown = {o.run.result: o.json_path for o in outcomes}
+  tables = {k: paper_tables(k, root, shown, mode) for k in papers}
   ran = [o for o in outcomes if o.status in ("ran", "failed")]
   meta = {"mode": mode, "commit": _commit(root),
           "runs": (f"This invocation ran {len(ran)} script(s): "
@@ -886,9 +1473,9 @@ def write_report(outcomes: list[Outcome], papers: list[str], root: Path, mode: s
                    f"{sum(o.cpu_seconds for o in ran) / 60:.1f} CPU min; load average "
                    f"{os.getloadavg()[1]:.1f} (5 min) at the end."),
           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-  (out_dir / "README.md").write_text(render_markdown(sections, meta))
+  (out_dir / "README.md").write_text(render_markdown(sections, meta, tables))
   path = out_dir / "index.html"
-  path.write_text(render_html(sections, meta))
+  path.write_text(render_html(sections, meta, tables))
   return path
 
 
@@ -902,9 +1489,11 @@ def _commit(root: Path) -> str:
 
 def reproduce(mode: str = "quick", only: list[str] | None = None, root: Path | None = None,
               runs: tuple[Run, ...] = RUNS, timeout: float | None = None,
-              progress: bool = True) -> Path:
+              progress: bool = True, readme: bool = False) -> Path:
   """Runs the table ``runs`` for the papers ``only`` (default: all) in ``mode`` (quick, full or
-  render: no runs) and writes the report; returns the path of ``report/index.html``."""
+  render: no runs) and writes the report; with ``readme``, also rewrites README.md's report
+  blocks from the committed JSONs (`write_readme`). Returns the path of
+  ``report/index.html``."""
   if mode not in ("quick", "full", "render"):
     raise ValueError(f"mode must be 'quick', 'full' or 'render', got {mode!r}")
   papers = list(only or PAPERS)
@@ -921,4 +1510,7 @@ def reproduce(mode: str = "quick", only: list[str] | None = None, root: Path | N
       tqdm.write(f"{run.paper:>7} {run.script:<32} {o.status:<22} {o.seconds:7.1f} s wall "
                  f"{o.cpu_seconds:7.1f} s CPU")
     outcomes.append(o)
-  return write_report(outcomes, papers, root, mode)
+  path = write_report(outcomes, papers, root, mode)
+  if readme:
+    write_readme(root)
+  return path

@@ -21,9 +21,10 @@
     boundjax verify --batch INSTANCES.csv --timeout 60 [--root DIR] [--json results.json]
                                         a list of instances (columns onnx, vnnlib), with a
                                         progress bar and a results table
-    boundjax reproduce [--quick | --full | --render-only] [--only PAPER ...]
+    boundjax reproduce [--quick | --full | --render-only] [--only PAPER ...] [--readme]
                                         run the benchmark suite of a clone and write
-                                        report/index.html and report/README.md
+                                        report/index.html and report/README.md (--readme:
+                                        and README.md's measured numbers from the results)
 ```
 """
 
@@ -254,14 +255,18 @@ def main(argv: list[str] | None = None) -> int:
   mode.add_argument("--render-only", action="store_const", dest="mode", const="render",
                     help="no runs: the report from the results already there")
   r.add_argument("--only", nargs="*", help="papers: lucid, agt, ptr, sphynx, barron, engine")
+  r.add_argument("--readme", action="store_true",
+                 help="also rewrite README.md's measured numbers (its <!-- report:NAME --> "
+                      "blocks) from the committed results")
   args = parser.parse_args(argv)
   if args.command == "reproduce":
     report = _benchmark_report()
     try:
-      path = report.reproduce(args.mode or "quick", args.only)
+      path = report.reproduce(args.mode or "quick", args.only, readme=args.readme)
     except (report.NotAClone, ValueError) as e:
       raise SystemExit(f"boundjax reproduce: {e}") from None
-    print(f"wrote {path} and {path.with_name('README.md')}")
+    print(f"wrote {path} and {path.with_name('README.md')}"
+          + (" and updated the clone's README.md" if args.readme else ""))
     return 0
   if args.command == "demo":
     return demo(args.only, args.json, args.quick)

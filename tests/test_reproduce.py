@@ -113,16 +113,19 @@ def test_missing_script_failed_run_and_no_quick_setting(tmp_path):
   assert shown.status == "committed" and shown.json_path.name == "toy.json"
 
 
-def test_a_result_kept_in_legacy_is_shown_and_labelled(tmp_path):
+def test_a_result_kept_only_in_legacy_is_not_read(tmp_path):
+  """benchmarks/results/legacy/ holds results without provenance, which the report never reads:
+  a result found only there renders as "No result" with the command that makes it."""
   root = fake_clone(tmp_path)
   (root / "benchmarks/results/legacy").mkdir()
   (root / "benchmarks/results/legacy/toy.json").write_text(json.dumps(
       {"paper_value": 7.0, "value": 5.0}))
   shown = R.execute(toy_run(quick=None), "quick", root)
-  assert shown.status == "legacy (no provenance)" and shown.json_path.parent.name == "legacy"
-  page = R.write_report([shown], ["barron"], root, "quick").read_text()
-  assert "legacy (no provenance)" in page and "<td>value</td><td>7</td><td>5</td>" in page
-  assert (root / "report/figures/legacy_no_provenance_toy_vs_paper.png").is_file()
+  assert shown.status == "no result yet" and shown.json_path is None
+  R.write_report([shown], ["barron"], root, "quick")
+  [sec] = _sections((root / "report/README.md").read_text())
+  assert "**No result.**" in sec and "| value |" not in sec and "legacy" not in sec
+  assert "python benchmarks/toy.py --n 5 --out benchmarks/results/toy.json" in sec
 
 
 def test_report_has_every_paper_numbers_side_by_side_and_failures(tmp_path):
@@ -266,8 +269,10 @@ out.write_text(json.dumps({"provenance": {"command": "python " + " ".join(sys.ar
 
 
 def _sections(md: str) -> list[str]:
-  """The report's Markdown cut into its sections (each starts with its title)."""
-  return [p.split("\n## ")[0] for p in re.split(r"^### ", md, flags=re.M)[1:]]
+  """The report's Markdown cut into its result sections (each starts with its title); the
+  Headlines tables at the top of a paper's part are not result sections."""
+  parts = [p.split("\n## ")[0] for p in re.split(r"^### ", md, flags=re.M)[1:]]
+  return [p for p in parts if not p.startswith("Headlines")]
 
 
 def _figures(section: str, folder: Path) -> list[Path]:
@@ -342,3 +347,242 @@ def test_barron_paper_sections_have_tables_and_figures(tmp_path, script):
   figs = _figures(sec, out / "figures")
   assert figs and all(f.is_file() and f.read_bytes()[:4] == b"\x89PNG" for f in figs)
   assert "No result" not in sec and "No figure" not in sec
+
+
+# ------------------------------------ the papers' numbers, typed here from the papers' tables
+
+# LUCID, Tables 1-3, Adult 2x50: accuracy (%) per (mechanism, epsilon).
+LUCID_ADULT_2X50 = {("LUCID", 0.0): 82.4, ("LUCID", 0.2): 82.4, ("LUCID", 1.0): 82.5,
+                    ("Naive-Noise", 0.0): 49.9, ("Naive-Noise", 0.2): 51.7,
+                    ("Naive-Noise", 1.0): 58.2, ("Naive-iDP", 0.0): 83.1,
+                    ("Naive-iDP", 0.2): 82.9, ("Naive-iDP", 1.0): 83.1,
+                    ("DP-SGD", 0.02): 23.6, ("DP-SGD", 0.2): 76.3, ("DP-SGD", 1.0): 76.3,
+                    ("ALIBI", 0.02): 67.4, ("ALIBI", 0.2): 77.4, ("ALIBI", 1.0): 82.2}
+# our benchmark's names for variants of the paper's mechanisms
+OUR_VARIANTS = {"DP-SGD (no tuning)": "DP-SGD", "DP-SGD best of 4": "DP-SGD",
+                "Naive-iDP (200/32561 nets)": "Naive-iDP"}
+# LUCID, Table 1: (hidden layers) -> Acc w/o-p, beta0, T0 (h), beta1, T1 (h)
+LUCID_TABLE1 = {"50,50": (83.1, 0.55, 2.9, 0.63, 3.0), "100,100": (83.3, 0.93, 4.3, 0.91, 4.1)}
+# Sphynx, Table 1, Adult: (TP, TN) of each kind out of 100 neighbourhoods
+SPHYNX_TABLE1 = {"2x50": {"membership": (93, 0), "dp_robustness": (75, 21),
+                          "sensitivity": (85, 10)},
+                 "2x100": {"membership": (82, 1), "dp_robustness": (54, 39),
+                           "sensitivity": (75, 10)},
+                 "4x50": {"membership": (93, 0), "dp_robustness": (11, 86),
+                          "sensitivity": (1, 97)}}
+# Sphynx, Table 4, Adult 2x50: network abstraction rate and overcoverage, Int. Abs. and Sphynx
+SPHYNX_TABLE4 = {("int_abs", "network_abstraction_rate"): 77.04, ("int_abs", "overcoverage"): 1.0,
+                 ("predint", "network_abstraction_rate"): 94.55,
+                 ("predint", "overcoverage"): 4.52}
+# PTR supplement, Table 1: (data set, method) -> accuracy at eps 1, 2, 5, 7, inf
+PTR_TABLE1 = {("mnist", "LDP-Image"): (0.1, 0.1, 0.1, 0.3, 0.99),
+              ("mnist", "LDP-Embedding"): (0.1075, 0.1319, 0.1927, 0.3107, 0.9096),
+              ("mnist", "Adversarial"): (0.514, 0.751, 0.891, 0.912, 0.9291),
+              ("fmnist", "LDP-Image"): (0.1, 0.1, 0.1, 0.1, 0.92),
+              ("fmnist", "LDP-Embedding"): (0.1012, 0.1251, 0.1708, 0.2420, 0.7798),
+              ("fmnist", "Adversarial"): (0.371, 0.554, 0.678, 0.722, 0.781)}
+# headline numbers: (paper, a words of the claim, the number the paper states)
+HEADLINE_NUMBERS = [("lucid", "at eps = 0 ", 1.4), ("lucid", "at eps = 0.2 ", 1.3),
+                    ("lucid", "at eps = 1 ", 1.1), ("lucid", "DP baselines", 12.7),
+                    ("lucid", "T0 + T1", 4.8), ("agt", "Cost of an AGT run", 2),
+                    ("agt", "SS keeps", 10), ("agt", "beats DP-SGD", 100),
+                    ("ptr", "LDP-Embedding", 0.41), ("sphynx", "Share of the networks", 7),
+                    ("sphynx", "Training-time", 13.6), ("sphynx", "Verification-time", 1.7e4),
+                    ("sphynx", "TP + TN", 93.3), ("sphynx", "False positive", 1.1),
+                    ("sphynx", "False negative", 5.5), ("sphynx", "abstraction", 90),
+                    ("barron", "Lower bound", 89)]
+
+
+def _committed(name: str) -> dict:
+  return json.loads((ROOT / "benchmarks" / "results" / name).read_text())
+
+
+def test_lucid_accuracy_rows_show_the_papers_numbers_also_for_our_variants():
+  rows = R.compare_idpdb_accuracy(_committed("idpdb_accuracy_adult_2x50.json"))
+  seen = set()
+  for q, paper, _, _ in rows:
+    m = re.fullmatch(r"(.+) accuracy \(%\), eps=(\S+)", q)
+    if not m:
+      continue
+    key = (OUR_VARIANTS.get(m.group(1), m.group(1)), float(m.group(2)))
+    assert paper == LUCID_ADULT_2X50.get(key), (q, paper)
+    seen.add(key)
+  assert set(LUCID_ADULT_2X50) <= seen     # every paper cell is shown, DP-SGD's included
+  # an unknown variant gets no paper number rather than a guess
+  assert R.paper_mechanism("DP-SGD something else", {}) is None
+
+
+def test_a_dp_baseline_beating_lucid_is_stated_with_both_numbers():
+  doc = _committed("idpdb_accuracy_adult_2x50.json")
+  acc = {(r["mechanism"], r["epsilon"]): 100 * r["accuracy"] for r in doc["table"]["rows"]}
+  rows = {q: (p, o) for q, p, o, _ in R.dp_beats_lucid_rows(doc)}
+  paper, ours = rows["eps=0.2: DP-SGD (no tuning) beats LUCID"]
+  assert f"{acc[('DP-SGD (no tuning)', 0.2)]:.2f}" == "82.85" and "82.85" in ours
+  assert "82.29" in ours and f"{acc[('LUCID', 0.2)]:.2f}" == "82.29"
+  assert "76.3" in paper and "82.4" in paper and "does not beat" in paper
+  # the test-selected DP-SGD is (4 eps)-DP: not compared at eps
+  assert not any("best of" in q for q in rows)
+  # a baseline below LUCID is not listed
+  assert not any("ALIBI" in q for q in rows)
+
+
+def test_lucid_table1_sphynx_and_barron_rows_show_the_papers_numbers():
+  for hidden, (acc, b0, t0, b1, t1) in LUCID_TABLE1.items():
+    doc = {"args": {"hidden": hidden}, "betas": {"0": 0.1, "1": 0.2}, "n": {"test_accuracy": 0.8},
+           "classes": {"0": {"seconds": 36.0}, "1": {"seconds": 72.0}}, "family": {}}
+    rows = {q: p for q, p, _, _ in R.compare_idpdb(doc)}
+    assert rows == {"beta_0": b0, "beta_1": b1, "T_0 (hours)": t0, "T_1 (hours)": t1,
+                    "N test accuracy (%)": acc}
+  kinds = {"membership", "dp_robustness", "sensitivity"}
+  doc = {"results": [{"arch": arch, "kinds": {k: {"confusion_sphynx": {
+      "TP": 1, "TN": 0, "FP": 0, "FN": 0}} for k in kinds}} for arch in SPHYNX_TABLE1]}
+  for q, paper, _, _ in R.compare_ldcp(doc):
+    arch, kind = q.split(":")[0].split()
+    assert paper == sum(SPHYNX_TABLE1[arch][kind]), q
+  for q, paper, _, _ in R.compare_hypernet(_committed("hypernet_adult_2x50.json")):
+    variant, metric = q.split(": ")
+    assert paper == SPHYNX_TABLE4[(variant, metric)], q
+  [(_, paper, _, _)] = R.compare_barron({"ratio_range": [0.5, 0.6]})
+  assert paper == "0.89-0.97"
+
+
+def test_ptr_rows_show_the_papers_table1_also_for_our_variants():
+  eps = ("1", "2", "5", "7", "inf")
+  seen = set()
+  for q, paper, _, _ in R.compare_ptr(_committed("ptr.json")):
+    m = re.fullmatch(r"(\w+) (.+) accuracy, eps=(\S+)", q)
+    if not m:
+      assert paper is None, q          # the release rows: no paper number
+      continue
+    ds, method, e = m.groups()
+    method = method.split(" (")[0]      # our variants: the authors' code's sensitivity
+    assert paper == PTR_TABLE1[(ds, method)][eps.index(e)], q
+    seen.add((ds, method))
+  assert seen == set(PTR_TABLE1)
+
+
+def test_headlines_state_the_papers_numbers():
+  for paper, words, value in HEADLINE_NUMBERS:
+    [h] = [h for h in R.HEADLINES if h.paper_key == paper and words in h.claim]
+    nums = [float(x) for x in re.findall(r"\d+(?:\.\d+)?(?:e\d+)?", h.paper)]
+    assert value in nums, (paper, words, h.paper)
+  assert {h.paper_key for h in R.HEADLINES} == {"lucid", "agt", "ptr", "sphynx", "barron"}
+
+
+def test_headlines_read_ours_from_the_results_and_name_the_command_when_missing(tmp_path):
+  rows = {q: o for q, _, o, _ in R.headline_rows("lucid", ROOT, {})}
+  acc = {(r["mechanism"], r["epsilon"]): r["accuracy"]
+         for r in _committed("idpdb_accuracy_adult_2x50.json")["table"]["rows"]}
+  n_acc = _committed("idpdb_adult_2x50.json")["n"]["test_accuracy"]
+  [eps0] = [o for q, o in rows.items() if "at eps = 0 " in q]
+  assert eps0.startswith(f"{100 * (n_acc - acc[('LUCID', 0.0)]):.2f} pp")
+  [beats] = [o for q, o in rows.items() if "more accurate than LUCID" in q]
+  assert "82.85 vs LUCID 82.29" in beats
+  # a clone without the results: every headline says so and names the command
+  root = fake_clone(tmp_path)
+  for _, _, ours, source in R.headline_rows("sphynx", root, {}):
+    assert ours == "No result" and "benchmarks/ldcp.py" in source
+  R.reproduce("render", root=root, runs=(toy_run("lucid"),), only=["lucid"], progress=False)
+  md = (root / "report" / "README.md").read_text()
+  part = md.split("\n## ", 1)[1]
+  assert part.index("### Headlines") < part.index("### Toy table")
+
+
+def _vnncomp_doc(cat, statuses, commit="c" * 40, timeout=60.0):
+  inst = [{"category": cat, "onnx_rel": f"{cat}/n.onnx", "vnnlib_rel": f"{cat}/p{i}.vnnlib",
+           "status": s, "timeout": timeout} for i, s in enumerate(statuses)]
+  solved = sum(s in ("sat", "unsat") for s in statuses)
+  return {"provenance": {"command": "python benchmarks/vnncomp.py", "commit": commit},
+          "summary": {cat: {"instances": len(statuses), "solved": solved, "wrong": 0}},
+          "instances": inst}
+
+
+def test_vnncomp_table_has_a_row_per_category_with_abcrown_and_missing_ones(tmp_path):
+  root = fake_clone(tmp_path / "clone")
+  res = root / "benchmarks" / "results"
+  (res / "vnncomp_acasxu.json").write_text(json.dumps(
+      _vnncomp_doc("acasxu", ["unsat", "timeout", "sat"])))
+  shared = tmp_path / "shared" / "benchmarks" / "vnncomp2021"
+  shared.mkdir(parents=True)
+  lines = ["category,onnx,vnnlib,verdict,timeout,abcrown_2021,abcrown_2021_s",
+           "acasxu,acasxu/n.onnx,acasxu/p0.vnnlib,unsat,116,timeout,116",
+           "acasxu,acasxu/n.onnx,acasxu/p1.vnnlib,unsat,116,unsat,1",
+           "acasxu,acasxu/n.onnx,acasxu/p2.vnnlib,sat,116,unknown,116",
+           "acasxu,acasxu/n.onnx,acasxu/p9.vnnlib,sat,116,sat,1",   # not run by us
+           "mnistfc,mnistfc/m.onnx,mnistfc/q.vnnlib,unsat,120,unsat,2"]
+  (shared / "instances.csv").write_text("\n".join(lines) + "\n")
+  t = R.vnncomp_table(root)
+  rows = {r[0]: r for r in t.rows}
+  assert set(R.VNNCOMP_CATEGORIES) <= set(rows)
+  assert rows["acasxu"][1:6] == ("2 / 3", 0, "60 s", "`cccccccccccc`", "1 / 3")
+  assert rows["mnistfc"][1] == "No result" and rows["mnistfc"][5] == "1 / 1"
+  assert ("python benchmarks/vnncomp.py --category mnistfc --csv-timeouts --out "
+          "benchmarks/results/vnncomp_mnistfc.json") in rows["mnistfc"][6]
+  md = "\n".join(R.markdown_table(t))
+  assert "| acasxu | 2 / 3 | 0 | 60 s |" in md
+  page = "\n".join(R.html_table(t))
+  assert "<td><code>python benchmarks/vnncomp.py --category mnistfc --csv-timeouts" in page
+
+
+def test_vnncomp_table_reads_every_committed_category():
+  rows = {r["category"]: r for r in R.vnncomp_category_rows(ROOT)}
+  for cat in R.VNNCOMP_CATEGORIES:
+    path = ROOT / "benchmarks" / "results" / f"vnncomp_{cat}.json"
+    if not path.is_file():
+      assert rows[cat]["solved"] is None and f"--category {cat}" in rows[cat]["command"]
+      continue
+    s = json.loads(path.read_text())["summary"][cat]
+    assert (rows[cat]["solved"], rows[cat]["instances"], rows[cat]["wrong"]) == (
+        s["solved"], s["instances"], s["wrong"])
+  assert not any(r.result == "vnncomp.json" for r in R.RUNS)   # the old 8-instance run
+
+
+# ------------------------------------------- README's measured numbers come from the report
+
+def test_readme_blocks_equal_what_the_committed_results_give():
+  """README.md quotes measured numbers only between report markers; a stale block (a number
+  that no longer matches its JSON) fails here: `boundjax reproduce --render-only --readme`."""
+  text = (ROOT / "README.md").read_text()
+  blocks = R.readme_blocks(ROOT / "benchmarks" / "results")
+  assert set(blocks) == set(R.README_BLOCKS)
+  for name, body in blocks.items():
+    held = R.readme_block_text(text, name)
+    assert held is not None, f"README.md has no report:{name} block"
+    assert held.strip() == body.strip(), f"README.md's report:{name} block is stale"
+  # the numbers found wrong or in no JSON are gone from the prose
+  for stale in ("1.1-1.7×", "within 0.04 of", "majority 0.658"):
+    assert stale not in text
+
+
+def test_update_readme_replaces_inline_and_table_blocks_and_names_a_missing_one():
+  text = ("A fit takes <!-- report:a -->old<!-- /report:a --> here.\n\n"
+          "<!-- report:t -->\n| x |\n|---|\n| 1 |\n<!-- /report:t -->\nend\n")
+  new = R.update_readme(text, {"a": "0.67-1.69×", "t": "| x |\n|---|\n| 2 |"})
+  assert "A fit takes <!-- report:a -->0.67-1.69×<!-- /report:a --> here." in new
+  assert "<!-- report:t -->\n| x |\n|---|\n| 2 |\n<!-- /report:t -->\nend" in new
+  assert R.readme_block_text(new, "t").strip().endswith("| 2 |")
+  with pytest.raises(ValueError, match="report:nope"):
+    R.update_readme(text, {"nope": "x"})
+
+
+def test_readme_crown_block_reads_the_range_over_every_run():
+  rows = [{"net": "6-64-64-2", "k": k, "interval_fit_s": 10.0, "crown_fit_s": c,
+           "interval_box_width": 1.0, "crown_box_width": w, "interval_certified": 0.5,
+           "crown_certified": 0.75} for k, c, w in ((1, 5.0, 0.5), (5, 12.0, 0.25),
+                                                    (10, 10.0, 0.5))]
+  rows.append({"net": "6-128-2", "k": 1, "interval_fit_s": 4.0, "crown_fit_s": 8.0,
+               "interval_box_width": 1.0, "crown_box_width": 1.0, "interval_certified": 1.0,
+               "crown_certified": 1.0})
+  text = R.readme_agt_crown({"rows": rows})
+  assert "0.50 / 0.50 / 0.50 (interval) to 0.75 / 0.75 / 0.75 (CROWN) at k = 1 / 5 / 10" in text
+  assert "0.25-0.50 times as wide" in text
+  assert "0.50-2.00× the interval one over the 4 runs" in text
+
+
+def test_render_only_with_readme_rewrites_the_clones_readme(tmp_path, monkeypatch):
+  root = fake_clone(tmp_path)
+  (root / "README.md").write_text("x <!-- report:a -->old<!-- /report:a --> y\n")
+  (root / "benchmarks/results/a.json").write_text(json.dumps({"v": 3}))
+  monkeypatch.setattr(R, "README_BLOCKS", {"a": ("a.json", lambda d: f"v = {d['v']}")})
+  R.reproduce("render", root=root, runs=(toy_run(),), progress=False, readme=True)
+  assert (root / "README.md").read_text() == "x <!-- report:a -->v = 3<!-- /report:a --> y\n"
