@@ -360,3 +360,31 @@ def test_unstable_rows_only_skip_stable_neurons_and_stay_sound(monkeypatch):
   for rows, known in (("auto", None), (1 / 64, parent)):  # 1/64: fewer rows than unstable
     out = bj.crown(f, sound=True, splits=True, unstable_rows=rows)(box, pre=known)
     _check(out, samples, eye, zero, 0.0, (rows, known is None))
+
+
+@pytest.mark.parametrize("objective", ["lower", "both"])
+def test_details_of_a_network_without_relu_nodes(objective):
+  """``return_info`` on a network with no ReLU node (tanh only): no nodes, and the input
+  coefficients have one row per output (the rows were once taken from the ReLU slopes alone,
+  and a network without them crashed in a reshape to zero rows). The input coefficients are
+  those of a sound lower bound: at 10^4 points plus the 8 corners of each box, ``y >= lower
+  bound = Λ·x + const`` minimised over the box, i.e. every sample's output is at least the
+  returned lower bound."""
+  rng = np.random.default_rng(0)
+  w, v = rng.normal(size=(3, 4)), rng.normal(size=(4, 2))
+  f = lambda x: jnp.tanh(x @ jnp.asarray(w)) @ jnp.asarray(v)
+  lo = rng.uniform(-1, 0, size=(2, 3))
+  hi = lo + rng.uniform(0.1, 1, size=(2, 3))
+  g = bj.crown(f, batch_axis=0, splits=True, beta=True, return_info=True, alpha_steps=3,
+               alpha_objective=objective, sound=True)
+  out, info = g(bj.Interval(jnp.asarray(lo), jnp.asarray(hi)))
+  assert info.pre == () and info.relu_coeffs == ()
+  assert [tuple(c.shape) for c in info.input_coeffs] == [(2, 2, 3)]
+  assert np.all(np.isfinite(np.asarray(out.lower)))
+  corners = np.array(np.meshgrid(*[[0, 1]] * 3, indexing="ij")).reshape(3, -1).T
+  for b in range(2):
+    xs = np.concatenate([rng.uniform(lo[b], hi[b], size=(10_000, 3)),
+                         np.where(corners, hi[b], lo[b])])
+    ys = np.tanh(xs @ w) @ v
+    assert np.all(ys >= np.asarray(out.lower)[b] - 0.0)
+    assert np.all(ys <= np.asarray(out.upper)[b] + 0.0)

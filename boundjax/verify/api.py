@@ -94,6 +94,11 @@ ENGINE_SPLIT_STEPS = 10
 ENGINE_SPLIT_ROOT_STEPS = 20
 """α-CROWN steps of its root (on CROWN's intermediate bounds)."""
 
+ENGINE_MILP_UNSTABLE = 200
+"""Unstable neurons at that root up to which the MILP decides the disjunct at once (OVAL21's
+``cifar_base_kw`` at img 4549: 72 unstable, each of the nine disjuncts decided in 1-8 s by the
+MILP, where ReLU splitting left a margin of -0.007 after 5,800 sub-problems)."""
+
 ALPHA_SHARE = 0.5
 """The engine's α-CROWN stage gets this share of the time left when branch and bound follows."""
 
@@ -160,6 +165,26 @@ def _matches(lay: chain.Layers, replay: attack.Replayer, regions: Sequence[Regio
     if y.shape != y_ref.shape or not np.allclose(y, y_ref, rtol=1e-9, atol=1e-9):
       return False
   return True
+
+
+def _point_network(apply_fn: Callable, params: Any, input_shape: Sequence[int],
+                   replay: attack.Replayer, regions: Sequence[Region], key: int):
+  """The extracted `milp.network.Network` (sparse layers: convolutions are not densified)
+  when the function is an affine/ReLU chain and the network agrees with the float64 replay on
+  random points of every box (the MILP's answers are about it); else None."""
+  from milp import network as mnet
+  net = _extract(apply_fn, params, input_shape)
+  if net is None:
+    return None
+  rng = np.random.default_rng(key)
+  for r in regions:
+    xs = np.concatenate([rng.uniform(r.lower, r.upper, size=(16, r.dim)),
+                         ((r.lower + r.upper) / 2)[None]])
+    y_ref = replay(xs)
+    y = mnet.forward_batch(net, xs)
+    if y.shape != y_ref.shape or not np.allclose(y, y_ref, rtol=1e-9, atol=1e-9):
+      return None
+  return net
 
 
 def _dense_chain(apply_fn: Callable, params: Any, input_shape: Sequence[int], plan: int,
@@ -441,20 +466,25 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
       regions = _open_part(regions, eng.proven)
       if deadline.expired():
         return done("timeout", phase="bounds")
-    if high_dim and wide and "crown" in fitted and engine_bounds is not False:
-      # 3. ReLU splitting on the network itself (convolutions as they are, not densified)
-      out = engine_split(regions, replay)
-      if out is not None:
-        return out
+    # ReLU splitting on the network itself follows (convolutions as they are, not densified)
+    split_here = (high_dim and wide and "crown" in fitted and engine_bounds is not False
+                  and engine.has_primitive(apply_fn, params, input_shape, ("max",)))
     if lay is None and high_dim:  # the attack again on the open disjuncts, other starts
       report.stage = "attack"
       hit = _attack(apply_fn, params, input_shape, regions, replay,
-                    Deadline(deadline.remaining() / 2), deadline, attack_restarts,
-                    attack_steps, key + 1)
+                    Deadline(deadline.remaining() / (4 if split_here else 2)), deadline,
+                    attack_restarts, attack_steps, key + 1)
       if hit is not None:
         return done("sat", hit, "attack")
     if not _after(behind, deadline, report):
       return done("timeout")
+    if split_here:
+      if milp and net is None:
+        report.stage = "extract"
+        net = _point_network(apply_fn, params, input_shape, replay, regions, key)
+      out = engine_split(regions, replay, net if milp else None)
+      if out is not None:
+        return out
     if lay is None:
       from boundjax.verify import generic
       report.stage = "generic"
@@ -476,15 +506,21 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
         raise
       raise _memory.against_total(e, memory) from e
 
-  def engine_split(regs: Sequence[Region], replay) -> Outcome | None:
+  def engine_split(regs: Sequence[Region], replay, net) -> Outcome | None:
     """ReLU splitting with β-CROWN on the network itself (`relu_bab.engine_problem`: the
-    engine's bounds through convolutions as they are), one open disjunct after another;
-    None when it does not apply (no ReLU, or a specification or parameters not exact in
-    float32): the caller's path goes on."""
+    engine's bounds through convolutions as they are), one open disjunct after another, each
+    with an equal share of the time left (one out of its share gets a second turn with what
+    the others left); None when it does not apply (no ReLU, or a specification or parameters
+    not exact in float32): the caller's path goes on. With the extracted point network ``net``, the MILP
+    (Tjeng et al. 2019) decides a disjunct whose root has at most `ENGINE_MILP_UNSTABLE`
+    unstable neurons, and the rest after half of the time (its own big-M bounds: the engine's
+    node order need not be the network's layer order)."""
     from boundjax.verify import relu_bab
     fp = engine.fingerprint(apply_fn, params, input_shape)
-    for region in regs:
-      for disjunct in region.disjuncts:
+    pending = [(r, dj) for r in regs for dj in r.disjuncts]
+    for _ in range(2):  # a disjunct out of its share of the time gets a second turn
+      left = []
+      for i, (region, disjunct) in enumerate(pending):
         if deadline.expired():
           return done("timeout")
         problem = relu_bab.engine_problem(
@@ -494,17 +530,26 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
         if problem is None:
           return None
         stats["method"] = "relu-split-engine"
+        fallback = (relu_bab.milp_fallback(net, region, disjunct, replay) if net is not None
+                    else None)
+        share = Deadline(deadline.remaining() / (len(pending) - i))  # the time left, shared
         status, cex, nodes, how = relu_bab.split_search(
-            problem, region, disjunct, replay, deadline, batch=ENGINE_SPLIT_BATCH,
-            progress=progress, report=report)
+            problem, region, disjunct, replay, share, batch=ENGINE_SPLIT_BATCH,
+            progress=progress, report=report, milp=fallback,
+            milp_unstable=ENGINE_MILP_UNSTABLE)
         stats["nodes"] += nodes
         if how == relu_bab.NO_RELU:
           return None
         if status == "sat":
           return done("sat", cex, how)
-        if status != "unsat":
+        if status == "timeout":
+          left.append((region, disjunct))
+        elif status != "unsat":
           return done(status)
-    return done("unsat", phase="bab")
+      if not left:
+        return done("unsat", phase="bab")
+      pending = left
+    return done("timeout")
 
   def dense(lay, net, plan, replay, warm) -> Outcome:
     """Bounds and branch and bound on the dense chain."""

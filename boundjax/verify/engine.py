@@ -126,14 +126,15 @@ _CACHE_SIZE = 8
 S_SHAPED_PRIMITIVES = ("logistic", "tanh")
 
 
-def has_s_shaped(apply_fn: Callable, params: Any, input_shape: Sequence[int]) -> bool:
-  """Whether the network applies logistic or tanh (nested calls included)."""
+def has_primitive(apply_fn: Callable, params: Any, input_shape: Sequence[int],
+                  names: Sequence[str]) -> bool:
+  """Whether the network applies one of the primitives ``names`` (nested calls included)."""
   jaxpr = jax.make_jaxpr(lambda x: apply_fn(params, x))(
       jax.ShapeDtypeStruct(tuple(input_shape), jnp.float32))
 
   def walk(jp) -> bool:
     for e in jp.eqns:
-      if e.primitive.name in S_SHAPED_PRIMITIVES:
+      if e.primitive.name in names:
         return True
       for v in e.params.values():
         inner = getattr(v, "jaxpr", v)
@@ -141,6 +142,11 @@ def has_s_shaped(apply_fn: Callable, params: Any, input_shape: Sequence[int]) ->
           return True
     return False
   return walk(jaxpr.jaxpr)
+
+
+def has_s_shaped(apply_fn: Callable, params: Any, input_shape: Sequence[int]) -> bool:
+  """Whether the network applies logistic or tanh (nested calls included)."""
+  return has_primitive(apply_fn, params, input_shape, S_SHAPED_PRIMITIVES)
 
 
 def bound_function(apply_fn: Callable, key: str, input_shape: tuple[int, ...], sound: bool,

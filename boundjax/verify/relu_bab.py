@@ -81,7 +81,8 @@ def _scores(lams, lbs, ubs, splits, row):
 
 
 def _milp(net, region: Region, disjunct: Disjunct, lbs, ubs, deadline: Deadline, replay):
-  """The exact MILP on the box with the root's hidden bounds; ``(status, cex)``."""
+  """The exact MILP on the box with the root's hidden bounds (``lbs, ubs``, per layer of
+  ``net``; None: the MILP computes its own); ``(status, cex)``."""
   try:
     from milp.property import check_property
   except ImportError:
@@ -89,10 +90,12 @@ def _milp(net, region: Region, disjunct: Disjunct, lbs, ubs, deadline: Deadline,
   left = deadline.remaining()
   if left <= 1.0:
     return "timeout", None
-  w, b = net.layers[-1].w_lower, net.layers[-1].b_lower
-  w = w.toarray() if hasattr(w, "toarray") else np.asarray(w)  # a scipy.sparse layer, too
-  yl, yu = affine_image(w, b, np.maximum(lbs[-1], 0.0), np.maximum(ubs[-1], 0.0))
-  bounds = [(l.copy(), u.copy()) for l, u in zip(lbs, ubs)] + [(yl, yu)]
+  bounds = None  # without the root's: the MILP's own (CROWN, met with IBP)
+  if lbs is not None:
+    w, b = net.layers[-1].w_lower, net.layers[-1].b_lower
+    w = w.toarray() if hasattr(w, "toarray") else np.asarray(w)  # a scipy.sparse layer, too
+    yl, yu = affine_image(w, b, np.maximum(lbs[-1], 0.0), np.maximum(ubs[-1], 0.0))
+    bounds = [(l.copy(), u.copy()) for l, u in zip(lbs, ubs)] + [(yl, yu)]
   res = check_property(net, region.lower, region.upper, disjunct.C, disjunct.d,
                        time_limit=left, bounds=bounds)
   if res.status == "sat":
@@ -131,11 +134,12 @@ _ENGINE_SIZE = 4
 
 
 def _engine_fn(apply_fn: Callable, input_shape: tuple, key: str, sound: bool,
-               intermediate: str, steps: int, lr: float, memory_bytes: int | None):
+               intermediate: str, steps: int, lr: float, memory_bytes: int | None,
+               alpha_intermediate: bool = False):
   """The engine's bound of ``C flatten(apply_fn(params, x)) - d`` on a batch of flattened
   float32 boxes with split constraints, β and the details (``bj.crown(..., splits=True,
   beta=True, return_info=True)``), jitted, cached per architecture ``key`` and options."""
-  ck = (key, input_shape, sound, intermediate, steps, lr, memory_bytes)
+  ck = (key, input_shape, sound, intermediate, steps, lr, memory_bytes, alpha_intermediate)
   if ck not in _ENGINE:
     from boundjax.domains.linear import crown as engine_crown
 
@@ -147,7 +151,8 @@ def _engine_fn(apply_fn: Callable, input_shape: tuple, key: str, sound: bool,
     budget = {} if memory_bytes is None else {"memory_bytes": memory_bytes}
     fn = engine_crown(g, batch_axis=0, sound=sound, intermediate=intermediate, splits=True,
                       beta=True, return_info=True, alpha_steps=steps, alpha_lr=lr,
-                      alpha_objective="lower", **budget)
+                      alpha_objective="lower", alpha_intermediate=alpha_intermediate,
+                      **budget)
     jitted = jax.jit(lambda p, box, pre, splits, warm: fn(p, box, pre=pre, splits=splits,
                                                           warm=warm))
     if len(_ENGINE) >= _ENGINE_SIZE:
@@ -159,12 +164,15 @@ def _engine_fn(apply_fn: Callable, input_shape: tuple, key: str, sound: bool,
 
 def engine_problem(apply_fn: Callable, params: Any, input_shape, key: str, C, d, *,
                    sound: bool, root_steps: int, steps: int, lr: float,
-                   memory_bytes: int | None = None) -> Problem | None:
+                   memory_bytes: int | None = None,
+                   root_alpha_intermediate: bool = False) -> Problem | None:
   """The problem on the network itself (convolutions, pooling, residual sums as they are: no
   densified chain), every bound from the engine in float32: the parameters must equal their
   float32 rounding (ONNX weights do, `engine.params_exact_f32`) and ``C`` be exact in
   float32 (``d`` is rounded up, `engine.spec_f32`); None otherwise. The root is α-CROWN on
-  CROWN's intermediate bounds."""
+  CROWN's intermediate bounds (``root_alpha_intermediate``: every layer's bounds optimised
+  too; on OVAL21's ``cifar_base_kw`` it moved the root bound from -0.0223 to -0.0222 and left
+  the 72 unstable neurons unstable, for a much longer compilation)."""
   from boundjax.verify import engine
   exact = engine.spec_f32(C, d)
   if exact is None or not engine.params_exact_f32(params):
@@ -178,9 +186,16 @@ def engine_problem(apply_fn: Callable, params: Any, input_shape, key: str, C, d,
     return Interval(jnp.asarray(l32), jnp.asarray(h32))
 
   return Problem(p32,
-                 _engine_fn(apply_fn, shape, key, sound, "crown", root_steps, lr, memory_bytes),
+                 _engine_fn(apply_fn, shape, key, sound, "crown", root_steps, lr, memory_bytes,
+                            alpha_intermediate=root_alpha_intermediate),
                  _engine_fn(apply_fn, shape, key, sound, "ibp", steps, lr, memory_bytes),
                  box, None)
+
+
+def milp_fallback(net: Any, region: Region, disjunct: Disjunct, replay: Any) -> Callable:
+  """`split_search`'s ``milp`` on the point network ``net`` (`milp.network.Network`) with the
+  MILP's own big-M bounds (a problem's node bounds need not be in ``net``'s layer order)."""
+  return lambda lbs, ubs, dl: _milp(net, region, disjunct, None, None, dl, replay)
 
 
 def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, replay: Any,
@@ -270,6 +285,7 @@ def split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: A
   if hit is not None:
     return "sat", hit, 1, "bab"
   n_unstable = sum(int(np.sum((l < 0) & (u > 0))) for l, u in zip(root_l, root_u))
+
   if milp is not None and n_unstable <= milp_unstable:
     report.stage = "milp"
     st, cex = milp(root_l, root_u, deadline)

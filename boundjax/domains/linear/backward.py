@@ -1272,7 +1272,11 @@ def run_backward(ctx: Ctx, boxes: Sequence[Interval], spec=None, data: dict | No
       results.append(None)
   if not ctx.info:
     return results
-  m = det["alpha"][0].shape[1] if det and det["alpha"] else 0
+  m = 0  # the bounds' rows: from the slopes, or (no ReLU node) from any coefficient array
+  if det and det["alpha"]:
+    m = det["alpha"][0].shape[1]
+  elif det and det["coeffs"]:
+    m = next(iter(det["coeffs"].values())).shape[0]
   used = det["pre"] if det and "pre" in det else pre  # α-optimised intermediate bounds if any
   info = {
       "pre": [(used[x][0].reshape(-1), used[x][1].reshape(-1)) for x, _ in ctx.nodes],
