@@ -518,6 +518,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
     from boundjax.verify import relu_bab
     fp = engine.fingerprint(apply_fn, params, input_shape)
     pending = [(r, dj) for r in regs for dj in r.disjuncts]
+    decided = set()  # how the disjuncts were decided: "bounds", "bab", "milp"
     for _ in range(2):  # a disjunct out of its share of the time gets a second turn
       left = []
       for i, (region, disjunct) in enumerate(pending):
@@ -546,8 +547,11 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
           left.append((region, disjunct))
         elif status != "unsat":
           return done(status)
+        else:
+          decided.add(how)
       if not left:
-        return done("unsat", phase="bab")
+        phase = next(h for h in ("bab", "milp", "bounds") if h in decided or h == "bounds")
+        return done("unsat", phase=phase)
       pending = left
     return done("timeout")
 
