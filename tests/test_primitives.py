@@ -36,7 +36,8 @@ def _ours(name: str) -> bool:
 
 def test_every_classified_name_is_a_jax_primitive():
   known = _jax_primitive_names()
-  for group in (P.LINEAR, P.BILINEAR, P.MAX_MIN, P.PIECEWISE_CONSTANT, P.KEEPS_NONNEG):
+  for group in (P.LINEAR, P.BILINEAR, P.MAX_MIN, P.PIECEWISE_CONSTANT, P.KEEPS_NONNEG,
+                P.ONE_TO_ONE, P.MIXING):
     assert not sorted(group - known), sorted(group - known)
 
 

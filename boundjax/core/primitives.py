@@ -23,6 +23,11 @@ Every set holds JAX primitive names (``eqn.primitive.name``), never function nam
 * `PIECEWISE_CONSTANT`: order statistics and roundings whose value is not a max/min of
   linear pieces (argmax, sort, floor, ...): neither linear nor encodable by big-M constraints
   of a max.
+* `ONE_TO_ONE`: with one box-dependent operand of the result's shape (the others concrete),
+  every result entry is a monotone affine function of one entry of it and no two results share
+  one (permutations, crops, constant padding, entrywise shifts and scalings): the interval image
+  of a box is the exact range of each entry.
+* `MIXING`: linear maps that combine entries (products with a concrete matrix or kernel, sums).
 * `KEEPS_NONNEG`: maps non-negative operands to non-negative results (used where an interval
   product is exact for inputs ``>= 0``, e.g. Sphynx's encoding of interval weights).
 """
@@ -61,6 +66,16 @@ PIECEWISE_CONSTANT = frozenset({
 })
 """Order statistics and roundings (``cummax``/``cummin`` are maxima of prefixes, but no encoder
 here treats them as such; they are listed with the order statistics)."""
+
+ONE_TO_ONE = frozenset({
+    "reshape", "transpose", "squeeze", "slice", "pad", "rev", "copy", "stop_gradient",
+    "optimization_barrier", "device_put", "sharding_constraint", "convert_element_type", "neg",
+    "add", "sub", "mul", "div",
+})
+"""Entry to entry, with one box-dependent operand of the result's shape."""
+
+MIXING = frozenset({"dot_general", "conv_general_dilated", "reduce_sum", "reduce_window_sum"})
+"""Linear maps combining entries, with one box-dependent operand."""
 
 KEEPS_NONNEG = DATA_MOVEMENT | BILINEAR | (ARITHMETIC_LINEAR - {"sub", "neg"})
 """Non-negative float operands give a non-negative result."""

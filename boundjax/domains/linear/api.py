@@ -23,7 +23,7 @@ from boundjax.domains.linear.rules import (
     INTERMEDIATE_MODES, CrownProgram, classify_program, eval_concrete, from_core, is_float,
     S_SHAPED, low_precision, read_value, warn_fallbacks)
 from boundjax.domains.linear.backward import Ctx, run_backward, unstable_fraction
-from boundjax.domains.linear.prefix import ancestors_of, build_prefix
+from boundjax.domains.linear.prefix import ancestors_of, build_prefix, interval_exact
 from boundjax.domains.linear.windows import (
     patch_plan)
 
@@ -36,10 +36,11 @@ def _is_array_like(x: Any) -> bool:
   return isinstance(x, (jax.Array, np.ndarray, np.generic)) or isinstance(x, jax.core.Tracer)
 
 
-def _targets(prog: CrownProgram, intermediate: str) -> list[_Var]:
+def _targets(prog: CrownProgram, intermediate: str, outputs: bool = True) -> list[_Var]:
   """Variables bounded by a backward pass of their own, in program order: with
   ``intermediate="crown"`` the inputs of every ReLU and relaxed equation and the affine inputs of
-  fallback equations; always the abstract outputs (full-precision floats only)."""
+  fallback equations; the abstract outputs unless ``outputs=False`` (full-precision floats
+  only)."""
   targets: list = []
 
   def add(x):
@@ -64,7 +65,7 @@ def _targets(prog: CrownProgram, intermediate: str) -> list[_Var]:
           j = prog.producer.get(e.invars[p])
           if j is not None and prog.eqns[j].kind == "affine":
             add(e.invars[p])
-  for v in prog.outvars:
+  for v in prog.outvars if outputs else ():
     add(v)
   return targets
 
@@ -318,18 +319,27 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       targets = _targets(prog, intermediate)
       ancestors = {t: ancestors_of(prog, t) for t in targets}
       prefixes = {t: build_prefix(prog, cenv, t, ancestors[t], sound) for t in targets}
+      outs = set(v for v in prog.outvars if isinstance(v, _Var))
+      # intermediate targets the interval pass bounds exactly: no backward pass of their own
+      # (`run_backward` reads an output that is one from its intermediate bound, unless α or
+      # `return_info` bounds it again)
+      inner = set(_targets(prog, intermediate, outputs=False))
+      again = bool(alpha) or return_info or intermediate != "crown"
+      exact = frozenset(t for t in inner if interval_exact(prog, ancestors[t])
+                        and (t not in outs or not (again or t is self.spec_var)))
       plans = {}
       if patches and not sound:
         plans = {t: patch_plan(prog, cenv, t, prefixes, ancestors) for t in targets}
         plans = {t: p for t, p in plans.items() if p is not None}
-      outs = set(v for v in prog.outvars if isinstance(v, _Var))
       caps = {x: math.ceil(share * x.size) for x, _ in self.nodes
               if x in prefixes and x not in outs and math.ceil(share * x.size) < x.size}
       ctx = Ctx(prog, cenv, sound, intermediate, prefixes, ancestors, plans,
                 self.spec_var, self.spec_var is not None and self.axes is not None,
                 alpha_steps if alpha else 0, float(alpha_lr), beta, self.nodes, return_info,
-                caps, alpha_intermediate, _s_nodes(prog) if alpha else (), alpha_objective)
-      chunk = chunk_size or _auto_chunk(prog, targets, ancestors, memory_bytes)
+                caps, alpha_intermediate, _s_nodes(prog) if alpha else (), alpha_objective,
+                exact)
+      chunk = chunk_size or _auto_chunk(prog, [t for t in targets if t not in exact], ancestors,
+                                        memory_bytes)
       return ctx, [v for v in values if is_interval(v)], chunk
 
     def bounds(self, share: float):

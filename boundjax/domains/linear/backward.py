@@ -50,6 +50,7 @@ class Ctx:
   alpha_intermediate: bool = False  # α-CROWN also on the ReLU layers' own bounds
   s_nodes: tuple = ()  # (input var, eqn index) of logistic/tanh equations: α tangent points
   alpha_objective: str = "both"  # α minimises upper - lower, or -lower, or upper alone
+  exact: frozenset = frozenset()  # targets the interval pass bounds exactly (`interval_exact`)
 
 
 def _mag(iv: Interval):
@@ -1181,7 +1182,7 @@ def forward_pass(ctx: Ctx, boxes: Sequence[Interval], data: dict | None = None,
   def tighten(x):
     if x not in pre:
       k = node_of.get(x)
-      if ctx.intermediate == "crown" and x in ctx.prefixes:
+      if ctx.intermediate == "crown" and x in ctx.prefixes and x not in ctx.exact:
         cap = ctx.row_caps.get(x)
         if mid_alphas is not None and x in mid_alphas:
           lo, hi = _backward(ctx, x, ivs, pre, rel, alphas=mid_alphas[x])

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from boundjax.core import rounding
+from boundjax.core import primitives, rounding
 from boundjax.core.program import Lit as _Lit, Var as _Var
 from boundjax.core.interval import Interval
 
@@ -157,6 +157,33 @@ class Prefix:
   bias: Any  # (m,)
   slack_const: Any  # (m,) example-independent rounding slack (sound mode)
   steps: list  # (|Λ_y|, eqn, pos, n) for the example-dependent slack (sound mode): γ_n, 2nλ
+
+
+def interval_exact(prog: CrownProgram, anc: Sequence[int]) -> bool:
+  """Whether the forward interval pass bounds a target (whose backward pass walks the equations
+  ``anc``) as tightly as that pass would in real arithmetic, so the pass can be skipped: every
+  equation is affine in one box-dependent operand, at most one combines entries
+  (`primitives.MIXING`: a product with a concrete matrix or kernel, a sum) and every other one
+  maps entries one to one (`primitives.ONE_TO_ONE`, its box operand of the result's shape). A
+  box mapped entry to entry is a box, and the range of ``Σ_j w_ij x_j`` over a box is
+  ``Σ_j min(w_ij l_j, w_ij u_j)`` to ``Σ_j max(w_ij l_j, w_ij u_j)``: the interval bound, and
+  CROWN's bound of a linear layer on its input box (Zhang et al. 2018, §3: no relaxation
+  behind). Example: a network's first convolution, whose dense backward pass from every output
+  entry would take gigabytes."""
+  mixing = 0
+  for i in anc:
+    e = prog.eqns[i]
+    if e.kind != "affine" or len(e.abstract_pos) != 1:
+      return False
+    if e.name in primitives.MIXING:
+      mixing += 1
+    elif e.name in primitives.ONE_TO_ONE:
+      x = e.invars[e.abstract_pos[0]]
+      if e.name in ("add", "sub", "mul", "div") and x.aval.shape != e.outvars[0].aval.shape:
+        return False
+    else:
+      return False
+  return mixing <= 1
 
 
 def ancestors_of(prog: CrownProgram, target: _Var) -> list[int]:

@@ -1,0 +1,99 @@
+"""CROWN skips the backward pass of a target the interval pass bounds exactly
+(`boundjax.domains.linear.prefix.interval_exact`: a linear map of the input box, such as a
+network's first convolution): the bounds stay CROWN's (checked against a float64 reference and
+by sampling in float64) and the memory budget no longer counts that pass."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import boundjax as bj
+from tests.helpers import sample_box
+
+N_SAMPLES = 10_000
+
+
+def _conv_net(seed: int):
+  """conv(1 -> 8, 3x3) -> ReLU -> dense(10): the conv output has 800 entries, so its dense
+  backward pass (800 rows through the convolution) needs about 5 MB per example."""
+  rng = np.random.default_rng(seed)
+  k = rng.normal(size=(8, 1, 3, 3)).astype(np.float32) / 3
+  b = rng.normal(size=(8,)).astype(np.float32) * 0.1
+  w = rng.normal(size=(800, 10)).astype(np.float32) / 20
+
+  def f(x):  # x: (1, 1, 12, 12)
+    z = jax.lax.conv_general_dilated(x, k, (1, 1), "VALID") + b[None, :, None, None]
+    return jnp.maximum(z, 0.0).reshape((1, -1)) @ w
+
+  return f, (k, b, w)
+
+
+def _reference(params, lo, hi):
+  """float64 CROWN of `_conv_net` with the convolution's exact interval range (the dense
+  Jacobian, sign split), CROWN's adaptive lower slopes: (lower, upper) of the 10 outputs."""
+  k, b, w = (np.asarray(p, np.float64) for p in params)
+  f = lambda x: jax.lax.conv_general_dilated(x, k, (1, 1), "VALID").reshape(-1)  # noqa: E731
+  with jax.enable_x64(True):
+    J = np.asarray(jax.jacobian(f)(jnp.zeros((1, 1, 12, 12), jnp.float64))).reshape(800, 144)
+  bias = np.repeat(b, 100)
+  l = np.maximum(J, 0) @ lo.ravel() + np.minimum(J, 0) @ hi.ravel() + bias
+  u = np.maximum(J, 0) @ hi.ravel() + np.minimum(J, 0) @ lo.ravel() + bias
+  unstable = (l < 0) & (u > 0)
+  up_slope = np.where(u <= 0, 0.0, np.where(l >= 0, 1.0, u / np.where(unstable, u - l, 1)))
+  up_bias = np.where(unstable, -up_slope * l, 0.0)
+  lo_slope = np.where(u <= 0, 0.0, np.where(l >= 0, 1.0, (u >= -l).astype(float)))
+  out = []
+  for sign in (1.0, -1.0):
+    A = sign * w.T  # rows: the outputs, signed
+    slope = np.where(A >= 0, lo_slope, up_slope)  # a lower bound of A relu(z)
+    off = np.where(A >= 0, 0.0, up_bias)
+    M = (A * slope) @ J
+    c = (A * slope) @ bias + (A * off).sum(1)
+    out.append(sign * (np.maximum(M, 0) @ lo.ravel() + np.minimum(M, 0) @ hi.ravel() + c))
+  return out[0], out[1]
+
+
+@pytest.mark.parametrize("sound", [False, True])
+def test_first_convolution_bounded_by_intervals(sound):
+  f, params = _conv_net(0)
+  rng = np.random.default_rng(1)
+  x0 = rng.random((1, 1, 12, 12)).astype(np.float32)
+  box = bj.Interval(jnp.asarray(x0 - 0.05), jnp.asarray(x0 + 0.05))
+  # 1 MB: the first convolution's dense backward pass alone would need about 5 MB
+  out = bj.crown(f, batch_axis=None, sound=sound, memory_bytes=1 << 20)(box)
+  lo, hi = np.asarray(out.lower, np.float64)[0], np.asarray(out.upper, np.float64)[0]
+  ref_lo, ref_hi = _reference(params, np.asarray(box.lower, np.float64),
+                              np.asarray(box.upper, np.float64))
+  # CROWN's bound, not an interval bound of the whole network (that is far looser); sound mode
+  # adds the a-priori rounding bounds (about 3e-3 here, as with the backward pass)
+  tol = 1e-2 if sound else 1e-5
+  assert np.all(np.abs(lo - ref_lo) <= tol * (1 + np.abs(ref_lo))), (lo, ref_lo)
+  assert np.all(np.abs(hi - ref_hi) <= tol * (1 + np.abs(ref_hi))), (hi, ref_hi)
+  ibp = bj.ibp(f)(box)
+  assert np.all(hi - lo < np.asarray(ibp.upper - ibp.lower)[0] - 1e-3)
+  # sound: every sampled point (vertices included), evaluated in float64
+  xs = np.asarray(sample_box(jax.random.PRNGKey(2), box, N_SAMPLES), np.float64)
+  k, b, w = (np.asarray(p, np.float64) for p in params)
+  with jax.enable_x64(True):
+    z = jax.lax.conv_general_dilated(jnp.asarray(xs[:, 0]), jnp.asarray(k), (1, 1), "VALID")
+    ys = np.asarray(jnp.maximum(z + b[None, :, None, None], 0).reshape((N_SAMPLES, -1))) @ w
+  assert np.all(ys >= lo - (0 if sound else 1e-4)) and np.all(ys <= hi + (0 if sound else 1e-4))
+
+
+def test_two_linear_maps_keep_their_backward_pass():
+  """relu(x W1 W2): the interval pass through two products is looser than the range of W1 W2;
+  CROWN's upper bound of the output is the composed map's exact maximum (clipped at 0)."""
+  rng = np.random.default_rng(3)
+  W1 = rng.normal(size=(6, 6)).astype(np.float32)
+  W2 = rng.normal(size=(6, 4)).astype(np.float32)
+  f = lambda x: jnp.maximum(x @ W1 @ W2, 0.0)  # noqa: E731
+  box = bj.Interval(jnp.full((6,), -1.0, jnp.float32), jnp.full((6,), 1.0, jnp.float32))
+  out = bj.crown(f, batch_axis=None)(box)
+  W = np.asarray(W1, np.float64) @ W2
+  exact_hi = np.maximum(np.abs(W).sum(0), 0.0)  # max of x W over [-1, 1]^6
+  np.testing.assert_allclose(np.asarray(out.upper), exact_hi, rtol=1e-5, atol=1e-5)
+  two_step = np.abs(W1).sum(0) @ np.abs(W2)  # the interval pass through both products
+  assert np.all(exact_hi < two_step - 1e-3)
