@@ -694,7 +694,7 @@ def vnncomp_table(root: Path) -> "Table":
       rows.append((r["category"], "No result", "-", "-", "-", ab, f"`{r['command']}`"))
       continue
     rows.append((r["category"], f"{r['solved']} / {r['instances']}", r["wrong"], r["limits"],
-                 f"`{str(r['commit'])[:12]}`", ab, r["path"].name))
+                 f"`{short_commit(r['commit'])}`", ab, r["path"].name))
   return Table("Headlines: VNN-COMP 2021, per category (committed results)",
                ("category", "solved / instances", "wrong", "time limit", "commit",
                 "α,β-CROWN 2021 solved (same instances)", "result"), rows,
@@ -826,18 +826,45 @@ def readme_ldcp_full(doc: dict) -> str:
           f"{paper} %")
 
 
-README_BLOCKS: dict[str, tuple[str, Callable[[dict], str]]] = {
+def short_commit(commit: Any) -> str:
+  """A commit's first 12 hex digits, with "+dirty" kept (a run on an uncommitted tree)."""
+  c = str(commit)
+  return c[:12] + ("+dirty" if c.endswith("+dirty") else "")
+
+
+def readme_vnncomp(results: Path) -> str:
+  """The verifier on VNN-COMP 2021, one row per category with a committed
+  ``vnncomp_<category>.json``: solved, wrong, limits, median and slowest solved time, the
+  commit, and α,β-CROWN 2021's count on the same instances."""
+  out = ["| category | solved | wrong | time limit | median / slowest solved | commit | "
+         "α,β-CROWN 2021, same instances |", "|---|---|---|---|---|---|---|"]
+  for r in vnncomp_category_rows(Path(results).resolve().parents[1]):
+    if r["solved"] is None:
+      continue
+    s = json.loads(r["path"].read_text())["summary"][r["category"]]
+    med, mx = s.get("median_seconds_solved"), s.get("max_seconds_solved")
+    times = "-" if med is None else f"{med:.1f} / {mx:.1f} s"
+    ab = "-" if r["abcrown"] is None else f"{r['abcrown'][0]} / {r['abcrown'][1]}"
+    out.append(f"| {r['category']} | {r['solved']} / {r['instances']} | {r['wrong']} | "
+               f"{r['limits']} | {times} | `{short_commit(r['commit'])}` | {ab} |")
+  return "\n".join(out)
+
+
+# name -> (the JSON it reads, or None for a function of the results folder; the function)
+README_BLOCKS: dict[str, tuple[str | None, Callable[[Any], str]]] = {
     "agt_settings": ("agt_settings.json", readme_agt_settings),
     "agt_vacuity": ("agt_vacuity.json", readme_agt_vacuity),
     "agt_crown": ("agt_crown.json", readme_agt_crown),
     "agt_privacy": ("agt_privacy.json", readme_agt_privacy),
     "ldcp_full": ("ldcp_2x50_full.json", readme_ldcp_full),
+    "vnncomp": (None, readme_vnncomp),
 }
 
 
 def readme_blocks(results: Path) -> dict[str, str]:
   """Every README block (`README_BLOCKS`) written from the JSONs in ``results``."""
-  return {name: fn(json.loads((Path(results) / file).read_text()))
+  return {name: fn(Path(results)) if file is None
+          else fn(json.loads((Path(results) / file).read_text()))
           for name, (file, fn) in README_BLOCKS.items()}
 
 

@@ -11,9 +11,12 @@ Runs `boundjax.verify.run_instances` on ``instances.csv`` of the shared folder (
 limits: ACAS Xu 60 s, MNIST 120 s, the targets of the issue, 120 s for the other categories;
 ``--timeout`` sets one limit for all, ``--csv-timeouts`` the competition's per instance), then — only after every instance has
 run — reads the competition's verdicts to score: solved, wrong answers (must be 0), time per
-instance. Writes ``benchmarks/results/vnncomp.json`` (command, commit, machine, date, one row per
-instance, under ``provenance``) and a cactus plot ``benchmarks/results/vnncomp_cactus.png``
-(instances solved vs time). Times include JIT compilation, paid once per process (see ``TIMING``).
+instance, and α,β-CROWN's 2021 answers on the same instances beside ours. Writes
+``benchmarks/results/vnncomp_<category>.json`` (one category; ``vnncomp_all.json`` for several;
+command, commit, machine, date under ``provenance``, one row per instance) and a cactus plot
+``..._cactus.png`` (instances solved vs time, ours solid, α,β-CROWN 2021's dashed: its times
+are from its GPU machine in 2021). Times include JIT compilation, paid once per process (see
+``TIMING``).
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ TIMING = ("wall-clock seconds per instance from loading the ONNX/VNNLIB files to
 def parse(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--root", default=str(SHARED), help="folder holding instances.csv")
-  p.add_argument("--category", nargs="*", default=None, help="acasxu and/or mnistfc (default both)")
+  p.add_argument("--category", nargs="*", default=None,
+                 help="categories of instances.csv (acasxu mnistfc eran verivital "
+                      "marabou-cifar10 oval21 cifar10_resnet; default: all)")
   p.add_argument("--limit", type=int, default=None, help="first N instances of each category")
   p.add_argument("--match", nargs="*", default=None,
                  help="only instances whose 'onnx vnnlib' contains one of these substrings, "
@@ -52,7 +57,9 @@ def parse(argv=None) -> argparse.Namespace:
                  help="one time limit (s) for every category, overriding the two above")
   p.add_argument("--csv-timeouts", action="store_true",
                  help="each instance's limit from instances.csv's timeout column")
-  p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vnncomp.json"))
+  p.add_argument("--out", default=None,
+                 help="result file (default benchmarks/results/vnncomp_<category>.json, "
+                      "vnncomp_all.json for several categories)")
   return p.parse_args(argv)
 
 
@@ -77,8 +84,18 @@ def verdicts(root: Path) -> dict[tuple[str, str], str]:
     return {(r["onnx"], r["vnnlib"]): r["verdict"] for r in csv.DictReader(f)}
 
 
-def score(rows: list[dict], truth: dict) -> dict:
+def abcrown_2021(root: Path) -> dict[tuple[str, str], tuple[str, float | None]]:
+  """α,β-CROWN's 2021 answer and seconds per instance (instances.csv), where recorded."""
+  with open(root / "instances.csv") as f:
+    return {(r["onnx"], r["vnnlib"]): (r.get("abcrown_2021") or "",
+                                       float(r["abcrown_2021_s"]) if r.get("abcrown_2021_s")
+                                       else None)
+            for r in csv.DictReader(f)}
+
+
+def score(rows: list[dict], truth: dict, ab: dict | None = None) -> dict:
   out = {}
+  ab = ab or {}
   for cat in dict.fromkeys(r["category"] for r in rows):
     rs = [r for r in rows if r["category"] == cat]
     solved = [r for r in rs if r["status"] in ("sat", "unsat")]
@@ -89,18 +106,29 @@ def score(rows: list[dict], truth: dict) -> dict:
                 "unknown": sum(r["status"] == "unknown" for r in rs),
                 "median_seconds_solved": float(np.median(times)) if times else None,
                 "max_seconds_solved": float(np.max(times)) if times else None,
-                "wrong_instances": [f"{r['onnx_rel']} {r['vnnlib_rel']}" for r in wrong]}
+                "wrong_instances": [f"{r['onnx_rel']} {r['vnnlib_rel']}" for r in wrong],
+                "abcrown_2021_solved": sum(
+                    ab.get((r["onnx_rel"], r["vnnlib_rel"]), ("", None))[0]
+                    == truth[(r["onnx_rel"], r["vnnlib_rel"])] for r in rs)}
   return out
 
 
-def cactus(rows: list[dict], path: Path) -> None:
+def cactus(rows: list[dict], path: Path, ab: dict | None = None) -> None:
+  """Instances solved (correctly) within each time, per category: ours solid, α,β-CROWN's
+  2021 answers on the same instances dashed (``ab``: `abcrown_2021`)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(6, 4))
   for cat in dict.fromkeys(r["category"] for r in rows):
     t = sorted(r["seconds"] for r in rows if r["category"] == cat and r["correct"])
-    ax.step(t, np.arange(1, len(t) + 1), where="post", label=f"{cat} ({len(t)} solved)")
+    line, = ax.step(t, np.arange(1, len(t) + 1), where="post", label=f"{cat} ({len(t)} solved)")
+    theirs = sorted(s for r in rows if r["category"] == cat
+                    for a, s in [(ab or {}).get((r["onnx_rel"], r["vnnlib_rel"]), ("", None))]
+                    if s is not None and a == r["verdict"])
+    if theirs:
+      ax.step(theirs, np.arange(1, len(theirs) + 1), where="post", linestyle="--",
+              color=line.get_color(), label=f"{cat}, α,β-CROWN 2021 ({len(theirs)})")
   ax.set_xlabel("time per instance (s)")
   ax.set_ylabel("instances solved")
   ax.set_xscale("log")
@@ -135,15 +163,18 @@ def main(argv=None) -> dict:
   for r in results:
     r["verdict"] = truth[(r["onnx_rel"], r["vnnlib_rel"])]
     r["correct"] = r["status"] == r["verdict"]
-  summary = score(results, truth)
-  print(f"\n{'category':<10}{'inst':>6}{'solved':>8}{'wrong':>7}{'timeout':>9}{'unknown':>9}"
-        f"{'median s':>10}{'max s':>8}")
+  ab = abcrown_2021(root)
+  summary = score(results, truth, ab)
+  print(f"\n{'category':<16}{'inst':>6}{'solved':>8}{'wrong':>7}{'timeout':>9}{'unknown':>9}"
+        f"{'median s':>10}{'max s':>8}{'abcrown 2021':>14}")
   for cat, s in summary.items():
     med = "-" if s["median_seconds_solved"] is None else f"{s['median_seconds_solved']:.2f}"
     mx = "-" if s["max_seconds_solved"] is None else f"{s['max_seconds_solved']:.1f}"
-    print(f"{cat:<10}{s['instances']:>6}{s['solved']:>8}{s['wrong']:>7}{s['timeout']:>9}"
-          f"{s['unknown']:>9}{med:>10}{mx:>8}")
-  out = Path(a.out)
+    print(f"{cat:<16}{s['instances']:>6}{s['solved']:>8}{s['wrong']:>7}{s['timeout']:>9}"
+          f"{s['unknown']:>9}{med:>10}{mx:>8}{s['abcrown_2021_solved']:>14}")
+  cats = list(summary)
+  out = Path(a.out) if a.out else (ROOT / "benchmarks" / "results" / (
+      f"vnncomp_{cats[0]}.json" if len(cats) == 1 else "vnncomp_all.json"))
   out.parent.mkdir(parents=True, exist_ok=True)
   meta["machine"]["load_average_after"] = __import__("os").getloadavg()
   doc = {"provenance": meta,
@@ -152,7 +183,7 @@ def main(argv=None) -> dict:
          "subset": {"category": a.category, "limit": a.limit, "match": a.match}, "summary": summary,
          "timing": TIMING, "instances": results}
   out.write_text(json.dumps(doc, indent=2))
-  cactus(results, out.with_name(out.stem + "_cactus.png"))
+  cactus(results, out.with_name(out.stem + "_cactus.png"), ab)
   print(f"wrote {out} and {out.with_name(out.stem + '_cactus.png')}")
   return doc
 

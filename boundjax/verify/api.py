@@ -153,37 +153,38 @@ def _check_sizes(apply_fn: Callable, params: Any, input_shape: Sequence[int],
                           f"outputs, the network gives {n_out}")
 
 
-def _matches(lay: chain.Layers, replay: attack.Replayer, regions: Sequence[Region],
-             rng: np.random.Generator) -> bool:
-  """The extracted chain agrees with the float64 replay on random points of every box."""
+def _agrees(forward: Callable[[np.ndarray], np.ndarray], replay: attack.Replayer,
+            regions: Sequence[Region], rng: np.random.Generator) -> bool:
+  """An extracted network's float64 ``forward`` (a batch of flat inputs to outputs) agrees with
+  the float64 replay on random points and the centre of every box (1e-9 relative and absolute):
+  the answers of a search on the extracted network are then about the given one."""
   for r in regions:
-    xs = rng.uniform(r.lower, r.upper, size=(16, r.dim))
-    xs = np.concatenate([xs, ((r.lower + r.upper) / 2)[None]])
+    xs = np.concatenate([rng.uniform(r.lower, r.upper, size=(16, r.dim)),
+                         ((r.lower + r.upper) / 2)[None]])
     y_ref = replay(xs)
-    with jax.enable_x64(True):
-      y = np.asarray(chain.forward(lay, jnp.asarray(xs)))
+    y = forward(xs)
     if y.shape != y_ref.shape or not np.allclose(y, y_ref, rtol=1e-9, atol=1e-9):
       return False
   return True
 
 
+def _chain_forward(lay: chain.Layers) -> Callable[[np.ndarray], np.ndarray]:
+  def forward(xs):
+    with jax.enable_x64(True):
+      return np.asarray(chain.forward(lay, jnp.asarray(xs)))
+  return forward
+
+
 def _point_network(apply_fn: Callable, params: Any, input_shape: Sequence[int],
                    replay: attack.Replayer, regions: Sequence[Region], key: int):
   """The extracted `milp.network.Network` (sparse layers: convolutions are not densified)
-  when the function is an affine/ReLU chain and the network agrees with the float64 replay on
-  random points of every box (the MILP's answers are about it); else None."""
+  when the function is an affine/ReLU chain and the network agrees with the float64 replay
+  (`_agrees`); else None."""
   from milp import network as mnet
   net = _extract(apply_fn, params, input_shape)
-  if net is None:
+  if net is None or not _agrees(lambda xs: mnet.forward_batch(net, xs), replay, regions,
+                                np.random.default_rng(key)):
     return None
-  rng = np.random.default_rng(key)
-  for r in regions:
-    xs = np.concatenate([rng.uniform(r.lower, r.upper, size=(16, r.dim)),
-                         ((r.lower + r.upper) / 2)[None]])
-    y_ref = replay(xs)
-    y = mnet.forward_batch(net, xs)
-    if y.shape != y_ref.shape or not np.allclose(y, y_ref, rtol=1e-9, atol=1e-9):
-      return None
   return net
 
 
@@ -191,13 +192,13 @@ def _dense_chain(apply_fn: Callable, params: Any, input_shape: Sequence[int], pl
                  replay: attack.Replayer, regions: Sequence[Region], key: int):
   """``(network, chain)``: the extracted `milp.network.Network` and its dense float64
   `chain.Layers` when the dense path is planned (``plan``), the function is an affine/ReLU
-  chain and the chain agrees with the replay (`_matches`); else ``chain`` is None."""
+  chain and the chain agrees with the replay (`_agrees`); else ``chain`` is None."""
   net = _extract(apply_fn, params, input_shape) if plan else None
   lay = None
   if net is not None:
     with jax.enable_x64(True):
       lay = chain.from_network(net)
-    if not _matches(lay, replay, regions, np.random.default_rng(key)):
+    if not _agrees(_chain_forward(lay), replay, regions, np.random.default_rng(key)):
       lay = None
   return net, lay
 
