@@ -654,7 +654,8 @@ def vnncomp_category_rows(root: Path) -> list[dict]:
   the instances file); ``solved`` is None, and ``command`` names the run
   that makes it, when the category has no result."""
   results = root / "benchmarks" / "results"
-  found = sorted(p.stem[len("vnncomp_"):] for p in results.glob("vnncomp_*.json"))
+  found = sorted(p.stem[len("vnncomp_"):] for p in results.glob("vnncomp_*.json")
+                 if not p.stem.endswith(".partial"))  # a run still going, or killed
   csv_path = vnncomp_instances_csv(root)
   csv_rows = None
   if csv_path.is_file():

@@ -107,6 +107,8 @@ def score(rows: list[dict], truth: dict, ab: dict | None = None) -> dict:
                 "median_seconds_solved": float(np.median(times)) if times else None,
                 "max_seconds_solved": float(np.max(times)) if times else None,
                 "wrong_instances": [f"{r['onnx_rel']} {r['vnnlib_rel']}" for r in wrong],
+                "max_peak_rss_bytes": max((r["peak_rss_bytes"] for r in rs
+                                           if r.get("peak_rss_bytes") is not None), default=None),
                 "abcrown_2021_solved": sum(
                     ab.get((r["onnx_rel"], r["vnnlib_rel"]), ("", None))[0]
                     == truth[(r["onnx_rel"], r["vnnlib_rel"])] for r in rs)}
@@ -146,19 +148,34 @@ def main(argv=None) -> dict:
   meta = record()
   rows = instances(root, a.category, a.limit, a.match)
   results = []
-  for cat in dict.fromkeys(r["category"] for r in rows):
+  cats = list(dict.fromkeys(r["category"] for r in rows))
+  out = Path(a.out) if a.out else (ROOT / "benchmarks" / "results" / (
+      f"vnncomp_{cats[0]}.json" if len(cats) == 1 else "vnncomp_all.json"))
+  out.parent.mkdir(parents=True, exist_ok=True)
+  partial = out.with_name(out.stem + ".partial.json")
+  for cat in cats:
     batch = [r for r in rows if r["category"] == cat]
     timeout = a.timeout or getattr(a, f"timeout_{cat}", 120.0)
     groups = ([[r] for r in batch] if a.csv_timeouts else [batch])
     for group in groups:
       t = group[0]["csv_timeout"] if a.csv_timeouts and group[0]["csv_timeout"] else timeout
-      for r, res in zip(group, run_instances(group, t, progress=True, root=root)):
+      done = iter(group)
+
+      def keep(res, cat=cat, t=t, done=done):
+        """One finished instance: its row, and the partial file rewritten (a run killed
+        half-way, e.g. by the kernel's OOM killer, keeps what it measured; no verdicts)."""
+        r = next(done)
         results.append({"category": cat, "onnx_rel": r["onnx"], "vnnlib_rel": r["vnnlib"],
                         "status": res["status"], "seconds": res["seconds"],
                         "phase": res["phase"], "nodes": res["nodes"], "timeout": t,
                         "error": res.get("error"), "settled": res.get("settled"),
+                        "peak_rss_bytes": res.get("peak_rss"),
                         "engine": (res["outcome"].stats.get("engine")
                                    if res.get("outcome") is not None else None)})
+        partial.write_text(json.dumps({"provenance": meta, "complete": False,
+                                       "instances": results}, indent=2))
+
+      run_instances(group, t, progress=True, root=root, on_row=keep)
   truth = verdicts(root)                       # read only now, to score
   for r in results:
     r["verdict"] = truth[(r["onnx_rel"], r["vnnlib_rel"])]
@@ -166,16 +183,13 @@ def main(argv=None) -> dict:
   ab = abcrown_2021(root)
   summary = score(results, truth, ab)
   print(f"\n{'category':<16}{'inst':>6}{'solved':>8}{'wrong':>7}{'timeout':>9}{'unknown':>9}"
-        f"{'median s':>10}{'max s':>8}{'abcrown 2021':>14}")
+        f"{'median s':>10}{'max s':>8}{'peak GB':>9}{'abcrown 2021':>14}")
   for cat, s in summary.items():
     med = "-" if s["median_seconds_solved"] is None else f"{s['median_seconds_solved']:.2f}"
     mx = "-" if s["max_seconds_solved"] is None else f"{s['max_seconds_solved']:.1f}"
+    peak = "-" if s["max_peak_rss_bytes"] is None else f"{s['max_peak_rss_bytes'] / 1e9:.2f}"
     print(f"{cat:<16}{s['instances']:>6}{s['solved']:>8}{s['wrong']:>7}{s['timeout']:>9}"
-          f"{s['unknown']:>9}{med:>10}{mx:>8}{s['abcrown_2021_solved']:>14}")
-  cats = list(summary)
-  out = Path(a.out) if a.out else (ROOT / "benchmarks" / "results" / (
-      f"vnncomp_{cats[0]}.json" if len(cats) == 1 else "vnncomp_all.json"))
-  out.parent.mkdir(parents=True, exist_ok=True)
+          f"{s['unknown']:>9}{med:>10}{mx:>8}{peak:>9}{s['abcrown_2021_solved']:>14}")
   meta["machine"]["load_average_after"] = __import__("os").getloadavg()
   doc = {"provenance": meta,
          "timeouts": {"acasxu": a.timeout_acasxu, "mnistfc": a.timeout_mnistfc,
@@ -183,6 +197,7 @@ def main(argv=None) -> dict:
          "subset": {"category": a.category, "limit": a.limit, "match": a.match}, "summary": summary,
          "timing": TIMING, "instances": results}
   out.write_text(json.dumps(doc, indent=2))
+  partial.unlink(missing_ok=True)
   cactus(results, out.with_name(out.stem + "_cactus.png"), ab)
   print(f"wrote {out} and {out.with_name(out.stem + '_cactus.png')}")
   return doc

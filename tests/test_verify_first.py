@@ -244,6 +244,33 @@ def test_run_instances_waits_until_the_previous_instance_s_work_ends(monkeypatch
   assert results[1]["settled"] >= 1.0, results
 
 
+def test_run_instances_reports_each_row_at_once_with_its_own_peak_memory(monkeypatch):
+  """``on_row`` sees each row as soon as it ends (a batch killed later keeps it), and each
+  row's ``peak_rss`` covers that row alone: a row allocating 300 MB reports it, the row after
+  it (allocating nothing) reports less."""
+  import sys
+  from boundjax.verify import memory
+  from boundjax.verify.outcome import Outcome
+  if not sys.platform.startswith("linux"):
+    pytest.skip("peak resident memory is read from /proc (Linux)")
+
+  def fake(onnx, vnnlib, timeout, **kw):
+    if str(onnx) == "big":
+      a = np.ones(300 * 2**20 // 8)  # touched: resident
+      assert a.sum() > 0
+    return Outcome("timeout", None, 0.01, {"nodes": 0, "phase": None})
+
+  monkeypatch.setattr(mc, "verify_instance", fake)
+  seen = []
+  results = mc.run_instances([("big", "a"), ("small", "b")], 0.2, progress=False,
+                             on_row=lambda r: seen.append(dict(r)))
+  assert [r["onnx"] for r in seen] == ["big", "small"]
+  big, small = (r["peak_rss"] for r in results)
+  assert big is not None and small is not None
+  assert big >= small + 250 * 2**20, (big, small)
+  assert memory.peak_rss() is not None
+
+
 def test_relu_split_reports_the_smallest_bound_left_as_its_margin():
   """ReLU splitting's certified margin at a stop (`relu_bab._global_lower`): the smallest
   bound of the domains on the frontier and of the last domains popped (a leaf's, whose

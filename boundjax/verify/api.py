@@ -704,11 +704,14 @@ def settle(seconds: float | None = None) -> float:
 
 def run_instances(rows: Iterable[Any], timeout: float, progress: bool = True,
                   root: str | Path | None = None, settle_seconds: float | None = None,
+                  on_row: Callable[[dict[str, Any]], None] | None = None,
                   **kwargs: Any) -> list[dict[str, Any]]:
   """Runs `verify_instance` on rows ``(onnx, vnnlib[, ...])`` or dicts with ``onnx`` and
   ``vnnlib`` keys (paths relative to ``root`` if given) and returns one dict per row:
-  ``onnx, vnnlib, status, seconds, phase, nodes, settled`` (plus ``outcome``). Never reads
-  verdicts.
+  ``onnx, vnnlib, status, seconds, phase, nodes, settled, peak_rss`` (plus ``outcome``;
+  ``peak_rss``: the process's peak resident bytes during the row, None where the platform does
+  not tell, `memory.peak_rss`). ``on_row`` is called with each row's dict as soon as it is
+  done (e.g. to save partial results). Never reads verdicts.
 
   Before each row, the work an earlier row left running at its deadline is waited for
   (`settle`, at most ``settle_seconds``, default: until it ends; not counted in any row's
@@ -729,6 +732,7 @@ def run_instances(rows: Iterable[Any], timeout: float, progress: bool = True,
     if root is not None:
       onnx_p, vnn_p = Path(root) / onnx_p, Path(root) / vnn_p
     settled = settle(settle_seconds)
+    measured = _memory.reset_peak_rss()
     start = time.monotonic()
     try:
       out = verify_instance(onnx_p, vnn_p, timeout=timeout, **kwargs)
@@ -740,7 +744,10 @@ def run_instances(rows: Iterable[Any], timeout: float, progress: bool = True,
       row_out = {"onnx": str(onnx_p), "vnnlib": str(vnn_p), "status": out.status,
                  "seconds": out.seconds, "phase": out.stats.get("phase"),
                  "nodes": out.stats.get("nodes"), "outcome": out, "settled": settled}
+    row_out["peak_rss"] = _memory.peak_rss() if measured else None
     results.append(row_out)
+    if on_row is not None:
+      on_row(row_out)
     if bar is not None:
       bar.update(1)
       bar.set_postfix_str(f"{Path(str(vnn_p)).name}: {row_out['status']} "

@@ -145,3 +145,27 @@ def split_chunk(widths: Sequence[int], rows: int, budget: int, cap: int = 64,
   (`fit_chunk` on `chain_fixed_bytes` and `chain_box_bytes`)."""
   return fit_chunk(chain_fixed_bytes(widths, rows), chain_box_bytes(widths, rows, alpha),
                    budget, cap, what="box of input splitting")
+
+
+def reset_peak_rss() -> bool:
+  """Resets the process's peak resident memory (Linux: ``5`` into ``/proc/self/clear_refs``),
+  so that `peak_rss` measures from now; False where that is not possible."""
+  try:
+    with open("/proc/self/clear_refs", "w") as f:
+      f.write("5")
+    return True
+  except OSError:
+    return False
+
+
+def peak_rss() -> int | None:
+  """The process's peak resident memory in bytes since the start or the last `reset_peak_rss`
+  (Linux ``VmHWM``); None where it cannot be read."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return None
