@@ -846,7 +846,10 @@ def readme_vnncomp(results: Path) -> str:
     med, mx = s.get("median_seconds_solved"), s.get("max_seconds_solved")
     times = "-" if med is None else f"{med:.1f} / {mx:.1f} s"
     ab = "-" if r["abcrown"] is None else f"{r['abcrown'][0]} / {r['abcrown'][1]}"
-    out.append(f"| {r['category']} | {r['solved']} / {r['instances']} | {r['wrong']} | "
+    sub = json.loads(r["path"].read_text()).get("subset") or {}
+    cat = r["category"] + "".join(f" ({k} {' '.join(map(str, v)) if isinstance(v, list) else v})"
+                                  for k, v in sub.items() if v and k in ("match", "limit"))
+    out.append(f"| {cat} | {r['solved']} / {r['instances']} | {r['wrong']} | "
                f"{r['limits']} | {times} | `{short_commit(r['commit'])}` | {ab} |")
   return "\n".join(out)
 
