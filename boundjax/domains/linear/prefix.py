@@ -162,17 +162,22 @@ class Prefix:
 def interval_exact(prog: CrownProgram, anc: Sequence[int]) -> bool:
   """Whether the forward interval pass bounds a target (whose backward pass walks the equations
   ``anc``) as tightly as that pass would in real arithmetic, so the pass can be skipped: every
-  equation is affine in one box-dependent operand, at most one combines entries
+  equation is a ReLU (``max(x, c)``, ``min(x, c)``, entry by entry) or affine in one
+  box-dependent operand, at most one combines entries
   (`primitives.MIXING`: a product with a concrete matrix or kernel, a sum) and every other one
   maps entries one to one (`primitives.ONE_TO_ONE`, its box operand of the result's shape). A
   box mapped entry to entry is a box, and the range of ``Σ_j w_ij x_j`` over a box is
   ``Σ_j min(w_ij l_j, w_ij u_j)`` to ``Σ_j max(w_ij l_j, w_ij u_j)``: the interval bound, and
   CROWN's bound of a linear layer on its input box (Zhang et al. 2018, §3: no relaxation
-  behind). Example: a network's first convolution, whose dense backward pass from every output
-  entry would take gigabytes."""
+  behind); a ReLU maps each entry's range to its exact image. Examples: a network's first
+  convolution, and its ReLU's output where a max-pooling follows, whose dense backward passes
+  from every entry would take gigabytes."""
   mixing = 0
   for i in anc:
     e = prog.eqns[i]
+    if e.kind == "relu" and len(e.abstract_pos) == 1 \
+        and e.invars[e.abstract_pos[0]].aval.shape == e.outvars[0].aval.shape:
+      continue  # max(x, c) entry by entry: a box's image is the box of the entries' images
     if e.kind != "affine" or len(e.abstract_pos) != 1:
       return False
     if e.name in primitives.MIXING:
