@@ -23,12 +23,15 @@ RESULTS = ROOT / "benchmarks" / "results"   # the committed results (figures and
 
 
 def git_commit() -> str:
-  """The checked-out commit, with ``+dirty`` when tracked files differ from it."""
+  """The checked-out commit, with ``+dirty`` when tracked code differs from it (the package,
+  ``milp`` and ``benchmarks``, not the result files under ``benchmarks/results``: an earlier
+  run's output in the same checkout does not change the code that runs)."""
   try:
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout.strip()
     dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "boundjax", "milp",
-                            "benchmarks"], cwd=ROOT).returncode != 0
+                            "benchmarks", ":(exclude)benchmarks/results"],
+                           cwd=ROOT).returncode != 0
     return sha + ("+dirty" if dirty else "")
   except (OSError, subprocess.CalledProcessError):
     return "unknown"
