@@ -468,7 +468,7 @@ def test_alpha_on_intermediate_layers_keeps_the_windowed_pass(monkeypatch):
   assert_inside(mid, ys, what="alpha_intermediate on a CNN")
 
 
-def test_patches_flag_is_checked_and_sound_mode_keeps_dense_pass(monkeypatch):
+def test_patches_flag_is_checked_and_used_in_both_modes(monkeypatch):
   from boundjax.domains import linear
   with pytest.raises(ValueError, match="patches"):
     crown(lambda x: x, patches=1)
@@ -478,8 +478,11 @@ def test_patches_flag_is_checked_and_sound_mode_keeps_dense_pass(monkeypatch):
   model = _TwoConv(3, 4, 3, 3, 1, 1, "SAME", "SAME")
   params = _init(model, (8, 8, 1), 0)
   box = _random_box(0, 1, (8, 8, 1))
-  jax.eval_shape(crown(model.apply, sound=True), params, box)  # traced, not compiled
+  jax.eval_shape(crown(model.apply, sound=True, patches=False), params, box)  # traced only
   assert not calls
+  jax.eval_shape(crown(model.apply, sound=True), params, box)
+  assert calls
+  calls.clear()
   jax.eval_shape(crown(model.apply), params, box)
   assert calls
   # the whole batch as one problem: rows of both examples, windows in each
@@ -489,3 +492,60 @@ def test_patches_flag_is_checked_and_sound_mode_keeps_dense_pass(monkeypatch):
   for a, b in zip(whole, dense):
     np.testing.assert_allclose(a.lower, b.lower, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(a.upper, b.upper, rtol=1e-5, atol=1e-5)
+
+
+def _sound_windowed_cases(model, shape, seed, radii):
+  """(box, sound windowed bounds, sound dense bounds, float bounds, float64 values) per radius."""
+  params = _init(model, shape, seed)
+  with jax.enable_x64(True):
+    p64 = jax.tree_util.tree_map(lambda a: jnp.asarray(np.asarray(a), jnp.float64), params)
+  win_f = jax.jit(crown(model.apply, sound=True))
+  dense_f = jax.jit(crown(model.apply, sound=True, patches=False))
+  fast_f = jax.jit(crown(model.apply))
+  for rad in radii:
+    box = bj.Interval.around(_random_box(seed, 2, shape).center * 30.0, rad)
+    win, dense, fast = win_f(params, box), dense_f(params, box), fast_f(params, box)
+    pts = _samples_per_example(box, seed, n=N_SAMPLES if rad else 1)
+    with jax.enable_x64(True):
+      ys = model.apply(p64, jnp.asarray(np.asarray(pts), jnp.float64).reshape((-1, *shape)))
+      ys = [np.asarray(y).reshape((len(pts), 2, *y.shape[1:])) for y in ys]
+    yield rad, win, dense, fast, ys
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(f1=3, f2=4, k1=3, k2=3, s1=1, s2=1, pad1="SAME", pad2="SAME", hw=(10, 10), c=1),
+    pytest.param(dict(f1=2, f2=5, k1=3, k2=2, s1=2, s2=2, pad1=((1, 2), (0, 1)), pad2="SAME",
+                      hw=(15, 13), c=2), marks=pytest.mark.slow),
+])
+def test_sound_windowed_pass_encloses_float64(cfg, monkeypatch):
+  """Sound mode's windowed pass: taken, encloses the network evaluated in float64 with zero
+  tolerance (10^4 samples per box, and point boxes, where float32 rounding alone decides),
+  contains the float-mode bounds and is within a γ_n-relative slack of the sound dense pass.
+  Without its rounding slack the point boxes fail: the slack is what makes it sound."""
+  from boundjax.domains import linear
+  calls = []
+  real = linear.windows.backward_patches
+  monkeypatch.setattr(linear.windows, "backward_patches", lambda *a: calls.append(1) or real(*a))
+  # CROWN's own bounds, not met with the interval pass (which alone bounds a point box exactly)
+  monkeypatch.setattr(linear.backward, "_intersect", lambda a, lo, hi, sound: bj.Interval(
+      jnp.where(jnp.isfinite(lo), lo, a.lower), jnp.where(jnp.isfinite(hi), hi, a.upper),
+      validate=False))
+  hw, c = cfg.pop("hw"), cfg.pop("c")
+  model, shape = _TwoConv(**cfg), (*hw, c)
+  for rad, win, dense, fast, ys in _sound_windowed_cases(model, shape, 4, (0.0, 1e-6, 0.05)):
+    assert calls, "the windowed path was not used in sound mode"
+    for w, d, f, y, what in zip(win, dense, fast, ys, ("conv2", "logits")):
+      assert_inside(w, y, tol=0.0, what=f"sound windowed {what}, radius {rad}")
+      assert bool(jnp.all(w.lower <= f.lower)) and bool(jnp.all(w.upper >= f.upper))
+      # its price is of the dense pass's order (fewer terms per sum: often below it)
+      scale = 1e-6 * (1 + jnp.abs(d.lower) + jnp.abs(d.upper))
+      assert bool(jnp.all(f.lower - w.lower <= 2 * (f.lower - d.lower) + scale))
+      assert bool(jnp.all(w.upper - f.upper <= 2 * (d.upper - f.upper) + scale))
+  # the slack has teeth: with it set to zero, float32 rounding escapes a point box's bound
+  monkeypatch.setattr(linear.windows, "_window_slack",
+                      lambda plan, *a: jnp.zeros((2, plan.bias_t.shape[0]), plan.bias_t.dtype))
+  escaped = 0
+  for rad, win, _, _, ys in _sound_windowed_cases(model, shape, 4, (0.0,)):
+    lo, hi = np.asarray(win[0].lower, np.float64), np.asarray(win[0].upper, np.float64)
+    escaped += int(np.sum((ys[0] < lo) | (ys[0] > hi)))
+  assert escaped > 0

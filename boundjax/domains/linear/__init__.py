@@ -90,7 +90,7 @@ operand with a parameter box (``x @ W`` for a fixed input ``x``) is affine and s
 ``Λ`` of ``W``'s size (2 · m · |W| floats per example; 400 MB for a 784 x 256 kernel and a
 256-neuron target): concretising it at once is the same step with a point pivot.
 
-Windows (``patches=True``, default outside ``sound``). For a target behind one ReLU layer
+Windows (``patches=True``, the default). For a target behind one ReLU layer
 whose input ``s = A x + b`` is an affine map of the box (e.g. the second convolution of a CNN),
 the rows of ``Λ`` are non-zero only on receptive fields: at trace time the non-zero patterns of
 ``Λ`` at ``relu(s)`` and of ``A`` are found by the same transposes with every concrete
@@ -156,10 +156,10 @@ slacks, the error of the bias sums and of the final dot products are added up (a
 matrix-vector product per step), doubled to cover the error of computing them, and the result
 is rounded outward with ``nextafter``. ReLU upper lines are rounded up (``a_U`` and ``b_U``),
 which keeps them valid. On a GPU, matmuls run with ``precision="highest"`` in this mode (the
-error model assumes float32 products and sums). Sound mode has no windowed pass yet: on a
-deep CNN its dense passes are large programs, and XLA:CPU's compilation of a 4-block CIFAR
-ResNet's sound CROWN grew past 20 GB of memory (at optimisation level 0 it compiles in 35 s
-with 1.6 GB).
+error model assumes float32 products and sums). The windowed pass is sound the same way: its
+ReLU lines are those of sound mode, and it is widened by the γ_n bounds of its own sums (k
+terms per entry of ``Λ_x = ν M``, 2k + 2q + 1 in the final sum) plus the slacks of the two
+prefixes it reads (``μ`` and ``M``, each weighted by the magnitudes of what they multiply).
 
 Modules: `rules` (one record per primitive, relaxations, classification), `backward` (the
 backward and forward passes), `windows` (the windowed pass), `api` (`crown`).

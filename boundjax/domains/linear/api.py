@@ -119,8 +119,7 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
     patches: compute the backward pass of a local layer (a convolution behind one ReLU layer
       that follows a convolution of the input) on receptive-field windows (*Windows* in
       `boundjax.domains.linear`'s docstring); the bounds equal the dense pass up to the order
-      of float sums. Not used with
-      ``sound`` (whose error bound follows the dense pass).
+      of float sums (in ``sound`` mode, each widened by its own rounding slack).
     spec: a specification matrix ``C``: bound ``C @ y`` instead of ``y``, where ``y`` is ``fn``'s
       one box-dependent output, flattened per example (``m`` entries). ``C`` of shape (k, m) is
       used for every example; with ``batch_axis=0`` a ``C`` of shape (batch, k, m) gives row i
@@ -328,8 +327,9 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       exact = frozenset(t for t in inner if interval_exact(prog, ancestors[t])
                         and (t not in outs or not (again or t is self.spec_var)))
       plans = {}
-      if patches and not sound:
-        plans = {t: patch_plan(prog, cenv, t, prefixes, ancestors) for t in targets}
+      if patches:
+        plans = {t: patch_plan(prog, cenv, t, prefixes, ancestors, sound) for t in targets
+                 if t not in exact}
         plans = {t: p for t, p in plans.items() if p is not None}
       caps = {x: math.ceil(share * x.size) for x, _ in self.nodes
               if x in prefixes and x not in outs and math.ceil(share * x.size) < x.size}

@@ -26,8 +26,8 @@ from boundjax.domains.linear.rules import (
     unary_relaxation)
 from boundjax.domains.linear import windows as _windows
 from boundjax.domains.linear.prefix import (  # noqa: F401  (names used by the windowed pass too)
-    Prefix, abs_linear, add_to, affine_vjp, center_radius, has_offset, is_zero, rowdot,
-    transpose_rows, transpose_terms)
+    Prefix, abs_linear, add_to, affine_vjp, center_radius, coefficient_slack, has_offset, is_zero,
+    magnitude, prefix_slack, rowdot, transpose_rows, transpose_terms)
 
 
 @dataclasses.dataclass
@@ -51,19 +51,6 @@ class Ctx:
   s_nodes: tuple = ()  # (input var, eqn index) of logistic/tanh equations: α tangent points
   alpha_objective: str = "both"  # α minimises upper - lower, or -lower, or upper alone
   exact: frozenset = frozenset()  # targets the interval pass bounds exactly (`interval_exact`)
-
-
-def _mag(iv: Interval):
-  return jnp.maximum(jnp.abs(iv.lower), jnp.abs(iv.upper))
-
-
-def _coefficient_slack(n: int, dtype, absdot, iv: Interval):
-  """Rounding slack of coefficients ``Λ_x`` computed as n-term sums (γ_n times ``absdot``, the
-  sum of |terms| weighted by ``|x|``), plus what flushing may take from each entry (``2nλ``)
-  weighted by ``Σ_j max|x_j|``: the error of an entry of ``Λ_x`` reaches the bound multiplied by
-  the value of ``x``."""
-  flush = rounding.flush_error(n, dtype) * jnp.sum(_mag(iv))
-  return rounding.gamma(n, dtype) * absdot + flush
 
 
 def _gather_mu(lam: dict, pending: dict, y, m: int):
@@ -120,8 +107,8 @@ def _relaxed_step(ln: Lines, e: CrownEqn, mu, m: int, lam: dict, bias, sound_ter
       add_to(lam, x, contrib)
       if slack is not None:
         absdot = _safe_rowdot(jnp.abs(contrib).reshape((2 * m, -1)),
-                              _mag(ivs[x]).reshape(-1)).reshape((2, m))
-        slack = slack + _coefficient_slack(e.outvars[0].size + uses.get(x, 1) + 2, dtype,
+                              magnitude(ivs[x]).reshape(-1)).reshape((2, m))
+        slack = slack + coefficient_slack(e.outvars[0].size + uses.get(x, 1) + 2, dtype,
                                            absdot, ivs[x])
   return bias if sound_terms is None else (bias, slack)
 
@@ -312,7 +299,7 @@ def _dot_step(pl: _DotPlanes, e: CrownEqn, mu, m: int, lam: dict, bias, y_iv: In
           + _safe_rowdot(jnp.abs(up_rows), jnp.abs(b_up))).reshape((2, m))
   slack = rounding.gamma(n, sdtype) * absb + rounding.flush_error(n, sdtype)
   absdot = rowdot(abs_rows, pl.w_pq).reshape((2, m))
-  slack = slack + _coefficient_slack(transpose_terms(e, roles.pivot) + uses.get(P, 1) + 3,
+  slack = slack + coefficient_slack(transpose_terms(e, roles.pivot) + uses.get(P, 1) + 3,
                                      sdtype, absdot, ivs[P])
   if roles.concretise:
     n = _dot_terms(e) + n_y + 4
@@ -322,7 +309,7 @@ def _dot_step(pl: _DotPlanes, e: CrownEqn, mu, m: int, lam: dict, bias, y_iv: In
         + rounding.flush_error(n, sdtype)
   else:
     absdot = rowdot(abs_rows, pl.w_zq).reshape((2, m))
-    slack = slack + _coefficient_slack(transpose_terms(e, 1 - roles.pivot) + uses.get(Q, 1)
+    slack = slack + coefficient_slack(transpose_terms(e, 1 - roles.pivot) + uses.get(Q, 1)
                                        + 2, sdtype, absdot, ivs[Q])
   return bias, slack
 
@@ -334,7 +321,7 @@ def _fallback_terms(iv: Interval, mu, m: int):
   lo, hi = iv.lower, iv.upper
   low = _safe_rowdot(jnp.maximum(mu[0], 0), lo) + _safe_rowdot(jnp.minimum(mu[0], 0), hi)
   up = _safe_rowdot(jnp.maximum(mu[1], 0), hi) + _safe_rowdot(jnp.minimum(mu[1], 0), lo)
-  mag = _safe_rowdot(jnp.abs(mu.reshape((2 * m, -1))), _mag(iv).reshape(-1)).reshape((2, m))
+  mag = _safe_rowdot(jnp.abs(mu.reshape((2 * m, -1))), magnitude(iv).reshape(-1)).reshape((2, m))
   return jnp.stack([low, up]), mag
 
 
@@ -449,8 +436,8 @@ def _affine_step(st: _Pass, i: int, e: CrownEqn) -> None:
     x = e.invars[p]
     add_to(st.lam, x, cb.reshape((2, m, *x.shape)))
     if sound:
-      absdot = rowdot(jnp.abs(lam_y), abs_linear(e, cenv, p, _mag(st.ivs[x])), 2)
-      st.slack = st.slack + _coefficient_slack(
+      absdot = rowdot(jnp.abs(lam_y), abs_linear(e, cenv, p, magnitude(st.ivs[x])), 2)
+      st.slack = st.slack + coefficient_slack(
           transpose_terms(e, p) + st.ctx.prog.uses.get(x, 1) + 1, st.dtype, absdot, st.ivs[x])
 
 
@@ -524,8 +511,8 @@ def _relu_step(st: _Pass, i: int, e: CrownEqn) -> None:
     k = st.ctx.prog.uses.get(x, 1) + 1 + (beta_mag is not None)
     anu = jnp.abs(nu) if beta_mag is None else \
         jnp.abs(nu) + 2 * beta_mag.reshape(nu.shape)
-    st.slack = st.slack + _coefficient_slack(1 + k, st.dtype,
-                                             rowdot(anu, _mag(st.ivs[x]), 2), st.ivs[x])
+    st.slack = st.slack + coefficient_slack(1 + k, st.dtype,
+                                             rowdot(anu, magnitude(st.ivs[x]), 2), st.ivs[x])
     amu = jnp.abs(jnp.stack([mu_lo, mu_hi]))
     absum = rowdot(amu, b_up, 2)
     if not c_zero:
@@ -565,7 +552,7 @@ def _backward(ctx: Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = N
   plan = ctx.plans.get(target)
   if plan is not None and spec is None and alphas is None and betas is None \
       and record is None and prefix is None:
-    return _windows.backward_patches(plan, target, ivs, pre)
+    return _windows.backward_patches(plan, target, ivs, pre, ctx.cenv, ctx.prog)
   prog, cenv, sound = ctx.prog, ctx.cenv, ctx.sound
   px: Prefix = ctx.prefixes[target] if prefix is None else prefix
   if spec is not None:
@@ -574,11 +561,7 @@ def _backward(ctx: Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = N
   m, n_eq = px.m, len(prog.eqns)
   lam: dict = {}  # var -> (2, m, *shape): [0] for the lower bound, [1] for the upper bound
   bias = jnp.stack([px.bias, px.bias])
-  slack = jnp.zeros((2, m), dtype) + px.slack_const
-  for (abs_lam, e, p, n) in px.steps:
-    x = e.invars[p]
-    slack = slack + _coefficient_slack(n, dtype, rowdot(abs_lam, abs_linear(
-        e, cenv, p, _mag(ivs[x]))), ivs[x])
+  slack = jnp.zeros((2, m), dtype) + prefix_slack(px, cenv, ivs, dtype)
   st = _Pass(ctx, px, m, n_eq, dtype, ivs, pre, rel, alphas, betas, splits, record, lam, bias,
              slack, jnp.zeros((2, m), dtype), 0)
   if px.pending:

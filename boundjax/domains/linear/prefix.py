@@ -266,6 +266,34 @@ def build_prefix(prog: CrownProgram, cenv: dict, target: _Var, anc: list[int], s
   return Prefix(m, pending, at_input, bias, slack, steps)
 
 
+def magnitude(iv: Interval):
+  """``max(|lower|, |upper|)`` entry by entry: the largest absolute value in the box."""
+  return jnp.maximum(jnp.abs(iv.lower), jnp.abs(iv.upper))
+
+
+def coefficient_slack(n: int, dtype, absdot, iv: Interval):
+  """Rounding slack of coefficients ``Λ_x`` computed as n-term sums (γ_n times ``absdot``, the
+  sum of |terms| weighted by ``|x|``), plus what flushing may take from each entry (``2nλ``)
+  weighted by ``Σ_j max|x_j|``: the error of an entry of ``Λ_x`` reaches the bound multiplied by
+  the value of ``x``."""
+  flush = rounding.flush_error(n, dtype) * jnp.sum(magnitude(iv))
+  return rounding.gamma(n, dtype) * absdot + flush
+
+
+def prefix_slack(px: Prefix, cenv: dict, ivs: dict, dtype):
+  """(m,) rounding slack of a sound-mode prefix on one example's boxes ``ivs``: its constant
+  part (the offsets' sums) plus, for each affine step ``Λ_x = Λ_y W``, the coefficient slack of
+  its sums weighted by ``|x|`` (`coefficient_slack`). Row i bounds, for every ``x`` in the
+  boxes, the difference between the row's float coefficients applied to the inputs of the prefix
+  and the real value of the target."""
+  slack = jnp.zeros((px.m,), dtype) + px.slack_const
+  for (abs_lam, e, p, n) in px.steps:
+    x = e.invars[p]
+    slack = slack + coefficient_slack(n, dtype, rowdot(abs_lam, abs_linear(
+        e, cenv, p, magnitude(ivs[x]))), ivs[x])
+  return slack
+
+
 def center_radius(iv: Interval, sound: bool):
   """Centre and radius of a box; in sound mode the radius covers both ends exactly: rounded up,
   and at least λ = finfo.tiny unless the box is a point (a difference of two close tiny ends may

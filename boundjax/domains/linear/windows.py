@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from boundjax.core import rounding
 from boundjax.core.program import Var as _Var
 
 from boundjax.domains.linear import prefix as _backward
@@ -39,6 +40,8 @@ class _PatchPlan:
   M: Any  # (G, k, q): A restricted to S_g x X_g
   bias_t: Any  # (m,) offset of the target above the ReLU
   bias_s: Any  # (n_s + 1,) offset of s (A x + bias_s), padded with 0
+  prefix_t: Any = None  # sound mode: the target's prefix (its rounding slack, per row)
+  prefix_s: Any = None  # sound mode: the prefix of s (the slack of A and bias_s, per entry of s)
 
 
 def _ones_cenv(prog: CrownProgram, anc: list[int]):
@@ -75,10 +78,14 @@ def _support(prog: CrownProgram, target: _Var, anc: list[int], var_of) -> np.nda
 
 
 def patch_plan(prog: CrownProgram, cenv: dict, target: _Var, prefixes: dict,
-                ancestors: dict) -> _PatchPlan | None:
-  """The windowed plan for ``target``, or None when the pattern does not apply or does not pay."""
+                ancestors: dict, sound: bool = False) -> _PatchPlan | None:
+  """The windowed plan for ``target``, or None when the pattern does not apply or does not pay
+  (or, in sound mode, when the target is not float32/float64: γ_n of a low format is too coarse
+  for the window sums)."""
   px: _backward.Prefix = prefixes[target]
   if len(px.pending) != 1 or px.at_input:
+    return None
+  if sound and np.dtype(target.aval.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
     return None
   (z, mu), = px.pending.items()
   relu = [prog.eqns[i] for i in ancestors[target]
@@ -136,22 +143,31 @@ def patch_plan(prog: CrownProgram, cenv: dict, target: _Var, prefixes: dict,
       s=s, x=x, rows=rows, pos=pos, S=S, X=X,
       mu=mu_pad[rows[:, :, None], S[:, None, :]],
       M=a_pad[S[:, :, None], X[:, None, :]],
-      bias_t=px.bias, bias_s=jnp.concatenate([ps.bias, jnp.zeros((1,), dtype)]))
+      bias_t=px.bias, bias_s=jnp.concatenate([ps.bias, jnp.zeros((1,), dtype)]),
+      prefix_t=px if sound else None, prefix_s=ps if sound else None)
 
 
-def backward_patches(plan: _PatchPlan, target: _Var, ivs: dict, pre: dict):
-  """`_backward` for a target with a `_PatchPlan` (not in sound mode): the same bounds, up to
-  the order of float sums, computed on each group's window only.
+def backward_patches(plan: _PatchPlan, target: _Var, ivs: dict, pre: dict,
+                     cenv: dict | None = None, prog: CrownProgram | None = None):
+  """`_backward` for a target with a `_PatchPlan`: the same bounds, up to the order of float
+  sums, computed on each group's window only.
 
   With ``μ`` the coefficients of ``relu(s)`` and the ReLU lines ``(a_lo, a_up, b_up)`` on
   ``[l, u]`` of ``s``: ``ν_lo = μ·(μ>0 ? a_lo : a_up)``, ``ν_hi = μ·(μ>0 ? a_up : a_lo)``,
   ``Λ_x = ν M``, and ``lower = bias_t + min(μ,0)·b_up + ν_lo·bias_s + Λ_x·c - |Λ_x|·r`` on the
   window (upper: max, ``+|Λ_x|·r``).
+
+  Sound mode (a plan built with ``sound=True``; ``cenv`` and ``prog`` given): the ReLU lines are
+  valid in real arithmetic (`relu_lines`), and the bounds widen by twice the a-priori rounding
+  error of every float quantity (`_window_slack`), then one ulp outward, as the dense pass does.
   """
+  sound = plan.prefix_t is not None
   l, u = pre[plan.s]
-  a_lo, a_up, b_up = relu_lines(l.reshape(-1), u.reshape(-1), False)
-  pad = lambda v: jnp.concatenate([v, jnp.zeros((1,), v.dtype)])  # noqa: E731
-  a_lo, a_up, b_up = pad(a_lo)[plan.S], pad(a_up)[plan.S], pad(b_up)[plan.S]  # (G, k)
+  l, u = l.reshape(-1), u.reshape(-1)
+  if sound:
+    l, u = rounding.round_down(l), rounding.round_up(u)
+  a_lo, a_up, b_up = relu_lines(l, u, sound)
+  a_lo, a_up, b_up = _pad(a_lo)[plan.S], _pad(a_up)[plan.S], _pad(b_up)[plan.S]  # (G, k)
   mu = plan.mu  # (G, r, k)
   pos = mu > 0
   nu_lo = mu * jnp.where(pos, a_lo[:, None], a_up[:, None])
@@ -160,14 +176,66 @@ def backward_patches(plan: _PatchPlan, target: _Var, ivs: dict, pre: dict):
   bs = plan.bias_s[plan.S]  # (G, k)
   off = jnp.einsum("grk,gk->gr", nu, bs)
   r_ = mu.shape[1]
-  off = off + jnp.concatenate([jnp.einsum("grk,gk->gr", jnp.minimum(mu, 0), b_up),
-                               jnp.einsum("grk,gk->gr", jnp.maximum(mu, 0), b_up)], axis=1)
+  mu_b = jnp.concatenate([jnp.einsum("grk,gk->gr", jnp.minimum(mu, 0), b_up),
+                          jnp.einsum("grk,gk->gr", jnp.maximum(mu, 0), b_up)], axis=1)
+  off = off + mu_b
   lam_x = jnp.einsum("grk,gkq->grq", nu, plan.M)  # (G, 2r, q)
-  c, rad = _backward.center_radius(ivs[plan.x], False)
-  c, rad = pad(c.reshape(-1))[plan.X], pad(rad.reshape(-1))[plan.X]  # (G, q)
+  c, rad = _backward.center_radius(ivs[plan.x], sound)
+  c, rad = _pad(c.reshape(-1))[plan.X], _pad(rad.reshape(-1))[plan.X]  # (G, q)
   lin = jnp.einsum("grq,gq->gr", lam_x, c)
   spread = jnp.einsum("grq,gq->gr", jnp.abs(lam_x), rad)
   lower = (off[:, :r_] + lin[:, :r_] - spread[:, :r_]).reshape(-1)[plan.pos]
   upper = (off[:, r_:] + lin[:, r_:] + spread[:, r_:]).reshape(-1)[plan.pos]
   lower, upper = lower + plan.bias_t, upper + plan.bias_t
+  if sound:
+    slack = _window_slack(plan, cenv, prog, ivs, nu, b_up, bs, lam_x, c, rad)
+    lower, upper = rounding.outward(lower - 2 * slack[0], upper + 2 * slack[1], ulps=1)
   return lower.reshape(target.shape), upper.reshape(target.shape)
+
+
+def _pad(v):
+  """``v`` with one 0 appended: the value read at a window's padding index."""
+  return jnp.concatenate([v, jnp.zeros((1,), v.dtype)])
+
+
+def _window_slack(plan: _PatchPlan, cenv: dict, prog: CrownProgram, ivs: dict, nu, b_up, bs,
+                  lam_x, c, rad):
+  """(2, m) a-priori rounding error of `backward_patches` (lower rows, upper rows), each term a
+  γ_n bound of an n-term float sum (Higham, *Accuracy and Stability of Numerical Algorithms*,
+  §3.1) with the flushing term of `rounding.flush_error`, as the dense pass charges them:
+
+  * the prefixes: ``μ`` and ``bias_t`` (the target's, per row) and ``M``, ``bias_s`` (the prefix
+    of ``s``, per entry ``e_s`` of ``s``, which reaches the bound as ``|ν|·e_s``);
+  * the ReLU step: ``ν = μ·a`` against the real product, weighted by ``|s|``, and ``μ·b_up``;
+  * ``Λ_x = ν M`` (k terms per entry) weighted by ``|x|``;
+  * the final sums ``bias_t + ν·bias_s + μ·b_up + Λ_x·c ± |Λ_x|·r`` (2k + 2q + 1 terms).
+  """
+  dtype = plan.bias_t.dtype
+  G, r2, k = nu.shape
+  q = lam_x.shape[2]
+  r_ = r2 // 2
+  mag_s, mag_x = _backward.magnitude(ivs[plan.s]), _backward.magnitude(ivs[plan.x])
+  anu, amu = jnp.abs(nu), jnp.abs(plan.mu)
+  # the prefix of s: |ν|·e_s
+  e_s = _pad(_backward.prefix_slack(plan.prefix_s, cenv, ivs, dtype))[plan.S]  # (G, k)
+  slack = jnp.einsum("grk,gk->gr", anu, e_s)
+  # the ReLU step: ν against μ·a (weighted by |s|), and μ·b_up
+  n_relu = 2 + prog.uses.get(plan.s, 1)
+  slack = slack + _backward.coefficient_slack(
+      n_relu, dtype, jnp.einsum("grk,gk->gr", anu, _pad(mag_s.reshape(-1))[plan.S]), ivs[plan.s])
+  # Λ_x = ν M: k-term sums, weighted by |x|
+  a_m = jnp.einsum("gkq,gq->gk", jnp.abs(plan.M), _pad(mag_x.reshape(-1))[plan.X])
+  slack = slack + _backward.coefficient_slack(k + 2, dtype, jnp.einsum("grk,gk->gr", anu, a_m),
+                                              ivs[plan.x])
+  # the final sums
+  amu_b = jnp.einsum("grk,gk->gr", amu, b_up)
+  absum = (jnp.einsum("grk,gk->gr", anu, jnp.abs(bs)) + jnp.concatenate([amu_b, amu_b], axis=1)
+           + jnp.einsum("grq,gq->gr", jnp.abs(lam_x), jnp.abs(c) + rad))
+  n = 2 * k + 2 * q + 8
+  slack = slack + rounding.gamma(n, dtype) * absum + rounding.flush_error(n, dtype)
+  lower = slack[:, :r_].reshape(-1)[plan.pos]
+  upper = slack[:, r_:].reshape(-1)[plan.pos]
+  # the target's prefix (μ, bias_t) and the final addition of bias_t
+  own = _backward.prefix_slack(plan.prefix_t, cenv, ivs, dtype) \
+      + rounding.gamma(n, dtype) * jnp.abs(plan.bias_t)
+  return jnp.stack([lower + own, upper + own])
