@@ -179,16 +179,32 @@ def test_relu_split_on_the_network_itself(seed):
       assert how == "bab" and nodes > 1
 
 
-def test_engine_problem_needs_float32_exact_inputs():
-  """Parameters or a specification not exact in float32 would make the engine bound another
-  network or property: no problem is made, the verifier's other paths go on."""
+def test_engine_problem_float32_needs_exact_inputs_float64_takes_any():
+  """Without ``sound`` the engine's problem runs in float32: parameters or a specification not
+  exact there would make it bound another network or property, so no problem is made and the
+  verifier's other paths go on. With ``sound`` it runs in float64, where they are exact: a
+  problem is made, its parameters and boxes are float64, and its root bound holds on the
+  float64 network (sampled)."""
   params = _cnn_params(3)
   C = np.array([[1.0, -1.0]])
-  assert relu_bab.engine_problem(_cnn_apply, params, (6, 6, 1), "x", C, np.zeros(1),
-                                 sound=True, root_steps=5, steps=5, lr=0.1) is not None
   p64 = dict(params, d2b=params["d2b"].astype(np.float64) + 1e-12)
-  assert relu_bab.engine_problem(_cnn_apply, p64, (6, 6, 1), "y", C, np.zeros(1),
-                                 sound=True, root_steps=5, steps=5, lr=0.1) is None
-  assert relu_bab.engine_problem(_cnn_apply, params, (6, 6, 1), "z", np.array([[0.1, -1.0]]),
-                                 np.zeros(1), sound=True, root_steps=5, steps=5,
-                                 lr=0.1) is None
+  C01 = np.array([[0.1, -1.0]])
+  for p, c in ((params, C), (p64, C), (params, C01)):
+    fast = relu_bab.engine_problem(_cnn_apply, p, (6, 6, 1), "x", c, np.zeros(1), sound=False,
+                                   root_steps=5, steps=5, lr=0.1)
+    assert (fast is not None) == (p is params and c is C)
+    sound = relu_bab.engine_problem(_cnn_apply, p, (6, 6, 1), "y", c, np.zeros(1), sound=True,
+                                    root_steps=5, steps=5, lr=0.1)
+    assert sound is not None
+    assert all(a.dtype == np.float64 for a in jax.tree_util.tree_leaves(sound.params))
+    lo = np.random.default_rng(0).uniform(0, 1, 36)
+    box = sound.box(lo[None], (lo + 0.05)[None])
+    assert box.lower.dtype == np.float64
+    out, _ = sound.root(sound.params, box)
+    pts = lo + 0.05 * np.random.default_rng(1).uniform(0, 1, (10_000, 36))
+    pts = np.concatenate([pts, lo[None], (lo + 0.05)[None]])
+    with jax.enable_x64(True):
+      pj = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), p)
+      ys = jax.vmap(lambda x: _cnn_apply(pj, x.reshape(6, 6, 1)))(jnp.asarray(pts))
+    margins = np.asarray(ys) @ c.T
+    assert float(out.lower[0, 0]) <= margins.min()

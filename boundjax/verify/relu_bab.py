@@ -30,12 +30,14 @@ the root's sound pre-activation bounds for the time that is left.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from boundjax.core.errors import MemoryBudgetError
 from boundjax.core.interval import Interval
 from boundjax.core.transforms import affine_image
 from boundjax.verify import bab, chain
@@ -96,8 +98,11 @@ def _milp(net, region: Region, disjunct: Disjunct, lbs, ubs, deadline: Deadline,
     w = w.toarray() if hasattr(w, "toarray") else np.asarray(w)  # a scipy.sparse layer, too
     yl, yu = affine_image(w, b, np.maximum(lbs[-1], 0.0), np.maximum(ubs[-1], 0.0))
     bounds = [(l.copy(), u.copy()) for l, u in zip(lbs, ubs)] + [(yl, yu)]
-  res = check_property(net, region.lower, region.upper, disjunct.C, disjunct.d,
-                       time_limit=left, bounds=bounds)
+  try:
+    res = check_property(net, region.lower, region.upper, disjunct.C, disjunct.d,
+                         time_limit=left, bounds=bounds)
+  except MemoryBudgetError:  # the MILP's own big-M bounds of a large network do not fit
+    return "unknown", None
   if res.status == "sat":
     hit = replay.find(Region(region.lower, region.upper, (disjunct,)),
                       np.asarray(res.counterexample)[None])
@@ -167,29 +172,49 @@ def engine_problem(apply_fn: Callable, params: Any, input_shape, key: str, C, d,
                    memory_bytes: int | None = None,
                    root_alpha_intermediate: bool = False) -> Problem | None:
   """The problem on the network itself (convolutions, pooling, residual sums as they are: no
-  densified chain), every bound from the engine in float32: the parameters must equal their
-  float32 rounding (ONNX weights do, `engine.params_exact_f32`) and ``C`` be exact in
-  float32 (``d`` is rounded up, `engine.spec_f32`); None otherwise. The root is α-CROWN on
+  densified chain). With ``sound``, every bound from the engine in float64 (its calls must run
+  under ``jax.enable_x64(True)``, as `split_search` on this problem does); else in float32:
+  the parameters must equal their float32 rounding (ONNX weights do,
+  `engine.params_exact_f32`) and ``C`` be exact in float32 (``d`` is rounded up,
+  `engine.spec_f32`); None otherwise. The root is α-CROWN on
   CROWN's intermediate bounds (``root_alpha_intermediate``: every layer's bounds optimised
   too; on OVAL21's ``cifar_base_kw`` it moved the root bound from -0.0223 to -0.0222 and left
   the 72 unstable neurons unstable, for a much longer compilation)."""
   from boundjax.verify import engine
-  exact = engine.spec_f32(C, d)
-  if exact is None or not engine.params_exact_f32(params):
-    return None
   shape = tuple(int(s) for s in input_shape)
-  p32 = (jax.tree_util.tree_map(engine.to_f32, params), jnp.asarray(exact[0]),
+  if sound:  # float64 (`engine.region_lower`): the sound slack of float32 compounds with depth
+    with jax.enable_x64(True):
+      p = (jax.tree_util.tree_map(engine.to_f64, params), jnp.asarray(C, jnp.float64),
+           jnp.asarray(d, jnp.float64))
+
+    def box(lo, hi):
+      with jax.enable_x64(True):
+        return Interval(jnp.asarray(lo, jnp.float64), jnp.asarray(hi, jnp.float64))
+  else:
+    exact = engine.spec_f32(C, d)
+    if exact is None or not engine.params_exact_f32(params):
+      return None
+    p = (jax.tree_util.tree_map(engine.to_f32, params), jnp.asarray(exact[0]),
          jnp.asarray(exact[1]))
 
-  def box(lo, hi):
-    l32, h32 = engine.box_f32(lo, hi)
-    return Interval(jnp.asarray(l32), jnp.asarray(h32))
+    def box(lo, hi):
+      l32, h32 = engine.box_f32(lo, hi)
+      return Interval(jnp.asarray(l32), jnp.asarray(h32))
 
-  return Problem(p32,
-                 _engine_fn(apply_fn, shape, key, sound, "crown", root_steps, lr, memory_bytes,
-                            alpha_intermediate=root_alpha_intermediate),
-                 _engine_fn(apply_fn, shape, key, sound, "ibp", steps, lr, memory_bytes),
-                 box, None)
+  root = _engine_fn(apply_fn, shape, key, sound, "crown", root_steps, lr, memory_bytes,
+                    alpha_intermediate=root_alpha_intermediate)
+  domains = _engine_fn(apply_fn, shape, key, sound, "ibp", steps, lr, memory_bytes)
+  if sound:
+    root, domains = _in_x64(root), _in_x64(domains)
+  return Problem(p, root, domains, box, None)
+
+
+def _in_x64(fn: Callable) -> Callable:
+  """``fn`` called with float64 enabled (``jax.enable_x64`` is thread-local)."""
+  def call(*args, **kwargs):
+    with jax.enable_x64(True):
+      return fn(*args, **kwargs)
+  return call
 
 
 def milp_fallback(net: Any, region: Region, disjunct: Disjunct, replay: Any) -> Callable:
@@ -246,6 +271,19 @@ def split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: A
   over split domains in batches of ``batch``. ``milp(lbs, ubs, deadline) -> (status, cex)``:
   the exact fallback on the root's node bounds (None: no fallback). Returns ``(status,
   counterexample or None, nodes, how)``."""
+  f64 = any(getattr(a, "dtype", None) == jnp.float64
+            for a in jax.tree_util.tree_leaves(problem.params))
+  with jax.enable_x64(True) if f64 else contextlib.nullcontext():
+    return _split_search(problem, region, disjunct, replay, deadline, batch=batch,
+                         max_domains=max_domains, milp=milp, milp_unstable=milp_unstable,
+                         progress=progress, report=report)
+
+
+def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: Any,
+                  deadline: Deadline, *, batch: int = 256, max_domains: int = 20_000,
+                  milp: Callable | None = None, milp_unstable: int = 40,
+                  progress: bool = False, report: Any = None) -> tuple[str, Any, int, str]:
+  """`split_search` in the problem's precision."""
   if report is None:
     from boundjax.verify.outcome import Progress
     report = Progress()
@@ -385,7 +423,26 @@ def split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: A
   if milp is not None:  # a leaf, a frontier over max_domains, or half of the time gone
     report.stage = "milp"
     st, cex = milp(root_l, root_u, deadline)
-    return st, cex, nodes, "milp"
+    if st != "unknown" or res.reason != bab.DEADLINE or deadline.expired():
+      return st, cex, nodes, "milp"
+    # the MILP could not run (its own bounds of a large network do not fit the memory): the
+    # search goes on from where it stopped, for the time left
+    report.stage = "relu-split"
+    try:
+      res = bab.search(bab.Parts(*res.pending), bound, branch, frontier=res.frontier,
+                       batch=batch, pop=batch // 2, deadline=deadline, max_frontier=max_domains)
+    finally:
+      if bar is not None:
+        bar.close()
+    nodes += res.bounded
+    if res.reason != bab.COUNTEREXAMPLE:
+      report.bound(disjunct, _global_lower(res))
+    if res.reason == bab.COUNTEREXAMPLE:
+      return "sat", res.counterexample, nodes, "bab"
+    if res.reason == bab.PROVED:
+      return "unsat", None, nodes, "bab"
+    if deadline.expired():
+      return "timeout", None, nodes, "bab"
   return ("unknown" if res.reason == bab.LEAF else bab.VERDICTS.get(res.reason, "unknown"),
           None, nodes, "bab")
 

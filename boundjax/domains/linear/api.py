@@ -25,7 +25,7 @@ from boundjax.domains.linear.rules import (
 from boundjax.domains.linear.backward import Ctx, run_backward, unstable_fraction
 from boundjax.domains.linear.prefix import ancestors_of, build_prefix, interval_exact
 from boundjax.domains.linear.windows import (
-    patch_plan)
+    patch_plan, windows_bytes)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -338,8 +338,9 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
                 alpha_steps if alpha else 0, float(alpha_lr), beta, self.nodes, return_info,
                 caps, alpha_intermediate, _s_nodes(prog) if alpha else (), alpha_objective,
                 exact)
-      chunk = chunk_size or _auto_chunk(prog, [t for t in targets if t not in exact], ancestors,
-                                        memory_bytes)
+      dense = [t for t in targets if t not in exact and t not in plans]
+      chunk = chunk_size or _auto_chunk(prog, dense, ancestors, memory_bytes,
+                                        max(map(windows_bytes, plans.values()), default=0))
       return ctx, [v for v in values if is_interval(v)], chunk
 
     def bounds(self, share: float):
@@ -468,8 +469,11 @@ def _cache_key(leaves, treedef, dyn):
   return key
 
 
-def _auto_chunk(prog, targets, ancestors, memory_bytes) -> int:
-  per = max(_lambda_bytes(prog, targets, ancestors), 1)
+def _auto_chunk(prog, targets, ancestors, memory_bytes, windowed: int = 0) -> int:
+  """Examples per chunk: the largest dense backward state of ``targets`` (or ``windowed``,
+  the largest windowed pass's state, `windows_bytes`) three times per example within
+  ``memory_bytes``; `MemoryBudgetError` when one example does not fit."""
+  per = max(_lambda_bytes(prog, targets, ancestors), windowed, 1)
   if 3 * per > memory_bytes:
     raise MemoryBudgetError(
         f"crown: one example's backward state needs about {3 * per / 2**20:.2f} MiB "

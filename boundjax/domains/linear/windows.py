@@ -147,6 +147,14 @@ def patch_plan(prog: CrownProgram, cenv: dict, target: _Var, prefixes: dict,
       prefix_t=px if sound else None, prefix_s=ps if sound else None)
 
 
+def windows_bytes(plan: _PatchPlan) -> int:
+  """Per-example bytes of `backward_patches`' largest arrays: ``ν`` (G, 2r, k), ``Λ_x``
+  (G, 2r, q) and their absolute values, next to the plan's own ``M`` (G, k, q)."""
+  G, r, k = plan.mu.shape
+  q = plan.M.shape[2]
+  return int(G * (4 * r * (k + q) + k * q) * np.dtype(plan.bias_t.dtype).itemsize)
+
+
 def backward_patches(plan: _PatchPlan, target: _Var, ivs: dict, pre: dict,
                      cenv: dict | None = None, prog: CrownProgram | None = None):
   """`_backward` for a target with a `_PatchPlan`: the same bounds, up to the order of float
