@@ -699,10 +699,11 @@ def test_dense_plan_estimates_and_skips():
   assert engine.dense_bytes(widths, 64, 0) == 8 * (2 * (64 * 144 + 144 * 5) + 64 * 2 * 64 * 144)
 
 
-def test_engine_refuses_parameters_that_are_not_float32_numbers():
-  """The engine bounds float32 weights: float64 parameters that are not float32 numbers would
-  be a different network, so no bound of the engine is used (nothing proven, generic path
-  ``unknown``), while float64 arrays holding float32 numbers are accepted."""
+def test_engine_float32_refuses_parameters_that_are_not_float32_numbers():
+  """Without ``sound`` the engine bounds float32 weights: float64 parameters that are not
+  float32 numbers would be a different network, so no bound of the engine is used (nothing
+  proven, generic path ``unknown``), while float64 arrays holding float32 numbers are accepted.
+  With ``sound`` the engine runs in float64 and takes them as they are."""
   from boundjax.verify import engine, generic
   from boundjax.verify.outcome import Deadline
   from boundjax.verify.spec import as_regions
@@ -714,11 +715,17 @@ def test_engine_refuses_parameters_that_are_not_float32_numbers():
   assert not engine.params_exact_f32(p64)
   x0 = np.full(64, 0.5)
   regions = as_regions([((x0 - 1e-3, x0 + 1e-3), [(np.eye(5)[:1], np.array([-1e6]))])])
-  res = engine.prove_with_engine(apply_fn, p64, (1, 8, 8), regions, Deadline(60.0), 60.0)
+  res = engine.prove_with_engine(apply_fn, p64, (1, 8, 8), regions, Deadline(60.0), 60.0,
+                                 sound=False)
   assert not res.all_proven and set(res.modes.values()) == {"params not float32"}
   status, _, _ = generic.input_split_generic(apply_fn, p64, (1, 8, 8), regions, None,
-                                             Deadline(60.0))
+                                             Deadline(60.0), sound=False)
   assert status == "unknown"
+  res = engine.prove_with_engine(apply_fn, p64, (1, 8, 8), regions, Deadline(60.0), 60.0)
+  assert res.all_proven and res.modes["crown"] == "proved"
+  status, _, _ = generic.input_split_generic(apply_fn, p64, (1, 8, 8), regions, None,
+                                             Deadline(60.0))
+  assert status == "unsat"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -386,7 +386,7 @@ def prove_with_engine(apply_fn: Callable, params: Any, input_shape: Sequence[int
   lower = [np.full(len(r.disjuncts), -np.inf) for r in regions]
   pending = None
   status: dict[str, str] = {}
-  if not params_exact_f32(params):
+  if not sound and not params_exact_f32(params):  # float32 would bound another network
     return EngineResult(proven, {m: "params not float32" for m in modes}, lower)
   key = fingerprint(apply_fn, params, input_shape)
   fits: set[str] = set(fitted)

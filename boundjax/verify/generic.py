@@ -3,10 +3,12 @@
 
 Each batch of sub-boxes is bounded by the engine's bound of ``g(x) = C' y(x) - d'``
 (`boundjax.verify.engine`: ``bj.crown(batch_axis=0, sound=sound)`` with the disjunct's rows
-composed into the function, ``C' = C`` exact in float32 and ``d' >= d``; CROWN, Zhang et al.
-2018, §3.3), or, when ``C`` is not exact in float32, of the outputs combined with ``C, d`` by
-outward-rounded interval arithmetic. Parameters must be float32 numbers (float64 arrays
-holding them are fine; otherwise ``unknown``). Intermediate bounds are CROWN's, or CROWN-IBP's
+composed into the function; CROWN, Zhang et al. 2018, §3.3). With ``sound`` it runs in
+float64 on the boxes, ``C``, ``d`` and the parameters as they are (sound mode's a-priori
+rounding slack is negligible there, see `engine.region_lower`). Without, in float32: ``C' = C``
+exact in float32 and ``d' >= d``, or, when ``C`` is not exact in float32, the outputs are
+bounded and combined with ``C, d`` by outward-rounded interval arithmetic; parameters must be
+float32 numbers (float64 arrays holding them are fine; otherwise ``unknown``). Intermediate bounds are CROWN's, or CROWN-IBP's
 when CROWN's backward state of one box exceeds ``memory_bytes`` (the engine's memory check).
 A box is proven when a row's lower bound of ``C_i y - d_i`` is > 0; open boxes are checked at
 their centre and split in half along ``width_j · |∂g/∂x_j|`` at the centre (``g`` the best
@@ -16,6 +18,7 @@ open boxes, ``batch // 2`` of them split at a time, their children bounded ``bat
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Sequence
 
 import jax
@@ -40,33 +43,43 @@ def input_split_generic(apply_fn: Callable, params: Any, input_shape: Sequence[i
   def g(xb):
     return jax.vmap(lambda x: jnp.reshape(apply_fn(params, jnp.reshape(x, shape)), (-1,)))(xb)
 
-  if not engine.params_exact_f32(params):  # the engine bounds float32 weights: not this network
+  if not sound and not engine.params_exact_f32(params):  # float32 would bound another network
     return "unknown", None, 0
   key = engine.fingerprint(apply_fn, params, shape)
-  p32 = jax.tree_util.tree_map(engine.to_f32, params)
+  x64 = jax.enable_x64(True) if sound else contextlib.nullcontext()
+  with x64:
+    p_eng = jax.tree_util.tree_map(engine.to_f64 if sound else engine.to_f32, params)
   modes = ["crown", "ibp"]
 
-  def bound_rows(l32, h32, C, d):
-    """Lower bounds (B, k) of ``C y - d`` on the float32 boxes, NaN as -inf."""
-    exact = engine.spec_f32(C, d)
-    box = bj.Interval(jnp.asarray(l32), jnp.asarray(h32))
-    while True:
-      entry = engine.bound_function(apply_fn, key, shape, sound, modes[0], memory_bytes)
-      try:
-        with entry.lock:
-          if exact is not None:
-            out = entry.fn(p32, jnp.asarray(exact[0]), jnp.asarray(exact[1]), box)
-            low = np.asarray(out.lower, np.float64)
-          else:
-            m = C.shape[1]
-            out = entry.fn(p32, jnp.eye(m, dtype=jnp.float32), jnp.zeros(m, jnp.float32), box)
-            low = engine.rows_lower(np.asarray(out.lower, np.float64),
-                              np.asarray(out.upper, np.float64), C, d, sound)
-        return np.where(np.isnan(low), -np.inf, low)
-      except MemoryError:
-        if len(modes) == 1:
-          raise
-        modes.pop(0)
+  def bound_rows(lo, hi, C, d):
+    """Lower bounds (B, k) of ``C y - d`` on the float64 boxes ``[lo, hi]`` (float32 boxes
+    containing them without ``sound``), NaN as -inf."""
+    with jax.enable_x64(True) if sound else contextlib.nullcontext():
+      if sound:
+        exact = (C, d)
+        box = bj.Interval(jnp.asarray(lo, jnp.float64), jnp.asarray(hi, jnp.float64))
+      else:
+        exact = engine.spec_f32(C, d)
+        l32, h32 = engine.box_f32(lo, hi)
+        box = bj.Interval(jnp.asarray(l32), jnp.asarray(h32))
+      dt = box.lower.dtype
+      while True:
+        entry = engine.bound_function(apply_fn, key, shape, sound, modes[0], memory_bytes)
+        try:
+          with entry.lock:
+            if exact is not None:
+              out = entry.fn(p_eng, jnp.asarray(exact[0], dt), jnp.asarray(exact[1], dt), box)
+              low = np.asarray(out.lower, np.float64)
+            else:
+              m = C.shape[1]
+              out = entry.fn(p_eng, jnp.eye(m, dtype=dt), jnp.zeros(m, dt), box)
+              low = engine.rows_lower(np.asarray(out.lower, np.float64),
+                                      np.asarray(out.upper, np.float64), C, d, sound)
+          return np.where(np.isnan(low), -np.inf, low)
+        except MemoryError:
+          if len(modes) == 1:
+            raise
+          modes.pop(0)
 
   nodes = 0
   for region in regions:
@@ -109,10 +122,9 @@ def _bounder(bound_rows: Callable, grad: Callable, dj: Any, sub: Region, replay:
     pad = batch - take
     lo_p = np.concatenate([lo, np.repeat(lo[-1:], pad, 0)])
     hi_p = np.concatenate([hi, np.repeat(hi[-1:], pad, 0)])
-    l32, h32 = engine.box_f32(lo_p, hi_p)  # float32 box containing the float64 box
     # a first call compiles (minutes for a big CNN on a loaded CPU): never past the deadline
     finished, low = engine.call_with_budget(
-        lambda: bound_rows(l32, h32, dj.C, dj.d), deadline.remaining())
+        lambda: bound_rows(lo_p, hi_p, dj.C, dj.d), deadline.remaining())
     if not finished:
       raise bab.OutOfTime
     open_ = ~(np.max(low[:take], axis=1) > 0)
