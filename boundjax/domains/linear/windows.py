@@ -22,6 +22,11 @@ from boundjax.domains.linear.rules import (
 # Windowed ("patches") backward pass for local layers
 # ----------------------------------------------------------------------------------------------
 
+PATTERN_BYTES = 1 << 30
+"""The most bytes of the trace-time identity whose transpose gives the non-zero pattern of
+``A`` (``n_s² ·`` itemsize); beyond, the target keeps the dense pass."""
+
+
 @dataclasses.dataclass
 class _PatchPlan:
   """A backward pass ``target <- L2 <- relu(s) <- A <- x`` (x a box input) done on windows.
@@ -103,11 +108,15 @@ def patch_plan(prog: CrownProgram, cenv: dict, target: _Var, prefixes: dict,
   m, n_s, n_x = target.size, s.size, x.size
   above = [i for i in ancestors[target] if i not in set(ancestors[s])]
   pat_mu = _support(prog, target, above, lambda p: p.pending.get(z))
-  pat_a = _support(prog, s, ancestors[s], lambda p: p.at_input.get(x))
-  if pat_mu is None or pat_a is None:
+  if pat_mu is None:
     return None
   k = int(pat_mu.sum(1).max())
-  if k == 0:
+  # windows pay only on a part of s (a dense layer's target sees all of it), and the
+  # pattern of A is found from n_s rows of n_s entries at trace time: at most `PATTERN_BYTES`
+  if k == 0 or 2 * k > n_s or n_s * n_s * np.dtype(s.aval.dtype).itemsize > PATTERN_BYTES:
+    return None
+  pat_a = _support(prog, s, ancestors[s], lambda p: p.at_input.get(x))
+  if pat_a is None:
     return None
   # groups of rows with the same support in s (sorted, padded with n_s)
   S_rows = np.full((m, k), n_s, np.int64)
