@@ -179,6 +179,50 @@ def test_relu_split_on_the_network_itself(seed):
       assert how == "bab" and nodes > 1
 
 
+def test_search_goes_on_when_the_milp_fallback_cannot_run(monkeypatch):
+  """A MILP fallback that returns ``unknown`` (its own bounds of a large network do not fit the
+  memory) does not end the disjunct: ReLU splitting resumes from its frontier for the time
+  left and proves what it proves without the fallback (the CNN and threshold of
+  `test_relu_split_on_the_network_itself`, whose branching proves it)."""
+  seed, shape = 3, (6, 6, 1)
+  params = _cnn_params(seed)
+  rng = np.random.default_rng(seed + 100)
+  centre = rng.uniform(0, 1, size=36)
+  free = np.array([7, 14, 21])
+  lo, hi = centre.copy(), centre.copy()
+  lo[free] -= 0.6
+  hi[free] += 0.6
+  axes = [np.linspace(lo[i], hi[i], 41) for i in free]
+  grid = np.repeat(centre[None], 41 ** 3, 0)
+  grid[:, free] = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
+  replay = attack.Replayer(_cnn_apply, params, shape)
+  C = np.array([[1.0, -1.0]])
+  true_min = float((replay(grid) @ C.T).min())
+  probe = relu_bab.engine_problem(_cnn_apply, params, shape, f"cnn{seed}", C, np.zeros(1),
+                                  sound=True, root_steps=20, steps=10, lr=0.1)
+  root_lb = float(probe.root(probe.params, probe.box(lo[None], hi[None]))[0].lower[0, 0])
+  assert root_lb < true_min - 0.05  # the root does not prove it: branching must
+  d = np.array([true_min - 0.03 * (true_min - root_lb) - 0.005])
+  dj = Disjunct(C, d)
+  problem = relu_bab.engine_problem(_cnn_apply, params, shape, f"cnn{seed}", C, d, sound=True,
+                                    root_steps=20, steps=10, lr=0.1)
+  calls = []
+
+  class Gone:  # the first search's share of the time is over at once
+    def __init__(self, *a):
+      pass
+
+    def remaining(self):
+      return -1.0
+
+  monkeypatch.setattr(relu_bab, "_Until", Gone)
+  status, _, nodes, how = relu_bab.split_search(
+      problem, Region(lo, hi, (dj,)), dj, replay, Deadline(120.0), batch=32,
+      milp=lambda *a: calls.append(1) or ("unknown", None), milp_unstable=-1)
+  assert calls == [1]
+  assert (status, how) == ("unsat", "bab") and nodes > 1
+
+
 def test_engine_problem_float32_needs_exact_inputs_float64_takes_any():
   """Without ``sound`` the engine's problem runs in float32: parameters or a specification not
   exact there would make it bound another network or property, so no problem is made and the

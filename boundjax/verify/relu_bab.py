@@ -142,7 +142,7 @@ def _engine_fn(apply_fn: Callable, input_shape: tuple, key: str, sound: bool,
                intermediate: str, steps: int, lr: float, memory_bytes: int | None,
                alpha_intermediate: bool = False):
   """The engine's bound of ``C flatten(apply_fn(params, x)) - d`` on a batch of flattened
-  float32 boxes with split constraints, β and the details (``bj.crown(..., splits=True,
+  boxes (float64 with ``sound``, see `engine_problem`, else float32) with split constraints, β and the details (``bj.crown(..., splits=True,
   beta=True, return_info=True)``), jitted, cached per architecture ``key`` and options."""
   ck = (key, input_shape, sound, intermediate, steps, lr, memory_bytes, alpha_intermediate)
   if ck not in _ENGINE:
@@ -404,33 +404,16 @@ def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: 
   # with the MILP to fall back on, branching gets half of the time that is left
   half = (_Until(deadline.elapsed() + 0.5 * deadline.remaining(), deadline) if milp is not None
           else deadline)
-  report.stage = "relu-split"
-  try:
-    res = bab.search(root, bound, branch, frontier=bab.Heap(), batch=batch, pop=batch // 2,
-                     deadline=half, max_frontier=max_domains)
-  finally:
-    if bar is not None:
-      bar.close()
-  nodes = 1 + res.bounded
-  if res.reason != bab.COUNTEREXAMPLE:
-    report.bound(disjunct, _global_lower(res))
-  if res.reason == bab.COUNTEREXAMPLE:
-    return "sat", res.counterexample, nodes, "bab"
-  if res.reason == bab.PROVED:
-    return "unsat", None, nodes, "bab"
-  if deadline.expired():
-    return "timeout", None, nodes, "bab"
-  if milp is not None:  # a leaf, a frontier over max_domains, or half of the time gone
-    report.stage = "milp"
-    st, cex = milp(root_l, root_u, deadline)
-    if st != "unknown" or res.reason != bab.DEADLINE or deadline.expired():
-      return st, cex, nodes, "milp"
-    # the MILP could not run (its own bounds of a large network do not fit the memory): the
-    # search goes on from where it stopped, for the time left
+  nodes = 1
+
+  def run(start, frontier, until):
+    """The search from ``start`` on ``frontier`` until ``until``; its outcome and its decided
+    verdict (None: not decided)."""
+    nonlocal nodes
     report.stage = "relu-split"
     try:
-      res = bab.search(bab.Parts(*res.pending), bound, branch, frontier=res.frontier,
-                       batch=batch, pop=batch // 2, deadline=deadline, max_frontier=max_domains)
+      res = bab.search(start, bound, branch, frontier=frontier, batch=batch, pop=batch // 2,
+                       deadline=until, max_frontier=max_domains)
     finally:
       if bar is not None:
         bar.close()
@@ -438,11 +421,26 @@ def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: 
     if res.reason != bab.COUNTEREXAMPLE:
       report.bound(disjunct, _global_lower(res))
     if res.reason == bab.COUNTEREXAMPLE:
-      return "sat", res.counterexample, nodes, "bab"
+      return res, ("sat", res.counterexample, nodes, "bab")
     if res.reason == bab.PROVED:
-      return "unsat", None, nodes, "bab"
+      return res, ("unsat", None, nodes, "bab")
     if deadline.expired():
-      return "timeout", None, nodes, "bab"
+      return res, ("timeout", None, nodes, "bab")
+    return res, None
+
+  res, verdict = run(root, bab.Heap(), half)
+  if verdict is not None:
+    return verdict
+  if milp is not None:  # a leaf, a frontier over max_domains, or half of the time gone
+    report.stage = "milp"
+    st, cex = milp(root_l, root_u, deadline)
+    if st != "unknown" or res.reason != bab.DEADLINE or deadline.expired():
+      return st, cex, nodes, "milp"
+    # the MILP could not run (its own bounds of a large network do not fit the memory): the
+    # search goes on from where it stopped, for the time left
+    res, verdict = run(bab.Parts(*res.pending), res.frontier, deadline)
+    if verdict is not None:
+      return verdict
   return ("unknown" if res.reason == bab.LEAF else bab.VERDICTS.get(res.reason, "unknown"),
           None, nodes, "bab")
 
