@@ -575,3 +575,31 @@ def test_no_window_pattern_is_built_for_a_target_that_sees_all_of_its_relu(monke
   assert sizes and max(sizes) == 3  # only the output's own pattern (3 rows)
   pts = _samples_per_example(box, 0, n=2000)
   assert_inside(out, _outputs(model, params, pts), what="conv-dense, sound")
+
+
+def test_chunks_are_even_and_sized_for_what_is_alive():
+  """`_even_chunk` never exceeds the budget's chunk and splits a batch into equal parts (no
+  remainder body); `_live_factor` counts sound mode's slack arrays and logistic/tanh
+  relaxations (measured factors, see its docstring); chunked and whole-batch bounds agree."""
+  from boundjax.domains.linear import api
+  for n in range(1, 70):
+    for c in range(1, 80):
+      e = api._even_chunk(c, n)
+      assert 1 <= e <= min(c, n) and -(-n // e) == -(-n // min(c, n))
+  assert api._even_chunk(71, 128) == 64
+  model = MLP((8, 8), 3)
+  params = _init(model, (5,), 1)
+  box = _random_box(1, 6, (5,))
+  whole = crown(model.apply, sound=True)(params, box)
+  chunked = crown(model.apply, sound=True, chunk_size=4)(params, box)  # 6 -> 2 x 3
+  np.testing.assert_allclose(chunked.lower, whole.lower, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(chunked.upper, whole.upper, rtol=1e-6, atol=1e-6)
+  # the factor, on equations as the engine classifies them (logistic: a relaxed unary)
+  from types import SimpleNamespace as Eqn
+  relu_prog = Eqn(eqns=[Eqn(kind="affine", name="dot_general"), Eqn(kind="relu", name="max")])
+  sig_prog = Eqn(eqns=[Eqn(kind="affine", name="dot_general"),
+                       Eqn(kind="nonlinear", name="logistic")])
+  assert api._live_factor(relu_prog, False) == 3.0
+  assert api._live_factor(relu_prog, True) == 6.0
+  assert api._live_factor(sig_prog, False) == 7.5
+  assert api._live_factor(sig_prog, True) == 15.0

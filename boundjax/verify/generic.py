@@ -8,8 +8,9 @@ float64 on the boxes, ``C``, ``d`` and the parameters as they are (sound mode's 
 rounding slack is negligible there, see `engine.region_lower`). Without, in float32: ``C' = C``
 exact in float32 and ``d' >= d``, or, when ``C`` is not exact in float32, the outputs are
 bounded and combined with ``C, d`` by outward-rounded interval arithmetic; parameters must be
-float32 numbers (float64 arrays holding them are fine; otherwise ``unknown``). Intermediate bounds are CROWN's, or CROWN-IBP's
-when CROWN's backward state of one box exceeds ``memory_bytes`` (the engine's memory check).
+float32 numbers (float64 arrays holding them are fine; otherwise ``unknown``). Intermediate
+bounds are CROWN's, or CROWN-IBP's when CROWN's backward state of one box exceeds
+``memory_bytes`` (the engine's memory check).
 A box is proven when a row's lower bound of ``C_i y - d_i`` is > 0; open boxes are checked at
 their centre and split in half along ``width_j · |∂g/∂x_j|`` at the centre (``g`` the best
 row's margin). The search is `boundjax.verify.bab.search`, depth first (a `bab.Stack` of the

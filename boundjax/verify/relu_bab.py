@@ -142,8 +142,9 @@ def _engine_fn(apply_fn: Callable, input_shape: tuple, key: str, sound: bool,
                intermediate: str, steps: int, lr: float, memory_bytes: int | None,
                alpha_intermediate: bool = False):
   """The engine's bound of ``C flatten(apply_fn(params, x)) - d`` on a batch of flattened
-  boxes (float64 with ``sound``, see `engine_problem`, else float32) with split constraints, β and the details (``bj.crown(..., splits=True,
-  beta=True, return_info=True)``), jitted, cached per architecture ``key`` and options."""
+  boxes (float64 with ``sound``, see `engine_problem`, else float32) with split constraints,
+  β and the details (``bj.crown(..., splits=True, beta=True, return_info=True)``), jitted,
+  cached per architecture ``key`` and options."""
   ck = (key, input_shape, sound, intermediate, steps, lr, memory_bytes, alpha_intermediate)
   if ck not in _ENGINE:
     from boundjax.domains.linear import crown as engine_crown

@@ -340,7 +340,8 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
                 exact)
       dense = [t for t in targets if t not in exact and t not in plans]
       chunk = chunk_size or _auto_chunk(prog, dense, ancestors, memory_bytes,
-                                        max(map(windows_bytes, plans.values()), default=0))
+                                        max(map(windows_bytes, plans.values()), default=0),
+                                        _live_factor(prog, sound))
       return ctx, [v for v in values if is_interval(v)], chunk
 
     def bounds(self, share: float):
@@ -469,10 +470,32 @@ def _cache_key(leaves, treedef, dyn):
   return key
 
 
-def _auto_chunk(prog, targets, ancestors, memory_bytes, windowed: int = 0) -> int:
+def _live_factor(prog: CrownProgram, sound: bool) -> float:
+  """Bytes alive per example, in units of the largest backward state (`_lambda_bytes`): 3 (its
+  two bounds' temporaries), twice that in sound mode (the ``|Λ|`` of every slack) and 2.5 times
+  more with logistic/tanh relaxations (per-row lines and tangent points). Measured with
+  ``bj.crown(batch_axis=0)`` on VNN-COMP 2021's ERAN networks, batches of 8 and 128 boxes,
+  float64: ReLU 9x200 7.5 MB per example in float mode (the estimate), 13 MB in sound mode;
+  sigmoid 6x200 17 MB and 34 MB."""
+  s_shaped = any(e.kind == "nonlinear" and e.name in S_SHAPED for e in prog.eqns)
+  return 3.0 * (2.0 if sound else 1.0) * (2.5 if s_shaped else 1.0)
+
+
+def _even_chunk(chunk: int, n: int) -> int:
+  """The chunk size that splits ``n`` examples into as many chunks as ``chunk`` needs, of equal
+  sizes where possible (128 with at most 71 per chunk: 2 x 64, not 71 + 57, whose remainder
+  is a second compiled body)."""
+  chunk = max(1, min(chunk, n))
+  parts = -(-n // chunk)
+  return -(-n // parts)
+
+
+def _auto_chunk(prog, targets, ancestors, memory_bytes, windowed: int = 0,
+                live: float = 3.0) -> int:
   """Examples per chunk: the largest dense backward state of ``targets`` (or ``windowed``,
-  the largest windowed pass's state, `windows_bytes`) three times per example within
-  ``memory_bytes``; `MemoryBudgetError` when one example does not fit."""
+  the largest windowed pass's state, `windows_bytes`) ``live`` times per example
+  (`_live_factor`) within ``memory_bytes``; `MemoryBudgetError` when one example's state does
+  not fit three times."""
   per = max(_lambda_bytes(prog, targets, ancestors), windowed, 1)
   if 3 * per > memory_bytes:
     raise MemoryBudgetError(
@@ -480,7 +503,7 @@ def _auto_chunk(prog, targets, ancestors, memory_bytes, windowed: int = 0) -> in
         f"({3 * per} bytes), more than memory_bytes={memory_bytes / 2**20:.2f} MiB "
         f"({memory_bytes} bytes); raise memory_bytes, use intermediate='ibp' (CROWN-IBP), or "
         "bound fewer outputs with spec=.", 3 * per, memory_bytes)
-  return max(1, int(memory_bytes // (3 * per)))
+  return max(1, int(memory_bytes // (live * per)))
 
 
 def _check_box(iv: Interval) -> None:
@@ -534,7 +557,7 @@ def _batched_share(ctx: Ctx, boxes, axes, n_batch: int, chunk: int, data=None):
           for l, h, a in zip(lo, hi, axes)]
     return unstable_fraction(ctx, ex, dt)
 
-  return jnp.max(lax.map(one, (los, his, data), batch_size=min(chunk, n_batch)))
+  return jnp.max(lax.map(one, (los, his, data), batch_size=_even_chunk(chunk, n_batch)))
 
 
 def _batched(ctx: Ctx, boxes, axes, n_batch: int, batch_axis: int, chunk: int, spec=None,
@@ -561,7 +584,7 @@ def _batched(ctx: Ctx, boxes, axes, n_batch: int, batch_axis: int, chunk: int, s
         lambda a: a[None], one(([l[0] for l in los], [h[0] for h in his], specs[0],
                                 jax.tree_util.tree_map(lambda a: a[0], data))))
   else:
-    stacked, info = lax.map(one, (los, his, specs, data), batch_size=min(chunk, n_batch))
+    stacked, info = lax.map(one, (los, his, specs, data), batch_size=_even_chunk(chunk, n_batch))
   outs = []
   for o in stacked:
     if o is None:
