@@ -127,6 +127,25 @@ def _cnn_params(seed):
           "d2": f32(rng.normal(size=(12, 2)) / 3.5), "d2b": f32(0.2 * rng.normal(size=2))}
 
 
+def _three_pixel_box(seed):
+  """The CNN of `_cnn_params(seed)` on a fixed image whose three pixels 7, 14, 21 range over
+  ±0.6, and the true minimum of ``y0 - y1`` there from a 41³ float64 grid:
+  ``(params, shape, lo, hi, replay, C, true_min)``."""
+  params = _cnn_params(seed)
+  shape = (6, 6, 1)
+  centre = np.random.default_rng(seed + 100).uniform(0, 1, size=36)
+  free = np.array([7, 14, 21])
+  lo, hi = centre.copy(), centre.copy()
+  lo[free] -= 0.6
+  hi[free] += 0.6
+  axes = [np.linspace(lo[i], hi[i], 41) for i in free]
+  grid = np.repeat(centre[None], 41 ** 3, 0)
+  grid[:, free] = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
+  replay = attack.Replayer(_cnn_apply, params, shape)
+  C = np.array([[1.0, -1.0]])
+  return params, shape, lo, hi, replay, C, float((replay(grid) @ C.T).min())
+
+
 @pytest.mark.parametrize("seed", [3, pytest.param(6, marks=pytest.mark.slow)])
 def test_relu_split_on_the_network_itself(seed):
   """`relu_bab.engine_problem`: ReLU splitting with the engine's bounds through the
@@ -137,21 +156,7 @@ def test_relu_split_on_the_network_itself(seed):
   finds counterexamples only at its bounds' minimising corners, the attack before it is the
   verifier's falsifier), one below the minimum by a margin far smaller than the root bound's
   gap is ``unsat`` after branching."""
-  params = _cnn_params(seed)
-  shape = (6, 6, 1)
-  rng = np.random.default_rng(seed + 100)
-  centre = rng.uniform(0, 1, size=36)
-  free = np.array([7, 14, 21])
-  lo, hi = centre.copy(), centre.copy()
-  lo[free] -= 0.6
-  hi[free] += 0.6
-  axes = [np.linspace(lo[i], hi[i], 41) for i in free]
-  grid3 = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
-  grid = np.repeat(centre[None], len(grid3), 0)
-  grid[:, free] = grid3
-  replay = attack.Replayer(_cnn_apply, params, shape)
-  C = np.array([[1.0, -1.0]])
-  true_min = float((replay(grid) @ C.T).min())
+  params, shape, lo, hi, replay, C, true_min = _three_pixel_box(seed)
   probe = relu_bab.engine_problem(_cnn_apply, params, shape, f"cnn{seed}", C, np.zeros(1),
                                   sound=True, root_steps=20, steps=10, lr=0.1)
   out, info = probe.root(probe.params, probe.box(lo[None], hi[None]))
@@ -184,20 +189,8 @@ def test_search_goes_on_when_the_milp_fallback_cannot_run(monkeypatch):
   memory) does not end the disjunct: ReLU splitting resumes from its frontier for the time
   left and proves what it proves without the fallback (the CNN and threshold of
   `test_relu_split_on_the_network_itself`, whose branching proves it)."""
-  seed, shape = 3, (6, 6, 1)
-  params = _cnn_params(seed)
-  rng = np.random.default_rng(seed + 100)
-  centre = rng.uniform(0, 1, size=36)
-  free = np.array([7, 14, 21])
-  lo, hi = centre.copy(), centre.copy()
-  lo[free] -= 0.6
-  hi[free] += 0.6
-  axes = [np.linspace(lo[i], hi[i], 41) for i in free]
-  grid = np.repeat(centre[None], 41 ** 3, 0)
-  grid[:, free] = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
-  replay = attack.Replayer(_cnn_apply, params, shape)
-  C = np.array([[1.0, -1.0]])
-  true_min = float((replay(grid) @ C.T).min())
+  seed = 3
+  params, shape, lo, hi, replay, C, true_min = _three_pixel_box(seed)
   probe = relu_bab.engine_problem(_cnn_apply, params, shape, f"cnn{seed}", C, np.zeros(1),
                                   sound=True, root_steps=20, steps=10, lr=0.1)
   root_lb = float(probe.root(probe.params, probe.box(lo[None], hi[None]))[0].lower[0, 0])
