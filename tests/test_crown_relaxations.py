@@ -517,3 +517,68 @@ def test_sound_mode_exact_slope_relaxations_hold_in_float64():
     q = jnp.max(p, axis=1) + jnp.minimum(h[:, :4], g[:, 4:]) + jnp.maximum(h[:, 4:], g[:, :4])
     ys = np.asarray(q @ c(w3) + c(b3))
   assert_inside(out, ys, tol=0.0, what="sound product/pool/max2")
+
+
+def _chord_threshold(f, df, l):
+  """The ``u* > 0`` at which the chord of ``f`` on ``[l, u]`` (``l < 0``) becomes a valid lower
+  line, ``f'(l)(u − l) = f(u) − f(l)``, by float64 bisection (below ``u*`` it cuts ``f`` near
+  ``l``, above it lies under ``f``)."""
+  lo, hi = 0.0, 1e4
+  for _ in range(200):
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if df(l) * (mid - l) < f(mid) - f(l) else (lo, mid)
+  return hi
+
+
+@pytest.mark.parametrize("name", ["logistic", "tanh"])
+def test_s_shaped_chord_around_zero_holds_and_is_taken(name):
+  """Boxes around 0 on both sides of the point ``u*`` where the chord starts to hold (relative
+  distances 1e-6 … 0.5, and mirrored for the upper line): every line, float and sound, is on its
+  side of the function on 4,001 float64 points of the box (zero tolerance in sound mode, the
+  points packed near the end where a chord that does not hold leaves the function), and well
+  past ``u*`` (1.5 ``u*``) the lower line is the chord itself: it meets ``f`` at both ends; at
+  half of ``u*`` it is not (the chord would cut ``f``)."""
+  import scipy.special as sp
+  from boundjax.domains.linear.rules import _UNARY_LINES, sound_unary_lines
+  f = sp.expit if name == "logistic" else np.tanh
+  df = (lambda x: sp.expit(x) * (1 - sp.expit(x))) if name == "logistic" else \
+      (lambda x: 1 - np.tanh(x) ** 2)
+  ls = np.array([-4.0, -1.5, -0.6, -0.1, -0.01])
+  rel = np.array([-0.5, -1e-2, -1e-4, -1e-6, 1e-6, 1e-4, 1e-2, 0.5, 3.0])
+  us = np.array([_chord_threshold(f, df, l) for l in ls])[:, None] * (1 + rel)
+  l = np.repeat(ls, len(rel)).astype(np.float32)
+  u = us.reshape(-1).astype(np.float32)
+  l, u = np.concatenate([l, -u]), np.concatenate([u, -l])        # mirrored: the upper line
+  t = np.concatenate([np.linspace(0, 1, 2001), np.geomspace(1e-9, 1e-3, 1000)])
+  t = np.concatenate([t, 1 - t])
+  xs = l + t[:, None] * (u.astype(np.float64) - l)
+  ys = f(xs)
+  for tag, lines in (("sound", sound_unary_lines(name)), ("float", _UNARY_LINES[name])):
+    a_lo, b_lo, a_up, b_up = (np.asarray(x, np.float64) for x in lines(jnp.asarray(l),
+                                                                        jnp.asarray(u)))
+    # float lines: rounding of the order of the line's terms (|a x| reaches ~10 on these boxes)
+    slack = 0.0 if tag == "sound" else 2e-6 * (1 + np.abs(a_lo * xs) + np.abs(a_up * xs))
+    assert np.all(a_lo * xs + b_lo <= ys + slack), (tag, np.max(a_lo * xs + b_lo - ys - slack))
+    assert np.all(a_up * xs + b_up >= ys - slack), (tag, np.max(ys - a_up * xs - b_up - slack))
+    if tag == "float":
+      n = len(ls) * len(rel)
+      past = np.tile(rel, len(ls)) >= 0.5                    # clearly past u*: the chord
+      lo_gap = np.abs(a_lo[:n] * np.stack([l[:n], u[:n]]) + b_lo[:n] - f(np.stack([l[:n], u[:n]])))
+      up_gap = np.abs(a_up[n:] * np.stack([l[n:], u[n:]]) + b_up[n:] - f(np.stack([l[n:], u[n:]])))
+      assert np.all(lo_gap[:, past] < 1e-5) and np.all(up_gap[:, past] < 1e-5)
+      # short of u* the chord cuts f: a tangent below f(l) at l is used instead
+      short = (np.tile(rel, len(ls)) <= -0.5) & (np.repeat(ls, len(rel)) <= -0.1)
+      assert np.all(a_lo[:n][short] * l[:n][short] + b_lo[:n][short] < f(l[:n][short]) - 1e-6)
+
+
+def test_crown_lower_bound_of_a_sigmoid_box_with_a_valid_chord_is_the_chords():
+  """``y = σ(x) − 0.05 x`` on ``[-0.3, 6]``, where the chord of σ holds: CROWN's lower bound is
+  the chord's minimum over the box minus ``0.05 x``, computed here by hand in float64 (the
+  tangent CROWN used before reaches about 0.14 lower)."""
+  import scipy.special as sp
+  l, u = -0.3, 6.0
+  k = (sp.expit(u) - sp.expit(l)) / (u - l)
+  want = min(sp.expit(l) - 0.05 * l, sp.expit(l) + (k - 0.05) * (u - l))
+  out = bj.crown(lambda x: jax.nn.sigmoid(x) - 0.05 * x, batch_axis=None)(
+      bj.Interval(jnp.asarray([l], jnp.float32), jnp.asarray([u], jnp.float32)))
+  assert abs(float(out.lower[0]) - want) < 1e-5, (float(out.lower[0]), want)

@@ -93,7 +93,7 @@ def _bisect(pred, lo, hi, steps: int = 30):
   return lax.fori_loop(0, steps, body, (lo, hi))[1]
 
 
-def _s_shaped(f, df, far: float = 10.0):
+def _s_shaped(f, df, far: float = 10.0, ulps: int = 64):
   """An increasing ``f`` convex on ``x <= 0`` and concave on ``x >= 0`` (tanh, logistic, erf,
   atan): CROWN's construction (Zhang et al. 2018, §3.2, "general activations").
 
@@ -104,7 +104,9 @@ def _s_shaped(f, df, far: float = 10.0):
     >= 0``), so bisection on ``[0, max(u, far)]`` keeping ``g >= 0`` finds one. It is valid: on
     ``[0, ∞)`` a tangent of the concave part lies above ``f``; on ``[l, 0]`` the line minus
     ``f`` is concave and non-negative at both ends. The lower line is the mirror image (tangent
-    at ``d <= 0`` passing below ``(u, f(u))``). Lines that fail their end-point check are
+    at ``d <= 0`` passing below ``(u, f(u))``). Where the chord itself is a valid line it
+    replaces the tangent (`_chord_holds`): it is then the tightest line on the box
+    (auto_LiRPA, Xu et al. 2020, keeps it too). Lines that fail their end-point check are
     replaced by constants by the caller.
   """
   convex, concave = _convex(f, df), _concave(f, df)
@@ -120,10 +122,36 @@ def _s_shaped(f, df, far: float = 10.0):
     a_up, b_up = _tangent(f, df, d_up)
     a_lo, b_lo = _tangent(f, df, d_lo)
     left, right = u <= 0, l >= 0
+    chord_lo, chord_up = _chord_holds(df, l, u, fl, fu, ulps)
+    c_a, c_b = c_lines[2], c_lines[3]                     # the chord (the convex part's upper)
+    a_lo, b_lo = jnp.where(chord_lo, c_a, a_lo), jnp.where(chord_lo, c_b, b_lo)
+    a_up, b_up = jnp.where(chord_up, c_a, a_up), jnp.where(chord_up, c_b, b_up)
     pick = lambda c, k, m: jnp.where(left, c, jnp.where(right, k, m))  # noqa: E731
     return (pick(c_lines[0], k_lines[0], a_lo), pick(c_lines[1], k_lines[1], b_lo),
             pick(c_lines[2], k_lines[2], a_up), pick(c_lines[3], k_lines[3], b_up))
   return lines
+
+
+def _chord_holds(df, l, u, fl, fu, ulps: int):
+  """Masks of the boxes around 0 (``l < 0 < u``) on which the chord of an S-shaped ``f``
+  (convex on ``x <= 0``, concave on ``x >= 0``) is a valid lower line, and a valid upper line.
+
+  The gap ``f − chord`` is 0 at both ends, convex on ``[l, 0]`` and concave on ``[0, u]``. If
+  ``f'(l) >= k``, the chord's slope ``k = (f(u) − f(l)) / (u − l)``, the gap rises from ``l``
+  and is convex up to 0, then concave with non-negative ends: ``f >= chord`` on the box.
+  Mirrored, ``f'(u) >= k`` gives ``f <= chord``. Both tests are made as ``f'(·)(u − l) −
+  (f(u) − f(l)) >= m`` with a margin ``m = 4 (E + 2 eps)(1 + |f(l)| + |f(u)|)(1 + u − l)``
+  (``E = 2 · ulps · eps``, the error allowance of ``f̂``, `boundjax.core.budgets`) above the
+  float error of the two sides (the slope from ``f̂``: ``2E + 4 eps``; the difference: ``2E +
+  eps``), so a chord passes only where it holds in exact arithmetic. A chord that fails keeps
+  the tangent line, which always holds."""
+  eps = float(jnp.finfo(l.dtype).eps)
+  E = 2.0 * ulps * eps
+  w = u - l
+  m = 4 * (E + 2 * eps) * (1 + jnp.abs(fl) + jnp.abs(fu)) * (1 + w)
+  rise = fu - fl
+  around = (l < 0) & (u > 0)
+  return around & (df(l) * w - rise >= m), around & (df(u) * w - rise >= m)
 
 
 def _dtanh(x):
@@ -142,7 +170,7 @@ def _derf(x):
 
 def _erfc_lines(l, u):
   """``erfc = 1 - erf``: the lines of ``erf`` reflected."""
-  a_lo, b_lo, a_up, b_up = _s_shaped(lax.erf, _derf)(l, u)
+  a_lo, b_lo, a_up, b_up = _s_shaped(lax.erf, _derf, ulps=budgets.BUDGETS["erf"].ulps)(l, u)
   return -a_up, 1 - b_up, -a_lo, 1 - b_lo
 
 
@@ -176,11 +204,13 @@ _UNARY_LINES: dict[str, Callable] = {
     "log1p": _domain(_concave(jnp.log1p, lambda x: 1 / (1 + x)), -1.0, True),
     "sqrt": _domain(_concave(jnp.sqrt, lambda x: 0.5 / jnp.sqrt(x)), 0.0, False),
     "rsqrt": _domain(_convex(lax.rsqrt, lambda x: -0.5 * lax.rsqrt(x) / x), 0.0, True),
-    "tanh": _s_shaped(jnp.tanh, _dtanh),
-    "logistic": _s_shaped(jax.nn.sigmoid, _dlogistic, far=20.0),
-    "erf": _s_shaped(lax.erf, _derf),
+    "tanh": _s_shaped(jnp.tanh, _dtanh, ulps=budgets.BUDGETS["tanh"].ulps),
+    "logistic": _s_shaped(jax.nn.sigmoid, _dlogistic, far=20.0,
+                          ulps=budgets.BUDGETS["logistic"].ulps),
+    "erf": _s_shaped(lax.erf, _derf, ulps=budgets.BUDGETS["erf"].ulps),
     "erfc": _erfc_lines,
-    "atan": _s_shaped(jnp.arctan, lambda x: 1 / (1 + x * x), far=50.0),
+    "atan": _s_shaped(jnp.arctan, lambda x: 1 / (1 + x * x), far=50.0,
+                      ulps=budgets.BUDGETS["atan"].ulps),
     "abs": _abs_lines,
     "square": _power_lines(2),
 }
@@ -282,6 +312,8 @@ def s_shaped_lines_at(name: str, l, u, t_lo, t_up, sound: bool = False, far_poin
     >= 0`` on ``d <= 0``, so ``h(d) <= h(d*) <= 0``; on ``[l, 0]`` a tangent of the convex
     part lies below ``f``, and on ``[0, u]`` the line minus ``f`` is convex and non-positive
     at both ends. The upper line is the mirror image (``d = d* + t_up (max(u, d*) - d*)``).
+    Where the chord is a valid line (`_chord_holds`) it is that line whatever ``t``: it is
+    then ``f``'s convex (concave) envelope on the box, above (below) every valid line.
 
   ``t = 0.5`` on one side of 0 and ``t = 0`` around it are CROWN's lines. Sound mode moves the
   lines outward as `sound_unary_lines` does (every tangent point lies within ``|u - l| + far``
@@ -297,8 +329,9 @@ def s_shaped_lines_at(name: str, l, u, t_lo, t_up, sound: bool = False, far_poin
   a_lo, b_lo = _tangent(f, df, at_lo)
   a_up, b_up = _tangent(f, df, at_up)
   c_a, c_b = _chord(f, l, u)
-  a_lo, b_lo = jnp.where(right, c_a, a_lo), jnp.where(right, c_b, b_lo)
-  a_up, b_up = jnp.where(left, c_a, a_up), jnp.where(left, c_b, b_up)
+  chord_lo, chord_up = _chord_holds(df, l, u, f(l), f(u), budgets.BUDGETS[name].ulps)
+  a_lo, b_lo = (jnp.where(right | chord_lo, c_a, a_lo), jnp.where(right | chord_lo, c_b, b_lo))
+  a_up, b_up = (jnp.where(left | chord_up, c_a, a_up), jnp.where(left | chord_up, c_b, b_up))
   if sound:
     return _sound_shift(name, l, u, a_lo, b_lo, a_up, b_up)
   return a_lo, b_lo, a_up, b_up
