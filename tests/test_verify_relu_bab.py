@@ -5,6 +5,8 @@ root bound cannot see must be ``unsat``; a ``sat`` answer replays)."""
 
 from __future__ import annotations
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -214,6 +216,32 @@ def test_search_goes_on_when_the_milp_fallback_cannot_run(monkeypatch):
       milp=lambda *a: calls.append(1) or ("unknown", None), milp_unstable=-1)
   assert calls == [1]
   assert (status, how) == ("unsat", "bab") and nodes > 1
+
+
+def test_a_frontier_over_its_byte_cap_ends_the_search_unknown():
+  """The frontier's arrays (splits, α, β of the open domains) are capped in bytes: with a cap
+  smaller than one domain the search stops at once with ``"unknown"`` (neither a verdict nor a
+  timeout, long before its deadline), where without the cap it proves the
+  property (`test_search_goes_on_when_the_milp_fallback_cannot_run`'s instance). The verifier
+  gives its searches an eighth of ``memory``."""
+  seed = 3
+  params, shape, lo, hi, replay, C, true_min = _three_pixel_box(seed)
+  probe = relu_bab.engine_problem(_cnn_apply, params, shape, f"cnn{seed}", C, np.zeros(1),
+                                  sound=True, root_steps=20, steps=10, lr=0.1)
+  root_lb = float(probe.root(probe.params, probe.box(lo[None], hi[None]))[0].lower[0, 0])
+  d = np.array([true_min - 0.03 * (true_min - root_lb) - 0.005])
+  dj = Disjunct(C, d)
+  problem = relu_bab.engine_problem(_cnn_apply, params, shape, f"cnn{seed}", C, d, sound=True,
+                                    root_steps=20, steps=10, lr=0.1)
+  t0 = time.perf_counter()
+  capped = relu_bab.split_search(problem, Region(lo, hi, (dj,)), dj, replay, Deadline(120.0),
+                                 batch=32, frontier_bytes=64)
+  assert capped[0] == "unknown" and time.perf_counter() - t0 < 60, capped
+  free = relu_bab.split_search(problem, Region(lo, hi, (dj,)), dj, replay, Deadline(120.0),
+                               batch=32)
+  assert free[0] == "unsat", free
+  from boundjax.verify import memory
+  assert memory.frontier_bytes(4 << 30) == 512 << 20
 
 
 def test_engine_problem_float32_needs_exact_inputs_float64_takes_any():

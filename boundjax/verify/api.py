@@ -337,8 +337,10 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
   _check_sizes(apply_fn, params, input_shape, regions)
   shared = (memory_bytes is None, dense_memory_bytes is None)  # shares of ``memory``, not set
   memory_bytes, dense_memory_bytes = _memory.shares(memory, memory_bytes, dense_memory_bytes)
+  frontier_bytes = _memory.frontier_bytes(memory)
   stats: dict[str, Any] = {"nodes": 0, "phase": None, "memory": {
-      "total": memory, "engine": memory_bytes, "dense": dense_memory_bytes}}
+      "total": memory, "engine": memory_bytes, "dense": dense_memory_bytes,
+      "frontier": frontier_bytes}}
   report = Progress([dj for r in regions for dj in r.disjuncts])
 
   def done(status, cex=None, phase=None):
@@ -498,7 +500,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
       try:
         status, cex, nodes = generic.input_split_generic(
             apply_fn, params, input_shape, regions, replay, deadline, sound=sound,
-            progress=progress, memory_bytes=memory_bytes)
+            progress=progress, memory_bytes=memory_bytes, frontier_bytes=frontier_bytes)
       except MemoryBudgetError as e:
         if not shared[0]:  # a budget set by the caller: its own message
           raise
@@ -544,7 +546,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
         status, cex, nodes, how = relu_bab.split_search(
             problem, region, disjunct, replay, share, batch=ENGINE_SPLIT_BATCH,
             progress=progress, report=report, milp=fallback,
-            milp_unstable=ENGINE_MILP_UNSTABLE)
+            milp_unstable=ENGINE_MILP_UNSTABLE, frontier_bytes=frontier_bytes)
         stats["nodes"] += nodes
         if how == relu_bab.NO_RELU:
           return None
@@ -586,7 +588,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
             status, cex, nodes = _input_split_portfolio(
                 input_bab, lay, region, disjunct, replay, deadline, sound=sound, batch=batch,
                 progress=bar, intermediate=intermediate, alpha_steps=alpha_steps,
-                memory_bytes=dense_memory_bytes)
+                memory_bytes=dense_memory_bytes, frontier_bytes=frontier_bytes)
             if bar is not None:
               bar.close()
             stats["nodes"] += nodes
@@ -599,7 +601,8 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
             stats["method"] = "relu-split"
             status, cex, nodes, how = relu_bab.relu_split(
                 lay, net, region, disjunct, replay, deadline, sound=sound,
-                batch=plan, progress=progress, use_milp=milp, report=report)
+                batch=plan, progress=progress, use_milp=milp, report=report,
+                frontier_bytes=frontier_bytes)
             stats["nodes"] += nodes
             if how != "bounds":
               phase = how

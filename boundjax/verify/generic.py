@@ -35,10 +35,11 @@ from boundjax.verify.spec import Region, split_boxes
 def input_split_generic(apply_fn: Callable, params: Any, input_shape: Sequence[int],
                         regions: Sequence[Region], replay: Any, deadline: Deadline, *,
                         sound: bool = True, batch: int = 128, max_boxes: int = 200_000,
-                        progress: bool = False, memory_bytes: int = 1 << 30
-                        ) -> tuple[str, Any, int]:
+                        progress: bool = False, memory_bytes: int = 1 << 30,
+                        frontier_bytes: int | None = None) -> tuple[str, Any, int]:
   """Input-splitting BaB with `bj.crown` on every (region, disjunct); ``(status, cex, nodes)``.
-  A batch of ``batch`` boxes is bounded in chunks that fit ``memory_bytes``."""
+  A batch of ``batch`` boxes is bounded in chunks that fit ``memory_bytes``; the frontier of
+  open boxes stops the search ("unknown") past ``max_boxes / 2`` boxes or ``frontier_bytes``."""
   shape = tuple(input_shape)
 
   def g(xb):
@@ -102,7 +103,8 @@ def input_split_generic(apply_fn: Callable, params: Any, input_shape: Sequence[i
       out = bab.search({"lo": region.lower[None], "hi": region.upper[None]},
                        _bounder(bound_rows, grad, dj, sub, replay, deadline, batch), _bisect,
                        frontier=bab.Stack(), batch=batch, pop=max(1, batch // 2),
-                       deadline=deadline, max_frontier=max_boxes // 2)
+                       deadline=deadline, max_frontier=max_boxes // 2,
+                       max_bytes=frontier_bytes)
       nodes += out.bounded
       if out.reason != bab.PROVED:  # frontier over max_boxes: "unknown"
         return bab.VERDICTS.get(out.reason, "unknown"), out.counterexample, nodes

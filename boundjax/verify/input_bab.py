@@ -193,8 +193,8 @@ def input_split(lay: chain.Layers, region: Region, disjunct: Disjunct | Sequence
                 intermediate: str = "crown", alpha_steps: int = 0, max_boxes: int = 2_000_000,
                 progress: Any = None, reuse_bounds: bool | str = True,
                 combine: bool = True, local_search: bool = True,
-                branching: str = "smear", memory_bytes: int | None = None
-                ) -> tuple[str, Any, int]:
+                branching: str = "smear", memory_bytes: int | None = None,
+                frontier_bytes: int | None = None) -> tuple[str, Any, int]:
   """Input-splitting BaB for one region and one disjunct, or several at once.
 
   With several disjuncts, every box is bounded on all their rows in one pass (the intermediate
@@ -288,7 +288,8 @@ def input_split(lay: chain.Layers, region: Region, disjunct: Disjunct | Sequence
           "done": np.zeros((1, G), bool)}  # disjuncts proven on an ancestor box
   # depth first; a frontier of P open boxes stands for the 2 P boxes of their children
   out = bab.search(root, bound, _bisect, frontier=bab.Stack(), batch=batch,
-                   pop=max(1, batch // 2), deadline=deadline, max_frontier=max_boxes // 2)
+                   pop=max(1, batch // 2), deadline=deadline, max_frontier=max_boxes // 2,
+                   max_bytes=frontier_bytes)
   return bab.VERDICTS.get(out.reason, "unknown"), out.counterexample, out.bounded
 
 

@@ -4,8 +4,9 @@
 the network's widths before anything is allocated or compiled: arguments, results and the
 backward states of one call. It does not cover the Python process's baseline (the interpreter,
 JAX and XLA's runtime, compiled programs: a few hundred MB), XLA's compiler, the attack's PGD
-batches, or the search's frontier of open sub-problems held in NumPy between calls. It is an
-estimate, not an allocator limit: XLA's fusion temporaries are covered only by the factor 3 the
+batches, or the search's frontier of open sub-problems held in NumPy between calls (capped on its own:
+`frontier_bytes`). The frontier
+is capped apart (`frontier_bytes`). It is an estimate, not an allocator limit: XLA's fusion temporaries are covered only by the factor 3 the
 engine allows per backward state.
 
 **Split** (`shares`): of a total ``memory`` (default 4 GiB), a quarter goes to the engine's
@@ -51,6 +52,7 @@ DEFAULT = 4 << 30
 
 ENGINE_SHARE = 0.25
 DENSE_SHARE = 0.5
+FRONTIER_SHARE = 0.125
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
@@ -87,6 +89,16 @@ def shares(memory: int, memory_bytes: int | None = None,
   engine = int(memory * ENGINE_SHARE) if memory_bytes is None else memory_bytes
   dense = int(memory * DENSE_SHARE) if dense_memory_bytes is None else dense_memory_bytes
   return max(engine, 1), dense
+
+
+def frontier_bytes(memory: int) -> int:
+  """The bytes a branch-and-bound frontier may hold between bound calls (NumPy arrays of its
+  open sub-problems: boxes, split signs, α and β), an eighth of ``memory``, out of the headroom
+  the two shares leave. A search whose frontier grows past it stops with the verdict
+  ``"unknown"`` (`boundjax.verify.bab.FRONTIER_LIMIT`) instead of growing without bound: a
+  ReLU-split node of a CIFAR CNN holds α of every unstable neuron for every row (hundreds of kB),
+  and 10⁵ open boxes of an MNIST input hold 1.25 GB in float64."""
+  return max(int(memory * FRONTIER_SHARE), 1)
 
 
 def against_total(error: MemoryBudgetError, total: int) -> MemoryBudgetError:

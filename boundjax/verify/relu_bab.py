@@ -229,7 +229,8 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
                root_steps: int | None = None, steps: int = 15, lr: float = 0.1,
                root_alpha_intermediate: bool | None = None,
                max_domains: int = 20_000, milp_unstable: int = 40, use_milp: bool = True,
-               progress: bool = False, report: Any = None) -> tuple[str, Any, int, str]:
+               progress: bool = False, report: Any = None,
+               frontier_bytes: int | None = None) -> tuple[str, Any, int, str]:
   """ReLU-splitting BaB for one region and one disjunct.
 
   ``root_alpha_intermediate``: the root's α-CROWN also optimises every hidden layer's own
@@ -261,15 +262,17 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
     milp = lambda lbs, ubs, dl: _milp(net, region, disjunct, lbs, ubs, dl, replay)
   return split_search(problem, region, disjunct, replay, deadline, batch=batch,
                       max_domains=max_domains, milp=milp, milp_unstable=milp_unstable,
-                      progress=progress, report=report)
+                      progress=progress, report=report, frontier_bytes=frontier_bytes)
 
 
 def split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: Any,
                  deadline: Deadline, *, batch: int = 256, max_domains: int = 20_000,
                  milp: Callable | None = None, milp_unstable: int = 40, progress: bool = False,
-                 report: Any = None) -> tuple[str, Any, int, str]:
+                 report: Any = None, frontier_bytes: int | None = None
+                 ) -> tuple[str, Any, int, str]:
   """ReLU splitting on ``problem`` (see `relu_split`): the root bound, then branch and bound
-  over split domains in batches of ``batch``. ``milp(lbs, ubs, deadline) -> (status, cex)``:
+  over split domains in batches of ``batch``; the search stops past ``max_domains`` open
+  domains or ``frontier_bytes`` of them (their splits, α and β). ``milp(lbs, ubs, deadline) -> (status, cex)``:
   the exact fallback on the root's node bounds (None: no fallback). Returns ``(status,
   counterexample or None, nodes, how)``."""
   f64 = any(getattr(a, "dtype", None) == jnp.float64
@@ -277,13 +280,14 @@ def split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: A
   with jax.enable_x64(True) if f64 else contextlib.nullcontext():
     return _split_search(problem, region, disjunct, replay, deadline, batch=batch,
                          max_domains=max_domains, milp=milp, milp_unstable=milp_unstable,
-                         progress=progress, report=report)
+                         progress=progress, report=report, frontier_bytes=frontier_bytes)
 
 
 def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: Any,
                   deadline: Deadline, *, batch: int = 256, max_domains: int = 20_000,
                   milp: Callable | None = None, milp_unstable: int = 40,
-                  progress: bool = False, report: Any = None) -> tuple[str, Any, int, str]:
+                  progress: bool = False, report: Any = None,
+                  frontier_bytes: int | None = None) -> tuple[str, Any, int, str]:
   """`split_search` in the problem's precision."""
   if report is None:
     from boundjax.verify.outcome import Progress
@@ -414,7 +418,7 @@ def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: 
     report.stage = "relu-split"
     try:
       res = bab.search(start, bound, branch, frontier=frontier, batch=batch, pop=batch // 2,
-                       deadline=until, max_frontier=max_domains)
+                       deadline=until, max_frontier=max_domains, max_bytes=frontier_bytes)
     finally:
       if bar is not None:
         bar.close()
