@@ -728,6 +728,33 @@ def test_engine_float32_refuses_parameters_that_are_not_float32_numbers():
   assert status == "unsat"
 
 
+@pytest.mark.parametrize("mode", ["crown", "alpha"])
+def test_sound_engine_bound_holds_on_the_float64_network_it_is_given(mode):
+  """Sound mode bounds in float64 (`engine.bound_precision`): parameters that are not float32
+  numbers and a specification row not exact in float32 (1/3) are taken as they are, and every
+  bound `engine.region_lower` returns is below ``C y - d`` of the float64 network at 10⁴
+  sampled points plus the box's centre, with zero tolerance; the box is wide enough that the
+  bound is not vacuous (within 10 of the sampled minimum)."""
+  from boundjax.verify import engine
+  from boundjax.verify.spec import as_regions
+  apply_fn, params = _cnn(4)
+  p64 = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64) * (1 + 1e-9), params)
+  assert not engine.params_exact_f32(p64)
+  C = np.array([[1 / 3, -1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0, -0.7]])
+  d = np.array([0.1, -0.2])
+  x0 = np.random.default_rng(5).uniform(0.2, 0.8, 64)
+  lo, hi = x0 - 0.05, x0 + 0.05
+  region = as_regions([((lo, hi), [(C, d)])])[0]
+  got = engine.region_lower(apply_fn, p64, (1, 8, 8), engine.fingerprint(apply_fn, p64, (1, 8, 8)),
+                            region, sound=True, mode=mode, memory_bytes=1 << 28)
+  xs = lo + (hi - lo) * np.random.default_rng(6).random((10_000, 64))
+  xs = np.concatenate([xs, x0[None]])
+  ys = _f64_outputs(apply_fn, p64, xs) @ C.T - d
+  assert got.shape == (2,) and np.all(np.isfinite(got))
+  assert np.all(got <= ys.min(axis=0)), (got, ys.min(axis=0))
+  assert np.all(ys.min(axis=0) - got < 10.0)
+
+
 # ------------------------------------------------------------------------------------------------
 # the memory budget (`boundjax.verify.memory`, ``verify(memory=)``)
 # ------------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ and goes to the generic path instead.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -130,9 +131,14 @@ S_SHAPED_PRIMITIVES = ("logistic", "tanh")
 
 def has_primitive(apply_fn: Callable, params: Any, input_shape: Sequence[int],
                   names: Sequence[str]) -> bool:
-  """Whether the network applies one of the primitives ``names`` (nested calls included)."""
+  """Whether the network applies one of the primitives ``names`` (nested calls included). The
+  input is traced in the parameters' floating type (float64 parameters, e.g. in sound mode,
+  would not mix with a float32 input in a convolution)."""
+  floats = [a.dtype for a in jax.tree_util.tree_leaves(params)
+            if hasattr(a, "dtype") and jnp.issubdtype(a.dtype, jnp.floating)]
+  dtype = jax.dtypes.canonicalize_dtype(np.result_type(*floats) if floats else np.float32)
   jaxpr = jax.make_jaxpr(lambda x: apply_fn(params, x))(
-      jax.ShapeDtypeStruct(tuple(input_shape), jnp.float32))
+      jax.ShapeDtypeStruct(tuple(input_shape), dtype))
 
   def walk(jp) -> bool:
     for e in jp.eqns:
@@ -216,49 +222,71 @@ def region_lower(apply_fn: Callable, params: Any, input_shape: Sequence[int], ke
                  region: Region, *, sound: bool, mode: str,
                  memory_bytes: int) -> np.ndarray:
   """Certified lower bounds (float64, NaN replaced by -inf) of every row ``C_i y - d_i`` of
-  the region's stacked disjuncts over its box, from the engine in ``mode``."""
+  the region's stacked disjuncts over its box, from the engine in ``mode``, in the precision
+  of `bound_precision`."""
   shape = tuple(int(s) for s in input_shape)
   C, d, _ = region_rows(region)
-  if sound:
-    return _region_lower_f64(apply_fn, params, shape, key, region, C, d, mode, memory_bytes)
-  lo, hi = box_f32(region.lower, region.upper)
-  box = _interval(lo[None], hi[None])
-  exact = spec_f32(C, d)
-  entry = bound_function(apply_fn, key, shape, sound, mode, memory_bytes,
-                         lower_only=exact is not None,
-                         s_shaped=mode == "alpha" and _s_shaped_cached(apply_fn, params, key,
-                                                                         shape))
-  p32 = jax.tree_util.tree_map(to_f32, params)
-  with entry.lock:
-    if exact is not None:
-      out = entry.fn(p32, jnp.asarray(exact[0]), jnp.asarray(exact[1]), box)
-      low = np.asarray(out.lower, np.float64)[0]
-    else:  # bound the outputs themselves, then C, d by outward interval arithmetic
-      m = C.shape[1]
-      out = entry.fn(p32, jnp.eye(m, dtype=jnp.float32), jnp.zeros(m, jnp.float32), box)
-      low = rows_lower(np.asarray(out.lower, np.float64), np.asarray(out.upper, np.float64),
-                        C, d, sound)[0]
-  return np.where(np.isnan(low), -np.inf, low)
-
-
-def _region_lower_f64(apply_fn: Callable, params: Any, shape: tuple, key: str, region: Region,
-                      C: np.ndarray, d: np.ndarray, mode: str, memory_bytes: int) -> np.ndarray:
-  """`region_lower` in sound mode, in float64: the region, ``C``, ``d`` and the parameters as
-  they are (float32 weights are exact in float64), so the a-priori rounding slack of sound mode
-  (γ_n, see `boundjax.domains.linear`) is about 10^-16 of the magnitudes instead of 10^-7; on
-  a deep network the float32 slack widens every layer's bounds and compounds (CIFAR10-ResNet
-  4b, VNN-COMP 2021 prop 12: CROWN's smallest margin 0.62 in float64, -1.51 in float32)."""
-  with jax.enable_x64(True):  # thread-local: this worker's calls only
-    entry = bound_function(apply_fn, key, shape, True, mode, memory_bytes, lower_only=True,
+  with bound_precision(sound):
+    exact = engine_spec(C, d, sound)
+    entry = bound_function(apply_fn, key, shape, sound, mode, memory_bytes,
+                           lower_only=exact is not None,
                            s_shaped=mode == "alpha" and _s_shaped_cached(apply_fn, params, key,
                                                                            shape))
-    p64 = jax.tree_util.tree_map(to_f64, params)
-    box = _interval(np.asarray(region.lower, np.float64)[None],
-                    np.asarray(region.upper, np.float64)[None])
+    p = engine_params(params, sound)
+    box = engine_box(region.lower[None], region.upper[None], sound)
+    dt = box.lower.dtype
     with entry.lock:
-      out = entry.fn(p64, jnp.asarray(C, jnp.float64), jnp.asarray(d, jnp.float64), box)
-    low = np.asarray(out.lower, np.float64)[0]
+      if exact is not None:
+        out = entry.fn(p, jnp.asarray(exact[0], dt), jnp.asarray(exact[1], dt), box)
+        low = np.asarray(out.lower, np.float64)[0]
+      else:  # bound the outputs themselves, then C, d by outward interval arithmetic
+        m = C.shape[1]
+        out = entry.fn(p, jnp.eye(m, dtype=dt), jnp.zeros(m, dt), box)
+        low = rows_lower(np.asarray(out.lower, np.float64), np.asarray(out.upper, np.float64),
+                          C, d, sound)[0]
   return np.where(np.isnan(low), -np.inf, low)
+
+
+# ------------------------------------------------------------------------------------------------
+# the precision of the engine's bounds: float64 in sound mode, float32 otherwise
+# ------------------------------------------------------------------------------------------------
+
+def bound_precision(sound: bool):
+  """The context every engine bound of the verifier runs in: float64 enabled in sound mode
+  (``jax.enable_x64`` is thread-local: this worker's calls only), nothing otherwise.
+
+  Sound mode bounds in float64, with the region, ``C``, ``d`` and the parameters as they are
+  (float32 weights are exact in float64), so the a-priori rounding slack of sound mode (γ_n,
+  see `boundjax.domains.linear`) is about 10^-16 of the magnitudes instead of 10^-7; on a deep
+  network the float32 slack widens every layer's bounds and compounds (CIFAR10-ResNet 4b,
+  VNN-COMP 2021 prop 12: CROWN's smallest margin 0.62 in float64, -1.51 in float32). Float
+  mode bounds in float32, on a box rounded outward (`box_f32`), ``C`` exact and ``d`` rounded
+  up (`spec_f32`), and parameters that must equal their float32 rounding
+  (`params_exact_f32`)."""
+  return jax.enable_x64(True) if sound else contextlib.nullcontext()
+
+
+def engine_params(params: Any, sound: bool) -> Any:
+  """``params`` in the bound's precision (call within `bound_precision`)."""
+  return jax.tree_util.tree_map(to_f64 if sound else to_f32, params)
+
+
+def engine_box(lower: np.ndarray, upper: np.ndarray, sound: bool):
+  """The `Interval` the engine bounds for the float64 box ``[lower, upper]``: the box itself
+  in float64 (sound), else the float32 box containing it (call within `bound_precision`)."""
+  import boundjax as bj
+  if sound:
+    return bj.Interval(jnp.asarray(lower, jnp.float64), jnp.asarray(upper, jnp.float64))
+  lo, hi = box_f32(lower, upper)
+  return bj.Interval(jnp.asarray(lo), jnp.asarray(hi))
+
+
+def engine_spec(C: np.ndarray, d: np.ndarray, sound: bool):
+  """``(C, d)`` in the bound's precision, with ``C' y - d' <= C y - d`` for every real ``y``:
+  as they are in float64 (sound), else `spec_f32` (None when ``C`` is not exact in float32)."""
+  if sound:
+    return np.asarray(C, np.float64), np.asarray(d, np.float64)
+  return spec_f32(C, d)
 
 
 def params_exact_f32(params: Any) -> bool:
@@ -285,11 +313,6 @@ def to_f64(a: Any) -> Any:
   if isinstance(a, (np.ndarray, jax.Array)) and jnp.issubdtype(a.dtype, jnp.floating):
     return jnp.asarray(a, jnp.float64)
   return a
-
-
-def _interval(lo: np.ndarray, hi: np.ndarray):
-  import boundjax as bj
-  return bj.Interval(jnp.asarray(lo), jnp.asarray(hi))
 
 
 class Job:

@@ -19,14 +19,12 @@ open boxes, ``batch // 2`` of them split at a time, their children bounded ``bat
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import boundjax as bj
 from boundjax.verify import bab, engine
 from boundjax.verify.outcome import Deadline
 from boundjax.verify.spec import Region, split_boxes
@@ -48,22 +46,16 @@ def input_split_generic(apply_fn: Callable, params: Any, input_shape: Sequence[i
   if not sound and not engine.params_exact_f32(params):  # float32 would bound another network
     return "unknown", None, 0
   key = engine.fingerprint(apply_fn, params, shape)
-  x64 = jax.enable_x64(True) if sound else contextlib.nullcontext()
-  with x64:
-    p_eng = jax.tree_util.tree_map(engine.to_f64 if sound else engine.to_f32, params)
+  with engine.bound_precision(sound):
+    p_eng = engine.engine_params(params, sound)
   modes = ["crown", "ibp"]
 
   def bound_rows(lo, hi, C, d):
     """Lower bounds (B, k) of ``C y - d`` on the float64 boxes ``[lo, hi]`` (float32 boxes
     containing them without ``sound``), NaN as -inf."""
-    with jax.enable_x64(True) if sound else contextlib.nullcontext():
-      if sound:
-        exact = (C, d)
-        box = bj.Interval(jnp.asarray(lo, jnp.float64), jnp.asarray(hi, jnp.float64))
-      else:
-        exact = engine.spec_f32(C, d)
-        l32, h32 = engine.box_f32(lo, hi)
-        box = bj.Interval(jnp.asarray(l32), jnp.asarray(h32))
+    with engine.bound_precision(sound):
+      exact = engine.engine_spec(C, d, sound)
+      box = engine.engine_box(lo, hi, sound)
       dt = box.lower.dtype
       while True:
         entry = engine.bound_function(apply_fn, key, shape, sound, modes[0], memory_bytes)

@@ -30,7 +30,6 @@ the root's sound pre-activation bounds for the time that is left.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -173,47 +172,38 @@ def engine_problem(apply_fn: Callable, params: Any, input_shape, key: str, C, d,
                    memory_bytes: int | None = None,
                    root_alpha_intermediate: bool = False) -> Problem | None:
   """The problem on the network itself (convolutions, pooling, residual sums as they are: no
-  densified chain). With ``sound``, every bound from the engine in float64 (its calls must run
-  under ``jax.enable_x64(True)``, as `split_search` on this problem does); else in float32:
-  the parameters must equal their float32 rounding (ONNX weights do,
-  `engine.params_exact_f32`) and ``C`` be exact in float32 (``d`` is rounded up,
-  `engine.spec_f32`); None otherwise. The root is α-CROWN on
+  densified chain), its bounds in the precision of `engine.bound_precision`: float64 with
+  ``sound``; else float32, where the parameters must equal their float32 rounding (ONNX
+  weights do) and ``C`` be exact in float32 (None otherwise). The root is α-CROWN on
   CROWN's intermediate bounds (``root_alpha_intermediate``: every layer's bounds optimised
   too; on OVAL21's ``cifar_base_kw`` it moved the root bound from -0.0223 to -0.0222 and left
   the 72 unstable neurons unstable, for a much longer compilation)."""
   from boundjax.verify import engine
   shape = tuple(int(s) for s in input_shape)
-  if sound:  # float64 (`engine.region_lower`): the sound slack of float32 compounds with depth
-    with jax.enable_x64(True):
-      p = (jax.tree_util.tree_map(engine.to_f64, params), jnp.asarray(C, jnp.float64),
-           jnp.asarray(d, jnp.float64))
-
-    def box(lo, hi):
-      with jax.enable_x64(True):
-        return Interval(jnp.asarray(lo, jnp.float64), jnp.asarray(hi, jnp.float64))
-  else:
-    exact = engine.spec_f32(C, d)
-    if exact is None or not engine.params_exact_f32(params):
+  if not sound and not engine.params_exact_f32(params):
+    return None
+  with engine.bound_precision(sound):
+    spec = engine.engine_spec(C, d, sound)
+    if spec is None:
       return None
-    p = (jax.tree_util.tree_map(engine.to_f32, params), jnp.asarray(exact[0]),
-         jnp.asarray(exact[1]))
+    p = (engine.engine_params(params, sound), jnp.asarray(spec[0]), jnp.asarray(spec[1]))
 
-    def box(lo, hi):
-      l32, h32 = engine.box_f32(lo, hi)
-      return Interval(jnp.asarray(l32), jnp.asarray(h32))
+  def box(lo, hi):
+    with engine.bound_precision(sound):
+      return engine.engine_box(lo, hi, sound)
 
   root = _engine_fn(apply_fn, shape, key, sound, "crown", root_steps, lr, memory_bytes,
                     alpha_intermediate=root_alpha_intermediate)
   domains = _engine_fn(apply_fn, shape, key, sound, "ibp", steps, lr, memory_bytes)
-  if sound:
-    root, domains = _in_x64(root), _in_x64(domains)
-  return Problem(p, root, domains, box, None)
+  return Problem(p, _in_precision(root, sound), _in_precision(domains, sound), box, None)
 
 
-def _in_x64(fn: Callable) -> Callable:
-  """``fn`` called with float64 enabled (``jax.enable_x64`` is thread-local)."""
+def _in_precision(fn: Callable, sound: bool) -> Callable:
+  """``fn`` called within `engine.bound_precision` (thread-local, so set at every call)."""
+  from boundjax.verify import engine
+
   def call(*args, **kwargs):
-    with jax.enable_x64(True):
+    with engine.bound_precision(sound):
       return fn(*args, **kwargs)
   return call
 
@@ -275,9 +265,10 @@ def split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: A
   domains or ``frontier_bytes`` of them (their splits, α and β). ``milp(lbs, ubs, deadline) -> (status, cex)``:
   the exact fallback on the root's node bounds (None: no fallback). Returns ``(status,
   counterexample or None, nodes, how)``."""
+  from boundjax.verify import engine
   f64 = any(getattr(a, "dtype", None) == jnp.float64
             for a in jax.tree_util.tree_leaves(problem.params))
-  with jax.enable_x64(True) if f64 else contextlib.nullcontext():
+  with engine.bound_precision(f64):
     return _split_search(problem, region, disjunct, replay, deadline, batch=batch,
                          max_domains=max_domains, milp=milp, milp_unstable=milp_unstable,
                          progress=progress, report=report, frontier_bytes=frontier_bytes)
