@@ -6,6 +6,8 @@ verivital, oval21, cifar10_resnet, marabou-cifar10, eran) through `boundjax veri
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/vnncomp.py --match "1_9_batch_2000.onnx acasxu/prop_7."
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/vnncomp.py --category verivital oval21 --limit 2 \
         --timeout 120          # one limit for every category (or --csv-timeouts: the competition's)
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/vnncomp.py --category eran --csv-timeouts \
+        --isolate              # each instance in a fresh process: its own compilation and peak memory
 
 Runs `boundjax.verify.run_instances` on ``instances.csv`` of the shared folder (per-category time
 limits: ACAS Xu 60 s, MNIST 120 s, the targets of the issue, 120 s for the other categories;
@@ -40,6 +42,11 @@ TIMING = ("wall-clock seconds per instance from loading the ONNX/VNNLIB files to
           "of property rows) is paid by the first instance that needs it and reused after; the "
           "machine is shared (load averages before and after are under provenance.machine)")
 
+TIMING_ISOLATED = ("wall-clock seconds per instance from loading the ONNX/VNNLIB files to the "
+                   "verdict, JIT compilation included; every instance in a fresh process "
+                   "(--isolate), so each pays its own compilation, and its peak resident memory "
+                   "is its own; the process start and imports (a few seconds) are not counted")
+
 
 def parse(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -57,6 +64,10 @@ def parse(argv=None) -> argparse.Namespace:
                  help="one time limit (s) for every category, overriding the two above")
   p.add_argument("--csv-timeouts", action="store_true",
                  help="each instance's limit from instances.csv's timeout column")
+  p.add_argument("--isolate", action="store_true",
+                 help="each instance in a fresh process (as VNN-COMP runs them): compilation\n"
+                      "paid by every instance, and the peak memory measured is that instance's\n"
+                      "alone (a process killed by the kernel is an error row with its exit code)")
   p.add_argument("--out", default=None,
                  help="result file (default benchmarks/results/vnncomp_<category>.json, "
                       "vnncomp_all.json for several categories)")
@@ -141,6 +152,48 @@ def cactus(rows: list[dict], path: Path, ab: dict | None = None) -> None:
   fig.savefig(path, dpi=120)
 
 
+def _child(row: dict, timeout: float, root: str, queue) -> None:
+  """One instance in a process of its own (`run_isolated`): its row, without the outcome object,
+  put on ``queue``."""
+  from boundjax.verify import run_instances
+  res = run_instances([row], timeout, progress=False, root=root)[0]
+  out = res.pop("outcome", None)
+  res["engine"] = out.stats.get("engine") if out is not None else None
+  queue.put(res)
+
+
+def run_isolated(group: list[dict], timeout: float, root: Path, on_row, target=_child) -> None:
+  """`run_instances` with each row in a fresh ``spawn`` process, one at a time (``target``: the
+  child's function, `_child`). A process that dies without a row (the kernel's OOM killer, a
+  crash) gives an ``error`` row naming its exit code; one that hangs is killed after three
+  time limits plus two minutes."""
+  import multiprocessing
+  import queue as queue_mod
+  import time
+  ctx = multiprocessing.get_context("spawn")
+  for row in group:
+    q = ctx.Queue()
+    proc = ctx.Process(target=target, args=(row, timeout, str(root), q))
+    start = time.monotonic()
+    proc.start()
+    res, end = None, start + 3 * timeout + 120
+    while res is None and time.monotonic() < end:
+      try:
+        res = q.get(timeout=1.0)
+      except queue_mod.Empty:
+        if not proc.is_alive():       # died without a row
+          break
+    if res is None:
+      proc.kill()
+    proc.join()
+    if res is None:
+      res = {"status": "error", "seconds": time.monotonic() - start, "phase": None,
+             "nodes": None, "settled": 0.0, "peak_rss": None, "engine": None,
+             "error": f"the instance's process ended without a result (exit code "
+                      f"{proc.exitcode}; -9: killed, e.g. by the kernel's OOM killer)"}
+    on_row(res)
+
+
 def main(argv=None) -> dict:
   a = parse(argv)
   from boundjax.verify import run_instances
@@ -171,11 +224,14 @@ def main(argv=None) -> dict:
                         "error": res.get("error"), "settled": res.get("settled"),
                         "peak_rss_bytes": res.get("peak_rss"),
                         "engine": (res["outcome"].stats.get("engine")
-                                   if res.get("outcome") is not None else None)})
+                                   if res.get("outcome") is not None else res.get("engine"))})
         partial.write_text(json.dumps({"provenance": meta, "complete": False,
                                        "instances": results}, indent=2))
 
-      run_instances(group, t, progress=True, root=root, on_row=keep)
+      if a.isolate:
+        run_isolated(group, t, root, keep)
+      else:
+        run_instances(group, t, progress=True, root=root, on_row=keep)
   truth = verdicts(root)                       # read only now, to score
   for r in results:
     r["verdict"] = truth[(r["onnx_rel"], r["vnnlib_rel"])]
@@ -194,8 +250,9 @@ def main(argv=None) -> dict:
   doc = {"provenance": meta,
          "timeouts": {"acasxu": a.timeout_acasxu, "mnistfc": a.timeout_mnistfc,
                       "all": a.timeout, "csv": a.csv_timeouts},
-         "subset": {"category": a.category, "limit": a.limit, "match": a.match}, "summary": summary,
-         "timing": TIMING, "instances": results}
+         "subset": {"category": a.category, "limit": a.limit, "match": a.match},
+         "isolated": a.isolate, "summary": summary,
+         "timing": TIMING_ISOLATED if a.isolate else TIMING, "instances": results}
   out.write_text(json.dumps(doc, indent=2))
   partial.unlink(missing_ok=True)
   cactus(results, out.with_name(out.stem + "_cactus.png"), ab)
