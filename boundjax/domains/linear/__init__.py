@@ -15,7 +15,8 @@ Activation Functions", NeurIPS 2018, §3; the backward form of auto_LiRPA):
   concrete ``c`` are ReLUs; *nonlinear* equations get sound linear relaxations on their input
   box (`Lines`): exp, expm1, log, log1p, sqrt, rsqrt, even integer powers / square, abs
   (convex/concave: chord and tangent at the midpoint, CROWN §3.2), tanh, logistic, erf, erfc,
-  atan (S-shaped: CROWN's tangent-through-an-end-point construction, `_s_shaped`), ``c / d``
+  atan (S-shaped: CROWN's tangent-through-an-end-point construction, or the chord where it
+  holds on a box around 0, `_s_shaped`), ``c / d``
   with a box-dependent denominator of one sign (reciprocal lines), products of two
   box-dependent values (McCormick planes; ``x / d`` of two box-dependent operands is rewritten
   to ``x · (1 / d)``), dot_general (matmul, einsum) and conv_general_dilated whose two operands
