@@ -836,9 +836,11 @@ def short_commit(commit: Any) -> str:
 def readme_vnncomp(results: Path) -> str:
   """The verifier on VNN-COMP 2021, one row per category with a committed
   ``vnncomp_<category>.json``: solved, wrong, limits, median and slowest solved time, the
-  commit, and α,β-CROWN 2021's count on the same instances."""
-  out = ["| category | solved | wrong | time limit | median / slowest solved | commit | "
-         "α,β-CROWN 2021, same instances |", "|---|---|---|---|---|---|---|"]
+  commit, the peak resident memory of one instance (its own process with ``--isolate``;
+  otherwise measured in the one process of the whole category, so it includes what earlier
+  instances left resident), and α,β-CROWN 2021's count on the same instances."""
+  out = ["| category | solved | wrong | time limit | median / slowest solved | peak memory | "
+         "commit | α,β-CROWN 2021, same instances |", "|---|---|---|---|---|---|---|---|"]
   for r in vnncomp_category_rows(Path(results).resolve().parents[1]):
     if r["solved"] is None:
       continue
@@ -849,8 +851,12 @@ def readme_vnncomp(results: Path) -> str:
     sub = json.loads(r["path"].read_text()).get("subset") or {}
     cat = r["category"] + "".join(f" ({k} {' '.join(map(str, v)) if isinstance(v, list) else v})"
                                   for k, v in sub.items() if v and k in ("match", "limit"))
+    doc = json.loads(r["path"].read_text())
+    peak = s.get("max_peak_rss_bytes")
+    peak = ("-" if peak is None else
+            f"{peak / 1e9:.2f} GB ({'per instance' if doc.get('isolated') else 'one process'})")
     out.append(f"| {cat} | {r['solved']} / {r['instances']} | {r['wrong']} | "
-               f"{r['limits']} | {times} | `{short_commit(r['commit'])}` | {ab} |")
+               f"{r['limits']} | {times} | {peak} | `{short_commit(r['commit'])}` | {ab} |")
   return "\n".join(out)
 
 
