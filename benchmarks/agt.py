@@ -138,6 +138,7 @@ import optax
 
 from boundjax import agt
 from boundjax.agt import descent, losses, mlp, retrain, select
+from boundjax.agt import train as agt_train
 from boundjax.core.interval import Interval
 from common import RESULTS, record
 
@@ -234,6 +235,16 @@ def machine_rates(reps: int = 5) -> tuple[float, float]:
 _RATES: list = []
 
 
+def _chunk_at(params, cfg, budget: int) -> int:
+  """`boundjax.agt.train.fold_chunk` under the memory budget ``budget``."""
+  default = descent.CHUNK_BYTES
+  descent.CHUNK_BYTES = budget
+  try:
+    return agt_train.fold_chunk(params, cfg)
+  finally:
+    descent.CHUNK_BYTES = default
+
+
 def step_floor(params, xb, yb, cfg, sgd_step_cpu_s: float, agt_step_cpu_s: float) -> dict:
   """The floor of one AGT step of the "mlp" back-end (AGT, App. B and Thm 4.6), measured here.
 
@@ -244,6 +255,9 @@ def step_floor(params, xb, yb, cfg, sgd_step_cpu_s: float, agt_step_cpu_s: float
   of the step (nominal, lower, upper; b x #params values each) written once and read once,
   against the copy bandwidth (the fold of `boundjax.agt.select` reads each once; no top-k
   selection counted). The step's and plain SGD's measured process CPU seconds beside them.
+  The bytes term is the floor of forming the per-sample products; the fused fold
+  (`boundjax.agt.descent.accumulate_outer`, ``fused_outer_fold`` in the row) forms them in
+  registers and moves O(b x width) bytes, so for it the FLOP term is the floor.
   """
   if not _RATES:
     _RATES.extend(machine_rates())
@@ -290,10 +304,11 @@ def memory_vs_batch(batches=(500, 1000, 2000, 4000, 8000, 16000)) -> dict:
       x = jax.ShapeDtypeStruct((b, sizes[0]), jnp.float32)
       y = jax.ShapeDtypeStruct((b,), jnp.float32)
       ma = step.lower(agt.init(params, cfg), x, y).compile().memory_analysis()
-      f = descent.chunk_size(params, b, b)
+      f = agt_train.fold_chunk(params, cfg)
       rec = {"network": "-".join(map(str, sizes)), "n_params": n_params, "batch": b,
              "chunk": f, "temp_mb": ma.temp_size_in_bytes / 2 ** 20,
-             "chunk_array_mb": f * n_params * 4 / 2 ** 20,
+             "chunk_array_mb": f * sum(int(np.size(a)) for a in agt_train.chunk_values(params)) * 4
+             / 2 ** 20 if descent.fused_outer(jnp.float32) else f * n_params * 4 / 2 ** 20,
              "batch_inputs_mb": b * sizes[0] * 4 / 2 ** 20,
              "per_sample_arrays_if_materialised_mb": 3 * b * n_params * 4 / 2 ** 20}
       out.append(rec)
@@ -345,8 +360,9 @@ def cost(quick: bool, reps: int) -> dict:
       t, cp = agt_time(c)
       row.update({f"{label}_epoch_s": t, f"{label}_epoch_cpu_s": cp, f"{label}_ratio": t / t_sgd,
                   f"{label}_cpu_ratio": cp / c_sgd})
-    row["chunk"] = descent.chunk_size(params, cfg.batch_size, cfg.fragsize)
+    row["chunk"] = agt_train.fold_chunk(params, cfg)
     row["native_fold"] = select.use_native(jnp.float32)
+    row["fused_outer_fold"] = descent.fused_outer(jnp.float32)
     sweep = {descent.CHUNK_BYTES: (row["agt_epoch_s"], row["agt_epoch_cpu_s"])}
     default = descent.CHUNK_BYTES
     for budget in CHUNK_BUDGETS:
@@ -358,7 +374,7 @@ def cost(quick: bool, reps: int) -> dict:
           descent.CHUNK_BYTES = default
     best = min(sweep, key=lambda m: sweep[m][1])
     row["chunk_budget_sweep_cpu_s"] = {
-        f"{m // 2 ** 20} MB (chunk {descent.chunk_size(params, cfg.batch_size, cfg.fragsize, m)})":
+        f"{m // 2 ** 20} MB (chunk {_chunk_at(params, cfg, m)})":
         v[1] for m, v in sorted(sweep.items())}
     row.update({"best_chunk_budget_mb": best // 2 ** 20, "agt_best_epoch_cpu_s": sweep[best][1],
                 "agt_best_cpu_ratio": sweep[best][1] / c_sgd})

@@ -202,6 +202,58 @@ def accumulate(acc: Accumulator, g_n: Array, d_l: Array, d_u: Array, mask: Array
   return Accumulator(sum_n, sum_l, sum_u, top_l, bot_u, sum_abs)
 
 
+class Outer(NamedTuple):
+  """A Dense kernel's per-sample values given by their factors: sample i's value is the outer
+  product ``z[i] (x) d[i]`` (and, for boxes, the corner product of the two boxes, as
+  ``boundjax.ibp`` forms it), ``z`` (f, n), ``d`` (f, m): arrays (nominal values) or Intervals
+  (bounds). `accumulate_outer` folds them without forming the (f, n, m) products."""
+  z: Any
+  d: Any
+
+
+def _outer_leaf(x: Any) -> bool:
+  return isinstance(x, (Interval, Outer))
+
+
+def fused_outer(dtype) -> bool:
+  """True when `accumulate_outer` folds factors natively for ``dtype`` (else it forms the
+  products, and callers that can should form them in a stage of their own)."""
+  return select.use_native(dtype)
+
+
+def accumulate_outer(acc: Accumulator, g: Outer, box: Outer, gamma: float,
+                     track_abs: bool = True) -> Accumulator:
+  """`accumulate` of a Dense kernel's clipped per-sample values from their factors: nominal
+  ``Clip_gamma(g.z[i] (x) g.d[i])`` and bounds ``Clip_gamma`` of the engine's product of the
+  boxes ``box.z[i]``, ``box.d[i]`` (corner products, ``0 · ∞ = 0``). Natively (`fused_outer`):
+  one pass over the factors, the O(f · n · m) products never written (`select.accumulate_outer`;
+  the same sums and extremes as forming them); otherwise the products are formed and
+  `accumulate` d."""
+  zl, zu, dl, du = box.z.lower, box.z.upper, box.d.lower, box.d.upper
+  dt = acc.sum_l.dtype
+  if fused_outer(dt) and all(a.dtype == dt for a in (zl, zu, dl, du, g.z, g.d)):
+    sum_n, sum_l, sum_u, sum_abs, top_l, bot_u = select.accumulate_outer(
+        g.z, g.d, (zl, zu), (dl, du), gamma, (acc.sum_n, acc.sum_l, acc.sum_u, acc.sum_abs),
+        acc.top_l, acc.bot_u, track_abs)
+    return Accumulator(sum_n, sum_l, sum_u, top_l, bot_u, sum_abs)
+  g_n, prod = outer_products(g, box, gamma)
+  return accumulate(acc, g_n, prod.lower, prod.upper, None, track_abs)
+
+
+def outer_products(g: Outer, box: Outer, gamma: float) -> tuple[Array, Interval]:
+  """The clipped per-sample values `accumulate_outer` folds, formed: ``Clip_gamma(g.z[i] (x)
+  g.d[i])`` and ``Clip_gamma`` of the engine's product of the boxes, (f, n, m) each."""
+  from boundjax.core.transforms import ibp   # the engine's product, as `boundjax.agt.mlp`'s
+  prod = ibp(lambda z, d: z[:, :, None] * d[:, None, :])(box.z, box.d)
+  prod = prod if isinstance(prod, Interval) else Interval(prod, prod, validate=False)
+  return clip(g.z[:, :, None] * g.d[:, None, :], gamma), clip(prod, gamma)
+
+
+FUSED_MIN_COLUMNS = 16
+"""Kernels with fewer output columns than this form their per-sample products instead (a row
+of the native fold is too short to vectorise; `boundjax.agt.train.descent_directions`)."""
+
+
 CHUNK_BYTES = 8 * 2 ** 20
 """Memory budget of one per-sample array of a chunk (`chunk_size`), in bytes."""
 
@@ -227,8 +279,8 @@ def scan_fragments(params: Any, xs: Array, ys: Array, fragsize: int,
                    init_leaf: Callable[[Array], Any],
                    per_sample: Callable[[Array, Array], tuple[Any, ...]],
                    merge_leaf: Callable[..., Any],
-                   finalize_leaf: Callable[[Any], tuple[Array, Array, Array]]
-                   ) -> tuple[Any, Any, Any]:
+                   finalize_leaf: Callable[[Any], tuple[Array, Array, Array]],
+                   per_sample_like: Any = None) -> tuple[Any, Any, Any]:
   """The streaming form of a batch's descent-direction bound (AGT, Thm 4.6 in §4.2; the
   poisoning bound of `boundjax.agt.poisoning` has the same shape), for any accumulator.
 
@@ -239,7 +291,8 @@ def scan_fragments(params: Any, xs: Array, ys: Array, fragsize: int,
   leaves allowed); or ``per_sample`` is a pair ``(first, second)`` with ``first(x, y)`` any
   pytree and ``second(first(x, y))`` that tuple; and ``merge_leaf(acc, *leaves)`` folds one
   parameter leaf's values into its accumulator (``init_leaf(param_leaf)`` at the start).
-  ``finalize_leaf(acc)`` turns each accumulator into ``(D_n, D_L, D_U)``; the result is that
+  ``finalize_leaf(acc)`` turns each accumulator into ``(D_n, D_L, D_U)``; ``per_sample_like``
+  (default ``params``), a pytree as large as one sample's values, sets the chunk (`chunk_size`); the result is that
   triple as three pytrees like ``params``. Memory is O(fragsize * #params) plus the
   accumulators, whatever b.
 
@@ -257,7 +310,7 @@ def scan_fragments(params: Any, xs: Array, ys: Array, fragsize: int,
   last-bit differences on other shapes, which the ``sound`` margin covers for any order).
   """
   b = xs.shape[0]
-  f = chunk_size(params, b, fragsize)
+  f = chunk_size(params if per_sample_like is None else per_sample_like, b, fragsize)
   nf, rem = divmod(b, f)
   tdef = jax.tree_util.tree_structure(params)
   acc0 = [init_leaf(p) for p in jax.tree_util.tree_leaves(params)]
@@ -272,7 +325,7 @@ def scan_fragments(params: Any, xs: Array, ys: Array, fragsize: int,
     return vals
 
   def merge(acc: list, trees: Any) -> list:
-    leaves = [jax.tree_util.tree_leaves(t, is_leaf=_is_iv) for t in trees]
+    leaves = [jax.tree_util.tree_leaves(t, is_leaf=_outer_leaf) for t in trees]
     return [merge_leaf(a, *ls) for a, *ls in zip(acc, *leaves)]
 
   xf = xs[: nf * f].reshape((nf, f) + xs.shape[1:])

@@ -89,15 +89,20 @@ def deltas(params: Any, pre: list, d: Array) -> list:
   return out
 
 
+def layer_factors(params: Any, x: Array, pre: list, ds: list) -> list:
+  """The factors of every layer's per-sample gradients: ``[(z^0, d^1), ..., (z^{K-1}, d^K)]``
+  with ``z^0 = x`` and ``z^k = relu(zhat^k)``; layer k's kernel gradient is their outer product
+  ``z^{k-1} (x) d^k`` and its bias gradient ``d^k`` (`layer_grads`)."""
+  del params   # (the signature of `layer_grads`)
+  return [(x if i == 0 else jax.nn.relu(pre[i - 1]), d) for i, d in enumerate(ds)]
+
+
 def layer_grads(params: Any, x: Array, pre: list, ds: list) -> Any:
   """Per-sample parameter gradients from `deltas` ``ds``: layer k's are ``z^{k-1} (x) d^k``
   (kernel, the outer product; ``z^0 = x``, ``z^k = relu(zhat^k)``) and ``d^k`` (bias). A pytree
   like ``params``."""
-  grads = []
-  for i, d in enumerate(ds):
-    z_prev = x if i == 0 else jax.nn.relu(pre[i - 1])
-    grads.append({"kernel": z_prev[..., :, None] * d[..., None, :], "bias": d})
-  return rebuild(params, grads)
+  return rebuild(params, [{"kernel": z[..., :, None] * d[..., None, :], "bias": d}
+                          for z, d in layer_factors(params, x, pre, ds)])
 
 
 def backward(params: Any, x: Array, pre: list, d: Array) -> Any:
@@ -204,6 +209,15 @@ def grads_from_parts(param_bounds: Any, parts: tuple, matmul: str = "midrad") ->
   return _as_ivs(_ibp(layer_grads, matmul)(param_bounds, xs, list(pre), list(ds)))
 
 
+def factors_from_parts(param_bounds: Any, parts: tuple, matmul: str = "midrad") -> list:
+  """The boxes of `layer_factors` from `grad_parts` (``boundjax.ibp``): per layer ``(z, d)``,
+  two Intervals of O(b * width) values, whose corner product (the engine's product of two
+  boxes) is `grads_from_parts`' kernel box and ``d`` its bias box."""
+  xs, pre, ds = parts
+  out = _ibp(layer_factors, matmul)(param_bounds, xs, list(pre), list(ds))
+  return [(_as_iv(z), _as_iv(d)) for z, d in out]
+
+
 def sample_grad_bounds(param_bounds: Any, x: Any, y: Array, loss: str,
                        matmul: str = "midrad", logit_grad: Callable | None = None) -> Any:
   """`grad_bounds` for ONE sample ``(x, y)`` (no batch axis)."""
@@ -219,13 +233,14 @@ def margin_bounds(param_bounds: Any, x: Array, cls: Array, matmul: str = "midrad
   return _as_iv(_ibp(margins, matmul)(param_bounds, x, jnp.asarray(cls))).lower
 
 
-def per_sample_grads(params: Any, xs: Array, ys: Array, loss: str) -> Any:
-  """Nominal per-sample gradients ``d loss(f(x_i), y_i) / d theta`` (leading axis = sample).
+def per_sample_factors(params: Any, xs: Array, ys: Array, loss: str) -> list:
+  """The factors of the nominal per-sample gradients (`per_sample_grads`): per layer
+  ``(z^{k-1}, d^k)``, each (b, width), whose outer product is the kernel's gradient and ``d^k``
+  the bias's.
 
-  The same values as ``vmap(grad(loss))``, written as batched passes: the forward and
-  ``delta^{k-1} = (delta^k W^T) (.) H(zhat^{k-1})`` are (b, d) x (d, m) products and the kernel
-  gradient is the broadcast outer product ``z_i delta_i^T``. XLA on CPU turns the vmapped
-  per-sample gradient into b tiny batched matmuls, several times slower.
+  Written as batched passes: the forward and ``delta^{k-1} = (delta^k W^T) (.) H(zhat^{k-1})``
+  are (b, d) x (d, m) products. XLA on CPU turns the vmapped per-sample gradient into b tiny
+  batched matmuls, several times slower.
   """
   ls = layers(params)
   lf = losses.per_sample_loss(loss)
@@ -237,10 +252,19 @@ def per_sample_grads(params: Any, xs: Array, ys: Array, loss: str) -> Any:
       zs.append(zh)
       z = jax.nn.relu(zh)
   d = jax.vmap(jax.grad(lf))(zh, ys)                   # d loss / d zhat^K, (b, out)
-  grads = [None] * len(ls)
+  out = [None] * len(ls)
   for i in range(len(ls) - 1, -1, -1):
-    z_prev = zs[2 * i]
-    grads[i] = {"kernel": z_prev[:, :, None] * d[:, None, :], "bias": d}
+    out[i] = (zs[2 * i], d)
     if i > 0:
       d = (d @ ls[i]["kernel"].T) * (zs[2 * i - 1] > 0).astype(d.dtype)
-  return rebuild(params, grads)
+  return out
+
+
+def per_sample_grads(params: Any, xs: Array, ys: Array, loss: str) -> Any:
+  """Nominal per-sample gradients ``d loss(f(x_i), y_i) / d theta`` (leading axis = sample).
+
+  The same values as ``vmap(grad(loss))``, from `per_sample_factors`: the kernel gradient is the
+  broadcast outer product ``z_i delta_i^T``.
+  """
+  return rebuild(params, [{"kernel": z[:, :, None] * d[:, None, :], "bias": d}
+                          for z, d in per_sample_factors(params, xs, ys, loss)])

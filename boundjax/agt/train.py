@@ -162,6 +162,7 @@ def descent_directions(apply_fn: Callable, config: Config, params: Any, box: Any
       stages = poisoning.mlp_stages(config, gfn, params, box)
     return poisoning.descent_directions(config, gfn, bfn, pfn, params, box, xs, ys, stages)
 
+  per_sample_like = None   # (the chunk's memory per sample: `descent.scan_fragments`)
   if backend == "mlp" and config.bound_method == "interval":
     # Two stages (`descent.scan_fragments`): the O(f * width) factors (nominal gradients,
     # activation and delta boxes), then the O(f * #params) per-sample boxes from them, each
@@ -175,18 +176,58 @@ def descent_directions(apply_fn: Callable, config: Config, params: Any, box: Any
       x, y, parts = vals
       return (descent.clip(gfn(params, x, y), gamma),
               descent.clip(mlp.grads_from_parts(box, parts, config.matmul), gamma))
-    per_sample = (first, second)
+
+    def factors(vals):
+      """The kernels' per-sample values as factors (`descent.Outer`, folded natively without
+      forming the products; a kernel with fewer than `descent.FUSED_MIN_COLUMNS` columns forms
+      them), the biases' clipped, as in ``second``."""
+      x, y, parts = vals
+      nominal = mlp.per_sample_factors(params, x, y, config.loss)
+      boxes = mlp.factors_from_parts(box, parts, config.matmul)
+      g_layers, b_layers = [], []
+      for (zn, dn), (zb, db) in zip(nominal, boxes):
+        g, bx = descent.Outer(zn, dn), descent.Outer(zb, db)
+        if dn.shape[-1] < descent.FUSED_MIN_COLUMNS:
+          g, bx = descent.outer_products(g, bx, gamma)
+        g_layers.append({"kernel": g, "bias": descent.clip(dn, gamma)})
+        b_layers.append({"kernel": bx, "bias": descent.clip(db, gamma)})
+      return mlp.rebuild(params, g_layers), mlp.rebuild(params, b_layers)
+    fused = descent.fused_outer(jnp.result_type(*jax.tree_util.tree_leaves(params)))
+    per_sample = (first, factors if fused else second)
+    if fused:
+      per_sample_like = chunk_values(params)
   else:
     def per_sample(x, y):
       return descent.clip(gfn(params, x, y), gamma), descent.clip(bfn(box, x, y), gamma)
 
   def merge_leaf(acc, g_n, iv):
+    if isinstance(g_n, descent.Outer):
+      return descent.accumulate_outer(acc, g_n, iv, gamma, track_abs=config.sound)
     return descent.accumulate(acc, g_n, iv.lower, iv.upper, None, track_abs=config.sound)
   gam = gamma if math.isfinite(gamma) else 0.0
   return descent.scan_fragments(
       params, xs, ys, config.fragsize, lambda p: descent.init_accumulator(p, k), per_sample,
       merge_leaf, lambda a: descent.finalize(a, b, gam, config.sound,
-                                             config.neighbourhood == "remove", config.normalise))
+                                             config.neighbourhood == "remove", config.normalise),
+      per_sample_like)
+
+
+def chunk_values(params: Any) -> list:
+  """Arrays as large as one sample's values in the "mlp" back-end's fused fold (they set its
+  chunk, `boundjax.agt.descent.chunk_size`): a kernel folded from its factors
+  (`boundjax.agt.descent.accumulate_outer`) holds O(width) values per sample, one with fewer than
+  `boundjax.agt.descent.FUSED_MIN_COLUMNS` columns its formed products, O(#params)."""
+  return [jnp.zeros(l["kernel"].shape[0] + 2 * l["kernel"].shape[1], l["kernel"].dtype)
+          if l["kernel"].shape[1] >= descent.FUSED_MIN_COLUMNS else l["kernel"]
+          for l in mlp.layers(params)]
+
+
+def fold_chunk(params: Any, config: Config, backend: str = "mlp") -> int:
+  """Samples per chunk of `descent_directions` for ``params`` and ``config``."""
+  fused = (backend == "mlp" and config.bound_method == "interval" and not config.poisoning
+           and descent.fused_outer(jnp.result_type(*jax.tree_util.tree_leaves(params))))
+  return descent.chunk_size(chunk_values(params) if fused else params, config.batch_size,
+                            config.fragsize)
 
 
 def update(config: Config, state: State, d_n: Any, d_l: Any, d_u: Any) -> State:
