@@ -307,7 +307,7 @@ def memory_vs_batch(batches=(500, 1000, 2000, 4000, 8000, 16000)) -> dict:
       f = agt_train.fold_chunk(params, cfg)
       rec = {"network": "-".join(map(str, sizes)), "n_params": n_params, "batch": b,
              "chunk": f, "temp_mb": ma.temp_size_in_bytes / 2 ** 20,
-             "chunk_array_mb": f * sum(int(np.size(a)) for a in agt_train.chunk_values(params)) * 4
+             "chunk_array_mb": f * sum(int(np.size(a)) for a in mlp.chunk_values(params)) * 4
              / 2 ** 20 if descent.fused_outer(jnp.float32) else f * n_params * 4 / 2 ** 20,
              "batch_inputs_mb": b * sizes[0] * 4 / 2 ** 20,
              "per_sample_arrays_if_materialised_mb": 3 * b * n_params * 4 / 2 ** 20}

@@ -215,3 +215,37 @@ def test_agt_step_with_the_fused_fold_equals_forming_the_products(monkeypatch, s
   formed = run()
   for a, b in zip(jax.tree_util.tree_leaves(fused), jax.tree_util.tree_leaves(formed)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@native
+@pytest.mark.parametrize("f,n,m,k,gamma", [(57, 33, 20, 10, 0.05), (300, 64, 64, 5, 0.1),
+                                           (25, 9, 130, 0, np.inf)])
+def test_native_poisoning_fold_equals_forming_the_products(f, n, m, k, gamma):
+  from boundjax.agt import poisoning
+  zc, dc, zl, zu, dl, du = _factors(f, n, m, 0)
+  _, _, pzl, pzu, pdl, pdu = _factors(f, n, m, 1)
+  pzl, pzu = np.minimum(pzl, zl), np.maximum(pzu, zu)        # poisoned boxes hold the clean ones
+  pdl, pdu = np.minimum(pdl, dl), np.maximum(pdu, du)
+  iv = lambda lo, hi: Interval(jnp.asarray(lo), jnp.asarray(hi), validate=False)  # noqa: E731
+  g = descent.Outer(jnp.asarray(zc), jnp.asarray(dc))
+  wp, iwp = descent.Outer(iv(zl, zu), iv(dl, du)), descent.Outer(iv(pzl, pzu), iv(pdl, pdu))
+
+  @jax.jit
+  def fold(g, wp, iwp):
+    fused = formed = poisoning.init_accumulator(jnp.zeros((n, m)), k)
+    for s in range(0, f, 23):
+      cut = lambda o: descent.Outer(o.z[s:s + 23], o.d[s:s + 23])  # noqa: E731
+      fused = poisoning.accumulate_outer(fused, cut(g), cut(wp), cut(iwp), gamma)
+      g_n, clean = descent.outer_products(cut(g), cut(wp), gamma)
+      pois = descent.outer_products(cut(g), cut(iwp), gamma)[1]
+      formed = poisoning.accumulate(formed, g_n, clean.lower, clean.upper, pois.lower,
+                                    pois.upper)
+    return fused, formed
+  got, want = fold(g, wp, iwp)
+  for name in ("top_du", "bot_dl"):
+    np.testing.assert_array_equal(np.sort(getattr(got, name), -1),
+                                  np.sort(getattr(want, name), -1), err_msg=name)
+  for a, b in zip((got.sums.sum_n, got.sums.sum_l, got.sums.sum_u, got.sum_abs),
+                  (want.sums.sum_n, want.sums.sum_l, want.sums.sum_u, want.sum_abs)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+  assert np.any(np.asarray(got.top_du) > 0) or k == 0

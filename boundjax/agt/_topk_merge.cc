@@ -24,6 +24,10 @@
 //   boundjax.ibp's product of two boxes; a non-finite z gives the whole line), the nominal value
 //   zn * dn, each clipped to [-gamma, gamma]. The products are formed a tile of rows at a time
 //   and never written out: memory traffic is O(f * (n + m)) per tile instead of O(f * n * m).
+// accumulate_poison(zn, dn, zl, zu, dl, du, pzl, pzu, pdl, pdu, sums, top_du, bot_dl): the
+//   poisoning fold (boundjax.agt.poisoning) the same way: sums of the nominal and of the clean
+//   boxes, the k largest max(iwp_U - wp_U, 0) and k smallest min(iwp_L - wp_L, 0), wp the clean
+//   box of an entry and iwp its poisoned box (the factor boxes [pzl, pzu] x [pdl, pdu]).
 
 #include <algorithm>
 #include <cmath>
@@ -191,43 +195,56 @@ void Accumulate(const T* __restrict gn, const T* __restrict dl, const T* __restr
 }
 
 
+
+// Clip_g(x) = min(max(x, -g), g), keeping NaN as jnp.clip does.
 template <typename T>
-inline T Clip(T x, T g) {
-  return std::min(std::max(x, -g), g);
+inline T ClipNan(T x, T g) {
+  x = x < -g ? -g : x;
+  return x > g ? g : x;
 }
 
-
-
-// One row i of a sample's outer product: the clipped corner-product box of [a, b] x [dl, du]
-// and the clipped nominal c * dn, for the m entries of the row, added to the tile's sums and
-// written to lbo / ubo for the threshold test.
+// The clipped box of the product of [a, b] and [x, y]: min / max of the four corner products
+// with 0 * inf = 0 (boundjax.ibp's product of two boxes), or the whole line when `whole`.
 template <typename T>
-inline int OuterRow(const T* __restrict rdl, const T* __restrict rdu, const T* __restrict rdn,
-                    T a, T b, T c, T g, int64_t m, double* __restrict qn, double* __restrict ql,
-                    double* __restrict qu, T* __restrict lbo, T* __restrict ubo,
+inline void CornerBox(T a, T b, T x, T y, T g, bool whole, T& l, T& h) {
+  T c1 = a * x, c2 = a * y, c3 = b * x, c4 = b * y;
+  c1 = c1 == c1 ? c1 : T(0);
+  c2 = c2 == c2 ? c2 : T(0);
+  c3 = c3 == c3 ? c3 : T(0);
+  c4 = c4 == c4 ? c4 : T(0);
+  const T m12 = c2 < c1 ? c2 : c1, m34 = c4 < c3 ? c4 : c3;
+  const T x12 = c2 > c1 ? c2 : c1, x34 = c4 > c3 ? c4 : c3;
+  const T inf = std::numeric_limits<T>::infinity();
+  l = ClipNan(whole ? -inf : (m34 < m12 ? m34 : m12), g);
+  h = ClipNan(whole ? inf : (x34 > x12 ? x34 : x12), g);
+}
+
+// A row's factors: entry j of row i of sample s is [a, b] x [dl[j], du[j]] (whole line when a
+// bound of z is not finite) with nominal c * dn[j].
+template <typename T>
+struct RowFactors {
+  const T* __restrict dl;
+  const T* __restrict du;
+  T a, b;
+  bool whole;
+};
+
+// One row of a sample's outer product: the clipped box and the clipped nominal value of its m
+// entries added to the tile's sums (qa: the larger end's magnitude), the box written to lbo /
+// ubo and the threshold test (l beats tl, h beats tu) to mask; returns whether any entry hit.
+template <typename T>
+inline int OuterRow(RowFactors<T> r, const T* __restrict dn, T c, T g, int64_t m,
+                    double* __restrict qn, double* __restrict ql, double* __restrict qu,
+                    double* __restrict qa, T* __restrict lbo, T* __restrict ubo,
                     const T* __restrict tl, const T* __restrict tu, uint8_t* __restrict mask) {
   int any = 0;
   for (int64_t j = 0; j < m; ++j) {
-    const T x = rdl[j], y = rdu[j];
-    T c1 = a * x, c2 = a * y, c3 = b * x, c4 = b * y;
-    c1 = c1 == c1 ? c1 : T(0);
-    c2 = c2 == c2 ? c2 : T(0);
-    c3 = c3 == c3 ? c3 : T(0);
-    c4 = c4 == c4 ? c4 : T(0);
-    const T m12 = c2 < c1 ? c2 : c1, m34 = c4 < c3 ? c4 : c3;
-    const T x12 = c2 > c1 ? c2 : c1, x34 = c4 > c3 ? c4 : c3;
-    T l = m34 < m12 ? m34 : m12;
-    T h = x34 > x12 ? x34 : x12;
-    l = l < -g ? -g : l;  // Clip, keeping NaN as jnp.clip does
-    l = l > g ? g : l;
-    h = h < -g ? -g : h;
-    h = h > g ? g : h;
-    T v = c * rdn[j];
-    v = v < -g ? -g : v;
-    v = v > g ? g : v;
-    qn[j] += v;
+    T l, h;
+    CornerBox(r.a, r.b, r.dl[j], r.du[j], g, r.whole, l, h);
+    qn[j] += ClipNan(c * dn[j], g);
     ql[j] += l;
     qu[j] += h;
+    qa[j] += std::max(std::abs(l), std::abs(h));
     lbo[j] = l;
     ubo[j] = h;
     const int hit = static_cast<int>(l > tl[j]) | (static_cast<int>(h < tu[j]) << 1);
@@ -237,56 +254,92 @@ inline int OuterRow(const T* __restrict rdl, const T* __restrict rdu, const T* _
   return any;
 }
 
-// `OuterRow` where a bound of the row's z is not finite: the box is the whole line, clipped.
+// One row of the poisoning fold (boundjax.agt.poisoning): the clean box [lc, hc] (sums) and the
+// poisoned box [lp, hp] of each entry; the differences max(hp - hc, 0) (to lbo, tested against
+// tl: the k largest) and min(lp - lc, 0) (to ubo, against tu: the k smallest).
 template <typename T>
-int OuterRowWhole(const T* __restrict rdn, T c, T g, int64_t m, double* __restrict qn,
-                  double* __restrict ql, double* __restrict qu, T* __restrict lbo,
-                  T* __restrict ubo, const T* __restrict tl, const T* __restrict tu,
-                  uint8_t* __restrict mask) {
+inline int PoisonRow(RowFactors<T> clean, RowFactors<T> poisoned, const T* __restrict dn, T c,
+                     T g, int64_t m, double* __restrict qn, double* __restrict ql,
+                     double* __restrict qu, double* __restrict qa, T* __restrict lbo,
+                     T* __restrict ubo, const T* __restrict tl, const T* __restrict tu,
+                     uint8_t* __restrict mask) {
   int any = 0;
   for (int64_t j = 0; j < m; ++j) {
-    qn[j] += Clip(c * rdn[j], g);
-    ql[j] += -g;
-    qu[j] += g;
-    lbo[j] = -g;
-    ubo[j] = g;
-    const int hit = static_cast<int>(-g > tl[j]) | (static_cast<int>(g < tu[j]) << 1);
+    T lc, hc, lp, hp;
+    CornerBox(clean.a, clean.b, clean.dl[j], clean.du[j], g, clean.whole, lc, hc);
+    CornerBox(poisoned.a, poisoned.b, poisoned.dl[j], poisoned.du[j], g, poisoned.whole, lp, hp);
+    qn[j] += ClipNan(c * dn[j], g);
+    ql[j] += lc;
+    qu[j] += hc;
+    qa[j] += std::max(std::max(std::abs(lc), std::abs(hc)), std::max(std::abs(lp), std::abs(hp)));
+    const T du = hp - hc, dl = lp - lc;
+    const T up = du > T(0) ? du : T(0), down = dl < T(0) ? dl : T(0);
+    lbo[j] = up;
+    ubo[j] = down;
+    const int hit = static_cast<int>(up > tl[j]) | (static_cast<int>(down < tu[j]) << 1);
     mask[j] = static_cast<uint8_t>(hit);
     any |= hit;
   }
   return any;
 }
 
-// The samples in decreasing order of max|z| * max|d| (their largest possible entry): the
-// extremes tend to arrive first, so the thresholds rise early and fewer values enter the slots.
-// (Which values end in the slots does not depend on the order.)
+// The factors of a chunk's per-sample values: nominal zn (f, n), dn (f, m); boxes [zl, zu],
+// [dl, du]; for the poisoning fold also the poisoned boxes [pzl, pzu], [pdl, pdu].
 template <typename T>
-std::vector<int64_t> ExtremesFirst(const T* zl, const T* zu, const T* dl, const T* du,
-                                   int64_t f, int64_t n, int64_t m) {
-  std::vector<double> key(f);
-  for (int64_t s = 0; s < f; ++s) {
+struct Factors {
+  const T* zn;
+  const T* dn;
+  const T* zl;
+  const T* zu;
+  const T* dl;
+  const T* du;
+  const T* pzl = nullptr;
+  const T* pzu = nullptr;
+  const T* pdl = nullptr;
+  const T* pdu = nullptr;
+  int64_t f, n, m;
+
+  RowFactors<T> Row(const T* l, const T* u, const T* rdl, const T* rdu, int64_t s,
+                    int64_t i) const {
+    const T a = l[s * n + i], b = u[s * n + i];
+    return {rdl + s * m, rdu + s * m, a, b, !(std::isfinite(a) && std::isfinite(b))};
+  }
+};
+
+// The samples in decreasing order of max|z| * max|d| (their largest possible entry; the
+// poisoned boxes for the poisoning fold): the extremes tend to arrive first, so the thresholds
+// rise early and fewer values enter the slots. (Which values end in the slots does not depend
+// on the order.)
+template <typename T>
+std::vector<int64_t> ExtremesFirst(const Factors<T>& x, bool poison) {
+  const T* zl = poison ? x.pzl : x.zl;
+  const T* zu = poison ? x.pzu : x.zu;
+  const T* dl = poison ? x.pdl : x.dl;
+  const T* du = poison ? x.pdu : x.du;
+  std::vector<double> key(x.f);
+  for (int64_t s = 0; s < x.f; ++s) {
     T a = 0, b = 0;
-    for (int64_t i = 0; i < n; ++i)
-      a = std::max(a, std::max(std::abs(zl[s * n + i]), std::abs(zu[s * n + i])));
-    for (int64_t j = 0; j < m; ++j)
-      b = std::max(b, std::max(std::abs(dl[s * m + j]), std::abs(du[s * m + j])));
+    for (int64_t i = 0; i < x.n; ++i)
+      a = std::max(a, std::max(std::abs(zl[s * x.n + i]), std::abs(zu[s * x.n + i])));
+    for (int64_t j = 0; j < x.m; ++j)
+      b = std::max(b, std::max(std::abs(dl[s * x.m + j]), std::abs(du[s * x.m + j])));
     key[s] = static_cast<double>(a) * static_cast<double>(b);
   }
-  std::vector<int64_t> order(f);
-  for (int64_t s = 0; s < f; ++s) order[s] = s;
+  std::vector<int64_t> order(x.f);
+  for (int64_t s = 0; s < x.f; ++s) order[s] = s;
   std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t x, int64_t y) { return key[x] > key[y]; });
+                   [&](int64_t p, int64_t q) { return key[p] > key[q]; });
   return order;
 }
 
 // Rows [r0, r1) of the kernel, a tile of rows at a time: the tile's sums stay in cache while
-// every sample's factors stream past (samples in `order`).
-template <typename T>
-void OuterRows(const T* __restrict zn, const T* __restrict zl, const T* __restrict zu,
-               const T* __restrict dn, const T* __restrict dl, const T* __restrict du,
-               const std::vector<int64_t>& order, int64_t n, int64_t m, int64_t k, T gamma,
-               bool track_abs, int64_t r0, int64_t r1, Slots<T, true> hi, Slots<T, false> lo,
-               T* __restrict sn, T* __restrict sl, T* __restrict su, T* __restrict sa) {
+// every sample's factors stream past (samples in `order`). hi keeps the k largest of the
+// values written to lb, lo the k smallest of those written to ub.
+template <typename T, bool kPoison>
+void FoldRows(const Factors<T>& x, const std::vector<int64_t>& order, int64_t k, T gamma,
+              bool track_abs, int64_t r0, int64_t r1, Slots<T, true> hi, Slots<T, false> lo,
+              T* __restrict sn, T* __restrict sl, T* __restrict su, T* __restrict sa) {
+  const int64_t m = x.m;
   const int64_t rows = std::max<int64_t>(1, kTile / std::max<int64_t>(m, 1));
   const int64_t cap = rows * m;
   std::vector<double> an(cap), al(cap), au(cap), aa(cap);
@@ -296,68 +349,50 @@ void OuterRows(const T* __restrict zn, const T* __restrict zl, const T* __restri
     const int64_t i1 = std::min(i0 + rows, r1);
     const int64_t w = (i1 - i0) * m;
     const int64_t p0 = i0 * m;
-    std::fill(an.begin(), an.begin() + w, 0.0);
-    std::fill(al.begin(), al.begin() + w, 0.0);
-    std::fill(au.begin(), au.begin() + w, 0.0);
-    std::fill(aa.begin(), aa.begin() + w, 0.0);
+    for (auto* v : {&an, &al, &au, &aa}) std::fill(v->begin(), v->begin() + w, 0.0);
     for (const int64_t s : order) {
-      const T* __restrict rdn = dn + s * m;
-      const T* __restrict rdl = dl + s * m;
-      const T* __restrict rdu = du + s * m;
+      const T* __restrict rdn = x.dn + s * m;
       for (int64_t i = i0; i < i1; ++i) {
-        const T a = zl[s * n + i], b = zu[s * n + i], c = zn[s * n + i];
-        const bool whole = !(std::isfinite(a) && std::isfinite(b));
         const int64_t o = (i - i0) * m;
-        double* __restrict qn = an.data() + o;
-        double* __restrict ql = al.data() + o;
-        double* __restrict qu = au.data() + o;
-        T* __restrict lbo = lb.data() + o;
-        T* __restrict ubo = ub.data() + o;
-        const T* tl = hi.thr + p0 + o;
-        const T* tu = lo.thr + p0 + o;
-        uint8_t* mk = mask.data() + o;
-        const int any =
-            whole ? OuterRowWhole<T>(rdn, c, gamma, m, qn, ql, qu, lbo, ubo, tl, tu, mk)
-                  : OuterRow<T>(rdl, rdu, rdn, a, b, c, gamma, m, qn, ql, qu, lbo, ubo, tl, tu, mk);
-        if (track_abs) {
-          double* __restrict qa = aa.data() + o;
-          for (int64_t j = 0; j < m; ++j) qa[j] += std::max(std::abs(lbo[j]), std::abs(ubo[j]));
-        }
+        const T c = x.zn[s * x.n + i];
+        const RowFactors<T> clean = x.Row(x.zl, x.zu, x.dl, x.du, s, i);
+        int any;
+        if constexpr (kPoison)
+          any = PoisonRow<T>(clean, x.Row(x.pzl, x.pzu, x.pdl, x.pdu, s, i), rdn, c, gamma, m,
+                             &an[o], &al[o], &au[o], &aa[o], &lb[o], &ub[o], hi.thr + p0 + o,
+                             lo.thr + p0 + o, &mask[o]);
+        else
+          any = OuterRow<T>(clean, rdn, c, gamma, m, &an[o], &al[o], &au[o], &aa[o], &lb[o],
+                            &ub[o], hi.thr + p0 + o, lo.thr + p0 + o, &mask[o]);
         if (k && any)
-          ForEachSet(mk, 0, m, [&](int64_t j) {
-            hi.Offer(lbo[j], p0 + o + j);
-            lo.Offer(ubo[j], p0 + o + j);
+          ForEachSet(&mask[o], 0, m, [&](int64_t j) {
+            hi.Offer(lb[o + j], p0 + o + j);
+            lo.Offer(ub[o + j], p0 + o + j);
           });
       }
     }
-    AddChunkSums(p0, w, track_abs, an.data(), al.data(), au.data(), aa.data(), sn, sl, su,
-                 sa);
+    AddChunkSums(p0, w, track_abs, an.data(), al.data(), au.data(), aa.data(), sn, sl, su, sa);
   }
 }
 
-template <typename T>
-void AccumulateOuter(const T* __restrict zn, const T* __restrict zl, const T* __restrict zu,
-                     const T* __restrict dn, const T* __restrict dl, const T* __restrict du,
-                     int64_t f, int64_t n, int64_t m, int64_t k, T gamma, bool track_abs,
-                     T* __restrict sn, T* __restrict sl, T* __restrict su, T* __restrict sa,
-                     T* top, T* bot) {
-  const int64_t d = n * m;
-  Extremes<T> ex(top, bot, d, k);
-  Slots<T, true>& hi = ex.hi;
-  Slots<T, false>& lo = ex.lo;
-  const std::vector<int64_t> order = ExtremesFirst(zl, zu, dl, du, f, n, m);
-  // Rows split between threads (disjoint coordinates: no shared writes) when the work is
-  // large enough to pay for starting them.
+// The fold of a chunk of Dense-kernel factors into the running sums and k-extreme slots (the
+// privacy fold, or with kPoison the poisoning fold), rows split between threads (disjoint
+// coordinates: no shared writes) when the work is large enough to pay for starting them.
+template <typename T, bool kPoison>
+void FoldOuter(const Factors<T>& x, int64_t k, T gamma, bool track_abs, T* sn, T* sl, T* su,
+               T* sa, T* top, T* bot) {
+  Extremes<T> ex(top, bot, x.n * x.m, k);
+  const std::vector<int64_t> order = ExtremesFirst(x, kPoison);
   const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
-  const int64_t threads = std::min<int64_t>({hw, n, std::max<int64_t>(1, f * d / (1 << 20))});
+  const int64_t work = x.f * x.n * x.m * (kPoison ? 2 : 1);
+  const int64_t threads = std::min<int64_t>({hw, x.n, std::max<int64_t>(1, work >> 20)});
   auto run = [&](int64_t r0, int64_t r1) {
-    OuterRows<T>(zn, zl, zu, dn, dl, du, order, n, m, k, gamma, track_abs, r0, r1, hi, lo, sn,
-                 sl, su, sa);
+    FoldRows<T, kPoison>(x, order, k, gamma, track_abs, r0, r1, ex.hi, ex.lo, sn, sl, su, sa);
   };
   std::vector<std::thread> pool;
   for (int64_t t = 1; t < threads; ++t)
-    pool.emplace_back(run, n * t / threads, n * (t + 1) / threads);
-  run(0, n / threads);
+    pool.emplace_back(run, x.n * t / threads, x.n * (t + 1) / threads);
+  run(0, x.n / threads);
   for (auto& th : pool) th.join();
 }
 
@@ -409,6 +444,12 @@ ffi::Error AccumulateImpl(ffi::Buffer<DT> gn, ffi::Buffer<DT> dl, ffi::Buffer<DT
 }
 
 
+// The running state's buffers copied to the results (the fold then updates the results).
+template <typename A, typename R>
+void CopyTo(const A& in, R& out) {
+  std::copy(in.typed_data(), in.typed_data() + in.element_count(), out->typed_data());
+}
+
 template <ffi::DataType DT>
 ffi::Error AccumulateOuterImpl(ffi::Buffer<DT> zn, ffi::Buffer<DT> zl, ffi::Buffer<DT> zu,
                                ffi::Buffer<DT> dn, ffi::Buffer<DT> dl, ffi::Buffer<DT> du,
@@ -425,15 +466,47 @@ ffi::Error AccumulateOuterImpl(ffi::Buffer<DT> zn, ffi::Buffer<DT> zl, ffi::Buff
   const int64_t f = zdims[0], n = zdims[1], m = ddims[1];
   if (tdims.size() != 2 || tdims[0] != n * m)
     return ffi::Error::InvalidArgument("top_l must be (n * m, k)");
-  const int64_t k = tdims[1];
-  auto copy = [](const auto& in, auto& out) {
-    std::copy(in.typed_data(), in.typed_data() + in.element_count(), out->typed_data());
-  };
-  copy(sn, on); copy(sl, ol); copy(su, ou); copy(sa, oa); copy(top, otop); copy(bot, obot);
-  AccumulateOuter<T>(zn.typed_data(), zl.typed_data(), zu.typed_data(), dn.typed_data(),
-                     dl.typed_data(), du.typed_data(), f, n, m, k, static_cast<T>(gamma),
-                     track_abs, on->typed_data(), ol->typed_data(), ou->typed_data(),
-                     oa->typed_data(), otop->typed_data(), obot->typed_data());
+  CopyTo(sn, on); CopyTo(sl, ol); CopyTo(su, ou); CopyTo(sa, oa); CopyTo(top, otop);
+  CopyTo(bot, obot);
+  Factors<T> x{zn.typed_data(), dn.typed_data(), zl.typed_data(), zu.typed_data(),
+               dl.typed_data(), du.typed_data()};
+  x.f = f; x.n = n; x.m = m;
+  FoldOuter<T, false>(x, tdims[1], static_cast<T>(gamma), track_abs, on->typed_data(),
+                      ol->typed_data(), ou->typed_data(), oa->typed_data(), otop->typed_data(),
+                      obot->typed_data());
+  return ffi::Error::Success();
+}
+
+// The poisoning fold: (zn, dn, clean zl, zu, dl, du, poisoned zl, zu, dl, du, sum_n, sum_l,
+// sum_u, sum_abs, top_du, bot_dl) -> (sum_n, sum_l, sum_u, sum_abs, top_du, bot_dl).
+template <ffi::DataType DT>
+ffi::Error AccumulatePoisonImpl(ffi::Buffer<DT> zn, ffi::Buffer<DT> dn, ffi::Buffer<DT> zl,
+                                ffi::Buffer<DT> zu, ffi::Buffer<DT> dl, ffi::Buffer<DT> du,
+                                ffi::Buffer<DT> pzl, ffi::Buffer<DT> pzu, ffi::Buffer<DT> pdl,
+                                ffi::Buffer<DT> pdu, ffi::Buffer<DT> sn, ffi::Buffer<DT> sl,
+                                ffi::Buffer<DT> su, ffi::Buffer<DT> sa, ffi::Buffer<DT> top,
+                                ffi::Buffer<DT> bot, ffi::ResultBuffer<DT> on,
+                                ffi::ResultBuffer<DT> ol, ffi::ResultBuffer<DT> ou,
+                                ffi::ResultBuffer<DT> oa, ffi::ResultBuffer<DT> otop,
+                                ffi::ResultBuffer<DT> obot, double gamma, bool track_abs) {
+  using T = ffi::NativeType<DT>;
+  auto zdims = zl.dimensions(), ddims = dl.dimensions(), tdims = top.dimensions();
+  if (zdims.size() != 2 || ddims.size() != 2 || zdims[0] != ddims[0] ||
+      pzl.dimensions().size() != 2 || pdl.dimensions().size() != 2 ||
+      pzl.dimensions()[1] != zdims[1] || pdl.dimensions()[1] != ddims[1])
+    return ffi::Error::InvalidArgument("factors must be (f, n) and (f, m)");
+  const int64_t f = zdims[0], n = zdims[1], m = ddims[1];
+  if (tdims.size() != 2 || tdims[0] != n * m)
+    return ffi::Error::InvalidArgument("top_du must be (n * m, k)");
+  CopyTo(sn, on); CopyTo(sl, ol); CopyTo(su, ou); CopyTo(sa, oa); CopyTo(top, otop);
+  CopyTo(bot, obot);
+  Factors<T> x{zn.typed_data(), dn.typed_data(), zl.typed_data(), zu.typed_data(),
+               dl.typed_data(), du.typed_data(), pzl.typed_data(), pzu.typed_data(),
+               pdl.typed_data(), pdu.typed_data()};
+  x.f = f; x.n = n; x.m = m;
+  FoldOuter<T, true>(x, tdims[1], static_cast<T>(gamma), track_abs, on->typed_data(),
+                     ol->typed_data(), ou->typed_data(), oa->typed_data(), otop->typed_data(),
+                     obot->typed_data());
   return ffi::Error::Success();
 }
 
@@ -471,5 +544,18 @@ BOUNDJAX_MERGE(BoundjaxTopkMergeF32, F32)
 BOUNDJAX_MERGE(BoundjaxTopkMergeF64, F64)
 BOUNDJAX_ACCUMULATE(BoundjaxAccumulateF32, F32)
 BOUNDJAX_ACCUMULATE(BoundjaxAccumulateF64, F64)
+// (zn, dn, clean and poisoned factor boxes, four sums, top_du, bot_dl) -> (four sums, ...)
+#define BOUNDJAX_ACCUMULATE_POISON(NAME, DT)                                          \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, AccumulatePoisonImpl<ffi::DT>,                  \
+                                ffi::Ffi::Bind() BOUNDJAX_ARGS2(DT) BOUNDJAX_ARGS2(DT) \
+                                    BOUNDJAX_ARGS2(DT) BOUNDJAX_ARGS2(DT)             \
+                                    BOUNDJAX_ARGS2(DT) BOUNDJAX_ARGS3(DT)             \
+                                    BOUNDJAX_ARGS3(DT) BOUNDJAX_RETS3(DT)             \
+                                    BOUNDJAX_RETS3(DT)                                \
+                                    .Attr<double>("gamma")                            \
+                                    .Attr<bool>("track_abs"));
+
 BOUNDJAX_ACCUMULATE_OUTER(BoundjaxAccumulateOuterF32, F32)
 BOUNDJAX_ACCUMULATE_OUTER(BoundjaxAccumulateOuterF64, F64)
+BOUNDJAX_ACCUMULATE_POISON(BoundjaxAccumulatePoisonF32, F32)
+BOUNDJAX_ACCUMULATE_POISON(BoundjaxAccumulatePoisonF64, F64)

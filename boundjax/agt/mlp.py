@@ -28,7 +28,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from boundjax.agt import losses
+from boundjax.agt import descent, losses
 from boundjax.core.interval import Interval
 from boundjax.core.transforms import ibp
 from boundjax.models import dense_layers, mlp_layer_values, rebuild_dense
@@ -268,3 +268,15 @@ def per_sample_grads(params: Any, xs: Array, ys: Array, loss: str) -> Any:
   """
   return rebuild(params, [{"kernel": z[:, :, None] * d[:, None, :], "bias": d}
                           for z, d in per_sample_factors(params, xs, ys, loss)])
+
+
+def chunk_values(params: Any, boxes: int = 1) -> list:
+  """Arrays as large as one sample's values in the fused fold of the Dense kernels with
+  ``boxes`` bounds per value (2 for poisoning: clean and poisoned), which set the chunk
+  (`boundjax.agt.descent.chunk_size`): a kernel folded from its factors
+  (`boundjax.agt.descent.accumulate_outer`) holds O(width) values per sample, one with fewer than
+  `boundjax.agt.descent.FUSED_MIN_COLUMNS` columns its formed products, O(#params)."""
+  return [jnp.zeros(boxes * (l["kernel"].shape[0] + 2 * l["kernel"].shape[1]), l["kernel"].dtype)
+          if l["kernel"].shape[1] >= descent.FUSED_MIN_COLUMNS
+          else jnp.zeros(boxes * l["kernel"].size, l["kernel"].dtype)
+          for l in layers(params)]

@@ -217,6 +217,31 @@ def accumulate(acc: PoisonAccumulator, g_n: Array, wp_l: Array, wp_u: Array, iwp
   return PoisonAccumulator(sums, top_du, bot_dl, sum_abs)
 
 
+def accumulate_outer(acc: PoisonAccumulator, g: descent.Outer, wp: descent.Outer,
+                     iwp: descent.Outer, gamma: float, track_abs: bool = True
+                     ) -> PoisonAccumulator:
+  """`accumulate` of a Dense kernel from its factors (`boundjax.agt.descent.Outer`): nominal
+  ``g``, clean boxes ``wp`` and poisoned boxes ``iwp``, each entry's box the engine's product of
+  the factor boxes, clipped to ``[-gamma, gamma]``. Natively (`descent.fused_outer`) in one pass
+  without forming the (f, n, m) products (`select.accumulate_poison`); otherwise formed
+  (`descent.outer_products`) and folded by `accumulate`."""
+  dt = acc.sum_abs.dtype
+  parts = (wp.z.lower, wp.z.upper, wp.d.lower, wp.d.upper, iwp.z.lower, iwp.z.upper,
+           iwp.d.lower, iwp.d.upper, g.z, g.d)
+  if descent.fused_outer(dt) and all(a.dtype == dt for a in parts):
+    s = acc.sums
+    sum_n, sum_l, sum_u, sum_abs, top_du, bot_dl = select.accumulate_poison(
+        g.z, g.d, ((wp.z.lower, wp.z.upper), (wp.d.lower, wp.d.upper)),
+        ((iwp.z.lower, iwp.z.upper), (iwp.d.lower, iwp.d.upper)), gamma,
+        (s.sum_n, s.sum_l, s.sum_u, acc.sum_abs), acc.top_du, acc.bot_dl, track_abs)
+    return PoisonAccumulator(descent.Accumulator(sum_n, sum_l, sum_u, s.top_l, s.bot_u,
+                                                 s.sum_abs), top_du, bot_dl, sum_abs)
+  g_n, clean = descent.outer_products(g, wp, gamma)
+  poisoned = descent.outer_products(g, iwp, gamma)[1]
+  return accumulate(acc, g_n, clean.lower, clean.upper, poisoned.lower, poisoned.upper,
+                    track_abs)
+
+
 def rounding_margin(acc: PoisonAccumulator, b: int) -> Array:
   """A bound on the floating-point error of both the bound and a retrained batch mean.
 
@@ -289,7 +314,25 @@ def mlp_stages(config: Config, gfn: Callable, params: Any, box: Any
     return (descent.clip(gfn(params, x, y), gamma),
             descent.clip(mlp.grads_from_parts(box, clean, config.matmul), gamma),
             descent.clip(mlp.grads_from_parts(box, poisoned, config.matmul), gamma))
-  return first, second
+
+  def factors(vals: tuple) -> tuple:
+    """``second`` with the kernels' values as factors (`descent.Outer`, folded natively by
+    `accumulate_outer`; a kernel with fewer than `descent.FUSED_MIN_COLUMNS` columns forms
+    them)."""
+    x, y, clean, poisoned = vals
+    trees = ([], [], [])
+    for (zn, dn), (zc, dc), (zp, dp) in zip(mlp.per_sample_factors(params, x, y, config.loss),
+                                            mlp.factors_from_parts(box, clean, config.matmul),
+                                            mlp.factors_from_parts(box, poisoned, config.matmul)):
+      g, wp, iwp = descent.Outer(zn, dn), descent.Outer(zc, dc), descent.Outer(zp, dp)
+      if dn.shape[-1] < descent.FUSED_MIN_COLUMNS:
+        g, wp = descent.outer_products(g, wp, gamma)
+        iwp = descent.outer_products(descent.Outer(zn, dn), iwp, gamma)[1]
+      for tree, kernel, bias in zip(trees, (g, wp, iwp), (dn, dc, dp)):
+        tree.append({"kernel": kernel, "bias": descent.clip(bias, gamma)})
+    return tuple(mlp.rebuild(params, t) for t in trees)
+  fused = descent.fused_outer(jnp.result_type(*jax.tree_util.tree_leaves(params)))
+  return first, (factors if fused else second)
 
 
 def descent_directions(config: Config, gfn: Callable, bfn: Callable, pfn: Callable,
@@ -317,6 +360,12 @@ def descent_directions(config: Config, gfn: Callable, bfn: Callable, pfn: Callab
     per_sample = stages
 
   def merge_leaf(acc, g_n, wp, iwp):
+    if isinstance(g_n, descent.Outer):
+      return accumulate_outer(acc, g_n, wp, iwp, gamma, track_abs=config.sound)
     return accumulate(acc, g_n, wp.lower, wp.upper, iwp.lower, iwp.upper, track_abs=config.sound)
+  like = None
+  if stages is not None and descent.fused_outer(jnp.result_type(*jax.tree_util.tree_leaves(params))):
+    like = mlp.chunk_values(params, boxes=2)
   return descent.scan_fragments(params, xs, ys, config.fragsize, lambda p: init_accumulator(p, k),
-                                per_sample, merge_leaf, lambda a: finalize(a, b, config.sound))
+                                per_sample, merge_leaf, lambda a: finalize(a, b, config.sound),
+                                like)

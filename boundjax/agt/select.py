@@ -104,7 +104,9 @@ def native_available() -> bool:
                           ("boundjax_accumulate_f32", "BoundjaxAccumulateF32"),
                           ("boundjax_accumulate_f64", "BoundjaxAccumulateF64"),
                           ("boundjax_accumulate_outer_f32", "BoundjaxAccumulateOuterF32"),
-                          ("boundjax_accumulate_outer_f64", "BoundjaxAccumulateOuterF64")):
+                          ("boundjax_accumulate_outer_f64", "BoundjaxAccumulateOuterF64"),
+                          ("boundjax_accumulate_poison_f32", "BoundjaxAccumulatePoisonF32"),
+                          ("boundjax_accumulate_poison_f64", "BoundjaxAccumulatePoisonF64")):
           jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, sym)),
                                       platform="cpu")
         _state["ok"] = True
@@ -185,6 +187,26 @@ def accumulate(g_n: Array, d_l: Array, d_u: Array, sums: tuple[Array, Array, Arr
           out[5].reshape(rest + (k,)))
 
 
+def _fold_factors(name: str, factors: list, gamma: float, sums: tuple, top: Array, bot: Array,
+                  track_abs: bool, n: int, m: int) -> tuple:
+  """Calls the native fold ``name`` (f32/f64 suffix added) on a Dense kernel's factors and the
+  running state of its (n, m) leaf; returns the state reshaped to the leaf."""
+  k = top.shape[-1]
+  dt = factors[2].dtype
+  if not use_native(dt):
+    raise RuntimeError(f"{name}: no native fold for {dt} here (see use_native).")
+  suffix = {np.dtype(np.float32): "_f32", np.dtype(np.float64): "_f64"}[np.dtype(dt)]
+  vec, mat = jax.ShapeDtypeStruct((n * m,), dt), jax.ShapeDtypeStruct((n * m, k), dt)
+  call = jax.ffi.ffi_call("boundjax_" + name + suffix, (vec, vec, vec, vec, mat, mat),
+                          vmap_method="sequential")
+  cast = lambda a: jnp.asarray(a).astype(dt)  # noqa: E731
+  out = call(*(cast(a) for a in factors), *(cast(a).reshape(n * m) for a in sums),
+             cast(top).reshape(n * m, k), cast(bot).reshape(n * m, k), gamma=float(gamma),
+             track_abs=bool(track_abs))
+  return (*(o.reshape(n, m) for o in out[:4]), out[4].reshape(n, m, k),
+          out[5].reshape(n, m, k))
+
+
 def accumulate_outer(z_n: Array, d_n: Array, z_lu: tuple[Array, Array], d_lu: tuple[Array, Array],
                      gamma: float, sums: tuple[Array, Array, Array, Array], top_l: Array,
                      bot_u: Array, track_abs: bool = True
@@ -201,25 +223,34 @@ def accumulate_outer(z_n: Array, d_n: Array, z_lu: tuple[Array, Array], d_lu: tu
     gamma: the clipping level (``math.inf``: none).
     sums, top_l, bot_u, track_abs: as in `accumulate`, for the (n, m) leaf.
 
-  Returns the same values as `accumulate` on the formed, clipped products (the sums in the same
-  order, the same extremes).
+  Returns the same values as `accumulate` on the formed, clipped products (the same extremes;
+  the sums of the same values, taken in another order).
   """
-  f, n = z_lu[0].shape
-  m = d_lu[0].shape[1]
-  k = top_l.shape[-1]
-  dt = z_lu[0].dtype
-  if not use_native(dt):
-    raise RuntimeError(f"accumulate_outer: no native fold for {dt} here (see use_native).")
-  name = {np.dtype(np.float32): "boundjax_accumulate_outer_f32",
-          np.dtype(np.float64): "boundjax_accumulate_outer_f64"}[np.dtype(dt)]
-  vec, mat = jax.ShapeDtypeStruct((n * m,), dt), jax.ShapeDtypeStruct((n * m, k), dt)
-  call = jax.ffi.ffi_call(name, (vec, vec, vec, vec, mat, mat), vmap_method="sequential")
-  cast = lambda a: jnp.asarray(a).astype(dt)  # noqa: E731
-  out = call(cast(z_n), cast(z_lu[0]), cast(z_lu[1]), cast(d_n), cast(d_lu[0]), cast(d_lu[1]),
-             *(cast(a).reshape(n * m) for a in sums), cast(top_l).reshape(n * m, k),
-             cast(bot_u).reshape(n * m, k), gamma=float(gamma), track_abs=bool(track_abs))
-  return (*(o.reshape(n, m) for o in out[:4]), out[4].reshape(n, m, k),
-          out[5].reshape(n, m, k))
+  n, m = z_lu[0].shape[1], d_lu[0].shape[1]
+  return _fold_factors("accumulate_outer", [z_n, z_lu[0], z_lu[1], d_n, d_lu[0], d_lu[1]],
+                       gamma, sums, top_l, bot_u, track_abs, n, m)
+
+
+def accumulate_poison(z_n: Array, d_n: Array, clean: tuple, poisoned: tuple, gamma: float,
+                      sums: tuple[Array, Array, Array, Array], top_du: Array, bot_dl: Array,
+                      track_abs: bool = True
+                      ) -> tuple[Array, Array, Array, Array, Array, Array]:
+  """The poisoning fold (`boundjax.agt.poisoning.accumulate`) of a Dense kernel from its
+  factors, natively (call only when `use_native`).
+
+  Args:
+    z_n, d_n: the nominal factors, as in `accumulate_outer`.
+    clean, poisoned: ``((z_lower, z_upper), (d_lower, d_upper))``: the factor boxes of the
+      clean bounds ``wp`` and of the poisoned bounds ``iwp``.
+    sums: running ``(sum_n, sum_l, sum_u, sum_abs)``: the nominal and clean sums, and of the
+      largest magnitude of the four clipped ends (``track_abs``).
+    top_du, bot_dl: the running k largest ``max(iwp_U - wp_U, 0)`` and k smallest
+      ``min(iwp_L - wp_L, 0)``, (n, m, k), in any order.
+  """
+  (zl, zu), (dl, du) = clean
+  (pzl, pzu), (pdl, pdu) = poisoned
+  return _fold_factors("accumulate_poison", [z_n, d_n, zl, zu, dl, du, pzl, pzu, pdl, pdu],
+                       gamma, sums, top_du, bot_dl, track_abs, zl.shape[1], dl.shape[1])
 
 
 def _group_size(f: int, k: int) -> int:

@@ -195,7 +195,7 @@ def descent_directions(apply_fn: Callable, config: Config, params: Any, box: Any
     fused = descent.fused_outer(jnp.result_type(*jax.tree_util.tree_leaves(params)))
     per_sample = (first, factors if fused else second)
     if fused:
-      per_sample_like = chunk_values(params)
+      per_sample_like = mlp.chunk_values(params)
   else:
     def per_sample(x, y):
       return descent.clip(gfn(params, x, y), gamma), descent.clip(bfn(box, x, y), gamma)
@@ -212,22 +212,12 @@ def descent_directions(apply_fn: Callable, config: Config, params: Any, box: Any
       per_sample_like)
 
 
-def chunk_values(params: Any) -> list:
-  """Arrays as large as one sample's values in the "mlp" back-end's fused fold (they set its
-  chunk, `boundjax.agt.descent.chunk_size`): a kernel folded from its factors
-  (`boundjax.agt.descent.accumulate_outer`) holds O(width) values per sample, one with fewer than
-  `boundjax.agt.descent.FUSED_MIN_COLUMNS` columns its formed products, O(#params)."""
-  return [jnp.zeros(l["kernel"].shape[0] + 2 * l["kernel"].shape[1], l["kernel"].dtype)
-          if l["kernel"].shape[1] >= descent.FUSED_MIN_COLUMNS else l["kernel"]
-          for l in mlp.layers(params)]
-
-
 def fold_chunk(params: Any, config: Config, backend: str = "mlp") -> int:
   """Samples per chunk of `descent_directions` for ``params`` and ``config``."""
-  fused = (backend == "mlp" and config.bound_method == "interval" and not config.poisoning
+  fused = (backend == "mlp" and config.bound_method == "interval"
            and descent.fused_outer(jnp.result_type(*jax.tree_util.tree_leaves(params))))
-  return descent.chunk_size(chunk_values(params) if fused else params, config.batch_size,
-                            config.fragsize)
+  like = mlp.chunk_values(params, 2 if config.poisoning else 1) if fused else params
+  return descent.chunk_size(like, config.batch_size, config.fragsize)
 
 
 def update(config: Config, state: State, d_n: Any, d_l: Any, d_u: Any) -> State:
