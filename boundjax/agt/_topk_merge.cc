@@ -206,7 +206,7 @@ inline T ClipNan(T x, T g) {
 // The clipped box of the product of [a, b] and [x, y]: min / max of the four corner products
 // with 0 * inf = 0 (boundjax.ibp's product of two boxes), or the whole line when `whole`.
 template <typename T>
-inline void CornerBox(T a, T b, T x, T y, T g, bool whole, T& l, T& h) {
+inline void CornerBox(T a, T b, T x, T y, T g, T& l, T& h) {
   T c1 = a * x, c2 = a * y, c3 = b * x, c4 = b * y;
   c1 = c1 == c1 ? c1 : T(0);
   c2 = c2 == c2 ? c2 : T(0);
@@ -214,17 +214,23 @@ inline void CornerBox(T a, T b, T x, T y, T g, bool whole, T& l, T& h) {
   c4 = c4 == c4 ? c4 : T(0);
   const T m12 = c2 < c1 ? c2 : c1, m34 = c4 < c3 ? c4 : c3;
   const T x12 = c2 > c1 ? c2 : c1, x34 = c4 > c3 ? c4 : c3;
-  const T inf = std::numeric_limits<T>::infinity();
-  l = ClipNan(whole ? -inf : (m34 < m12 ? m34 : m12), g);
-  h = ClipNan(whole ? inf : (x34 > x12 ? x34 : x12), g);
+  l = ClipNan(m34 < m12 ? m34 : m12, g);
+  h = ClipNan(x34 > x12 ? x34 : x12, g);
+}
+
+// The clipped whole line, for entries whose z bound is not finite (and the sums' signature).
+template <typename T>
+inline void WholeLine(T g, T& l, T& h) {
+  l = ClipNan(-std::numeric_limits<T>::infinity(), g);
+  h = ClipNan(std::numeric_limits<T>::infinity(), g);
 }
 
 // A row's factors: entry j of row i of sample s is [a, b] x [dl[j], du[j]] (whole line when a
 // bound of z is not finite) with nominal c * dn[j].
 template <typename T>
 struct RowFactors {
-  const T* __restrict dl;
-  const T* __restrict du;
+  const T* dl;
+  const T* du;
   T a, b;
   bool whole;
 };
@@ -232,55 +238,103 @@ struct RowFactors {
 // One row of a sample's outer product: the clipped box and the clipped nominal value of its m
 // entries added to the tile's sums (qa: the larger end's magnitude), the box written to lbo /
 // ubo and the threshold test (l beats tl, h beats tu) to mask; returns whether any entry hit.
+// (The row's pointers are parameters: GCC vectorises loads through __restrict parameters, not
+// through struct members. Each loop keeps to one or two element types, which it vectorises.)
 template <typename T>
-inline int OuterRow(RowFactors<T> r, const T* __restrict dn, T c, T g, int64_t m,
-                    double* __restrict qn, double* __restrict ql, double* __restrict qu,
-                    double* __restrict qa, T* __restrict lbo, T* __restrict ubo,
-                    const T* __restrict tl, const T* __restrict tu, uint8_t* __restrict mask) {
-  int any = 0;
+__attribute__((noinline)) void OuterRowLoop(const T* __restrict dl, const T* __restrict du, T a, T b, bool whole,
+                         const T* __restrict dn, T c, T g, int64_t m, double* __restrict qn,
+                         double* __restrict ql, double* __restrict qu, T* __restrict lbo,
+                         T* __restrict ubo) {
+  T wl, wh;
+  WholeLine(g, wl, wh);
+  if (whole) {  // (rare: a separate loop keeps the common one free of the flag)
+    for (int64_t j = 0; j < m; ++j) {
+      qn[j] += ClipNan(c * dn[j], g);
+      ql[j] += wl;
+      qu[j] += wh;
+      lbo[j] = wl;
+      ubo[j] = wh;
+    }
+    return;
+  }
   for (int64_t j = 0; j < m; ++j) {
+    const T x = dl[j], y = du[j];
     T l, h;
-    CornerBox(r.a, r.b, r.dl[j], r.du[j], g, r.whole, l, h);
+    CornerBox(a, b, x, y, g, l, h);
     qn[j] += ClipNan(c * dn[j], g);
     ql[j] += l;
     qu[j] += h;
-    qa[j] += std::max(std::abs(l), std::abs(h));
     lbo[j] = l;
     ubo[j] = h;
-    const int hit = static_cast<int>(l > tl[j]) | (static_cast<int>(h < tu[j]) << 1);
+  }
+}
+
+// The magnitudes of a row's boxes added to qa, and its threshold test (l beats tl, h beats tu)
+// written to mask; returns whether any entry hit.
+template <typename T>
+inline int RowTests(const T* __restrict lbo, const T* __restrict ubo, int64_t m,
+                    double* __restrict qa, const T* __restrict tl, const T* __restrict tu,
+                    uint8_t* __restrict mask, bool track_abs, bool test) {
+  if (track_abs)
+    for (int64_t j = 0; j < m; ++j) qa[j] += std::max(std::abs(lbo[j]), std::abs(ubo[j]));
+  if (!test) return 0;
+  int any = 0;
+  for (int64_t j = 0; j < m; ++j) {
+    const int hit = static_cast<int>(lbo[j] > tl[j]) | (static_cast<int>(ubo[j] < tu[j]) << 1);
     mask[j] = static_cast<uint8_t>(hit);
     any |= hit;
   }
   return any;
 }
 
+template <typename T>
+inline int OuterRow(RowFactors<T> r, const T* dn, T c, T g, int64_t m, double* qn, double* ql,
+                    double* qu, double* qa, T* lbo, T* ubo, const T* tl, const T* tu,
+                    uint8_t* mask, bool track_abs, bool test) {
+  OuterRowLoop(r.dl, r.du, r.a, r.b, r.whole, dn, c, g, m, qn, ql, qu, lbo, ubo);
+  return RowTests(lbo, ubo, m, qa, tl, tu, mask, track_abs, test);
+}
+
 // One row of the poisoning fold (boundjax.agt.poisoning): the clean box [lc, hc] (sums) and the
 // poisoned box [lp, hp] of each entry; the differences max(hp - hc, 0) (to lbo, tested against
 // tl: the k largest) and min(lp - lc, 0) (to ubo, against tu: the k smallest).
-template <typename T>
-inline int PoisonRow(RowFactors<T> clean, RowFactors<T> poisoned, const T* __restrict dn, T c,
-                     T g, int64_t m, double* __restrict qn, double* __restrict ql,
-                     double* __restrict qu, double* __restrict qa, T* __restrict lbo,
-                     T* __restrict ubo, const T* __restrict tl, const T* __restrict tu,
-                     uint8_t* __restrict mask) {
-  int any = 0;
+template <typename T, bool kFlags>
+__attribute__((noinline)) void PoisonRowLoop(const T* __restrict dl, const T* __restrict du, T a,
+                                             T b, bool whole,
+                          const T* __restrict pdl, const T* __restrict pdu, T pa, T pb,
+                          bool pwhole, const T* __restrict dn, T c, T g, int64_t m,
+                          double* __restrict qn, double* __restrict ql, double* __restrict qu,
+                          double* __restrict qa, T* __restrict lbo, T* __restrict ubo) {
   for (int64_t j = 0; j < m; ++j) {
+    const T x = dl[j], y = du[j], px = pdl[j], py = pdu[j];
     T lc, hc, lp, hp;
-    CornerBox(clean.a, clean.b, clean.dl[j], clean.du[j], g, clean.whole, lc, hc);
-    CornerBox(poisoned.a, poisoned.b, poisoned.dl[j], poisoned.du[j], g, poisoned.whole, lp, hp);
+    CornerBox(a, b, x, y, g, lc, hc);
+    CornerBox(pa, pb, px, py, g, lp, hp);
+    if constexpr (kFlags) {  // (a loop without the flags vectorises)
+      if (whole) WholeLine(g, lc, hc);
+      if (pwhole) WholeLine(g, lp, hp);
+    }
     qn[j] += ClipNan(c * dn[j], g);
     ql[j] += lc;
     qu[j] += hc;
     qa[j] += std::max(std::max(std::abs(lc), std::abs(hc)), std::max(std::abs(lp), std::abs(hp)));
-    const T du = hp - hc, dl = lp - lc;
-    const T up = du > T(0) ? du : T(0), down = dl < T(0) ? dl : T(0);
-    lbo[j] = up;
-    ubo[j] = down;
-    const int hit = static_cast<int>(up > tl[j]) | (static_cast<int>(down < tu[j]) << 1);
-    mask[j] = static_cast<uint8_t>(hit);
-    any |= hit;
+    const T du_ = hp - hc, dl_ = lp - lc;
+    lbo[j] = du_ > T(0) ? du_ : T(0);
+    ubo[j] = dl_ < T(0) ? dl_ : T(0);
   }
-  return any;
+}
+
+template <typename T>
+inline int PoisonRow(RowFactors<T> cl, RowFactors<T> po, const T* dn, T c, T g, int64_t m,
+                     double* qn, double* ql, double* qu, double* qa, T* lbo, T* ubo,
+                     const T* tl, const T* tu, uint8_t* mask, bool /*track_abs*/, bool test) {
+  if (cl.whole || po.whole)
+    PoisonRowLoop<T, true>(cl.dl, cl.du, cl.a, cl.b, cl.whole, po.dl, po.du, po.a, po.b,
+                           po.whole, dn, c, g, m, qn, ql, qu, qa, lbo, ubo);
+  else
+    PoisonRowLoop<T, false>(cl.dl, cl.du, cl.a, cl.b, false, po.dl, po.du, po.a, po.b, false,
+                            dn, c, g, m, qn, ql, qu, qa, lbo, ubo);
+  return RowTests(lbo, ubo, m, qa, tl, tu, mask, false, test);
 }
 
 // The factors of a chunk's per-sample values: nominal zn (f, n), dn (f, m); boxes [zl, zu],
@@ -360,10 +414,11 @@ void FoldRows(const Factors<T>& x, const std::vector<int64_t>& order, int64_t k,
         if constexpr (kPoison)
           any = PoisonRow<T>(clean, x.Row(x.pzl, x.pzu, x.pdl, x.pdu, s, i), rdn, c, gamma, m,
                              &an[o], &al[o], &au[o], &aa[o], &lb[o], &ub[o], hi.thr + p0 + o,
-                             lo.thr + p0 + o, &mask[o]);
+                             lo.thr + p0 + o, &mask[o], track_abs, k > 0);
         else
           any = OuterRow<T>(clean, rdn, c, gamma, m, &an[o], &al[o], &au[o], &aa[o], &lb[o],
-                            &ub[o], hi.thr + p0 + o, lo.thr + p0 + o, &mask[o]);
+                            &ub[o], hi.thr + p0 + o, lo.thr + p0 + o, &mask[o], track_abs,
+                            k > 0);
         if (k && any)
           ForEachSet(&mask[o], 0, m, [&](int64_t j) {
             hi.Offer(lb[o + j], p0 + o + j);
