@@ -111,6 +111,23 @@ put 10x within reach; XLA's element-wise producers plus the native fold are 4-17
 compute floor. Public task (``results/agt_public.json``, ``agt_public_poison.json``): privacy
 0.91 -> 0.59 s CPU, poisoning 1.35 -> 1.01 s CPU, the same boxes up to rounding.
 
+The fused fold (``fused_outer_fold`` in each row): a Dense kernel's per-sample values are the
+outer products of per-sample factors, so `boundjax.agt.descent.accumulate_outer` (and
+`boundjax.agt.poisoning.accumulate_outer`) hand the native fold the O(b x width) factors; it
+forms each entry's corner-product box, clips it and folds it into the sums and the k-extreme
+slots in registers, a tile of kernel rows at a time, samples taken largest first, rows split
+between two threads. The b x #params arrays are never written, and the chunk is set by the
+factors' size (``chunk`` in the rows: 2,000 for Fashion, 500 for the Amazon shape, against 504
+and 54 before). Measured at ae27529 (quiet machine, process CPU per epoch, AGT / SGD) against
+f1c7b5e (before): Fashion full batch 23.9x -> 14.4x, Fashion minibatch b=500 21.8x -> 19.0x,
+Amazon-shaped 76.0x -> 40.4x (k = 0: 36.5x -> 17.8x), the public task's 6-128-2 6.9x -> 6.5x;
+public task 0.22 / 0.42 s -> 0.23 / 0.40 s (privacy / poisoning, the same boxes). What remains
+above 10x is the k-extreme slots: a value that beats its coordinate's threshold replaces the
+least extreme slot (about k (1 + ln(b / k)) replacements per coordinate and step in random
+order, fewer largest first), which costs Fashion's minibatch and the Amazon shape as much as
+the rest of the fold (the k = 0 columns); and for Fashion's full batch the fold itself, about
+1.3 ns of CPU per entry and bound.
+
 Why 3x is out of reach on a 2-core CPU: plain SGD is three GEMMs over the batch, about 6 b P
 flops that run at GEMM speed (~50 GFLOP/s here: 5 ms for Fashion's b = 10,000). AGT must
 produce 3 b P per-sample values (nominal, lower, upper: 125 M for Fashion, each a product,
