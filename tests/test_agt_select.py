@@ -176,7 +176,8 @@ def test_native_outer_fold_equals_forming_the_products(dtype, f, n, m, k, gamma,
 def test_native_outer_fold_gives_the_whole_clipped_line_for_a_non_finite_factor():
   zc, dc, zl, zu, dl, du = _factors(6, 4, 16, 1)
   zl[2, 1], zu[3, 2] = -np.inf, np.nan
-  out = select.accumulate_outer(zc, dc, (zl, zu), (dl, du), 0.25, (np.zeros((4, 16), np.float32),) * 4,
+  zeros = np.zeros((4, 16), np.float32)
+  out = select.accumulate_outer(zc, dc, (zl, zu), (dl, du), 0.25, (zeros,) * 4,
                                 np.full((4, 16, 2), -np.inf, np.float32),
                                 np.full((4, 16, 2), np.inf, np.float32))
   sum_l, sum_u = np.asarray(out[1]), np.asarray(out[2])

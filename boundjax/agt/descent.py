@@ -227,8 +227,8 @@ def accumulate_outer(acc: Accumulator, g: Outer, box: Outer, gamma: float,
   ``Clip_gamma(g.z[i] (x) g.d[i])`` and bounds ``Clip_gamma`` of the engine's product of the
   boxes ``box.z[i]``, ``box.d[i]`` (corner products, ``0 · ∞ = 0``). Natively (`fused_outer`):
   one pass over the factors, the O(f · n · m) products never written (`select.accumulate_outer`;
-  the same sums and extremes as forming them); otherwise the products are formed and
-  `accumulate` d."""
+  the same extremes as forming them, the same sums up to their order); otherwise the products
+  are formed (`outer_products`) and folded by `accumulate`."""
   zl, zu, dl, du = box.z.lower, box.z.upper, box.d.lower, box.d.upper
   dt = acc.sum_l.dtype
   if fused_outer(dt) and all(a.dtype == dt for a in (zl, zu, dl, du, g.z, g.d)):
@@ -291,10 +291,10 @@ def scan_fragments(params: Any, xs: Array, ys: Array, fragsize: int,
   leaves allowed); or ``per_sample`` is a pair ``(first, second)`` with ``first(x, y)`` any
   pytree and ``second(first(x, y))`` that tuple; and ``merge_leaf(acc, *leaves)`` folds one
   parameter leaf's values into its accumulator (``init_leaf(param_leaf)`` at the start).
-  ``finalize_leaf(acc)`` turns each accumulator into ``(D_n, D_L, D_U)``; ``per_sample_like``
-  (default ``params``), a pytree as large as one sample's values, sets the chunk (`chunk_size`); the result is that
-  triple as three pytrees like ``params``. Memory is O(fragsize * #params) plus the
-  accumulators, whatever b.
+  ``finalize_leaf(acc)`` turns each accumulator into ``(D_n, D_L, D_U)``; the result is that
+  triple as three pytrees like ``params``. ``per_sample_like`` (default ``params``), a pytree
+  as large as one sample's values, sets the chunk (`chunk_size`). Memory is O(fragsize *
+  #params) plus the accumulators, whatever b (O(fragsize * width) for factors, `Outer`).
 
   Each stage's output is written once (`_written`) and read by the next stage or the merge.
   Computed and consumed in one expression, XLA fuses a long element-wise producer (the

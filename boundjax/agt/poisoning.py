@@ -363,8 +363,9 @@ def descent_directions(config: Config, gfn: Callable, bfn: Callable, pfn: Callab
     if isinstance(g_n, descent.Outer):
       return accumulate_outer(acc, g_n, wp, iwp, gamma, track_abs=config.sound)
     return accumulate(acc, g_n, wp.lower, wp.upper, iwp.lower, iwp.upper, track_abs=config.sound)
-  like = None
-  if stages is not None and descent.fused_outer(jnp.result_type(*jax.tree_util.tree_leaves(params))):
+  like = None     # (the chunk: `descent.scan_fragments`)
+  if stages is not None and descent.fused_outer(
+      jnp.result_type(*jax.tree_util.tree_leaves(params))):
     like = mlp.chunk_values(params, boxes=2)
   return descent.scan_fragments(params, xs, ys, config.fragsize, lambda p: init_accumulator(p, k),
                                 per_sample, merge_leaf, lambda a: finalize(a, b, config.sound),
