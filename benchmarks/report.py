@@ -785,8 +785,17 @@ def readme_agt_crown(doc: dict) -> str:
           + " / ".join(_f2(r["interval_certified"]) for r in rs) + " (interval) to "
           + " / ".join(_f2(r["crown_certified"]) for r in rs) + f" (CROWN) at k = {ks}, the "
           f"final box is {min(width):.2f}-{max(width):.2f} times as wide, and a fit takes "
-          f"{min(fit):.2f}-{max(fit):.2f}× the interval one over the {len(fit)} runs (wall time "
-          "on a shared machine).")
+          f"{min(fit):.2f}-{max(fit):.2f}× the interval one over the {len(fit)} runs (wall time"
+          f"{_load_words(doc)}).")
+
+
+def _load_words(doc: dict) -> str:
+  """How loaded the machine was during a run, from its provenance's load average."""
+  load = ((doc.get("provenance") or {}).get("machine") or {}).get("load_average_1_5_15")
+  if not load:
+    return " on a machine of unrecorded load"
+  return (f", quiet machine: load {max(load):.1f}" if max(load) < 2.5
+          else f" on a shared machine: load {max(load):.0f}")
 
 
 def readme_agt_privacy(doc: dict) -> str:
