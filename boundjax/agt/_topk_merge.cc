@@ -241,7 +241,8 @@ struct RowFactors {
 // (The row's pointers are parameters: GCC vectorises loads through __restrict parameters, not
 // through struct members. Each loop keeps to one or two element types, which it vectorises.)
 template <typename T>
-__attribute__((noinline)) void OuterRowLoop(const T* __restrict dl, const T* __restrict du, T a, T b, bool whole,
+__attribute__((noinline))
+void OuterRowLoop(const T* __restrict dl, const T* __restrict du, T a, T b, bool whole,
                          const T* __restrict dn, T c, T g, int64_t m, double* __restrict qn,
                          double* __restrict ql, double* __restrict qu, T* __restrict lbo,
                          T* __restrict ubo) {
@@ -505,6 +506,34 @@ void CopyTo(const A& in, R& out) {
   std::copy(in.typed_data(), in.typed_data() + in.element_count(), out->typed_data());
 }
 
+// Whether two buffers' shapes are equal.
+template <typename A, typename B>
+bool SameShape(const A& a, const B& b) {
+  const auto x = a.dimensions(), y = b.dimensions();
+  return x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin());
+}
+
+// The running state (four sums, two slot arrays) copied to the results, then the chunk's
+// factors `x` folded into them (the privacy fold, or with kPoison the poisoning fold).
+template <bool kPoison, ffi::DataType DT>
+ffi::Error FoldInto(Factors<ffi::NativeType<DT>> x, ffi::Buffer<DT> sn, ffi::Buffer<DT> sl,
+                    ffi::Buffer<DT> su, ffi::Buffer<DT> sa, ffi::Buffer<DT> top,
+                    ffi::Buffer<DT> bot, ffi::ResultBuffer<DT> on, ffi::ResultBuffer<DT> ol,
+                    ffi::ResultBuffer<DT> ou, ffi::ResultBuffer<DT> oa,
+                    ffi::ResultBuffer<DT> otop, ffi::ResultBuffer<DT> obot, double gamma,
+                    bool track_abs) {
+  using T = ffi::NativeType<DT>;
+  auto tdims = top.dimensions();
+  if (tdims.size() != 2 || tdims[0] != x.n * x.m || !SameShape(top, bot))
+    return ffi::Error::InvalidArgument("the running extremes must be (n * m, k)");
+  CopyTo(sn, on); CopyTo(sl, ol); CopyTo(su, ou); CopyTo(sa, oa); CopyTo(top, otop);
+  CopyTo(bot, obot);
+  FoldOuter<T, kPoison>(x, tdims[1], static_cast<T>(gamma), track_abs, on->typed_data(),
+                        ol->typed_data(), ou->typed_data(), oa->typed_data(),
+                        otop->typed_data(), obot->typed_data());
+  return ffi::Error::Success();
+}
+
 template <ffi::DataType DT>
 ffi::Error AccumulateOuterImpl(ffi::Buffer<DT> zn, ffi::Buffer<DT> zl, ffi::Buffer<DT> zu,
                                ffi::Buffer<DT> dn, ffi::Buffer<DT> dl, ffi::Buffer<DT> du,
@@ -514,22 +543,14 @@ ffi::Error AccumulateOuterImpl(ffi::Buffer<DT> zn, ffi::Buffer<DT> zl, ffi::Buff
                                ffi::ResultBuffer<DT> ou, ffi::ResultBuffer<DT> oa,
                                ffi::ResultBuffer<DT> otop, ffi::ResultBuffer<DT> obot,
                                double gamma, bool track_abs) {
-  using T = ffi::NativeType<DT>;
-  auto zdims = zl.dimensions(), ddims = dl.dimensions(), tdims = top.dimensions();
+  auto zdims = zl.dimensions(), ddims = dl.dimensions();
   if (zdims.size() != 2 || ddims.size() != 2 || zdims[0] != ddims[0])
     return ffi::Error::InvalidArgument("factors must be (f, n) and (f, m)");
-  const int64_t f = zdims[0], n = zdims[1], m = ddims[1];
-  if (tdims.size() != 2 || tdims[0] != n * m)
-    return ffi::Error::InvalidArgument("top_l must be (n * m, k)");
-  CopyTo(sn, on); CopyTo(sl, ol); CopyTo(su, ou); CopyTo(sa, oa); CopyTo(top, otop);
-  CopyTo(bot, obot);
-  Factors<T> x{zn.typed_data(), dn.typed_data(), zl.typed_data(), zu.typed_data(),
-               dl.typed_data(), du.typed_data()};
-  x.f = f; x.n = n; x.m = m;
-  FoldOuter<T, false>(x, tdims[1], static_cast<T>(gamma), track_abs, on->typed_data(),
-                      ol->typed_data(), ou->typed_data(), oa->typed_data(), otop->typed_data(),
-                      obot->typed_data());
-  return ffi::Error::Success();
+  Factors<ffi::NativeType<DT>> x{zn.typed_data(), dn.typed_data(), zl.typed_data(),
+                                 zu.typed_data(), dl.typed_data(), du.typed_data()};
+  x.f = zdims[0]; x.n = zdims[1]; x.m = ddims[1];
+  return FoldInto<false>(x, sn, sl, su, sa, top, bot, on, ol, ou, oa, otop, obot, gamma,
+                         track_abs);
 }
 
 // The poisoning fold: (zn, dn, clean zl, zu, dl, du, poisoned zl, zu, dl, du, sum_n, sum_l,
@@ -544,25 +565,17 @@ ffi::Error AccumulatePoisonImpl(ffi::Buffer<DT> zn, ffi::Buffer<DT> dn, ffi::Buf
                                 ffi::ResultBuffer<DT> ol, ffi::ResultBuffer<DT> ou,
                                 ffi::ResultBuffer<DT> oa, ffi::ResultBuffer<DT> otop,
                                 ffi::ResultBuffer<DT> obot, double gamma, bool track_abs) {
-  using T = ffi::NativeType<DT>;
-  auto zdims = zl.dimensions(), ddims = dl.dimensions(), tdims = top.dimensions();
+  auto zdims = zl.dimensions(), ddims = dl.dimensions();
   if (zdims.size() != 2 || ddims.size() != 2 || zdims[0] != ddims[0] ||
-      pzl.dimensions().size() != 2 || pdl.dimensions().size() != 2 ||
-      pzl.dimensions()[1] != zdims[1] || pdl.dimensions()[1] != ddims[1])
-    return ffi::Error::InvalidArgument("factors must be (f, n) and (f, m)");
-  const int64_t f = zdims[0], n = zdims[1], m = ddims[1];
-  if (tdims.size() != 2 || tdims[0] != n * m)
-    return ffi::Error::InvalidArgument("top_du must be (n * m, k)");
-  CopyTo(sn, on); CopyTo(sl, ol); CopyTo(su, ou); CopyTo(sa, oa); CopyTo(top, otop);
-  CopyTo(bot, obot);
-  Factors<T> x{zn.typed_data(), dn.typed_data(), zl.typed_data(), zu.typed_data(),
-               dl.typed_data(), du.typed_data(), pzl.typed_data(), pzu.typed_data(),
-               pdl.typed_data(), pdu.typed_data()};
-  x.f = f; x.n = n; x.m = m;
-  FoldOuter<T, true>(x, tdims[1], static_cast<T>(gamma), track_abs, on->typed_data(),
-                     ol->typed_data(), ou->typed_data(), oa->typed_data(), otop->typed_data(),
-                     obot->typed_data());
-  return ffi::Error::Success();
+      !SameShape(pzl, zl) || !SameShape(pzu, zl) || !SameShape(pdl, dl) || !SameShape(pdu, dl))
+    return ffi::Error::InvalidArgument("factors must be (f, n) and (f, m), clean and poisoned");
+  Factors<ffi::NativeType<DT>> x{zn.typed_data(),  dn.typed_data(),  zl.typed_data(),
+                                 zu.typed_data(),  dl.typed_data(),  du.typed_data(),
+                                 pzl.typed_data(), pzu.typed_data(), pdl.typed_data(),
+                                 pdu.typed_data()};
+  x.f = zdims[0]; x.n = zdims[1]; x.m = ddims[1];
+  return FoldInto<true>(x, sn, sl, su, sa, top, bot, on, ol, ou, oa, otop, obot, gamma,
+                        track_abs);
 }
 
 }  // namespace

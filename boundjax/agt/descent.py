@@ -56,6 +56,7 @@ import numpy as np
 from boundjax.agt import select
 from boundjax.agt.select import topk_leading  # noqa: F401  (the exact XLA top-k, re-exported)
 from boundjax.core.interval import Interval
+from boundjax.core.transforms import ibp
 
 Array = jax.Array
 Normalise = Literal["actual", "nominal"]
@@ -243,8 +244,8 @@ def accumulate_outer(acc: Accumulator, g: Outer, box: Outer, gamma: float,
 def outer_products(g: Outer, box: Outer, gamma: float) -> tuple[Array, Interval]:
   """The clipped per-sample values `accumulate_outer` folds, formed: ``Clip_gamma(g.z[i] (x)
   g.d[i])`` and ``Clip_gamma`` of the engine's product of the boxes, (f, n, m) each."""
-  from boundjax.core.transforms import ibp   # the engine's product, as `boundjax.agt.mlp`'s
-  prod = ibp(lambda z, d: z[:, :, None] * d[:, None, :])(box.z, box.d)
+  prod = ibp(  # the engine's product, as `boundjax.agt.mlp`'s
+      lambda z, d: z[:, :, None] * d[:, None, :])(box.z, box.d)
   prod = prod if isinstance(prod, Interval) else Interval(prod, prod, validate=False)
   return clip(g.z[:, :, None] * g.d[:, None, :], gamma), clip(prod, gamma)
 
