@@ -300,9 +300,41 @@ def compare_agt_privacy(doc: dict) -> list[Row]:
                    "-" if name == "blobs" else "Q < 100",
                    ", ".join(map(str, f5.get("private_beats_dpsgd_at_Q") or [])) or "none",
                    f5.get("why", "")))
+    rows += _agt_table1_rows(name, r.get("table1"))
+    rows += _agt_fig4_rows(name, r.get("fig4"))
     if r.get("stale"):
       rows.append((f"{name}: stale", "-", "-", r["stale"]))
   return rows
+
+
+_TEACHERS = {"single_gs": "single model, GS", "single_ss": "single model, SS",
+             "ensemble_gs": "subsample & aggregate, GS", "ensemble_ss": "subsample & aggregate, SS",
+             "dpsgd": "DP-SGD"}
+
+
+def _agt_table1_rows(name: str, t1: dict | None) -> list[Row]:
+  """AGT, Table 1: the student's accuracy (%) per teacher mechanism beside the paper's value
+  for the data set the setting stands in for."""
+  if not t1:
+    return []
+  paper = t1.get("paper") or {}
+  note = (f"stand-in for {paper.get('dataset', '?')}; Q = {t1['Q']}, mean of {t1['draws']} "
+          "noise draws")
+  return [(f"{name}: Table 1, student accuracy (%), teacher {_TEACHERS[m]}",
+           paper.get(m, "-"), f"{100 * v['student_accuracy']:.1f}", note)
+          for m, v in t1["mechanisms"].items()]
+
+
+def _agt_fig4_rows(name: str, f4: dict | None) -> list[Row]:
+  """AGT, Fig. 4: whether the smooth-sensitivity ensemble is comparable to (within the check's
+  tolerance) or better than noisy argmax for every swept T <= 20, per epsilon."""
+  if not f4:
+    return []
+  c = f4["check"]
+  return [(f"{name}: Fig. 4, S&A SS >= GS - {c['tolerance']:g} for T <= 20, eps = {e:g}",
+           "yes", "yes" if c[f"eps{e:g}"]["holds"] else "no",
+           "T = " + ", ".join(str(t) for t in f4["T"]))
+          for e in f4["eps"]]
 
 
 def compare_soundness(doc: dict) -> list[Row]:
@@ -962,9 +994,12 @@ RUNS: tuple[Run, ...] = (
         None, (), compare_agt_cost),
     Run("agt", "Soundness: retraining inside the certified box", "benchmarks/agt.py",
         "agt_soundness.json", None, ("--soundness",), compare_soundness),
-    Run("agt", "Figures 2 and 5: certified private prediction", "benchmarks/agt_privacy.py",
-        "agt_privacy.json", ("--only", "blobs", "--results", "{dir}"), (), compare_agt_privacy,
-        figures=("agt_privacy_certified.png", "agt_privacy_eps.png", "agt_privacy_queries.png")),
+    Run("agt", "Figures 2, 4 and 5, Table 1: certified private prediction",
+        "benchmarks/agt_privacy.py",
+        "agt_privacy.json", ("--only", "blobs", "--fig4-T", "1,5,25", "--results", "{dir}"), (),
+        compare_agt_privacy,
+        figures=("agt_privacy_certified.png", "agt_privacy_eps.png", "agt_privacy_queries.png",
+                 "agt_privacy_ensembles.png")),
     Run("agt", "Poisoning certificates", "benchmarks/agt_poisoning.py", "agt_poisoning.json",
         None, (), compare_poisoning, figures=("agt_poisoning.png",)),
     Run("agt", "CROWN inside AGT", "benchmarks/agt_crown.py", "agt_crown.json", None, ()),

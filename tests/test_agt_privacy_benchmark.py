@@ -253,3 +253,79 @@ def test_stored_amazon_dpsgd_baseline_is_the_tuned_choice(stored):
   tune = json.loads((RESULT.parent / "agt_privacy_amazon_tuning.json").read_text())
   assert {k: v for k, v in tune["dpsgd"].items() if k != "provenance"} == t
   assert tune["dpsgd"]["provenance"] == stored["amazon"]["provenance"]
+
+
+# --- Table 1 (teacher and student) and Fig. 4 (ensemble size) --------------------------------
+
+def _toy_setting(n_test=400, seed=0):
+  """Two separable blobs in 6 features, the blobs setting's architecture (6 -> 2)."""
+  rng = np.random.default_rng(seed)
+  y = rng.integers(0, 2, n_test)
+  x = rng.normal(size=(n_test, 6)) * 0.3 + np.where(y[:, None] == 1, 1.0, -1.0)
+  import jax.numpy as jnp
+  return {"sizes": [6, 2], "Xt": jnp.asarray(x, jnp.float32), "yt": jnp.asarray(y)}
+
+
+def test_teacher_labels_follow_each_mechanism_at_its_extremes():
+  import jax
+  pred = np.array([0, 1, 1, 0, 1] * 20)
+  votes = np.stack([pred] * 5)
+  kmem = np.full_like(votes, 1000)
+  key = jax.random.PRNGKey(0)
+  # a huge epsilon (or a huge certified k) returns the noise-free answer
+  for mech in ("single_gs", "single_ss", "ensemble_gs", "ensemble_ss"):
+    lab = np.asarray(AP.teacher_labels(mech, key, pred, np.full(100, 1000), votes, kmem,
+                                       1 - pred, 1e4))
+    assert (lab == pred).all(), mech
+  assert (np.asarray(AP.teacher_labels("dpsgd", key, pred, None, votes, kmem, 1 - pred, 1.0))
+          == 1 - pred).all()
+  # a tiny epsilon with nothing certified: the global-sensitivity answer is near a coin flip
+  lab = np.asarray(AP.teacher_labels("single_gs", key, pred, None, votes, kmem, None, 1e-3))
+  assert 0.3 < np.mean(lab == pred) < 0.7
+  with pytest.raises(ValueError):
+    AP.teacher_labels("nonsense", key, pred, None, votes, kmem, None, 1.0)
+
+
+def test_teacher_student_learns_from_true_labels_and_not_from_flipped_ones():
+  s = _toy_setting()
+  y = np.asarray(s["yt"])
+  n = len(y)
+  k_all = np.full(n, 10 ** 6)                    # certified far beyond any query budget
+  votes = np.stack([y] * 5)
+  out = AP.teacher_student(s, y, k_all, votes, np.full_like(votes, 10 ** 6), 1 - y, draws=2)
+  assert out["Q"] == AP.TEACHER_Q and out["n_student_test"] == n - AP.TEACHER_Q
+  m = out["mechanisms"]
+  assert set(m) == {"single_gs", "single_ss", "ensemble_gs", "ensemble_ss", "dpsgd"}
+  # the smooth-sensitivity teachers answer noise-free here, so their students learn the task
+  for mech in ("single_ss", "ensemble_ss"):
+    assert m[mech]["teacher_label_accuracy"] == 1.0
+    assert m[mech]["student_accuracy"] > 0.95
+  # a teacher that answers every query wrongly (the "DP-SGD" model here) trains a wrong student
+  assert m["dpsgd"]["teacher_label_accuracy"] == 0.0 and m["dpsgd"]["student_accuracy"] < 0.05
+  assert out["student_on_true_labels"] > 0.95
+  # GS at eps_q of Q = 100 under (10, 1e-5) is noisy: its labels are worse than SS's
+  assert m["single_gs"]["teacher_label_accuracy"] < 1.0
+
+
+def test_fig4_check_against_hand_computed_rows():
+  rows = [{"T": 1, "gs_eps1": 0.9, "ss_eps1": 0.95, "gs_eps0.1": 0.6, "ss_eps0.1": 0.5},
+          {"T": 10, "gs_eps1": 0.9, "ss_eps1": 0.89, "gs_eps0.1": 0.6, "ss_eps0.1": 0.62},
+          {"T": 50, "gs_eps1": 0.9, "ss_eps1": 0.5, "gs_eps0.1": 0.6, "ss_eps0.1": 0.1}]
+  c = AP.fig4_check(rows, tol=0.02)
+  assert c["eps1"]["holds"] and c["eps1"]["ss_minus_gs_T_le_20"] == pytest.approx([0.05, -0.01])
+  assert not c["eps0.1"]["holds"]                  # T = 1: SS 0.1 below GS
+  assert AP.fig4_check([r for r in rows if r["T"] > 20])["eps1"]["holds"] is False
+
+
+def test_stored_table1_and_fig4_follow_from_their_rows(stored):
+  for name, r in stored.items():
+    if not isinstance(r, dict) or "setting" not in r:
+      continue
+    t1 = r.get("table1")
+    assert t1 is not None, f"{name}: no Table 1 entry"
+    assert t1["paper"] == {"dataset": AP.TABLE1_PAPER_DATASET[name], **AP.TABLE1_PAPER[name]}
+    for m in t1["mechanisms"].values():
+      assert 0.0 <= m["student_accuracy"] <= 1.0 and 0.0 <= m["teacher_label_accuracy"] <= 1.0
+    if "fig4" in r:
+      assert r["fig4"]["check"] == AP.fig4_check(r["fig4"]["rows"])
+      assert [row["T"] for row in r["fig4"]["rows"]] == r["fig4"]["T"]

@@ -381,6 +381,13 @@ PTR_TABLE1 = {("mnist", "LDP-Image"): (0.1, 0.1, 0.1, 0.3, 0.99),
               ("fmnist", "LDP-Image"): (0.1, 0.1, 0.1, 0.1, 0.92),
               ("fmnist", "LDP-Embedding"): (0.1012, 0.1251, 0.1708, 0.2420, 0.7798),
               ("fmnist", "Adversarial"): (0.371, 0.554, 0.678, 0.722, 0.781)}
+# AGT, Table 1: student accuracy (%) per teacher mechanism and data set
+AGT_TABLE1 = {"Blobs": {"single_gs": 82.8, "single_ss": 99.8, "ensemble_gs": 99.5,
+                        "ensemble_ss": 98.1, "dpsgd": 1.0},
+              "OctMNIST": {"single_gs": 12.7, "single_ss": 18.7, "ensemble_gs": 14.1,
+                           "ensemble_ss": 19.8, "dpsgd": 81.2},
+              "IMDB": {"single_gs": 54.4, "single_ss": 73.5, "ensemble_gs": 73.0,
+                       "ensemble_ss": 71.7, "dpsgd": 70.5}}
 # headline numbers: (paper, a words of the claim, the number the paper states)
 HEADLINE_NUMBERS = [("lucid", "at eps = 0 ", 1.4), ("lucid", "at eps = 0.2 ", 1.3),
                     ("lucid", "at eps = 1 ", 1.1), ("lucid", "DP baselines", 12.7),
@@ -586,3 +593,25 @@ def test_render_only_with_readme_rewrites_the_clones_readme(tmp_path, monkeypatc
   monkeypatch.setattr(R, "README_BLOCKS", {"a": ("a.json", lambda d: f"v = {d['v']}")})
   R.reproduce("render", root=root, runs=(toy_run(),), progress=False, readme=True)
   assert (root / "README.md").read_text() == "x <!-- report:a -->v = 3<!-- /report:a --> y\n"
+
+
+def test_agt_table1_rows_show_the_papers_values_for_the_stand_in_data_set():
+  t1 = {"Q": 100, "draws": 3, "paper": {"dataset": "OctMNIST", **AGT_TABLE1["OctMNIST"]},
+        "mechanisms": {m: {"student_accuracy": 0.5, "teacher_label_accuracy": 0.6}
+                       for m in AGT_TABLE1["OctMNIST"]}}
+  f4 = {"T": [1, 5], "eps": [1.0, 0.1], "check": {"tolerance": 0.02, "eps1": {"holds": True},
+                                                   "eps0.1": {"holds": False}}}
+  rows = R.compare_agt_privacy({"fashion": {"certified_fraction": {}, "nominal_accuracy": 0.8,
+                                            "table1": t1, "fig4": f4}})
+  t1_rows = [r for r in rows if "Table 1" in r[0]]
+  assert len(t1_rows) == 5
+  for q, paper, ours, note in t1_rows:
+    assert ours == "50.0" and "OctMNIST" in note
+  # the stored setting's paper values are the paper's (typed here from its Table 1)
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  import agt_privacy as AP
+  for name, ds in AP.TABLE1_PAPER_DATASET.items():
+    assert AP.TABLE1_PAPER[name] == AGT_TABLE1[ds]
+  assert sorted(p for _, p, _, _ in t1_rows) == sorted(AGT_TABLE1["OctMNIST"].values())
+  f4_rows = {q: o for q, _, o, _ in rows if "Fig. 4" in q}
+  assert sorted(f4_rows.values()) == ["no", "yes"]
