@@ -173,6 +173,47 @@ def test_native_outer_fold_equals_forming_the_products(dtype, f, n, m, k, gamma,
 
 
 @native
+@pytest.mark.parametrize("gamma", [0.3, np.inf])
+def test_native_outer_fold_contains_sampled_concrete_products(gamma):
+  """Soundness of the fused fold on its own: 12,000 concrete draws of every sample's factors
+  (a third of them at random corners of the boxes), their clipped outer products: every draw's
+  sum over the samples lies in [sum_l, sum_u], its i-th largest value per coordinate is at
+  least the i-th largest kept lower bound, its i-th smallest at most the i-th smallest kept
+  upper bound (the order statistics Thm 4.6 uses), and the nominal sum is the nominal one."""
+  f, n, m, k = 30, 5, 18, 3
+  rng = np.random.default_rng(7)
+  zc, dc = rng.normal(size=(f, n)), rng.normal(size=(f, m)) / 4
+  zl, zu = zc - rng.uniform(0, 0.3, (f, n)), zc + rng.uniform(0, 0.3, (f, n))
+  dl, du = dc - rng.uniform(0, 0.1, (f, m)), dc + rng.uniform(0, 0.1, (f, m))
+  zl[::4, 0] = zu[::4, 0] = zc[::4, 0] = 0.0             # zero factors (0 * anything)
+  zl, zu, dl, du, zc, dc = (a.astype(np.float32) for a in (zl, zu, dl, du, zc, dc))
+  zeros = np.zeros((n, m), np.float32)
+  out = select.accumulate_outer(zc, dc, (zl, zu), (dl, du), gamma, (zeros,) * 4,
+                                np.full((n, m, k), -np.inf, np.float32),
+                                np.full((n, m, k), np.inf, np.float32))
+  sum_n, sum_l, sum_u, _, top_l, bot_u = (np.asarray(a, np.float64) for a in out)
+  top_l = -np.sort(-top_l, -1)                           # i-th largest kept lower bound
+  bot_u = np.sort(bot_u, -1)                             # i-th smallest kept upper bound
+  tol = 1e-5 * (1 + np.abs(sum_l) + np.abs(sum_u))        # float32 sums of f terms
+  clip = lambda v: np.clip(v, -gamma, gamma)              # noqa: E731
+  np.testing.assert_allclose(sum_n, clip(zc[:, :, None].astype(np.float64) * dc[:, None, :])
+                             .sum(0), rtol=1e-5, atol=1e-5)
+  for batch in range(24):
+    u1, u2 = rng.uniform(size=(500, f, n)), rng.uniform(size=(500, f, m))
+    if batch % 3 == 0:                                    # corners of the boxes
+      u1, u2 = np.round(u1), np.round(u2)
+    z = zl + u1 * (zu.astype(np.float64) - zl)
+    d = dl + u2 * (du.astype(np.float64) - dl)
+    v = clip(z[:, :, :, None] * d[:, :, None, :])         # (draws, f, n, m)
+    total = v.sum(1)
+    assert np.all(total >= sum_l - tol) and np.all(total <= sum_u + tol)
+    largest = -np.sort(-v, 1)[:, :k]                      # (draws, k, n, m)
+    smallest = np.sort(v, 1)[:, :k]
+    assert np.all(largest >= np.moveaxis(top_l, -1, 0)[None] - 1e-7)
+    assert np.all(smallest <= np.moveaxis(bot_u, -1, 0)[None] + 1e-7)
+
+
+@native
 def test_native_outer_fold_gives_the_whole_clipped_line_for_a_non_finite_factor():
   zc, dc, zl, zu, dl, du = _factors(6, 4, 16, 1)
   zl[2, 1], zu[3, 2] = -np.inf, np.nan
