@@ -291,3 +291,17 @@ def test_native_poisoning_fold_equals_forming_the_products(f, n, m, k, gamma):
                   (want.sums.sum_n, want.sums.sum_l, want.sums.sum_u, want.sum_abs)):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
   assert np.any(np.asarray(got.top_du) > 0) or k == 0
+
+
+def test_a_new_build_removes_only_stale_builds(tmp_path):
+  import time
+  keep = tmp_path / "topk_merge_new.so"
+  old, recent, other = (tmp_path / n for n in ("topk_merge_old.so", "topk_merge_recent.so",
+                                                 "notes.so"))
+  for f in (keep, old, recent, other):
+    f.write_bytes(b"x")
+  day_ago = time.time() - select.STALE_BUILD_SECONDS - 60
+  os.utime(old, (day_ago, day_ago))
+  os.utime(other, (day_ago, day_ago))
+  select._remove_stale_builds(keep)
+  assert keep.exists() and recent.exists() and other.exists() and not old.exists()

@@ -87,7 +87,25 @@ def _build() -> pathlib.Path:
                     "-I", jax.ffi.include_dir(), str(_SOURCE), "-o", str(tmp_out)],
                    check=True, capture_output=True)
     os.replace(tmp_out, out)      # atomic: a concurrent build leaves one complete file
+  _remove_stale_builds(out)
   return out
+
+
+STALE_BUILD_SECONDS = 24 * 3600
+
+
+def _remove_stale_builds(keep: pathlib.Path) -> None:
+  """Deletes the cache's other builds older than `STALE_BUILD_SECONDS` (earlier sources or
+  jaxlib versions; a build another host of a shared cache still uses is rebuilt there if
+  needed). A process that has one loaded keeps its mapping."""
+  import time
+  now = time.time()
+  for old in keep.parent.glob("topk_merge_*.so"):
+    try:
+      if old != keep and now - old.stat().st_mtime > STALE_BUILD_SECONDS:
+        old.unlink()
+    except OSError:
+      pass
 
 
 def native_available() -> bool:
