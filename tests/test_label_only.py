@@ -485,3 +485,43 @@ def test_calling_the_guard_on_a_batch_says_what_was_passed_and_what_to_call():
   with pytest.raises(ValueError, match=r"got an array of shape \(4,\)\.$"):
     g(np.zeros(4, np.float32))
   assert g(batch[0]) == 0 and g.query_batch(batch).labels.tolist() == [0, 1]
+
+
+def test_tune_alibi_draws_the_labels_once_and_chooses_on_the_noisy_validation_split(monkeypatch):
+  from boundjax.data import load_sklearn
+  from boundjax.privacy import baselines as B
+  ds = load_sklearn("breast_cancer")
+  x, y = ds.x_train[:, :4], ds.y_train
+  model = MLP(hidden=(8,), out=2)
+  init = model.init(jax.random.PRNGKey(0), x[:1])
+  calls = []
+  real = B.alibi_noisy_labels
+  monkeypatch.setattr(B, "alibi_noisy_labels", lambda *a, **k: calls.append(1) or real(*a, **k))
+  # a learning rate of 1e-6 cannot leave the initial model; 0.5 learns the task
+  grid = [{"lr": 1e-6, "iterations": 1}, {"lr": 0.5, "iterations": 1}]
+  final, rows = B.tune_alibi(model.apply, init, x, y, 8.0, grid, epochs=20, batch_size=32,
+                             key=jax.random.PRNGKey(3))
+  assert len(calls) == 1                                  # one release of the noisy labels
+  assert [r["lr"] for r in rows] == [1e-6, 0.5] and [r["chosen"] for r in rows] == [False, True]
+  assert rows[1]["val_agreement"] > rows[0]["val_agreement"] + 0.1
+  assert final.guarantee == "eps-label-DP" and final.iterations == 1
+  xt, yt = ds.x_test[:, :4], ds.y_test
+  acc = float(np.mean(np.asarray(model.apply(final.params, xt)).argmax(1) == yt))
+  assert acc > max(np.mean(yt), 1 - np.mean(yt)) + 0.15
+  # the chosen model is the chosen point retrained on every point with the same release
+  _, _, k_train = jax.random.split(jax.random.PRNGKey(3), 3)
+  noisy = real(jax.random.split(jax.random.PRNGKey(3), 3)[0], y, 2, 8.0)
+  again = L.train_alibi(model.apply, init, x, y, 8.0, epochs=20, batch_size=32, lr=0.5,
+                        iterations=1, key=k_train, noisy=noisy)
+  for a, b in zip(jax.tree_util.tree_leaves(again.params), jax.tree_util.tree_leaves(final.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # ties go to the earlier grid point; bad input is refused
+  _, rows = B.tune_alibi(model.apply, init, x, y, 8.0, [grid[1], grid[1]], epochs=2,
+                         batch_size=32)
+  assert [r["chosen"] for r in rows] == [True, False]
+  with pytest.raises(ValueError, match="grid is empty"):
+    B.tune_alibi(model.apply, init, x, y, 8.0, [])
+  with pytest.raises(ValueError, match="val_fraction"):
+    B.tune_alibi(model.apply, init, x, y, 8.0, grid, val_fraction=1.0)
+  with pytest.raises(ValueError, match="noisy labels have shape"):
+    L.train_alibi(model.apply, init, x, y, 8.0, noisy=np.zeros((3, 2)))

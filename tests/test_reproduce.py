@@ -360,6 +360,7 @@ LUCID_ADULT_2X50 = {("LUCID", 0.0): 82.4, ("LUCID", 0.2): 82.4, ("LUCID", 1.0): 
                     ("ALIBI", 0.02): 67.4, ("ALIBI", 0.2): 77.4, ("ALIBI", 1.0): 82.2}
 # our benchmark's names for variants of the paper's mechanisms
 OUR_VARIANTS = {"DP-SGD (no tuning)": "DP-SGD", "DP-SGD best of 4": "DP-SGD",
+                "ALIBI (no tuning)": "ALIBI",
                 "Naive-iDP (200/32561 nets)": "Naive-iDP"}
 # LUCID, Table 1: (hidden layers) -> Acc w/o-p, beta0, T0 (h), beta1, T1 (h)
 LUCID_TABLE1 = {"50,50": (83.1, 0.55, 2.9, 0.63, 3.0), "100,100": (83.3, 0.93, 4.3, 0.91, 4.1)}
@@ -615,3 +616,19 @@ def test_agt_table1_rows_show_the_papers_values_for_the_stand_in_data_set():
   assert sorted(p for _, p, _, _ in t1_rows) == sorted(AGT_TABLE1["OctMNIST"].values())
   f4_rows = {q: o for q, _, o, _ in rows if "Fig. 4" in q}
   assert sorted(f4_rows.values()) == ["no", "yes"]
+
+
+def test_alibi_is_tuned_on_as_many_points_as_dp_sgd_and_both_rows_meet_the_paper():
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  import idpdb_accuracy as IA
+  a = IA.parse([])
+  dp_points = len(IA._floats(a.dp_grid_lr, "lr")) * len(IA._floats(a.dp_grid_clip, "clip"))
+  grid = IA.alibi_grid(a)
+  assert len(grid) == dp_points and all({"lr", "iterations"} == set(p) for p in grid)
+  labels = IA.row_labels(None, 100, [], False)
+  assert labels["ALIBI untuned"][0] == "ALIBI (no tuning)" and labels["ALIBI"][0] == "ALIBI"
+  # both ALIBI rows are compared with the paper's ALIBI, at their own epsilon (unlike DP-SGD's
+  # test-selected best, whose guarantee is a multiple of epsilon)
+  assert R.paper_mechanism("ALIBI (no tuning)", labels) == "ALIBI"
+  assert R.paper_mechanism("ALIBI", labels) == "ALIBI"
+  assert "ALIBI (no tuning)" not in R.other_epsilon_rows(labels)

@@ -11,7 +11,8 @@ from boundjax.privacy.accounting import (Budget, advanced_composition, compose,
                                          laplace_pld_epsilon, per_query_budget,
                                          standard_composition, zcdp_composition)
 from boundjax.privacy.baselines import (alibi_noisy_labels, alibi_posterior, naive_idp,
-                                        naive_noise, train_alibi, train_dpsgd_baseline)
+                                        naive_noise, train_alibi, train_dpsgd_baseline,
+                                        tune_alibi)
 from boundjax.privacy.evaluation import AccuracyTable, accuracy_table, format_table, guard_latency
 from boundjax.privacy.guard import GuardAnswer, LabelOnlyGuard, guard_beta, validate_betas
 from boundjax.privacy.label_mechanisms import (exponential_mechanism, exponential_probabilities,
@@ -27,7 +28,7 @@ __all__ = [
     "Budget", "advanced_composition", "compose", "laplace_pld_epsilon", "per_query_budget",
     "standard_composition", "zcdp_composition",
     "alibi_noisy_labels", "alibi_posterior", "naive_idp", "naive_noise", "train_alibi",
-    "train_dpsgd_baseline",
+    "train_dpsgd_baseline", "tune_alibi",
     "AccuracyTable", "accuracy_table", "format_table", "guard_latency",
     "GuardAnswer", "LabelOnlyGuard", "guard_beta", "validate_betas",
     "exponential_mechanism", "exponential_probabilities", "keep_probability",

@@ -217,7 +217,7 @@ class AlibiResult(_TrainedBaseline):
 def train_alibi(apply_fn: ApplyFn, init_params: PyTree, x: Any, y: Any, epsilon: float, *,
                 n_classes: int = 2, epochs: int = 30, batch_size: int = 1024, lr: float = 0.1,
                 weight_decay: float = 1e-5, iterations: int = 1, key: jax.Array | None = None,
-                output: str | None = None) -> AlibiResult:
+                output: str | None = None, noisy: Any = None) -> AlibiResult:
   """ALIBI (Malek et al. 2021; LUCID, §7): ε-label-DP training.
 
   1. `alibi_noisy_labels`: ``o_i = onehot(y_i) + Lap(2/ε)`` (the only access to the labels);
@@ -229,7 +229,9 @@ def train_alibi(apply_fn: ApplyFn, init_params: PyTree, x: Any, y: Any, epsilon:
 
   The guarantee is ε-DP with respect to the training labels (label DP), hence ε-iDP for label
   changes; it does not protect the features. ``key`` (default ``PRNGKey(0)``) draws the label
-  noise and the batch order.
+  noise and the batch order. ``noisy``: the released noisy labels of ``x`` (`alibi_noisy_labels`
+  at this ``epsilon``) when they were drawn already (`tune_alibi`); ``y`` is then only used to
+  report ``posterior_label_agreement``.
   """
   eps = check_epsilon(epsilon, allow_zero=False)
   if iterations < 1:
@@ -237,7 +239,12 @@ def train_alibi(apply_fn: ApplyFn, init_params: PyTree, x: Any, y: Any, epsilon:
   key = jax.random.PRNGKey(0) if key is None else key
   k_noise, k_train = jax.random.split(key)
   t0 = time.perf_counter()
-  noisy = alibi_noisy_labels(k_noise, y, n_classes, eps)
+  if noisy is None:
+    noisy = alibi_noisy_labels(k_noise, y, n_classes, eps)
+  noisy = np.asarray(noisy, np.float64)
+  if noisy.shape != (np.shape(x)[0], n_classes):
+    raise ValueError(f"train_alibi: noisy labels have shape {noisy.shape}, expected "
+                     f"({np.shape(x)[0]}, {n_classes}).")
   soft = alibi_posterior(noisy, eps)          # first round: uniform prior, as ALIBI starts
   params = init_params
   for it in range(iterations):
@@ -254,6 +261,49 @@ def train_alibi(apply_fn: ApplyFn, init_params: PyTree, x: Any, y: Any, epsilon:
       soft = alibi_posterior(noisy, eps, np.clip(model_prior, 1e-6, 1.0))
   agree = float(np.mean(np.argmax(soft, 1) == np.asarray(y)))
   return AlibiResult(params, eps, 2.0 / eps, agree, iterations, time.perf_counter() - t0)
+
+
+def tune_alibi(apply_fn: ApplyFn, init_params: PyTree, x: Any, y: Any, epsilon: float,
+               grid: list[dict], *, val_fraction: float = 0.2, n_classes: int = 2,
+               key: jax.Array | None = None, **train_kw: Any) -> tuple[AlibiResult, list[dict]]:
+  """ALIBI with its hyperparameters chosen on a validation split, at no extra privacy cost.
+
+  The noisy labels of every training point are drawn once (`alibi_noisy_labels`, the one
+  ε-label-DP release). Each grid point (a dict of `train_alibi` options, e.g. ``lr`` and
+  ``iterations``) is trained on the first ``1 - val_fraction`` of a random split and scored by
+  its agreement, on the held-out part, with the argmax of those points' noisy-label posterior
+  (`alibi_posterior`, uniform prior). Scoring, choosing and retraining the chosen point on all
+  points read only the release and the (public) features, so the returned model stays
+  ε-label-DP. Ties go to the earlier grid point. Returns the retrained model and one row per
+  grid point (its options, ``val_agreement``, ``chosen``).
+  """
+  if not grid:
+    raise ValueError("tune_alibi: the grid is empty.")
+  if not 0.0 < val_fraction < 1.0:
+    raise ValueError(f"tune_alibi: val_fraction must lie in (0, 1), got {val_fraction}.")
+  eps = check_epsilon(epsilon, allow_zero=False)
+  key = jax.random.PRNGKey(0) if key is None else key
+  k_noise, k_split, k_train = jax.random.split(key, 3)
+  noisy = alibi_noisy_labels(k_noise, y, n_classes, eps)
+  n = noisy.shape[0]
+  order = np.asarray(jax.random.permutation(k_split, n))
+  n_val = max(1, int(round(val_fraction * n)))
+  tr, va = order[n_val:], order[:n_val]
+  xs, ys = np.asarray(x, np.float32), np.asarray(y)
+  target = np.argmax(alibi_posterior(noisy[va], eps), 1)
+  rows = []
+  for point in grid:
+    r = train_alibi(apply_fn, init_params, xs[tr], ys[tr], eps, n_classes=n_classes,
+                    key=k_train, noisy=noisy[tr], **{**train_kw, **point})
+    z = np.asarray(apply_fn(r.params, jnp.asarray(xs[va])))
+    pred = (z[:, 0] > 0).astype(int) if z.shape[-1] == 1 else np.argmax(z, -1)
+    rows.append({**point, "val_agreement": float(np.mean(pred == target))})
+  best = max(range(len(rows)), key=lambda i: (round(rows[i]["val_agreement"], 6), -i))
+  for i, row in enumerate(rows):
+    row["chosen"] = i == best
+  final = train_alibi(apply_fn, init_params, xs, ys, eps, n_classes=n_classes, key=k_train,
+                      noisy=noisy, **{**train_kw, **grid[best]})
+  return final, rows
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ The guard takes β per class as input; β itself comes from MILPs, in the layer 
 from boundjax.privacy.baselines import (AlibiResult, DpSgdResult, NoisedLabels,
                                         alibi_label_flip_probability, alibi_noisy_labels,
                                         alibi_posterior, naive_idp, naive_noise, train_alibi,
-                                        train_dpsgd_baseline, train_soft_labels)
+                                        train_dpsgd_baseline, train_soft_labels, tune_alibi)
 from boundjax.privacy.evaluation import (DP_EPSILONS, IDP_EPSILONS, PAPER_ADULT_2X50,
                                          PAPER_HEADLINE, AccuracyRow, AccuracyTable, Latency,
                                          accuracy_table, format_table, guard_latency)
@@ -35,7 +35,7 @@ from boundjax.privacy.label_mechanisms import (Prediction, exponential_mechanism
 __all__ = [
     "AlibiResult", "DpSgdResult", "NoisedLabels", "alibi_label_flip_probability",
     "alibi_noisy_labels", "alibi_posterior", "naive_idp", "naive_noise", "train_alibi",
-    "train_dpsgd_baseline", "train_soft_labels",
+    "train_dpsgd_baseline", "train_soft_labels", "tune_alibi",
     "DP_EPSILONS", "IDP_EPSILONS", "PAPER_ADULT_2X50", "PAPER_HEADLINE", "AccuracyRow",
     "AccuracyTable", "Latency", "accuracy_table", "format_table", "guard_latency",
     "GuardAnswer", "LabelOnlyGuard", "guard_beta", "infer_input_shape", "validate_betas",
