@@ -424,14 +424,20 @@ def test_a_dp_baseline_beating_lucid_is_stated_with_both_numbers():
   doc = _committed("idpdb_accuracy_adult_2x50.json")
   acc = {(r["mechanism"], r["epsilon"]): 100 * r["accuracy"] for r in doc["table"]["rows"]}
   rows = {q: (p, o) for q, p, o, _ in R.dp_beats_lucid_rows(doc)}
-  paper, ours = rows["eps=0.2: DP-SGD (no tuning) beats LUCID"]
-  assert f"{acc[('DP-SGD (no tuning)', 0.2)]:.2f}" == "82.85" and "82.85" in ours
-  assert "82.29" in ours and f"{acc[('LUCID', 0.2)]:.2f}" == "82.29"
-  assert "76.3" in paper and "82.4" in paper and "does not beat" in paper
-  # the test-selected DP-SGD is (4 eps)-DP: not compared at eps
+  # exactly the DP baselines at the same epsilon whose accuracy is above LUCID's are listed
+  # (the test-selected DP-SGD is (4 eps)-DP: not compared at eps)
+  same_eps = ("DP-SGD (no tuning)", "ALIBI (no tuning)", "ALIBI")
+  want = {f"eps={e:g}: {m} beats LUCID" for (m, e), a in acc.items()
+          if m in same_eps and a > acc[("LUCID", e)]}
+  assert set(rows) == want and want, (set(rows), want)
   assert not any("best of" in q for q in rows)
-  # a baseline below LUCID is not listed
-  assert not any("ALIBI" in q for q in rows)
+  for q, (paper, ours) in rows.items():
+    m, e = q.split(": ", 1)[1].rsplit(" beats", 1)[0], float(q.split(":")[0][4:])
+    assert ours == f"{m} {acc[(m, e)]:.2f} vs LUCID {acc[('LUCID', e)]:.2f}"
+    base = R.paper_mechanism(m, doc["row_labels"])
+    p_b, p_l = LUCID_ADULT_2X50[(base, e)], LUCID_ADULT_2X50[("LUCID", e)]
+    assert f"{base} {p_b:g} vs LUCID {p_l:g}" in paper
+    assert ("does not beat" in paper) == (p_b <= p_l)
 
 
 def test_lucid_table1_sphynx_and_barron_rows_show_the_papers_numbers():
@@ -485,7 +491,12 @@ def test_headlines_read_ours_from_the_results_and_name_the_command_when_missing(
   [eps0] = [o for q, o in rows.items() if "at eps = 0 " in q]
   assert eps0.startswith(f"{100 * (n_acc - acc[('LUCID', 0.0)]):.2f} pp")
   [beats] = [o for q, o in rows.items() if "more accurate than LUCID" in q]
-  assert "82.85 vs LUCID 82.29" in beats
+  eps_beat = [e for (m, e), a in acc.items()
+              if m == "DP-SGD (no tuning)" and a > acc[("LUCID", e)]]
+  assert eps_beat
+  for e in eps_beat:
+    dp, lucid = 100 * acc[("DP-SGD (no tuning)", e)], 100 * acc[("LUCID", e)]
+    assert f"{dp:.2f} vs LUCID {lucid:.2f}" in beats
   # a clone without the results: every headline says so and names the command
   root = fake_clone(tmp_path)
   for _, _, ours, source in R.headline_rows("sphynx", root, {}):
