@@ -855,6 +855,28 @@ def readme_agt_privacy(doc: dict) -> str:
   return "\n".join(out)
 
 
+def readme_agt_table1(doc: dict) -> str:
+  """AGT, Table 1 and Fig. 4 per data set (agt_privacy.json): the student's accuracy per
+  teacher mechanism beside the paper's, and whether Fig. 4's claim holds on our sweep."""
+  mechs = ("single_gs", "single_ss", "ensemble_gs", "ensemble_ss", "dpsgd")
+  out = ["| data set (paper's) | " + " | ".join(_TEACHERS[m] for m in mechs)
+         + " | Fig. 4: SS >= GS - 0.02 for every T <= 20, eps = 1 / 0.1 |",
+         "|---" * (len(mechs) + 2) + "|"]
+  for name, r in doc.items():
+    t1 = r.get("table1") if isinstance(r, dict) else None
+    if not t1:
+      continue
+    paper = t1.get("paper") or {}
+    cells = [f"{100 * t1['mechanisms'][m]['student_accuracy']:.1f} ({paper.get(m, '-')})"
+             for m in mechs]
+    f4 = r.get("fig4")
+    verdict = ("not run" if not f4 else " / ".join(
+        "yes" if f4["check"][f"eps{e:g}"]["holds"] else "no" for e in f4["eps"]))
+    out.append(f"| {name} ({paper.get('dataset', '?')}) | " + " | ".join(cells)
+               + f" | {verdict} |")
+  return "\n".join(out)
+
+
 def readme_ldcp_full(doc: dict) -> str:
   """Sphynx against the whole Adult 2x50 family (ldcp_2x50_full.json): accuracy per kind."""
   r = doc["results"][0]
@@ -910,6 +932,7 @@ README_BLOCKS: dict[str, tuple[str | None, Callable[[Any], str]]] = {
     "agt_vacuity": ("agt_vacuity.json", readme_agt_vacuity),
     "agt_crown": ("agt_crown.json", readme_agt_crown),
     "agt_privacy": ("agt_privacy.json", readme_agt_privacy),
+    "agt_table1": ("agt_privacy.json", readme_agt_table1),
     "ldcp_full": ("ldcp_2x50_full.json", readme_ldcp_full),
     "vnncomp": (None, readme_vnncomp),
 }
