@@ -8,6 +8,8 @@ mechanism              what it does                                        guara
 `train_alibi`          ALIBI: Laplace-noised one-hot training labels,      ε-label-DP
                        Bayesian posterior soft labels, model trained on
                        them (Malek et al. 2021)
+`tune_alibi`           ALIBI with its options chosen on a split of its own ε-label-DP
+                       noisy labels (one release; no composition)
 `train_dpsgd_baseline` DP-SGD (`boundjax.training.dpsgd`, optax + dp-accounting)    (ε, δ)-DP
 =====================  ==================================================  =================
 """
