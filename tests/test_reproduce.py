@@ -643,3 +643,15 @@ def test_alibi_is_tuned_on_as_many_points_as_dp_sgd_and_both_rows_meet_the_paper
   assert R.paper_mechanism("ALIBI (no tuning)", labels) == "ALIBI"
   assert R.paper_mechanism("ALIBI", labels) == "ALIBI"
   assert "ALIBI (no tuning)" not in R.other_epsilon_rows(labels)
+
+
+def test_what_is_not_reproduced_is_listed_with_its_reason_in_the_paper_part(tmp_path):
+  for paper, items in R.NOT_REPRODUCED.items():
+    assert paper in R.PAPERS and items
+    tables = {t.title: t for t in R.paper_tables(paper, ROOT, {})}
+    t = tables["Not reproduced here"]
+    assert t.rows == list(items) and all(why.strip() for _, why in t.rows)
+  out = tmp_path / "report"
+  R.write_report([], ["agt"], ROOT, "render", out_dir=out)
+  text = (out / "README.md").read_text()
+  assert "Not reproduced here" in text and "Fig. 9" in text
