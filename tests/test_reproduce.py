@@ -270,9 +270,10 @@ out.write_text(json.dumps({"provenance": {"command": "python " + " ".join(sys.ar
 
 def _sections(md: str) -> list[str]:
   """The report's Markdown cut into its result sections (each starts with its title); the
-  Headlines tables at the top of a paper's part are not result sections."""
+  tables at the top of a paper's part (Headlines, Not reproduced here) are not result
+  sections."""
   parts = [p.split("\n## ")[0] for p in re.split(r"^### ", md, flags=re.M)[1:]]
-  return [p for p in parts if not p.startswith("Headlines")]
+  return [p for p in parts if not p.startswith(("Headlines", "Not reproduced here"))]
 
 
 def _figures(section: str, folder: Path) -> list[Path]:
