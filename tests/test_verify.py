@@ -825,3 +825,46 @@ def test_a_budget_too_small_for_one_subproblem_raises_naming_the_size():
                                               r"least .* \(--memory / memory=\) fits it") as e:
     mc.verify(apply_fn, params, (3,), prop, timeout=60.0, memory=512)
   assert e.value.budget == 512 and e.value.needed > 512
+
+
+def test_region_lower_compiles_once_for_any_number_of_open_rows():
+  """The verifier bounds only the disjuncts still open, whose number varies between instances:
+  `engine.padded_rows` pads the rows with zero rows to a multiple of the output count, so a
+  region with 2 open rows after one with 4 (same network and mode) compiles nothing new, and
+  each row's bound is the one the unpadded region gets row by row (within 1e-9)."""
+  from jax import monitoring
+  from boundjax.verify import engine
+  from boundjax.verify.spec import as_regions
+  apply_fn, params = _cnn(5)
+  rng = np.random.default_rng(5)
+  x0 = rng.uniform(0, 1, 64)
+  base = _margin_property(apply_fn, params, x0, 0.02)
+  (lo, hi), disjuncts = base[0]
+  key = engine.fingerprint(apply_fn, params, (1, 8, 8))
+  region = lambda djs: as_regions([((lo, hi), djs)])[0]  # noqa: E731
+
+  def low(djs):
+    return engine.region_lower(apply_fn, params, (1, 8, 8), key, region(djs), sound=True,
+                               mode="crown", memory_bytes=1 << 28)
+
+  assert len(disjuncts) == 4
+  C = np.eye(3, 5)
+  Cp, dp = engine.padded_rows(C, np.ones(3))
+  assert Cp.shape == (5, 5) and np.array_equal(Cp[:3], C) and not Cp[3:].any() and dp[3:].sum() == 0
+  assert engine.padded_rows(np.ones((7, 5)), np.ones(7))[0].shape == (10, 5)
+  all_rows = low(disjuncts)
+  compiled = []
+
+  def listener(name, *_, **__):
+    if "backend_compile" in name:
+      compiled.append(name)
+
+  monitoring.register_event_duration_secs_listener(listener)
+  try:
+    two = low(disjuncts[1:3])
+  finally:
+    monitoring.unregister_event_duration_listener(listener)
+  assert compiled == [], compiled
+  np.testing.assert_allclose(two, all_rows[1:3], rtol=1e-9, atol=1e-9)
+  for j, dj in enumerate(disjuncts):
+    np.testing.assert_allclose(low([dj]), all_rows[j:j + 1], rtol=1e-9, atol=1e-9)

@@ -61,9 +61,10 @@ def input_split_generic(apply_fn: Callable, params: Any, input_shape: Sequence[i
         entry = engine.bound_function(apply_fn, key, shape, sound, modes[0], memory_bytes)
         try:
           with entry.lock:
-            if exact is not None:
-              out = entry.fn(p_eng, jnp.asarray(exact[0], dt), jnp.asarray(exact[1], dt), box)
-              low = np.asarray(out.lower, np.float64)
+            if exact is not None:  # padded: one compilation for every disjunct's rows
+              Cp, dp = engine.padded_rows(*exact)
+              out = entry.fn(p_eng, jnp.asarray(Cp, dt), jnp.asarray(dp, dt), box)
+              low = np.asarray(out.lower, np.float64)[:, :C.shape[0]]
             else:
               m = C.shape[1]
               out = entry.fn(p_eng, jnp.eye(m, dtype=dt), jnp.zeros(m, dt), box)
