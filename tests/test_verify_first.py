@@ -226,6 +226,57 @@ def test_branch_and_bound_waits_for_a_bound_left_behind(monkeypatch):
   assert seen["search_started"] >= seen["left_ended"], seen
 
 
+def test_a_bound_that_proves_after_its_budget_still_answers(monkeypatch):
+  """α-CROWN left behind at its budget (its compilation outlived its share on a loaded
+  machine) and finishing later with every row above 0: the verifier waits for it, as before,
+  and then answers ``unsat`` from its bounds (stage ``alpha-crown``) instead of throwing them
+  away and searching until the deadline; the search is never started. A late bound that
+  proves nothing leaves the search to run."""
+  import threading
+  import jax
+  import jax.numpy as jnp
+  from boundjax.verify import engine, generic
+  seen = {"search": 0}
+  rng = np.random.default_rng(0)
+  params = (rng.normal(size=(6, 12)).astype(np.float32), np.zeros(6, np.float32),
+            rng.normal(size=(2, 6)).astype(np.float32), np.zeros(2, np.float32))
+
+  def apply_fn(p, x):
+    return p[2] @ jax.nn.sigmoid(p[0] @ jnp.reshape(x, (-1,)) + p[1]) + p[3]
+
+  def run(late_value):
+    release = threading.Event()
+
+    def late():
+      release.wait(0.5)
+      return np.full(1, late_value)
+
+    def fake_engine(apply_fn, params, input_shape, regions, deadline, budget, modes=(),
+                    **kw):
+      closed = [np.zeros(len(r.disjuncts), bool) for r in regions]
+      lows = [np.full(len(r.disjuncts), -1.0) for r in regions]
+      if "alpha" in modes:
+        return engine.EngineResult(closed, {"alpha": "budget"}, lows, engine.start(late),
+                                   regions[0])
+      return engine.EngineResult(closed, {"crown": "open"}, lows)
+
+    def fake_generic(*args, **kw):
+      seen["search"] += 1
+      return "unknown", None, 0
+
+    monkeypatch.setattr(engine, "prove_with_engine", fake_engine)
+    monkeypatch.setattr(generic, "input_split_generic", fake_generic)
+    prop = [((np.zeros(12), np.ones(12)), [(np.array([[1.0, 0.0]]), np.array([-100.0]))])]
+    return mc.verify(apply_fn, params, (12,), prop, timeout=60.0, attack_restarts=2,
+                     attack_steps=2)
+
+  out = run(3.0)
+  assert out.status == "unsat" and out.stats["stage"] == "alpha-crown", out
+  assert out.stats["margin"] == 3.0 and seen["search"] == 0, (out.stats, seen)
+  out = run(-2.0)
+  assert out.status == "unknown" and seen["search"] == 1, (out, seen)
+
+
 def test_run_instances_waits_until_the_previous_instance_s_work_ends(monkeypatch):
   """`run_instances` starts an instance only once the work the previous one left running has
   ended, even when that outlasts the time limit (a wait capped at the limit let OVAL21

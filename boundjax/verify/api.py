@@ -240,18 +240,39 @@ def _attack(apply_fn: Callable, params: Any, input_shape: Sequence[int],
   return hit if finished else None
 
 
-def _after(jobs: Sequence[tuple[str, engine.Job]], deadline: Deadline,
+def _after(jobs: Sequence[tuple[str, engine.Job, Any]], deadline: Deadline,
            report: Progress) -> bool:
-  """Waits until the bounds left running past their budget (``(stage, job)`` pairs) have
-  ended, at most until ``deadline`` (``report.stage`` names the one waited for); True when
-  they have. The memory budget's shares hold only if the stages using them do not overlap
-  (`boundjax.verify.memory`): branch and bound must not allocate its share beside the buffers
-  of a bound still running."""
-  for stage, job in jobs:
+  """Waits until the bounds left running past their budget (``(stage, job, where)``: ``where``
+  the region or regions it bounds) have ended, at most until ``deadline`` (``report.stage``
+  names the one waited for); True when they have. The memory budget's shares hold only if the
+  stages using them do not overlap (`boundjax.verify.memory`): branch and bound must not
+  allocate its share beside the buffers of a bound still running."""
+  for stage, job, _ in jobs:
     if not job.done():
       report.stage = stage
       job.wait(deadline.remaining())
-  return all(job.done() for _, job in jobs)
+  return all(job.done() for _, job, _ in jobs)
+
+
+def _late(jobs: Sequence[tuple[str, engine.Job, Any]]) -> tuple[dict[int, float], str | None]:
+  """What the bounds left behind and since finished certify (`engine.late_proofs`: the
+  largest lower bound of each disjunct's margin, keyed by ``id``) and the stage of the last of
+  them that proved something. A bound that raised certifies nothing."""
+  best: dict[int, float] = {}
+  stage = None
+  for name, job, where in jobs:
+    if not job.done():
+      continue
+    try:
+      _, value = job.wait(0.0)
+    except Exception:  # pylint: disable=broad-except  (a failed late bound proves nothing)
+      continue
+    for k, v in engine.late_proofs(value, where).items():
+      if v > best.get(k, -np.inf):
+        best[k] = v
+        if v > 0:
+          stage = name
+  return best, stage
 
 
 def _open_part(regions: Sequence[Region], proven: Sequence[np.ndarray]) -> tuple[Region, ...]:
@@ -432,13 +453,13 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
       plan = early[0]
     stats["dense_batch"] = plan
     fitted: tuple[str, ...] = ()
-    behind: list[tuple[str, engine.Job]] = []  # bounds left running past their budget
+    behind: list[tuple[str, engine.Job, Any]] = []  # bounds left running past their budget
     if first is not None:
       finished, eng = first.wait(0.0)  # still running: a compilation past its share
       if not finished:
-        behind.append(("crown", first))
+        behind.append(("crown", first, regions))
       elif eng.pending is not None:
-        behind.append(("crown", eng.pending))
+        behind.append(("crown", eng.pending, eng.pending_region))
       if finished:
         stats["engine"] = dict(eng.modes)
         if eng.all_proven:
@@ -468,7 +489,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
       eng = engine_bounds_on(regions, share * deadline.remaining(), ("alpha",), fitted)
       stats["engine"].update(eng.modes)
       if eng.pending is not None:
-        behind.append(("alpha-crown", eng.pending))
+        behind.append(("alpha-crown", eng.pending, eng.pending_region))
       stats["seconds"]["alpha"] = deadline.elapsed() - sum(stats["seconds"].values())
       if eng.all_proven:
         return done("unsat", phase="bounds")
@@ -487,6 +508,19 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
         return done("sat", hit, "attack")
     if not _after(behind, deadline, report):
       return done("timeout")
+    # a bound left behind at its budget may have proven disjuncts since (an α-CROWN
+    # compilation past its share on a loaded machine): its answer is not thrown away
+    late, late_stage = _late(behind)
+    for r in regions:
+      for dj in r.disjuncts:
+        if id(dj) in late:
+          report.bound(dj, late[id(dj)])
+    regions = _open_part(regions, [np.array([late.get(id(dj), -np.inf) > 0
+                                             for dj in r.disjuncts]) for r in regions])
+    if not regions:
+      report.stage = late_stage
+      stats.setdefault("engine", {})[late_stage.replace("-crown", "")] = "proved late"
+      return done("unsat", phase="bounds")
     if split_here:
       if milp and net is None:
         report.stage = "extract"

@@ -400,6 +400,9 @@ class EngineResult:
   pending: Job | None = None
   """A bound still running when its budget ran out (left behind: a compilation or a jitted
   α-CROWN loop cannot be interrupted), whose buffers are still live; None when none is."""
+  pending_region: Region | None = None
+  """The region ``pending`` bounds (its value: `region_lower`'s rows of that region), so that a
+  bound finishing late can still prove its disjuncts (`late_proofs`)."""
 
   @property
   def all_proven(self) -> bool:
@@ -433,7 +436,7 @@ def prove_with_engine(apply_fn: Callable, params: Any, input_shape: Sequence[int
   phase = Deadline(min(budget, deadline.remaining()))
   proven = [np.zeros(len(r.disjuncts), bool) for r in regions]
   lower = [np.full(len(r.disjuncts), -np.inf) for r in regions]
-  pending = None
+  pending, pending_region = None, None
   status: dict[str, str] = {}
   if not sound and not params_exact_f32(params):  # float32 would bound another network
     return EngineResult(proven, {m: "params not float32" for m in modes}, lower)
@@ -463,7 +466,7 @@ def prove_with_engine(apply_fn: Callable, params: Any, input_shape: Sequence[int
         finished, low = job.wait(phase.remaining())
         if not finished:
           status[mode] = "budget"
-          pending = job
+          pending, pending_region = job, r
           break
         _, _, ranges = region_rows(r)
         best = np.array([float(np.max(low[a:b])) for a, b in ranges])
@@ -476,7 +479,23 @@ def prove_with_engine(apply_fn: Callable, params: Any, input_shape: Sequence[int
       status[mode] = "memory"
     if pending is not None:  # a bound left behind: no other mode beside its buffers
       break
-  return EngineResult(proven, status, lower, pending)
+  return EngineResult(proven, status, lower, pending, pending_region)
+
+
+def late_proofs(value: Any, where: Region | Sequence[Region]) -> dict[int, float]:
+  """The certified lower bound of each disjunct's margin, keyed by the disjunct's ``id``, that a
+  bound left behind at its budget delivered after all: ``value`` is the finished job's value,
+  `region_lower`'s rows of the region ``where``, or a whole stage's `EngineResult` of the
+  regions ``where`` (`prove_with_engine`)."""
+  if value is None or where is None:
+    return {}
+  if isinstance(value, EngineResult):
+    return {id(dj): float(v) for r, low in zip(where, value.lower)
+            for dj, v in zip(r.disjuncts, low)}
+  _, _, ranges = region_rows(where)
+  low = np.asarray(value, np.float64)
+  return {id(dj): float(np.max(low[a:b])) for dj, (a, b) in zip(where.disjuncts, ranges)
+          if b > a}
 
 
 # ------------------------------------------------------------------------------------------------
