@@ -34,6 +34,7 @@ def test_each_variant_changes_what_its_name_says():
   assert changed["margin 1 (was 25)"] == ({"margin"}, 1.0)
   assert changed["α = 0.5 (was 0.99)"] == ({"alpha"}, 1.0)
   assert changed["α = 0 (utility only)"] == ({"alpha"}, 1.0)
+  assert changed["encoder (α = 0, no contrastive)"] == ({"alpha", "contrastive_lambda"}, 1.0)
   assert changed["no training noise"] == ({"noise_sigma"}, 1.0)
   assert changed["code optimiser (500 epochs, lr 1e-4)"] == ({"epochs", "lr_obf", "lr_pred"}, 1.0)
   assert changed["code: no-op contrastive + optimiser"][0] == {"contrastive", "epochs", "lr_obf",
@@ -68,6 +69,8 @@ def test_stored_rows_are_consistent():
     # statistic of the bounds keeps the order up to the spread of the samples
     assert 0 < dp_inf <= dp * (1 + 1e-9) and dp <= 8 * dp_inf * 1.5
     assert 0 <= r["noiseless_accuracy"] <= 1
+    code = PS.CODE_DELTA_P.get(r["variant"])
+    assert r["code_delta_p"] == (code[1][r["dataset"].split(" ")[0]] if code else None)
   for data in {d for d, _ in seen}:
     if "full" not in data:
       assert {v for d, v in seen if d == data} == names, data
