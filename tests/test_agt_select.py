@@ -223,7 +223,8 @@ def test_poisoning_fold_contains_every_sampled_poisoned_mean(monkeypatch, fused,
   but need not contain them), a third at box corners; for each draw and coordinate the
   *worst* choice of at most k poisoned samples (the k largest positive, or smallest negative,
   clipped poisoned-minus-clean differences) gives a batch mean inside ``[dθ_L, dθ_U]`` of
-  `poisoning.finalize`, and the nominal mean is the clipped nominal products' mean."""
+  `poisoning.finalize`; the worst corners per coordinate attain the bound (it is exact for one
+  coordinate); and the nominal mean is the clipped nominal products' mean."""
   from boundjax.agt import poisoning
   monkeypatch.setattr(descent, "fused_outer", lambda dt, _f=descent.fused_outer: fused and _f(dt))
   f, n, m, k = 30, 5, 18, 3
@@ -260,6 +261,19 @@ def test_poisoning_fold_contains_every_sampled_poisoned_mean(monkeypatch, fused,
     down = np.sort(np.minimum(pv - v, 0), 1)[:, :k].sum(1)
     assert np.all((base + up) / f <= hi + tol), float(np.max((base + up) / f - hi))
     assert np.all((base + down) / f >= lo - tol), float(np.max(lo - (base + down) / f))
+  # per coordinate, the worst concrete draw: every sample's factors at the corner that makes its
+  # clipped product largest (smallest), the k worst samples poisoned at their poisoned corners;
+  # the fold's bound is attained there, so it must hold and be tight (a shrunken bound fails)
+  corners = lambda al, au, bl, bu: clip(np.stack([  # noqa: E731  (f, n, m, 4)
+      a.astype(np.float64)[:, :, None] * b.astype(np.float64)[:, None, :]
+      for a in (al, au) for b in (bl, bu)], -1))
+  c, pc = corners(zl, zu, dl, du), corners(pzl, pzu, pdl, pdu)
+  worst_hi = (c.max(-1).sum(0) + np.sort(np.maximum(pc.max(-1) - c.max(-1), 0), 0)[-k:].sum(0)) / f
+  worst_lo = (c.min(-1).sum(0) + np.sort(np.minimum(pc.min(-1) - c.min(-1), 0), 0)[:k].sum(0)) / f
+  np.testing.assert_array_less(worst_hi, hi + tol)
+  np.testing.assert_array_less(lo - tol, worst_lo)
+  np.testing.assert_allclose(hi, worst_hi, rtol=1e-4, atol=5e-5)  # fp margin, float32 sums
+  np.testing.assert_allclose(lo, worst_lo, rtol=1e-4, atol=5e-5)
 
 
 @native
