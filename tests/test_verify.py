@@ -852,6 +852,9 @@ def test_region_lower_compiles_once_for_any_number_of_open_rows():
   Cp, dp = engine.padded_rows(C, np.ones(3))
   assert Cp.shape == (5, 5) and np.array_equal(Cp[:3], C) and not Cp[3:].any() and dp[3:].sum() == 0
   assert engine.padded_rows(np.ones((7, 5)), np.ones(7))[0].shape == (10, 5)
+  # many outputs: a power of two, not the output count
+  assert engine.padded_rows(np.ones((3, 1000)), np.ones(3))[0].shape == (4, 1000)
+  assert engine.padded_rows(np.ones((1, 1000)), np.ones(1))[0].shape == (1, 1000)
   all_rows = low(disjuncts)
   compiled = []
 

@@ -225,16 +225,25 @@ def _s_shaped_cached(apply_fn: Callable, params: Any, key: str, shape: tuple) ->
   return _S_SHAPED[(key, shape)]
 
 
+PAD_TO_OUTPUTS = 64
+"""`padded_rows` pads to a multiple of the output count up to this many outputs, beyond it to a
+power of two (1 open row of a 1000-class network stays 1 row, not 1000)."""
+
+
 def padded_rows(C: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """``(C, d)`` with zero rows appended up to the next multiple of the output count ``m``
-  (at least ``m``). The verifier bounds the disjuncts still open, whose number varies from
-  one instance to the next; a compiled bound is specific to its number of rows, so without
-  padding each count costs its own compilation, in the process and in the persistent cache
-  (VNN-COMP 2021's ERAN 6×200 sigmoid network: α-CROWN compiles in about 55 s and runs in
-  8 s, and CROWN leaves 6 to 9 rows open). A zero row's bound is ``0 ≥ 0`` whatever the slopes:
-  it adds nothing to α-CROWN's objective or gradient, and its bound is dropped."""
+  """``(C, d)`` with zero rows appended: up to the next multiple of the output count ``m`` (at
+  least ``m``) when ``m <= PAD_TO_OUTPUTS``, else up to the next power of two. The verifier
+  bounds the disjuncts still open, whose number varies from one instance to the next; a
+  compiled bound is specific to its number of rows, so without padding each count costs its
+  own compilation, in the process and in the persistent cache (VNN-COMP 2021's ERAN 6×200
+  sigmoid network: α-CROWN compiles in about 55 s and runs in 8 s, and CROWN leaves 6 to 9 of
+  its 9 rows open). A zero row's bound is ``0 ≥ 0`` whatever the slopes: it adds nothing to
+  α-CROWN's objective or gradient, and its bound is dropped."""
   k, m = C.shape
-  target = max(m, -(-k // m) * m)
+  if m <= PAD_TO_OUTPUTS:
+    target = max(m, -(-k // m) * m)
+  else:
+    target = 1 << max(k - 1, 0).bit_length()
   if target == k:
     return C, d
   return (np.concatenate([C, np.zeros((target - k, m), C.dtype)]),
