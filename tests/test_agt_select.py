@@ -172,6 +172,16 @@ def test_native_outer_fold_equals_forming_the_products(dtype, f, n, m, k, gamma,
       np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=name)
 
 
+def _sample_factor_boxes(rng, f, n, m):
+  """Nominal factors ``zc`` (f, n), ``dc`` (f, m) and boxes around them (float64), with every
+  fourth sample's first ``z`` entry exactly 0 (0 * anything)."""
+  zc, dc = rng.normal(size=(f, n)), rng.normal(size=(f, m)) / 4
+  zl, zu = zc - rng.uniform(0, 0.3, (f, n)), zc + rng.uniform(0, 0.3, (f, n))
+  dl, du = dc - rng.uniform(0, 0.1, (f, m)), dc + rng.uniform(0, 0.1, (f, m))
+  zl[::4, 0] = zu[::4, 0] = zc[::4, 0] = 0.0
+  return zc, dc, zl, zu, dl, du
+
+
 @native
 @pytest.mark.parametrize("gamma", [0.3, np.inf])
 def test_native_outer_fold_contains_sampled_concrete_products(gamma):
@@ -182,10 +192,7 @@ def test_native_outer_fold_contains_sampled_concrete_products(gamma):
   upper bound (the order statistics Thm 4.6 uses), and the nominal sum is the nominal one."""
   f, n, m, k = 30, 5, 18, 3
   rng = np.random.default_rng(7)
-  zc, dc = rng.normal(size=(f, n)), rng.normal(size=(f, m)) / 4
-  zl, zu = zc - rng.uniform(0, 0.3, (f, n)), zc + rng.uniform(0, 0.3, (f, n))
-  dl, du = dc - rng.uniform(0, 0.1, (f, m)), dc + rng.uniform(0, 0.1, (f, m))
-  zl[::4, 0] = zu[::4, 0] = zc[::4, 0] = 0.0             # zero factors (0 * anything)
+  zc, dc, zl, zu, dl, du = _sample_factor_boxes(rng, f, n, m)
   zl, zu, dl, du, zc, dc = (a.astype(np.float32) for a in (zl, zu, dl, du, zc, dc))
   zeros = np.zeros((n, m), np.float32)
   out = select.accumulate_outer(zc, dc, (zl, zu), (dl, du), gamma, (zeros,) * 4,
@@ -229,10 +236,7 @@ def test_poisoning_fold_contains_every_sampled_poisoned_mean(monkeypatch, fused,
   monkeypatch.setattr(descent, "fused_outer", lambda dt, _f=descent.fused_outer: fused and _f(dt))
   f, n, m, k = 30, 5, 18, 3
   rng = np.random.default_rng(11)
-  zc, dc = rng.normal(size=(f, n)), rng.normal(size=(f, m)) / 4
-  zl, zu = zc - rng.uniform(0, 0.3, (f, n)), zc + rng.uniform(0, 0.3, (f, n))
-  dl, du = dc - rng.uniform(0, 0.1, (f, m)), dc + rng.uniform(0, 0.1, (f, m))
-  zl[::4, 0] = zu[::4, 0] = zc[::4, 0] = 0.0             # zero factors (0 * anything)
+  zc, dc, zl, zu, dl, du = _sample_factor_boxes(rng, f, n, m)
   pzc = zc + rng.normal(size=(f, n)) * 0.5                # a poisoned sample's own factors
   pdc = dc + rng.normal(size=(f, m)) * 0.1
   pzl, pzu = pzc - rng.uniform(0, 0.4, (f, n)), pzc + rng.uniform(0, 0.4, (f, n))
