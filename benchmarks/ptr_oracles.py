@@ -48,9 +48,10 @@ Run:  JAX_PLATFORMS=cpu python benchmarks/ptr_oracles.py
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
+import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -130,22 +131,64 @@ def train_obfuscator(seed: int, n: int, steps: int) -> tuple[list, dict]:
 # Oracles
 # ------------------------------------------------------------------------------------------------
 
-def _old_milp(commit: str):
-  """`milp/lipschitz.py` as of ``commit``, imported as a separate module."""
-  src = subprocess.run(["git", "show", f"{commit}:milp/lipschitz.py"], cwd=ROOT, check=True,
-                       capture_output=True, text=True).stdout
-  path = Path(tempfile.mkdtemp()) / "milp_lipschitz_old.py"
-  path.write_text(src)
-  spec = importlib.util.spec_from_file_location("milp_lipschitz_old", path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+_OLD_WORKER = r"""
+import pickle, sys, time
+import numpy as np
+out, sys.stdout = sys.stdout.buffer, sys.stderr  # results only on the pipe, prints elsewhere
+from milp import lipschitz as old_lip
+from milp.network import from_params
+net = from_params(pickle.load(sys.stdin.buffer))
+while True:
+  try:
+    x, r = pickle.load(sys.stdin.buffer)
+  except EOFError:
+    break
+  w, c = time.perf_counter(), time.process_time()
+  res = old_lip.lipschitz_milp(net, np.asarray(x), float(r))
+  pickle.dump((float(res.upper), bool(res.exact), time.perf_counter() - w,
+               time.process_time() - c), out)
+  out.flush()
+"""
+
+
+class _OldMilp:
+  """`milp.lipschitz.lipschitz_milp` as of an earlier ``commit``, in a worker process that
+  imports that commit's own ``boundjax`` and ``milp`` packages (``git archive``), so the old
+  formulation meets the code it was written against. A call returns ``(upper, exact, wall,
+  cpu)``, timed inside the worker (`_timed` takes the worker's times)."""
+
+  def __init__(self, commit: str, params):
+    tmp = Path(tempfile.mkdtemp())
+    tar = subprocess.run(["git", "archive", commit, "boundjax", "milp"], cwd=ROOT, check=True,
+                         capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tmp)], input=tar, check=True)
+    env = dict(os.environ, PYTHONPATH=str(tmp), JAX_PLATFORMS="cpu", JAX_ENABLE_X64="1")
+    self.proc = subprocess.Popen([sys.executable, "-c", _OLD_WORKER], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, env=env, cwd=tmp)
+    self._send(jax.tree.map(np.asarray, params))
+
+  def _send(self, obj) -> None:
+    pickle.dump(obj, self.proc.stdin)
+    self.proc.stdin.flush()
+
+  def __call__(self, x, r):
+    self._send((np.asarray(x, np.float64), float(r)))
+    return pickle.load(self.proc.stdout)
+
+  def close(self) -> None:
+    self.proc.stdin.close()
+    self.proc.wait(timeout=60)
 
 
 def _timed(fn, *args):
+  """``(fn(*args), wall, cpu)``; an oracle run in another process (`_OldMilp`) returns its own
+  times as the last two of four values."""
   w, c = time.perf_counter(), time.process_time()
   out = fn(*args)
-  return out, time.perf_counter() - w, time.process_time() - c
+  w, c = time.perf_counter() - w, time.process_time() - c
+  if isinstance(out, tuple) and len(out) == 4:
+    return out[:2], out[2], out[3]
+  return out, w, c
 
 
 def make_oracles(params, net, old=None) -> dict:
@@ -169,10 +212,7 @@ def make_oracles(params, net, old=None) -> dict:
 
   out = {"milp": milp, "enumerate": enum, "ibp": jitted(ibp), "ibp_cheap": jitted(cheap)}
   if old is not None:
-    def milp_old(x, r):
-      res = old.lipschitz_milp(net, np.asarray(x), float(r))
-      return res.upper, res.exact
-    out["milp_before"] = milp_old
+    out["milp_before"] = old
   return out
 
 
@@ -358,7 +398,7 @@ def main(argv=None) -> dict:
   public = rng.normal(size=(args.public, 8))
   queries = rng.normal(size=(args.queries, 8))
   net = mlip.network_of(obf_apply, params, centres[0])
-  old = _old_milp(args.compare_commit) if args.compare_commit else None
+  old = _OldMilp(args.compare_commit, params) if args.compare_commit else None
   oracles = make_oracles(params, net, old)
   R, R_max, zeta = 0.5, 1.4, 0.01
   res = {
@@ -385,6 +425,8 @@ def main(argv=None) -> dict:
   res["search"] = radius_searches({k: v for k, v in oracles.items() if k != "milp_before"},
                                   params, net, public, queries, R=R, R_max=R_max, zeta=zeta,
                                   n_slow=args.slow_queries)
+  if old is not None:
+    old.close()
   res["jitted_query"] = jitted_queries(params, public, queries, R=R, R_max=R_max, zeta=zeta)
   res["table"] = table(res)
   Path(args.out).parent.mkdir(parents=True, exist_ok=True)
