@@ -109,3 +109,65 @@ def test_float_lines_through_a_box_end_are_kept(name):
   a_lo, b_lo, a_up, b_up = rules.finite_or_constant(*lines, l, u, y_lo, y_hi,
                                                     rules.endpoint_check(f)(l, u))
   assert np.all(np.asarray(a_lo) > 0) and np.all(np.asarray(a_up) > 0)  # no constant lines
+
+
+def test_straight_through_keeps_the_met_value_and_the_computed_gradient():
+  """`backward._straight_through`: the value is the met bound, bit for bit (sound mode relies on
+  it), and the gradient is the computed bound's, also where the met value came from elsewhere;
+  a non-finite computed bound passes no gradient and leaves the value alone."""
+  from boundjax.domains.linear import backward
+
+  met = bj.Interval(jnp.asarray([0.1, -2.0, -jnp.inf, 0.3]), jnp.asarray([1.0, 0.5, 2.0, jnp.inf]),
+                    validate=False)
+
+  def value(s):
+    lo = s * jnp.asarray([0.05, -3.0, 1.0, 1.0])  # computed bounds, looser where met wins
+    lo = jnp.where(jnp.arange(4) == 3, jnp.nan, lo)
+    hi = s * jnp.asarray([1.5, 0.25, 1.0, 2.0])
+    hi = jnp.where(jnp.arange(4) == 2, jnp.inf, hi)
+    out = backward._straight_through(met, lo, hi)
+    return out.lower, out.upper
+
+  lo, hi = value(1.0)
+  assert np.array_equal(np.asarray(lo), np.asarray(met.lower))
+  assert np.array_equal(np.asarray(hi), np.asarray(met.upper))
+  g_lo = jax.jacobian(lambda s: value(s)[0])(1.0)
+  g_hi = jax.jacobian(lambda s: value(s)[1])(1.0)
+  np.testing.assert_allclose(np.asarray(g_lo), [0.05, -3.0, 1.0, 0.0], rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(g_hi), [1.5, 0.25, 0.0, 2.0], rtol=1e-6)
+
+
+def test_intermediate_slopes_keep_learning_where_crowns_bound_is_tighter(monkeypatch):
+  """α-CROWN with the intermediate layers' slopes (Xu et al. 2021, §3.2) meets each recomputed
+  intermediate bound with CROWN's. Where CROWN's is tighter the met value is CROWN's, yet the
+  slopes must keep the gradient of their own bound: with the gradient of the met value they
+  stall there (a deep logistic network's bounds end 9 % wider in total here; on VNN-COMP 2021's
+  ERAN 6×200 sigmoid network, index 4214, the worst margin stalled at -2.8 and now ends at
+  +2.0). The bounds contain 10^4 sampled outputs and every corner's."""
+  from boundjax.domains.linear import backward
+
+  ks = jax.random.split(jax.random.PRNGKey(0), 6)
+  dims = [4, 10, 10, 10, 10, 3]
+  W = [jax.random.normal(ks[i], (dims[i], dims[i + 1])) * 3 / np.sqrt(dims[i])
+       for i in range(len(dims) - 1)]
+
+  def f(x):
+    h = x
+    for w in W[:-1]:
+      h = jax.nn.sigmoid(h @ w)
+    return h @ W[-1]
+
+  x0 = jax.random.normal(ks[5], (4,))
+  box = bj.Interval(x0 - 0.5, x0 + 0.5)
+  opts = dict(batch_axis=None, alpha=True, alpha_intermediate=True, alpha_lr=0.2, alpha_steps=20)
+  st = bj.crown(f, **opts)(box)
+  monkeypatch.setattr(backward, "_straight_through", lambda met, lo, hi: met)
+  stalled = bj.crown(f, **opts)(box)
+  width = lambda r: float(np.sum(np.asarray(r.upper - r.lower)))
+  assert width(st) < 0.95 * width(stalled), (width(st), width(stalled))
+  rng = np.random.default_rng(0)
+  lo, hi = np.asarray(box.lower), np.asarray(box.upper)
+  xs = lo + (hi - lo) * rng.random((10_000, 4))
+  corners = np.array(list(itertools.product(*zip(lo, hi))))
+  ys = np.asarray(jax.vmap(f)(jnp.asarray(np.concatenate([xs, corners]), jnp.float32)))
+  assert np.all(np.asarray(st.lower) <= ys.min(0)) and np.all(np.asarray(st.upper) >= ys.max(0))

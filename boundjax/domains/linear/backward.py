@@ -631,6 +631,17 @@ def unstable_backward(ctx: Ctx, x: _Var, ivs: dict, pre: dict, rel: dict, screen
   return lo.reshape(x.shape), hi.reshape(x.shape)
 
 
+def _straight_through(met: Interval, lo, hi) -> Interval:
+  """``met``'s values with the gradients of the computed bounds ``lo, hi`` where they are
+  finite (α-CROWN, Xu et al. 2021, §3.2: an intermediate bound met with an earlier, tighter
+  one keeps the earlier value, yet its slopes still get the gradient of their own bound, so an
+  optimisation that starts where the two are equal is not stuck there)."""
+  def st(value, own):
+    own = jnp.where(jnp.isfinite(own), own, 0.0)
+    return value + (own - lax.stop_gradient(own))  # exactly ``value``: x - x is 0 for finite x
+  return Interval(st(met.lower, lo), st(met.upper, hi), validate=False)
+
+
 def _intersect(a: Interval, lo, hi, sound: bool) -> Interval:
   """The forward interval ``a`` met with CROWN's bounds ``[lo, hi]``. A NaN in CROWN's bounds
   (``0 · inf`` of a coefficient and an infinite offset or box end) carries no information: the
@@ -1175,9 +1186,12 @@ def forward_pass(ctx: Ctx, boxes: Sequence[Interval], data: dict | None = None,
           constrain(x, k)
           _, c, sigma = relu_parts(prog.eqns[ctx.nodes[k][1]], cenv)
           lo, hi = unstable_backward(ctx, x, ivs, pre, rel, ivs[x], c, sigma, cap)
-        ivs[x] = _intersect(ivs[x], lo, hi, ctx.sound)
+        met = _intersect(ivs[x], lo, hi, ctx.sound)
         if floor is not None and x in floor:
-          ivs[x] = _intersect(ivs[x], *floor[x], ctx.sound)
+          met = _intersect(met, *floor[x], ctx.sound)
+        if mid_alphas is not None and x in mid_alphas:
+          met = _straight_through(met, lo, hi)
+        ivs[x] = met
       constrain(x, k)
       pre[x] = (ivs[x].lower, ivs[x].upper)
     return pre[x]
