@@ -131,8 +131,8 @@ S_SHAPED_PRIMITIVES = ("logistic", "tanh")
 S_SHAPED_ALPHA_STEPS = 100
 """α-CROWN's steps on a logistic/tanh network (tangent points of every layer optimised). Its
 loop is not unrolled, so steps cost little beside the compilation: on VNN-COMP 2021's ERAN 6×200
-sigmoid network (idx 4214, sound float64, one box, 2 cores, learning rate 0.2) 20 steps take 64 s
-with compilation and prove all nine rows (smallest margin 0.80), 50 steps 68 s (1.69). Before the
+sigmoid network (idx 4214, sound float64, one box, 2 cores, learning rate 0.2) 20 steps take 53 s
+with compilation and prove all nine rows (smallest margin 0.68), 50 steps 57 s (1.63). Before the
 intermediate slopes got their own bounds' gradient (`domains.linear.backward`,
 ``_straight_through``) the optimisation stalled: 150 steps proved eight rows (the ninth -2.11),
 500 steps the same eight (-2.08). The extra steps are kept for harder properties."""

@@ -632,13 +632,16 @@ def unstable_backward(ctx: Ctx, x: _Var, ivs: dict, pre: dict, rel: dict, screen
 
 
 def _straight_through(met: Interval, lo, hi) -> Interval:
-  """``met``'s values with the gradients of the computed bounds ``lo, hi`` where they are
-  finite (α-CROWN, Xu et al. 2021, §3.2: an intermediate bound met with an earlier, tighter
-  one keeps the earlier value, yet its slopes still get the gradient of their own bound, so an
-  optimisation that starts where the two are equal is not stuck there)."""
+  """``met``'s values with the gradients of the computed bounds ``lo, hi`` (and no other)
+  where they are finite (α-CROWN, Xu et al. 2021, §3.2: an intermediate bound met with an
+  earlier, tighter one keeps the earlier value, yet its slopes still get the gradient of their
+  own bound, so an optimisation that starts where the two are equal is not stuck there).
+  Where ``lo``/``hi`` is not finite there is no gradient."""
   def st(value, own):
     own = jnp.where(jnp.isfinite(own), own, 0.0)
-    return value + (own - lax.stop_gradient(own))  # exactly ``value``: x - x is 0 for finite x
+    # exactly ``value``: x - x is 0 for finite x; the gradient is ``own``'s alone (``value``
+    # may be ``own`` itself, whose gradient must not count twice)
+    return lax.stop_gradient(value) + (own - lax.stop_gradient(own))
   return Interval(st(met.lower, lo), st(met.upper, hi), validate=False)
 
 
