@@ -335,3 +335,67 @@ def test_relu_split_reports_the_smallest_bound_left_as_its_margin():
   assert relu_bab._global_lower(stop(bab.LEAF, popped)) == -0.4
   assert relu_bab._global_lower(stop(bab.DEADLINE, None)) == -0.2
   assert relu_bab._global_lower(stop(bab.PROVED, None)) == float("inf")
+
+
+def test_a_late_alpha_crown_unsat_is_right_on_samples(monkeypatch):
+  """End to end, with the real engine: a property between CROWN's and α-CROWN's bound of a
+  sigmoid network's hardest row, with α-CROWN's share of the time so short that it is left
+  behind at its budget (it is still compiling). The verifier waits for it, answers ``unsat``
+  from its late bound (stage ``alpha-crown``, engine ``"alpha": "proved late"``), and 10⁴
+  uniform samples of the box, 64 corners and the centre all satisfy the property in float64,
+  with the certified margin not above the sampled one."""
+  import jax
+  import jax.numpy as jnp
+  from boundjax.verify import engine
+  from boundjax.verify.spec import as_regions
+  rng = np.random.default_rng(7)
+  params = ((rng.normal(size=(16, 6)) / 1.5).astype(np.float32),
+            (0.3 * rng.normal(size=16)).astype(np.float32),
+            (rng.normal(size=(16, 16)) / 2).astype(np.float32),
+            (0.3 * rng.normal(size=16)).astype(np.float32),
+            (rng.normal(size=(4, 16)) / 2).astype(np.float32), np.zeros(4, np.float32))
+
+  def apply_fn(p, x):
+    h = jax.nn.sigmoid(p[0] @ jnp.reshape(x, (-1,)) + p[1])
+    h = jnp.tanh(p[2] @ h + p[3])
+    return p[4] @ h + p[5]
+
+  x0 = rng.uniform(-1, 1, 6)
+  base = _margin_property(apply_fn, params, x0, 0.8)
+  region = as_regions(base)[0]
+  key = engine.fingerprint(apply_fn, params, (6,))
+  low = {m: engine.region_lower(apply_fn, params, (6,), key, region, sound=True, mode=m,
+                                memory_bytes=1 << 30) for m in ("crown", "alpha")}  # the verifier's
+  gap = low["alpha"] - low["crown"]
+  j = int(np.argmax(gap))
+  assert gap[j] > 1e-2, (low, gap)  # α-CROWN is tighter on some row
+  shift = float(low["crown"][j] + gap[j] / 2)
+  (lo, hi), disjuncts = base[0]
+  C, d = disjuncts[j]
+  prop = [((lo, hi), [(C, d + shift)])]  # y_c - y_j <= shift is unsafe
+  y = _f64_outputs(apply_fn, params, _samples(lo, hi, 10_000, rng))
+  sampled = float((y @ C.T - d - shift).min())
+  assert sampled > 0, sampled  # the property holds on every sample
+  import time
+  real_budget, real_lower = engine.prove_with_engine, engine.region_lower
+
+  def short_alpha_budget(apply_fn, params, input_shape, regions, deadline, budget, modes=(),
+                         **kw):  # the real engine, with α-CROWN's budget cut to 0.2 s
+    if tuple(modes) == ("alpha",):
+      budget = 0.2
+    return real_budget(apply_fn, params, input_shape, regions, deadline, budget, modes=modes,
+                       **kw)
+
+  def slow_alpha(*args, mode, **kw):  # α-CROWN's real bound, delivered 1 s late
+    if mode == "alpha":
+      time.sleep(1.0)
+    return real_lower(*args, mode=mode, **kw)
+
+  monkeypatch.setattr(engine, "prove_with_engine", short_alpha_budget)
+  monkeypatch.setattr(engine, "region_lower", slow_alpha)
+  out = mc.verify(apply_fn, params, (6,), prop, timeout=120.0, engine_bounds=True,
+                  attack_restarts=4, attack_steps=10)
+  assert out.status == "unsat", out
+  assert out.stats["engine"].get("alpha") == "proved late", out.stats
+  assert out.stats["stage"] == "alpha-crown" and out.stats["nodes"] == 0, out.stats
+  assert 0 < out.stats["margin"] <= sampled + 1e-9, (out.stats["margin"], sampled)
