@@ -142,7 +142,9 @@ def run_arch(name: str, ds, args) -> dict:
     timing.write_text(json.dumps({"seconds": train_s}))
   elif timing.exists():  # loaded from the checkpoint: report the original training time
     train_s = json.loads(timing.read_text())["seconds"]
-  per_net = train_s / (pool + 1)
+  else:  # loaded from a checkpoint whose training time was not recorded: the time measured
+    train_s = None  # here is the loading's, not the training's, and is not reported as such
+  per_net = None if train_s is None else train_s / (pool + 1)
   full = ens.full
   pred_test = np.asarray(model.apply(full, ds.x_test))[:, 0] >= 0
   acc = float(np.mean(pred_test == (ds.y_test == 1)))
@@ -252,10 +254,18 @@ def run_arch(name: str, ds, args) -> dict:
       ground_truth_networks=int(pool + 1), K=int(K), iterations=pred.iterations,
       converged=pred.converged, converged_fraction=pred.converged_fraction,
       fraction_trained_sphynx=K / (n + 1), train_pool_s=train_s, per_network_s=per_net,
-      train_sphynx_s_est=per_net * K, train_naive_full_s_est=per_net * (n + 1),
+      train_sphynx_s_est=None if per_net is None else per_net * K,
+      train_naive_full_s_est=None if per_net is None else per_net * (n + 1),
+      train_speedup_est=(n + 1) / K,  # the naive run trains n + 1 networks, Sphynx K
       predint_s=predint_s, hyper_metrics={k: (v if not isinstance(v, tuple) else list(v))
                                           for k, v in metrics.items()},
       kinds=out_kinds)
+
+
+def _num(x: float | None, width: int, digits: int) -> str:
+  """``x`` right-aligned in ``width`` with ``digits`` decimals, ``-`` when it is None (a time
+  that was not measured)."""
+  return f"{'-':>{width}}" if x is None else f"{x:{width}.{digits}f}"
 
 
 def table(results: list[dict]) -> str:
@@ -283,7 +293,9 @@ def table(results: list[dict]) -> str:
       ratio = k["median_naive_s"] / max(k["median_sphynx_s"], 1e-9)
       lines.append(
           f"{r['arch']:6} {r['accuracy']:5.3f} {r['K']:5d} {r['fraction_trained_sphynx']:8.4f} "
-          f"{r['train_sphynx_s_est']:11.1f} {r['train_naive_full_s_est'] / 3600:17.2f} {kind:14} "
+          f"{_num(r['train_sphynx_s_est'], 11, 1)} "
+          f"{_num(r['train_naive_full_s_est'] and r['train_naive_full_s_est'] / 3600, 17, 2)} "
+          f"{kind:14} "
           f"{k['median_sphynx_s']:13.3f} {k['max_sphynx_s']:13.3f} {k['median_naive_s']:13.3f} "
           f"{ratio:6.1f} {k['naive_milps']:11d} {k['median_naive_full_s_est']:17.1f}")
   lines += ["", "Table 3 - big-M constants on the predicted hyper-network, IBP vs CROWN (medians): "
