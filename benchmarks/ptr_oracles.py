@@ -52,6 +52,7 @@ import json
 import math
 import os
 import pickle
+import select
 import subprocess
 import sys
 import tempfile
@@ -157,6 +158,11 @@ class _OldMilp:
   formulation meets the code it was written against. A call returns ``(upper, exact, wall,
   cpu)``, timed inside the worker (`_timed` takes the worker's times)."""
 
+  CALL_SECONDS = 600.0
+  """The longest one call may take (the current oracle's own time limit is far below it): a
+  worker that has not answered by then is killed and the call raises `TimeoutError`, so a hung
+  old formulation cannot stall the benchmark."""
+
   def __init__(self, commit: str, params):
     tmp = Path(tempfile.mkdtemp())
     tar = subprocess.run(["git", "archive", commit, "boundjax", "milp"], cwd=ROOT, check=True,
@@ -173,11 +179,20 @@ class _OldMilp:
 
   def __call__(self, x, r):
     self._send((np.asarray(x, np.float64), float(r)))
+    ready, _, _ = select.select([self.proc.stdout], [], [], self.CALL_SECONDS)
+    if not ready:
+      self.proc.kill()
+      raise TimeoutError(f"the MILP oracle of the earlier commit did not answer within "
+                         f"{self.CALL_SECONDS:.0f} s (its worker was killed)")
     return pickle.load(self.proc.stdout)
 
   def close(self) -> None:
     self.proc.stdin.close()
-    self.proc.wait(timeout=60)
+    try:
+      self.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+      self.proc.kill()
+      self.proc.wait()
 
 
 def _timed(fn, *args):

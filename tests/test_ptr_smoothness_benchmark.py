@@ -74,3 +74,21 @@ def test_stored_rows_are_consistent():
   for data in {d for d, _ in seen}:
     if "full" not in data:
       assert {v for d, v in seen if d == data} == names, data
+
+
+def test_the_earlier_commits_milp_oracle_cannot_hang_the_benchmark():
+  """`ptr_oracles._OldMilp` (the MILP of an earlier commit, in a worker process): a worker that
+  does not answer within ``CALL_SECONDS`` is killed and the call raises `TimeoutError`, instead
+  of blocking the benchmark forever."""
+  import subprocess
+  import time
+  import ptr_oracles as PO
+  old = object.__new__(PO._OldMilp)
+  old.CALL_SECONDS = 0.5
+  old.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+  t = time.perf_counter()
+  with pytest.raises(TimeoutError, match="did not answer"):
+    old(np.zeros(8), 0.5)
+  assert time.perf_counter() - t < 10
+  assert old.proc.wait(timeout=10) is not None  # killed, not left running
