@@ -113,21 +113,21 @@ def run(nets, reps: int, skip_crown: bool, crown_reps: int = 3,
     box = bj.Interval.around(x, 0.01, domain=(0.0, 1.0))
     pbox = jax.tree_util.tree_map(lambda w: bj.Interval.around(w, 1e-3), params)
     methods = {
-        "forward": (jax.jit(model.apply), (params, x)),
-        "ibp": (jax.jit(bj.ibp(model.apply)), (params, box)),
-        "ibp_params": (jax.jit(bj.ibp(model.apply)), (pbox, box)),
-        "ibp_sound": (jax.jit(bj.ibp(model.apply, sound=True)), (params, box)),
+        "forward": (bj.jit(model.apply), (params, x)),
+        "ibp": (bj.jit(bj.ibp(model.apply)), (params, box)),
+        "ibp_params": (bj.jit(bj.ibp(model.apply)), (pbox, box)),
+        "ibp_sound": (bj.jit(bj.ibp(model.apply, sound=True)), (params, box)),
     }
     if not skip_crown:
-      methods["crown_ibp"] = (jax.jit(bj.crown(model.apply, intermediate="ibp")), (params, box))
-      methods["crown"] = (jax.jit(bj.crown(model.apply)), (params, box))
+      methods["crown_ibp"] = (bj.jit(bj.crown(model.apply, intermediate="ibp")), (params, box))
+      methods["crown"] = (bj.jit(bj.crown(model.apply)), (params, box))
       if compare_dense and key == "c":
-        methods["crown_dense"] = (jax.jit(bj.crown(model.apply, patches=False)), (params, box))
-      methods["crown_sound"] = (jax.jit(bj.crown(model.apply, sound=True)), (params, box))
-      methods["crown_alpha"] = (jax.jit(bj.crown(model.apply, alpha=True, alpha_steps=20)),
+        methods["crown_dense"] = (bj.jit(bj.crown(model.apply, patches=False)), (params, box))
+      methods["crown_sound"] = (bj.jit(bj.crown(model.apply, sound=True)), (params, box))
+      methods["crown_alpha"] = (bj.jit(bj.crown(model.apply, alpha=True, alpha_steps=20)),
                                 (params, box))
       # one step: (crown_alpha - crown_alpha1) / 19 is the cost of one Adam step
-      methods["crown_alpha1"] = (jax.jit(bj.crown(model.apply, alpha=True, alpha_steps=1)),
+      methods["crown_alpha1"] = (bj.jit(bj.crown(model.apply, alpha=True, alpha_steps=1)),
                                  (params, box))
     n_reps = {m: (crown_reps if m.startswith("crown") else reps) for m in methods}
     times, cpu = _median_times(methods, n_reps)
@@ -272,7 +272,7 @@ def crown_floor(reps: int = 3) -> dict:
     return best
 
   gemm_s = cpu(jax.jit(jnp.matmul), a, w)
-  crown_s = cpu(jax.jit(bj.crown(model.apply)), params, box)
+  crown_s = cpu(bj.jit(bj.crown(model.apply)), params, box)
 
   def second_layer(p, xb):
     d0, d1 = p["params"]["Dense_0"], p["params"]["Dense_1"]

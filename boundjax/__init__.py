@@ -14,9 +14,10 @@ __version__ = "0.1.0"
 __all__ = ["Interval", "is_interval", "tree_contains", "UnsupportedPrimitiveError", "BoundError"]
 
 from boundjax.core.transforms import crown, difference, ibp
+from boundjax.core.compile import jit
 from boundjax import nn
 
-__all__ += ["ibp", "crown", "nn"]
+__all__ += ["ibp", "crown", "nn", "jit"]
 
 from boundjax.domains.difference import DiffInterval
 

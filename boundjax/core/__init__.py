@@ -6,6 +6,7 @@
 * `program`: the one tracing layer every domain walks (argument splitting, inlining of calls,
   composites recognised by identity); `ir`, `composite`, `options`, `budgets` support it.
 * `transforms`: the three transformations side by side: `ibp`, `crown` and `difference`.
+* `compile`: `jit`, ``jax.jit`` with the XLA:CPU options the bounds run fastest with.
 
 Nothing here imports an application package, `boundjax.verify` or `milp` (see
 ``tests/test_layering.py``).

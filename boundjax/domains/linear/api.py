@@ -13,6 +13,7 @@ import numpy as np
 from jax import lax
 
 from boundjax.core import options
+from boundjax.core.compile import jit
 from boundjax.core import program as prog_lib
 from boundjax.core.program import Var as _Var
 from boundjax.core.errors import BoundError, MemoryBudgetError
@@ -295,7 +296,7 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       if intermediate == "crown" and programs.nodes:
         share = float(unstable_rows) if unstable_rows != "auto" else \
             1.0 if key is None else _rounded_share(programs.screen(values, packed))
-      results = programs.bounds(share)(values, spec, packed)
+      results = programs.bounds(share, _traced(values, spec, packed))(values, spec, packed)
     return finish(results, out_tree, core, nodes)
 
   @dataclasses.dataclass
@@ -344,8 +345,10 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
                                         _live_factor(prog, sound))
       return ctx, [v for v in values if is_interval(v)], chunk
 
-    def bounds(self, share: float):
-      if share not in self.by_share:
+    def bounds(self, share: float, nested: bool):
+      """The compiled numeric part for ``share``; ``nested``: called under an outer trace
+      (plain ``jax.jit``, inlined there), else `boundjax.core.compile.jit` (its CPU options)."""
+      if (share, nested) not in self.by_share:
         def compute(values, spec_arr, packed):
           """The numeric part, one XLA program (inlined when already under jit)."""
           ctx, box_list, chunk = self.context(values, share)
@@ -360,8 +363,8 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
           outs = [o if o is not None else read_value(ctx.cenv, v)
                   for v, o in zip(self.prog.outvars, outs)]
           return (outs, info) if return_info else outs
-        self.by_share[share] = jax.jit(compute)
-      return self.by_share[share]
+        self.by_share[(share, nested)] = (jax.jit if nested else jit)(compute)
+      return self.by_share[(share, nested)]
 
     def screen(self, values, packed):
       if self.screen_fn is None:
@@ -371,10 +374,15 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
             return unstable_fraction(ctx, box_list, packed)
           return _batched_share(ctx, box_list, [self.axes[i] for i in self.boxes_idx],
                                 self.n_batch, chunk, packed)
-        self.screen_fn = jax.jit(share_of)
+        self.screen_fn = jax.jit(share_of)  # outside jit only (``"auto"``): a cheap pass
       return self.screen_fn(values, packed)
 
   return bounded
+
+
+def _traced(*trees) -> bool:
+  """Whether any leaf is a tracer (the call is under an outer ``jax.jit``, ``vmap``, ...)."""
+  return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(trees))
 
 
 def _precision(sound: bool):
