@@ -14,14 +14,13 @@ the final evaluation. Prints a table of times and ratios to the forward pass; wr
 benchmarks/results/propagation.json.
 
 On the CNN (c) one step costs about 15 % of CROWN (quiet, 2 cores: 0.44 s against 3.0 s, so
-20 steps cost 4.0x CROWN), because each step is the output rows' pass and its transpose over
-every example, while CROWN's intermediate rows use the windowed pass. A third of a step is one
-convolution of the transpose, which XLA's CPU back-end (jaxlib 0.10) hands to its YNNPACK fusion
-and runs on one thread at about 30 GFLOP/s; with
-``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=-individual_convolution`` the same
-convolution runs at 170-190 GFLOP/s on both cores and α-CROWN takes 3.05x CROWN. The flag is
-the user's to set (boundjax does not change XLA's flags): it did not change the verifier's
-times on three OVAL21 / CIFAR10-ResNet instances.
+20 steps cost 4.0x CROWN under plain ``jax.jit``), because each step is the output rows' pass
+and its transpose over every example, while CROWN's intermediate rows use the windowed pass. A
+third of a step was one convolution of the transpose, which XLA's CPU back-end (jaxlib 0.10)
+hands to its YNNPACK fusion, where it ran at about 30 GFLOP/s on one thread. Every method here
+is therefore jitted with ``bj.jit`` (`boundjax.core.compile`: ``jax.jit`` with YNNPACK's
+fusions off, a per-compilation option), the forward pass included, so the ratios compare like
+with like.
 
 Timing on a shared machine: every method is compiled first, then the repetitions run in rounds
 (one call of each method per round, in turn), so a burst of load from other processes hits all
