@@ -5,11 +5,14 @@ rows of a linear bound as the batch (CROWN's backward pass; α-CROWN's gradient 
 XLA:CPU back-end of jaxlib 0.10 hands a convolution standing alone in its fusion, and some matrix
 products, to its YNNPACK library. On the 2-core benchmark machine that ran the CNN benchmark's
 16→32-channel VALID convolution (batch 2560, 13×13, kernel 4) in about 150 ms of CPU time,
-against 33 ms on XLA's own convolution path, and side by side in one process (median wall
-times, `benchmarks/propagation.py`'s networks) XLA's own kernels gave: CNN forward 12.7 → 5.5 ms,
-IBP 31 → 13 ms, α-CROWN (20 steps) 16.0 → 12.1 s, CROWN 4.0 → 3.8 s; the MLP 14-50-50-2's CROWN
-6.8 → 5.8 ms. `jit` therefore compiles with ``xla_cpu_experimental_ynn_fusion_type`` empty:
-no YNNPACK fusion (keeping YNNPACK's matrix products measured the same or slower).
+against 33 ms on XLA's own convolution path. Side by side in one process (median wall times on
+`benchmarks/propagation.py`'s networks, float32), keeping YNNPACK for the matrix products only
+(``LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT``) against XLA's default: CNN forward 15.5 → 6.2 ms, IBP
+33.9 → 15.4 ms, α-CROWN (20 steps) 16.0 → 12.3 s; MLP 784-1024-1024-10 forward 6.6 → 6.2 ms;
+MLP 14-50-50-2 CROWN 8.4 → 7.7 ms. Turning every YNNPACK fusion off instead (an empty list)
+made the MLPs' forward and IBP passes 20-30 % slower, and adding its elementwise and reduction
+fusions back slower still. `jit` therefore compiles with
+``xla_cpu_experimental_ynn_fusion_type = LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT``.
 
 These are per-compilation options (``jax.jit(..., compiler_options=...)``): they apply to the
 functions compiled through `jit` and nothing else in the process; XLA's global flags
@@ -17,7 +20,7 @@ functions compiled through `jit` and nothing else in the process; XLA's global f
 rejects it when compiling; `jit` then compiles without it (probed once per back-end, on a
 one-element function). Under an outer ``jax.jit`` a `jit`-ed function is inlined and takes the
 outer compilation's options: jit the outermost function with `jit` (``bj.jit``) to get them.
-The options change nothing but which kernels compute the products and reductions: results
+The options change nothing but which kernels compute the convolutions: results
 differ by the summation order only (float64 in the last bit), and the sound mode's a-priori
 error bounds (γ_n) hold for any summation order.
 """
@@ -31,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 CPU_COMPILER_OPTIONS: dict[str, Any] = {
-    "xla_cpu_experimental_ynn_fusion_type": ""}
+    "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 """The options `jit` passes on the CPU back-end (see the module docstring)."""
 
 
