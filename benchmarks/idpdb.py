@@ -272,12 +272,15 @@ def ablation(net, fam, a) -> dict:
 
 
 def tighten_comparison(a) -> None:
-  """``tighten`` modes side by side in one process on the first ``--members`` cached members."""
+  """``tighten`` modes side by side in one process on the first ``--members`` members of the
+  default run's family (``--family-npz``; trained first, or loaded from its checkpoint, when
+  the file is missing: it is not committed)."""
   from boundjax.ensembles import Ensemble
   from milp import bounds as bounds_lib
-  if not a.family_npz_path.exists():
-    raise SystemExit(f"--tighten needs the cached family {a.family_npz} (run this script once "
-                     "without --tighten to train it).")
+  if not a.family_npz_path.exists():  # the default run's family (its members, resumable)
+    print(f"{a.family_npz} missing: training the default family first", flush=True)
+    train_family(load_adult("sphynx"), argparse.Namespace(
+        **{**vars(a), "members": parse([]).members}))
   ens = Ensemble.load(a.family_npz_path)
   net = net_lib.from_params(ens.full)
   k = min(a.members, ens.n_members - 1) if a.members > 0 else ens.n_members - 1
