@@ -82,7 +82,12 @@ def test_the_earlier_commits_milp_oracle_cannot_hang_the_benchmark():
   of blocking the benchmark forever."""
   import subprocess
   import time
-  import ptr_oracles as PO
+  import jax
+  x64 = jax.config.jax_enable_x64
+  try:
+    import ptr_oracles as PO  # it turns on float64 for its whole process when imported
+  finally:
+    jax.config.update("jax_enable_x64", x64)  # not for the tests after this one
   old = object.__new__(PO._OldMilp)
   old.CALL_SECONDS = 0.5
   old.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
