@@ -3,7 +3,10 @@
 Steps (LUCID, §2, §6.1 and §7):
 
 1. **Family.** Adult with LUCID's 21-feature encoding (`boundjax.data.load_adult("sphynx")`,
-   LUCID, App. B), an MLP (``--hidden``, default 2x50, 2 logits) trained as LUCID trains: SGD
+   LUCID, App. B), an MLP (``--hidden``, default 2x50, 2 logits) or LUCID's CNN (``--hidden
+   conv``: `boundjax.models.Conv1dNet`, read into the MILP through `milp.network.from_flax`,
+   each convolution as its dense matrix; trained without LUCID's dropout 0.1, as
+   `ensembles.train_ensemble` has none) trained as LUCID trains: SGD
    lr 0.1, weight decay 1e-5, batch 1024, ``--epochs`` (LUCID's code: 30; the paper says 50),
    the same init (seed ``--seed``, LUCID's 666) and the same shuffles for every member, the
    removed point masked out of its batch (`boundjax.ensembles.train_ensemble`). The full family has
@@ -47,6 +50,8 @@ Steps (LUCID, §2, §6.1 and §7):
         --out benchmarks/results/idpdb_ablation_adult_2x50.json
         # the ablation with the Screen variant, on the first 10 cached members (~15 min)
     python benchmarks/idpdb.py --hidden 100,100 --out benchmarks/results/idpdb_adult_2x100.json
+    python benchmarks/idpdb.py --hidden conv --out benchmarks/results/idpdb_adult_conv.json
+        # LUCID's CNN (Tables 1 and 4 on Adult conv): N + 200 members, then the ablation
     python benchmarks/idpdb.py --tighten --members 20 --time-limit 90 --node-time-limit 30
         # tighten="none" vs "lp" side by side on the cached family (no ablation, no attack):
         # benchmarks/results/idpdb_tighten_adult_2x50.json
@@ -100,19 +105,23 @@ sys.path.insert(0, str(ROOT))
 
 from boundjax import ensembles  # noqa: E402
 from boundjax.data import load_adult  # noqa: E402
-from boundjax.models import MLP  # noqa: E402
+from boundjax.models import MLP, Conv1dNet  # noqa: E402
 from milp import idpdb  # noqa: E402
 from milp import network as net_lib  # noqa: E402
 from milp.ldcp import family_from_stacked  # noqa: E402
 from common import record  # noqa: E402
 
 PAPER = {"2x50": dict(beta0=0.55, T0_h=2.9, beta1=0.63, T1_h=3.0, acc=83.1),
-         "2x100": dict(beta0=0.93, T0_h=4.3, beta1=0.91, T1_h=4.1, acc=83.3)}
+         "2x100": dict(beta0=0.93, T0_h=4.3, beta1=0.91, T1_h=4.1, acc=83.3),
+         "conv": dict(beta0=0.29, T0_h=0.2, beta1=0.52, T1_h=0.1, acc=79.2)}
 
 
 def parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--hidden", default="50,50", help="hidden widths, e.g. 50,50 or 100,100")
+  p.add_argument("--hidden", default="50,50",
+                 help="hidden widths, e.g. 50,50 or 100,100; or 'conv' for LUCID's CNN "
+                      "(boundjax.models.Conv1dNet: two 1x3 convolutions of 6 channels, then "
+                      "Dense 2, ReLU, Dense 2)")
   p.add_argument("--members", type=int, default=200,
                  help="leave-one-out networks trained (random subset of D; 0 = all of D)")
   p.add_argument("--epochs", type=int, default=30)
@@ -165,9 +174,15 @@ def parse(argv=None):
                  help="JSON path (default benchmarks/results/idpdb_adult_<arch>.json)")
   a = p.parse_args(argv)
   a.argv = list(sys.argv[1:] if argv is None else argv)
-  a.hidden_t = tuple(int(h) for h in a.hidden.split(","))
-  a.arch = "x".join([str(len(a.hidden_t)), str(a.hidden_t[0])]) if len(set(a.hidden_t)) == 1 \
-      else "-".join(map(str, a.hidden_t))
+  a.conv = a.hidden.strip() == "conv"
+  if a.conv and (a.tighten or a.agt_enclosure):
+    p.error("--tighten and --agt-enclosure take an MLP (--hidden widths), not --hidden conv")
+  try:
+    a.hidden_t = None if a.conv else tuple(int(h) for h in a.hidden.split(","))
+  except ValueError:
+    p.error(f"--hidden {a.hidden!r}: give comma-separated widths (e.g. 50,50) or 'conv'")
+  a.arch = "conv" if a.conv else "x".join([str(len(a.hidden_t)), str(a.hidden_t[0])]) \
+      if len(set(a.hidden_t)) == 1 else "-".join(map(str, a.hidden_t))
   a.family_npz = a.family_npz or f"benchmarks/results/idpdb_adult_{a.arch}_family.npz"
   a.out = a.out or (f"benchmarks/results/idpdb_tighten_adult_{a.arch}.json" if a.tighten
                     else f"benchmarks/results/idpdb_agt_enclosure_adult_{a.arch}.json"
@@ -183,7 +198,7 @@ def train_family(ds, a):
   """N and the leave-one-out members (``--members``), trained by `ensembles.train_ensemble`
   in ``--train-processes`` worker processes (``--executor``), resumable from the checkpoint."""
   n, d = ds.x_train.shape
-  model = MLP(hidden=a.hidden_t, out=2)
+  model = architecture(a)
   init = model.init(jax.random.PRNGKey(a.seed), jnp.zeros((1, d)))
   order = np.random.default_rng(a.seed).permutation(n)
   k = n if a.members <= 0 else min(a.members, n)
@@ -205,6 +220,22 @@ def train_family(ds, a):
     train_s = {"seconds": train_s}
   ens.save(a.family_npz_path)
   return model, ens, idx, train_s
+
+
+def architecture(a):
+  """The Flax model of ``--hidden``: `MLP` of those widths, or LUCID's CNN (`Conv1dNet`)."""
+  return Conv1dNet(channels=6, out=2) if a.conv else MLP(hidden=a.hidden_t, out=2)
+
+
+def networks(model, ens, d: int):
+  """N and the family of members as `milp` objects: an MLP's layers are read directly; the
+  CNN's through `milp.network.from_flax` (each convolution as its dense matrix, replayed
+  against ``model.apply``)."""
+  members = jax.tree_util.tree_map(lambda x: np.asarray(x)[1:], ens.params)
+  if isinstance(model, MLP):
+    return net_lib.from_params(ens.full), family_from_stacked(members)
+  net = net_lib.from_flax(model, ens.full, (d,), sparse_threshold=0.0)
+  return net, idpdb.as_family(members, net.output, model=model, input_shape=(d,))
 
 
 def time_to_final(res: idpdb.IdpDbResult) -> float:
@@ -413,10 +444,10 @@ def main(argv=None):
   ds = load_adult("sphynx")
   n, d = ds.x_train.shape
   model, ens, idx, train_s = train_family(ds, a)
-  full = ens.full
-  net = net_lib.from_params(full)
-  members = jax.tree_util.tree_map(lambda x: np.asarray(x)[1:], ens.params)
-  fam = family_from_stacked(members)
+  t0 = time.perf_counter()
+  net, fam = networks(model, ens, d)
+  print(f"N and {fam.size} members as MILP networks in {time.perf_counter() - t0:.1f} s",
+        flush=True)
   logits = net_lib.forward_batch(net, ds.x_test)
   pred = logits.argmax(1)
   acc = float(np.mean(pred == ds.y_test))
@@ -464,9 +495,12 @@ def main(argv=None):
 
   out = dict(
       benchmark="idpdb (LUCID Table 1 / Table 4, Adult)",
-      args={k: v for k, v in vars(a).items() if k not in ("hidden_t", "family_npz_path")},
+      args={k: v for k, v in vars(a).items() if k not in ("hidden_t", "family_npz_path", "conv")},
       dataset=dict(name="adult", encoding="sphynx (21 features, LUCID, App. B)", n_train=n,
                    n_test=int(len(ds.x_test)), d=d),
+      architecture=("LUCID's CNN (boundjax.models.Conv1dNet): Conv 1x3 1->6, ReLU, Conv 1x3 "
+                    "6->6, ReLU, flatten (102), Dense 2, ReLU, Dense 2; no dropout (LUCID "
+                    "trains with dropout 0.1)") if a.conv else f"MLP {d}-{a.hidden}-2",
       training=dict(optimizer="SGD lr 0.1, weight decay 1e-5", batch_size=1024,
                     epochs=a.epochs, seed=a.seed, init="PRNGKey(seed), PyTorch-style uniform",
                     removal="masked (LUCID train.py)", seconds=train_s["seconds"],

@@ -1,7 +1,8 @@
 """Families of leave-one-out networks, their hyper-networks, and class confidences.
 
 * `as_family` — a `milp.ldcp.Family` (stacked float64 weights) from concrete networks or
-  stacked Flax parameters.
+  stacked Flax parameters: an MLP's directly, any other Dense/Conv chain (e.g. LUCID's
+  `boundjax.models.Conv1dNet`) through `milp.network.from_flax` with its ``model``.
 * `hyper_of` — the hyper-network N# of some members: coordinate-wise ``[min, max]`` of their
   parameters (LUCID, §5.2, Def. 5.1).
 * `flat_rows` — the members' flattened parameters, the k-means features (LUCID, §6.1).
@@ -21,11 +22,23 @@ from milp.ldcp import Family, family_from_stacked
 from milp.network import AffineLayer, Network
 
 
-def as_family(members: Sequence[Network] | Family | Any, output: str | None = None) -> Family:
-  """A `milp.ldcp.Family` from concrete `Network`s, a `Family`, or stacked Flax MLP params."""
+def as_family(members: Sequence[Network] | Family | Any, output: str | None = None, *,
+              model: Any = None, input_shape: Sequence[int] | None = None) -> Family:
+  """A `milp.ldcp.Family` from concrete `Network`s, a `Family`, or stacked Flax params.
+
+  Stacked params (every leaf with a leading member axis) of an MLP need no ``model``. Those of
+  another chain of ``nn.Dense``/``nn.Conv`` layers with ReLU between (LUCID's CNN,
+  `boundjax.models.Conv1dNet`) need ``model`` and ``input_shape`` (one input, no batch axis):
+  each member becomes the dense matrices of its layers (`member_networks`). A convolution's
+  matrix repeats each kernel weight once per output position and is 0 elsewhere, so the
+  hyper-network's per-entry ``[min, max]`` bounds each output position by the same kernel
+  intervals that LUCID's per-position encoding of a hyper-convolution uses (LUCID, §5.2).
+  """
   if isinstance(members, Family):
     return members
-  if isinstance(members, dict):
+  if isinstance(members, dict) and model is not None and not is_mlp(model):
+    members = member_networks(model, members, input_shape, output)
+  elif isinstance(members, dict):
     return family_from_stacked(members, output)
   members = list(members)
   if not members:
@@ -41,6 +54,32 @@ def as_family(members: Sequence[Network] | Family | Any, output: str | None = No
   ws = [np.stack([dense(m.layers[k].w_lower) for m in members]) for k in range(len(first.layers))]
   bs = [np.stack([m.layers[k].b_lower for m in members]) for k in range(len(first.layers))]
   return Family(ws, bs, first.output)
+
+
+def is_mlp(model: Any) -> bool:
+  """Whether ``model`` is a `boundjax.models.MLP` (its params are read without the model)."""
+  from boundjax.models import MLP
+  return isinstance(model, MLP)
+
+
+def member_networks(model: Any, stacked: Any, input_shape: Sequence[int] | None,
+                    output: str | None = None) -> list[Network]:
+  """Concrete dense `Network`s of every member of stacked Flax params of a Dense/Conv chain.
+
+  Each is `milp.network.from_flax` (every layer's matrix read off the module exactly, and the
+  chain replayed against ``model.apply``), stored dense so members stack.
+  """
+  import jax
+
+  if input_shape is None:
+    raise ValueError("idpdb: input_shape is required with a Flax model that is not an MLP.")
+  leaves = jax.tree_util.tree_leaves(stacked)
+  if not leaves:
+    raise ValueError("idpdb: the family has no members.")
+  host = jax.tree_util.tree_map(np.asarray, stacked)
+  n = int(np.shape(leaves[0])[0])
+  return [net_lib.from_flax(model, jax.tree_util.tree_map(lambda a: a[i], host), input_shape,
+                            output, sparse_threshold=0.0) for i in range(n)]
 
 
 def hyper_of(family: Family, rows: Any) -> Network:

@@ -34,7 +34,7 @@ from milp import network as net_lib
 from milp.idpdb.branching import partition
 from milp.idpdb.config import IdpDbConfig, IdpDbResult, NodeRecord, NodeResult
 from milp.idpdb.family import (as_family, check_compatible, check_label, confidence, flat_rows,
-                               hyper_of)
+                               hyper_of, is_mlp)
 from milp.idpdb.node import NodeJob, node_executor, solve_nodes
 from milp.idpdb.screening import member_bounds
 from milp.idpdb.tighten import n_unstable, tighten_net
@@ -234,20 +234,31 @@ def lucid_compute(net: Network, members: Sequence[Network] | Family, label: int,
 
 
 def betas(model_or_net: Any, params: Any, stacked_members: Any, cfg: IdpDbConfig = IdpDbConfig(),
-          classes: Sequence[int] | None = None, progress: bool = True) -> dict[int, IdpDbResult]:
+          classes: Sequence[int] | None = None, progress: bool = True,
+          input_shape: Sequence[int] | None = None) -> dict[int, IdpDbResult]:
   """``{c: lucid_compute(N, members, c)}`` for every class (or ``classes``).
 
   Args:
     model_or_net: a `milp.network.Network` (then ``params`` is ignored), ``None`` or a Flax MLP
-      (N is read from ``params`` with `milp.network.from_params`).
+      (N is read from ``params`` with `milp.network.from_params`), or another Flax chain of
+      ``nn.Dense``/``nn.Conv`` layers with ReLU between (e.g. `boundjax.models.Conv1dNet`; N and
+      the members are read with `milp.network.from_flax`, which needs ``input_shape``).
     params: N's Flax parameters.
     stacked_members: the leave-one-out networks: stacked Flax params (leading member axis, e.g.
       ``Ensemble.params`` without N's row), a `Family`, or a list of `Network`.
+    input_shape: one input's shape (no batch axis), for a model that is not an MLP.
   """
+  model = None
   if isinstance(model_or_net, Network):
     net = model_or_net
-  else:
+  elif model_or_net is None or is_mlp(model_or_net):
     net = net_lib.from_params(params)
-  family = as_family(stacked_members, net.output)
+  else:
+    if input_shape is None:
+      raise ValueError("idpdb.betas: input_shape is required with a Flax model that is not an "
+                       "MLP.")
+    model = model_or_net
+    net = net_lib.from_flax(model, params, input_shape, sparse_threshold=0.0)
+  family = as_family(stacked_members, net.output, model=model, input_shape=input_shape)
   classes = range(net.num_classes) if classes is None else classes
   return {int(c): lucid_compute(net, family, int(c), cfg, progress) for c in classes}
