@@ -44,7 +44,10 @@ Setting (LUCID, §7 and Tables 1-3):
         --beta-note "whole family: idpdb_adult_2x50_full_screen_c0.json / _c1.json" \
         --out benchmarks/results/idpdb_accuracy_adult_2x50_full.json
 
-Writes ``benchmarks/results/idpdb_accuracy_adult_2x50.json`` and prints the table beside the
+    JAX_PLATFORMS=cpu python benchmarks/idpdb_accuracy.py --hidden conv
+        # LUCID's CNN: N, members and beta from `benchmarks/idpdb.py --hidden conv`
+
+Writes ``benchmarks/results/idpdb_accuracy_adult_2x50.json`` (``_conv.json``) and prints the table beside the
 paper's (Table 1/2/3 Adult 2×50; headline: LUCID 1.4% decrease at ε = 0, DP baselines 12.7%).
 """
 
@@ -69,7 +72,7 @@ sys.path.insert(0, str(ROOT))
 
 from boundjax import ensembles as E  # noqa: E402
 from boundjax.data import load_adult  # noqa: E402
-from boundjax.models import MLP  # noqa: E402
+from boundjax.models import MLP, Conv1dNet  # noqa: E402
 from boundjax.privacy import label_only as L  # noqa: E402
 from dpsgd_tuning import train_point  # noqa: E402
 from milp.idpdb import compute_betas  # noqa: E402
@@ -80,12 +83,17 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 def parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--idpdb-json", default=str(RESULTS / "idpdb_adult_2x50.json"))
+  p.add_argument("--hidden", default="50,50", choices=("50,50", "conv"),
+                 help="N's network: the 2x50 MLP, or LUCID's CNN (boundjax.models.Conv1dNet; "
+                      "its N, members and beta from `benchmarks/idpdb.py --hidden conv`)")
+  p.add_argument("--idpdb-json", default=None,
+                 help="default benchmarks/results/idpdb_adult_<2x50|conv>.json")
   p.add_argument("--beta", default=None, help="β per class by hand, e.g. 0.55,0.63")
   p.add_argument("--beta-note", default=None,
                  help="where the --beta values come from (written to the JSON's origin)")
-  p.add_argument("--family-npz", default=str(RESULTS / "idpdb_adult_2x50_family.npz"),
-                 help="N + members from benchmarks/idpdb.py, used when its JSON is missing")
+  p.add_argument("--family-npz", default=None,
+                 help="N + members from benchmarks/idpdb.py, used when its JSON is missing "
+                      "(default benchmarks/results/idpdb_adult_<2x50|conv>_family.npz)")
   p.add_argument("--members", type=int, default=40,
                  help="fallback only: leave-one-out networks for β when no idpdb JSON exists")
   p.add_argument("--time-limit", type=float, default=120.0,
@@ -103,13 +111,24 @@ def parse(argv=None):
   p.add_argument("--alibi-grid-iterations", default="1,2",
                  help="ALIBI tuning grid: rounds (x DP-SGD's learning rates)")
   p.add_argument("--no-baselines", action="store_true", help="skip DP-SGD and ALIBI training")
-  p.add_argument("--out", default=str(RESULTS / "idpdb_accuracy_adult_2x50.json"))
-  return p.parse_args(argv)
+  p.add_argument("--out", default=None,
+                 help="default benchmarks/results/idpdb_accuracy_adult_<2x50|conv>.json")
+  a = p.parse_args(argv)
+  a.arch = "conv" if a.hidden == "conv" else "2x50"
+  a.idpdb_json = a.idpdb_json or str(RESULTS / f"idpdb_adult_{a.arch}.json")
+  a.family_npz = a.family_npz or str(RESULTS / f"idpdb_adult_{a.arch}_family.npz")
+  a.out = a.out or str(RESULTS / f"idpdb_accuracy_adult_{a.arch}.json")
+  return a
+
+
+def architecture(a):
+  """N's Flax model: the 2x50 MLP or LUCID's CNN (``--hidden conv``)."""
+  return Conv1dNet(channels=6, out=2) if a.hidden == "conv" else MLP(hidden=(50, 50), out=2)
 
 
 def load_or_train(ds, a):
   """N, members (stacked, may be None), β and where they came from."""
-  model = MLP(hidden=(50, 50), out=2)
+  model = architecture(a)
   init = model.init(jax.random.PRNGKey(a.seed), jnp.zeros((1, ds.x_train.shape[1])))
   src = pathlib.Path(a.idpdb_json)
   if src.exists():
@@ -267,7 +286,7 @@ def main(argv=None):
   table = L.accuracy_table(model.apply, params, betas, xt, yt, members=members,
                            trained=trained, repeats=a.repeats,
                            key=jax.random.PRNGKey(0))
-  paper = L.PAPER_ADULT_2X50
+  paper = L.PAPER_ADULT_CONV if a.hidden == "conv" else L.PAPER_ADULT_2X50
   labels = row_labels(members, x.shape[0], grid, bool(a.beta))
   majority = float(max(np.mean(np.asarray(yt) == c) for c in np.unique(np.asarray(yt))))
   base = [r.mechanism for r in table.rows]
@@ -276,12 +295,12 @@ def main(argv=None):
                 for r in table.rows]
   out = dict(
       provenance=record(),
-      benchmark="idpdb_accuracy (LUCID Tables 1-3, Adult 2x50)",
+      benchmark=f"idpdb_accuracy (LUCID Tables 1-3, Adult {a.arch})",
       args=vars(a), origin=origin, beta_raw={str(c): b for c, b in raw.items()},
       beta_guard={str(c): b for c, b in betas.items()},
       settings=dict(
-          N="MLP 21-50-50-2, SGD lr 0.1, wd 1e-5, batch 1024, "
-            f"{a.epochs} epochs, seed {a.seed}",
+          N=("LUCID's CNN (Conv1dNet, no dropout)" if a.hidden == "conv" else "MLP 21-50-50-2")
+            + f", SGD lr 0.1, wd 1e-5, batch 1024, {a.epochs} epochs, seed {a.seed}",
           DP_SGD=f"Poisson sampling (expected batch 1024), {a.dp_epochs} epochs, delta 1/n, "
                  "noise calibrated by dp-accounting (RDP, exact for Poisson sampling); "
                  f"'DP-SGD (no tuning)' = pre-declared lr {a.dp_lr}, clip {a.dp_clip}; "
@@ -299,7 +318,7 @@ def main(argv=None):
           Naive_iDP="over the members available (the beta family), not all of D: labelled "
                     "with that family in the table"),
       majority_class_accuracy=majority, dpsgd_grid=grid, row_labels={k: list(v) for k, v in labels.items()},
-      train_info=train_info, table=table.as_dict(), paper_adult_2x50=paper,
+      train_info=train_info, table=table.as_dict(), **{f"paper_adult_{a.arch}": paper},
       paper_headline=L.PAPER_HEADLINE, total_seconds=time.perf_counter() - t_all,
       device=str(jax.devices()[0]))
   path = pathlib.Path(a.out)
@@ -308,7 +327,8 @@ def main(argv=None):
 
   print()
   print(L.format_table(table))
-  print("\nbeside the paper (Adult 2x50, accuracy %; the paper's DP-SGD settings are not given):")
+  print(f"\nbeside the paper (Adult {a.arch}, accuracy %; the paper's DP-SGD settings are not "
+        "given):")
   w = max(len(r.mechanism) for r in table.rows)
   print(f"{'mechanism':<{w}} {'eps':>5} {'ours':>7} {'paper':>7}")
   for b, r in zip(base, table.rows):
@@ -318,7 +338,8 @@ def main(argv=None):
           f"{'-' if pv is None else f'{pv:.1f}':>7}")
   print(f"majority class (a constant classifier): {100 * majority:.2f}% of the test set")
   print(f"N: ours {100 * table.acc_no_protection:.2f}, paper {paper['acc_no_protection']}; "
-        f"paper's LUCID decrease at eps=0 averages 1.4 pp (Adult 2x50: 0.7), DP baselines 12.7 "
+        f"paper's LUCID decrease at eps=0 averages 1.4 pp (Adult 2x50: 0.7, conv: -0.9), DP "
+        "baselines 12.7 "
         f"pp; guard latency paper 0.16 ms")
   if grid:
     print(f"DP-SGD grid (test accuracy %; {a.dp_epochs} epochs, Poisson, expected batch 1024):")

@@ -107,7 +107,13 @@ def compare_barron(doc: dict) -> list[Row]:
 LUCID_TABLE1_ADULT = {
     "50,50": {"acc": 83.1, "beta0": 0.55, "T0_h": 2.9, "beta1": 0.63, "T1_h": 3.0},
     "100,100": {"acc": 83.3, "beta0": 0.93, "T0_h": 4.3, "beta1": 0.91, "T1_h": 4.1},
+    "conv": {"acc": 79.2, "beta0": 0.29, "T0_h": 0.2, "beta1": 0.52, "T1_h": 0.1},
 }
+
+# LUCID, Table 4 (Adult conv; the paper's ablation is on Twitter 2x50 and Adult conv): beta_0,
+# beta_1 per variant; Naive has no bound within its 8 h.
+LUCID_TABLE4_ADULT_CONV = {"H": (0.96, 0.58), "HM": (0.86, 0.58), "HMRiS": (0.87, 0.58),
+                           "HMB": (0.33, 0.24), "LUCID": (0.40, 0.36)}
 
 # LUCID, Tables 1-3 (Adult 2x50): accuracy (%) of each mechanism per epsilon. DP cannot reach
 # epsilon = 0, so the DP baselines of Table 3 start at 0.02.
@@ -118,6 +124,15 @@ LUCID_ACCURACY_ADULT_2X50 = {
     "DP-SGD": {0.02: 23.6, 0.2: 76.3, 1.0: 76.3},        # Table 3
     "ALIBI": {0.02: 67.4, 0.2: 77.4, 1.0: 82.2},         # Table 3
 }
+# The same for Adult conv.
+LUCID_ACCURACY_ADULT_CONV = {
+    "LUCID": {0.0: 80.1, 0.2: 80.1, 1.0: 80.0},          # Table 1
+    "Naive-Noise": {0.0: 49.9, 0.2: 51.4, 1.0: 57.2},    # Table 2
+    "Naive-iDP": {0.0: 79.2, 0.2: 79.5, 1.0: 79.5},      # Table 2
+    "DP-SGD": {0.02: 46.2, 0.2: 76.4, 1.0: 76.4},        # Table 3
+    "ALIBI": {0.02: 23.6, 0.2: 74.6, 1.0: 76.4},         # Table 3
+}
+LUCID_ACCURACY_ADULT = {"50,50": LUCID_ACCURACY_ADULT_2X50, "conv": LUCID_ACCURACY_ADULT_CONV}
 
 # The paper mechanism behind each of our variants, declared (never guessed from the name). Our
 # benchmark names its rows through ``row_labels`` (base name -> [row name, guarantee]); a base
@@ -151,9 +166,10 @@ def other_epsilon_rows(row_labels: dict | None) -> set[str]:
           if k in MECHANISM_BASE}
 
 
-def lucid_paper_accuracy(mechanism: str, epsilon: float) -> float | None:
-  """LUCID's accuracy (%) of a paper mechanism at ``epsilon`` (Tables 1-3, Adult 2x50)."""
-  vals = LUCID_ACCURACY_ADULT_2X50.get(mechanism) or {}
+def lucid_paper_accuracy(mechanism: str, epsilon: float, arch: str = "50,50") -> float | None:
+  """LUCID's accuracy (%) of a paper mechanism at ``epsilon`` (Tables 1-3, Adult ``arch``:
+  ``"50,50"`` or ``"conv"``; None for a network the paper's tables do not have)."""
+  vals = (LUCID_ACCURACY_ADULT.get(arch) or {}).get(mechanism) or {}
   return next((v for e, v in vals.items() if math.isclose(e, epsilon)), None)
 
 
@@ -176,6 +192,11 @@ def compare_idpdb(doc: dict) -> list[Row]:
   return rows
 
 
+def _accuracy_arch(doc: dict) -> str:
+  """The network of an ``idpdb_accuracy`` result (its ``--hidden``; older results: 2x50)."""
+  return str(_get(doc, "args", "hidden", default="50,50")).replace(" ", "")
+
+
 def compare_idpdb_accuracy(doc: dict) -> list[Row]:
   """LUCID, Tables 1-3: accuracy of the guarded predictor and the baselines per epsilon; a row
   whose mechanism is a variant of a paper mechanism (`paper_mechanism`) gets its number. Then
@@ -185,7 +206,7 @@ def compare_idpdb_accuracy(doc: dict) -> list[Row]:
   for r in doc["table"]["rows"]:
     eps, base = r["epsilon"], paper_mechanism(r["mechanism"], labels)
     rows.append((f"{r['mechanism']} accuracy (%), eps={eps:g}",
-                 lucid_paper_accuracy(base, eps) if base else None,
+                 lucid_paper_accuracy(base, eps, _accuracy_arch(doc)) if base else None,
                  round(100 * r["accuracy"], 2), r.get("guarantee", "")))
   return rows + dp_beats_lucid_rows(doc)
 
@@ -205,7 +226,8 @@ def dp_beats_lucid_rows(doc: dict) -> list[Row]:
     eps = r["epsilon"]
     if base not in DP_BASELINES or eps not in lucid or r["accuracy"] <= lucid[eps]:
       continue
-    p_b, p_l = lucid_paper_accuracy(base, eps), lucid_paper_accuracy("LUCID", eps)
+    arch = _accuracy_arch(doc)
+    p_b, p_l = lucid_paper_accuracy(base, eps, arch), lucid_paper_accuracy("LUCID", eps, arch)
     paper = (f"{base} {p_b:g} vs LUCID {p_l:g}: "
              f"{base} {'beats' if p_b > p_l else 'does not beat'} LUCID"
              if p_b is not None and p_l is not None else None)
@@ -391,13 +413,17 @@ def compare_ldcp(doc: dict) -> list[Row]:
 
 
 def compare_ablation(doc: dict) -> list[Row]:
-  """LUCID, Table 4: beta of each variant (the paper's ablation is on Twitter 2x50 and Adult
-  conv, so there is no paper number for Adult 2x50)."""
+  """LUCID, Table 4: beta of each variant. The paper's ablation is on Twitter 2x50 and Adult
+  conv: an Adult conv result gets the paper's numbers, an Adult 2x50 one none."""
+  conv = str(_get(doc, "args", "hidden", default="")).strip() == "conv"
+  ab = doc.get("ablation") or {"classes": {}}
   rows = []
-  for c, variants in doc["ablation"]["classes"].items():
+  for c, variants in ab["classes"].items():
     for name, r in variants.items():
-      rows.append((f"class {c}: {name} beta", None, _round(_num(r.get("beta"))),
-                   f"{_round(r.get('seconds'), 1)} s"))
+      paper = LUCID_TABLE4_ADULT_CONV.get(name, (None, None))[int(c)] if conv else None
+      rows.append((f"class {c}: {name} beta", paper, _round(_num(r.get("beta"))),
+                   f"{_round(r.get('seconds'), 1)} s; {ab.get('members')} members, "
+                   f"{ab.get('time_limit_s')} s per class (paper: the whole family, 8 h)"))
   return rows
 
 
@@ -1022,12 +1048,23 @@ RUNS: tuple[Run, ...] = (
         ("--hidden", "100,100", "--ablation-members", "0", "--out",
          "benchmarks/results/idpdb_adult_2x100.json"),
         compare_idpdb),
+    Run("lucid", "Table 1: beta per class (Adult conv)", "benchmarks/idpdb.py",
+        "idpdb_adult_conv.json", None,
+        ("--hidden", "conv", "--out", "benchmarks/results/idpdb_adult_conv.json"),
+        compare_idpdb),
+    Run("lucid", "Table 4: ablation (Adult conv)", "benchmarks/idpdb.py",
+        "idpdb_adult_conv.json", None,
+        ("--hidden", "conv", "--out", "benchmarks/results/idpdb_adult_conv.json"),
+        compare_ablation),
     Run("lucid", "Bound tightening of N (LP) inside the branch-and-bound", "benchmarks/idpdb.py",
         "idpdb_tighten_adult_2x50.json", None,
         ("--tighten", "--members", "20", "--time-limit", "90", "--node-time-limit", "30")),
     Run("lucid", "Tables 1-3: accuracy of the guarded predictor (Adult 2x50)",
         "benchmarks/idpdb_accuracy.py", "idpdb_accuracy_adult_2x50.json", None, (),
         compare_idpdb_accuracy),
+    Run("lucid", "Tables 1-3: accuracy of the guarded predictor (Adult conv)",
+        "benchmarks/idpdb_accuracy.py", "idpdb_accuracy_adult_conv.json", None,
+        ("--hidden", "conv"), compare_idpdb_accuracy),
     Run("lucid", "Table 4: ablation (Adult 2x50)", "benchmarks/idpdb.py",
         "idpdb_ablation_adult_2x50.json", None,
         ("--members", "200", "--time-limit", "1", "--node-time-limit", "1", "--classes", "0",
@@ -1245,9 +1282,6 @@ NOT_REPRODUCED: dict[str, tuple[tuple[str, str], ...]] = {
          "path"),
         ("Tables 1-3 on Crypto 4x30 (LUCID runs 4x30 on Crypto only)",
          "the data is not available offline (see the first row)"),
-        ("Tables 1-3 on Adult conv (Conv1d 1-6-6, kernel 3, then 102-2-2)",
-         "not run: benchmarks/idpdb.py trains and searches MLP families only (--hidden); "
-         "Adult 2x50 (Tables 1-4) and 2x100 (Table 1) are run"),
     ),
     "agt": (
         ("Fig. 9: the smallest batch certifying 95 % at k = 50 against depth (AMEX, 5.4 M rows)",

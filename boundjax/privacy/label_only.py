@@ -24,7 +24,8 @@ from boundjax.privacy.baselines import (AlibiResult, DpSgdResult, NoisedLabels,
                                         alibi_posterior, naive_idp, naive_noise, train_alibi,
                                         train_dpsgd_baseline, train_soft_labels, tune_alibi)
 from boundjax.privacy.evaluation import (DP_EPSILONS, IDP_EPSILONS, PAPER_ADULT_2X50,
-                                         PAPER_HEADLINE, AccuracyRow, AccuracyTable, Latency,
+                                         PAPER_ADULT_CONV, PAPER_HEADLINE, AccuracyRow,
+                                         AccuracyTable, Latency,
                                          accuracy_table, format_table, guard_latency)
 from boundjax.privacy.guard import (GuardAnswer, LabelOnlyGuard, guard_beta, infer_input_shape,
                                     validate_betas)
@@ -36,8 +37,8 @@ __all__ = [
     "AlibiResult", "DpSgdResult", "NoisedLabels", "alibi_label_flip_probability",
     "alibi_noisy_labels", "alibi_posterior", "naive_idp", "naive_noise", "train_alibi",
     "train_dpsgd_baseline", "train_soft_labels", "tune_alibi",
-    "DP_EPSILONS", "IDP_EPSILONS", "PAPER_ADULT_2X50", "PAPER_HEADLINE", "AccuracyRow",
-    "AccuracyTable", "Latency", "accuracy_table", "format_table", "guard_latency",
+    "DP_EPSILONS", "IDP_EPSILONS", "PAPER_ADULT_2X50", "PAPER_ADULT_CONV", "PAPER_HEADLINE",
+    "AccuracyRow", "AccuracyTable", "Latency", "accuracy_table", "format_table", "guard_latency",
     "GuardAnswer", "LabelOnlyGuard", "guard_beta", "infer_input_shape", "validate_betas",
     "Prediction", "exponential_mechanism", "exponential_probabilities", "keep_probability",
     "predict_with_confidence",
