@@ -2,7 +2,9 @@
 
 * `MLP`: fully connected ReLU network, e.g. ``MLP(hidden=(50, 50), out=2)`` (Adult 2×50).
 * `Conv1dNet`: LUCID's tabular CNN: two 1×3 convolutions (6 channels, valid, ReLU), flatten,
-  Dense(2), ReLU, Dense(2) (LUCID, §7, with its public code's layer sizes; dropout is left out: training is deterministic).
+  Dense(2), ReLU, Dense(2) (LUCID, §7, with its public code's layer sizes; dropout is left out:
+  training is deterministic). Its convolutions are `BandedConv1d`: ``nn.Conv`` computed as one
+  product with its banded matrix, 3.5x faster to train on a CPU.
 
 Both initialise like PyTorch's defaults, which the papers' code uses: every weight and bias is
 drawn from ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` (``kaiming_uniform(a=sqrt(5))`` for weights
@@ -17,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from boundjax import training
 
@@ -46,6 +49,39 @@ class MLP(nn.Module):
     return nn.Dense(self.out, kernel_init=init, bias_init=init)(x)
 
 
+class BandedConv1d(nn.Conv):
+  """A 1-D convolution (``padding="VALID"``, stride 1, no dilation) computed as one matrix
+  product with its banded (Toeplitz) matrix; same parameters (``kernel`` ``(k, C_in, C_out)``,
+  ``bias``) and same outputs as `flax.linen.Conv`.
+
+  ``T[(p + i) C_in + c, p C_out + o] = kernel[i, c, o]``, so ``out[p, o] = sum_{i, c}
+  x[p + i, c] kernel[i, c, o] + bias[o]``: the same sum, with zeros added. On a CPU, training
+  LUCID's CNN vmapped over 128 members ran 3.5x faster this way than through XLA's
+  convolution (channels of 1 and 6 leave the convolution memory-bound). An ``nn.Conv``, so
+  `milp.network.from_flax` reads its matrix like any convolution's.
+  """
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    ones = lambda v: all(int(a) == 1 for a in (v if isinstance(v, (tuple, list)) else (v or 1,)))
+    if not (len(self.kernel_size) == 1 and self.padding == "VALID" and ones(self.strides)
+            and ones(self.kernel_dilation) and ones(self.input_dilation)
+            and self.feature_group_count == 1):
+      raise ValueError("BandedConv1d: only a 1-D kernel, padding='VALID', stride 1, no "
+                       "dilation and one feature group.")
+    k, c_in, n_in = self.kernel_size[0], x.shape[-1], x.shape[-2]
+    kernel = self.param("kernel", self.kernel_init, (k, c_in, self.features))
+    bias = self.param("bias", self.bias_init, (self.features,))
+    n = n_in - k + 1
+    shift = np.zeros((k, n_in, n), np.float32)   # shift[i, p + i, p] = 1
+    for i in range(k):
+      shift[i, np.arange(n) + i, np.arange(n)] = 1.0
+    band = jnp.einsum("ico,ipq->pcqo", kernel, jnp.asarray(shift, kernel.dtype))
+    band = band.reshape(n_in * c_in, n * self.features)
+    out = x.reshape(x.shape[:-2] + (n_in * c_in,)) @ band
+    return out.reshape(x.shape[:-2] + (n, self.features)) + bias
+
+
 class Conv1dNet(nn.Module):
   """LUCID's tabular CNN over a feature vector ``x`` of shape ``(..., d)`` with ``d >= 5``."""
 
@@ -57,10 +93,10 @@ class Conv1dNet(nn.Module):
     if x.shape[-1] < 5:
       raise ValueError(f"Conv1dNet needs at least 5 input features, got {x.shape[-1]}.")
     h = x[..., :, None]                                   # (..., d, 1): NWC
-    for _ in range(2):
+    for i in range(2):
       init = _torch_uniform(3 * h.shape[-1])
-      h = nn.relu(nn.Conv(self.channels, (3,), padding="VALID", kernel_init=init,
-                          bias_init=init)(h))
+      h = nn.relu(BandedConv1d(self.channels, (3,), padding="VALID", kernel_init=init,
+                               bias_init=init, name=f"Conv_{i}")(h))
     h = h.reshape(h.shape[:-2] + (-1,))
     init = _torch_uniform(h.shape[-1])
     h = nn.relu(nn.Dense(self.out, kernel_init=init, bias_init=init)(h))
