@@ -182,6 +182,12 @@ def compare_idpdb(doc: dict) -> list[Row]:
       " (random subset of D)" if fam.get("subset") else "")
   rows = [(f"beta_{c}", paper.get(f"beta{c}"), doc["betas"][c], note) for c in doc["betas"]]
   for c, r in (doc.get("classes") or {}).items():
+    found = _num(r.get("attack_lower")) if isinstance(r, dict) else None
+    if found is not None and math.isfinite(found):
+      rows.append((f"beta_{c}: largest leaking confidence found by PGD", None, _round(found),
+                   f"a real leak (member {r.get('attack_member')}), so beta*_{c} lies in "
+                   f"[{_round(found)}, {_round(_num(doc['betas'][c]))}]"))
+  for c, r in (doc.get("classes") or {}).items():
     if isinstance(r, dict) and r.get("seconds") is not None:
       rows.append((f"T_{c} (hours)", paper.get(f"T{c}_h"), round(r["seconds"] / 3600, 3),
                    "our time limit per class: "

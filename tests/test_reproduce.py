@@ -701,3 +701,15 @@ def test_ldcp_reports_no_training_time_for_a_pool_loaded_without_one(monkeypatch
   full = json.loads((ROOT / "benchmarks/results/ldcp_2x50_full.json").read_text())
   rf = full["results"][0]
   assert h.ours(full).startswith(f"{rf['family_size'] / rf['K']:.1f}x"), h.ours(full)
+
+
+def test_lucid_table1_states_the_pgd_leak_beside_beta():
+  """The PGD lower bound on beta* is shown (no paper number), with the interval it gives;
+  an attack that found nothing (-inf, stored as a string) adds no row."""
+  doc = {"args": {"hidden": "conv"}, "betas": {"0": 1.5, "1": 1.25}, "family": {},
+         "classes": {"0": {"attack_lower": 0.099, "attack_member": 50},
+                     "1": {"attack_lower": "-inf", "attack_member": None}}}
+  rows = {q: (p, o, n) for q, p, o, n in R.compare_idpdb(doc)}
+  q = "beta_0: largest leaking confidence found by PGD"
+  assert rows[q][:2] == (None, 0.099) and "[0.099, 1.5]" in rows[q][2]
+  assert not any(k.startswith("beta_1: largest") for k in rows)
