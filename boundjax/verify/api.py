@@ -609,6 +609,10 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
       for region in regions:
         # input splitting bounds all of a region's disjuncts together (shared intermediate bounds)
         split_inputs = region.dim <= input_split_dims
+        refiner = None  # ReLU splitting: the region's MILP-refined bounds, shared by its disjuncts
+        if not split_inputs and milp and net is not None:
+          from boundjax.verify import relu_bab
+          refiner = relu_bab.MilpRefiner(net, region)
         for disjunct in ((region.disjuncts,) if split_inputs else region.disjuncts):
           if deadline.expired():
             return done("timeout")
@@ -636,7 +640,7 @@ def verify(apply_fn: Callable, params: Any, input_shape: Sequence[int], prop: An
             status, cex, nodes, how = relu_bab.relu_split(
                 lay, net, region, disjunct, replay, deadline, sound=sound,
                 batch=plan, progress=progress, use_milp=milp, report=report,
-                frontier_bytes=frontier_bytes)
+                frontier_bytes=frontier_bytes, refine=refiner)
             stats["nodes"] += nodes
             if how != "bounds":
               phase = how

@@ -70,6 +70,7 @@ STAGES = {
     "extract": "extracting the affine/ReLU chain",
     "root": "α-CROWN at the root of ReLU splitting",
     "relu-split": "branch and bound (ReLU splitting, β-CROWN)",
+    "refine": "refining intermediate bounds by MILP",
     "input-split": "branch and bound (input splitting)",
     "generic": "branch and bound (input splitting on the engine)",
     "milp": "MILP",

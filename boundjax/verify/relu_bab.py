@@ -22,6 +22,16 @@ per round, 15 steps): 0.48 s per round against 0.26 s for the former dense float
 (since deleted; it bounded the lower rows only), and 13 s of compilation against 4 s,
 paid once per process and shape.
 
+MILP refinement (Tjeng et al. 2019, §4.1; α,β-CROWN's MIP refinement of intermediate layers):
+with a `MilpRefiner` of the region, a search still undecided after `REFINE_AFTER` of the time
+(or whose frontier grew too large) has hidden layer 1's bounds tightened by one MILP per
+unstable neuron and direction (`milp.tighten`, both cores, at most `REFINE_SHARE` of the time
+left), the root is bounded again on them (the later layers' bounds tighten with them) and the
+search goes on. The refined bounds hold on the whole region, so its other disjuncts start from
+them. On ERAN's 9x200 network (index 2697, eps 0.015) the root's margins go from -12 ... -26 to
+-1.03 ... +2.63: eight of nine disjuncts proved at the root, the ninth after 205 domains (unsat in
+180 s on the 2-core machine; without it, a timeout at 300 s).
+
 MILP fallback (Tjeng et al. 2019, through `milp.property.check_property`): when the problem has
 few unstable neurons, when the frontier grows past ``max_domains``, when a domain has no
 unstable neuron left, or when half of the time is gone, the exact MILP is run on the box with
@@ -121,6 +131,7 @@ class Problem(NamedTuple):
   domains: Callable
   box: Callable
   forward: Callable | None
+  hidden: tuple | None = None  # hidden widths when the root always takes ``pre`` (a chain)
 
 
 def chain_problem(lay: chain.Layers, C, d, *, sound: bool, root_steps: int, steps: int,
@@ -130,7 +141,7 @@ def chain_problem(lay: chain.Layers, C, d, *, sound: bool, root_steps: int, step
   return Problem(_params(lay, C, d),
                  _bounder(sound, "crown", root_steps, lr, root_alpha_intermediate),
                  _bounder(sound, "ibp", steps, lr), box,
-                 lambda xs: chain.forward_np(lay, xs))
+                 lambda xs: chain.forward_np(lay, xs), tuple(lay.hidden))
 
 
 _ENGINE: dict = {}
@@ -214,13 +225,82 @@ def milp_fallback(net: Any, region: Region, disjunct: Disjunct, replay: Any) -> 
   return lambda lbs, ubs, dl: _milp(net, region, disjunct, None, None, dl, replay)
 
 
+REFINE_AFTER = 0.3
+"""The share of the time left that the search runs on the root's bounds before a `MilpRefiner`
+refines them."""
+
+REFINE_SHARE = 0.4
+"""The share of the time left (after that first search) that the refinement may take."""
+
+REFINE_SOLVE_SECONDS = 2.0
+"""Per solve of the refinement. On ERAN's 9x200 network (index 2697, eps 0.015), HiGHS's dual
+bound after 1 s is from before its root node is done (75 of 78 solves end with no incumbent;
+mean unstable width of hidden layer 1 0.94 -> 0.88, root margins -7 ... -10); after 2 s it is
+the bound it keeps until 3 s and 5 s (width 0.73, root margins -1.19 ... +2.49, eight of the
+nine disjuncts proved)."""
+
+
+class MilpRefiner:
+  """The intermediate bounds of a chain refined by one MILP per neuron and direction
+  (`milp.tighten.tighten_layer`; Tjeng et al. 2019, §4.1; α,β-CROWN's MIP refinement), for one
+  region, shared by its disjuncts: the bounds of hidden layers ``1 .. layers`` (layer 0's, of
+  one affine map of a box, are already exact), neurons in the order of their branching scores
+  (those that cost the bound most first), the given time at most, on ``threads`` solver threads.
+
+  ``known``: the tightest node bounds found on the region so far (``(lbs, ubs)``), set by the
+  search after the refined root and read by the region's next disjuncts (None until then);
+  ``tried``: whether a refinement ran (one per region).
+  Call ``refiner(lbs, ubs, scores, deadline)`` with the root's bounds and scores per layer;
+  returns the refined ``(lbs, ubs)`` (never looser), or None when nothing was refined (no
+  unstable neuron, or no time).
+  """
+
+  def __init__(self, net: Any, region: Region, *, layers: int = 1,
+               solve_seconds: float = REFINE_SOLVE_SECONDS, threads: int | None = None):
+    import os
+    self.net, self.region, self.layers = net, region, int(layers)
+    self.solve_seconds = float(solve_seconds)
+    self.threads = threads if threads is not None else max(1, min(os.cpu_count() or 1, 4))
+    self.known: tuple | None = None
+    self.tried = False
+    self.solves = 0
+
+  def __call__(self, lbs, ubs, scores, deadline: Deadline):
+    from milp.tighten import tighten_layer
+    import time
+    self.tried = True
+    end = time.monotonic() + deadline.remaining()
+    bounds = [(np.asarray(l, np.float64).copy(), np.asarray(u, np.float64).copy())
+              for l, u in zip(lbs, ubs)]
+    changed = False
+    for m in range(1, min(self.layers + 1, len(bounds))):
+      if end - time.monotonic() < self.solve_seconds:
+        break
+      L, U = bounds[m]
+      sc = np.where((L < 0) & (U > 0), np.nan_to_num(np.asarray(scores[m], np.float64),
+                                                     neginf=0.0), -np.inf)
+      order = [int(j) for j in np.argsort(-sc, kind="stable") if np.isfinite(sc[j])]
+      if not order:
+        continue
+      L2, U2, n = tighten_layer(self.net, self.region.lower, self.region.upper, bounds, m,
+                                order=order, time_limit=self.solve_seconds,
+                                threads=self.threads, deadline=end)
+      self.solves += n
+      changed = changed or bool(np.any(L2 > L) or np.any(U2 < U))
+      bounds[m] = (L2, U2)
+    if not changed:
+      return None
+    return [l for l, _ in bounds], [u for _, u in bounds]
+
+
 def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, replay: Any,
                deadline: Deadline, *, sound: bool = True, batch: int = 256,
                root_steps: int | None = None, steps: int = 15, lr: float = 0.1,
                root_alpha_intermediate: bool | None = None,
                max_domains: int = 20_000, milp_unstable: int = 40, use_milp: bool = True,
                progress: bool = False, report: Any = None,
-               frontier_bytes: int | None = None) -> tuple[str, Any, int, str]:
+               frontier_bytes: int | None = None,
+               refine: "MilpRefiner | None" = None) -> tuple[str, Any, int, str]:
   """ReLU-splitting BaB for one region and one disjunct.
 
   ``root_alpha_intermediate``: the root's α-CROWN also optimises every hidden layer's own
@@ -252,33 +332,37 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
     milp = lambda lbs, ubs, dl: _milp(net, region, disjunct, lbs, ubs, dl, replay)
   return split_search(problem, region, disjunct, replay, deadline, batch=batch,
                       max_domains=max_domains, milp=milp, milp_unstable=milp_unstable,
-                      progress=progress, report=report, frontier_bytes=frontier_bytes)
+                      progress=progress, report=report, frontier_bytes=frontier_bytes,
+                      refine=refine)
 
 
 def split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: Any,
                  deadline: Deadline, *, batch: int = 256, max_domains: int = 20_000,
                  milp: Callable | None = None, milp_unstable: int = 40, progress: bool = False,
-                 report: Any = None, frontier_bytes: int | None = None
-                 ) -> tuple[str, Any, int, str]:
+                 report: Any = None, frontier_bytes: int | None = None,
+                 refine: "MilpRefiner | None" = None) -> tuple[str, Any, int, str]:
   """ReLU splitting on ``problem`` (see `relu_split`): the root bound, then branch and bound
   over split domains in batches of ``batch``; the search stops past ``max_domains`` open
   domains or ``frontier_bytes`` of them (their splits, α and β). ``milp(lbs, ubs, deadline) -> (status, cex)``:
-  the exact fallback on the root's node bounds (None: no fallback). Returns ``(status,
-  counterexample or None, nodes, how)``."""
+  the exact fallback on the root's node bounds (None: no fallback). ``refine``: a
+  `MilpRefiner` of the region (None: no refinement). Returns ``(status, counterexample or None,
+  nodes, how)``."""
   from boundjax.verify import engine
   f64 = any(getattr(a, "dtype", None) == jnp.float64
             for a in jax.tree_util.tree_leaves(problem.params))
   with engine.bound_precision(f64):
     return _split_search(problem, region, disjunct, replay, deadline, batch=batch,
                          max_domains=max_domains, milp=milp, milp_unstable=milp_unstable,
-                         progress=progress, report=report, frontier_bytes=frontier_bytes)
+                         progress=progress, report=report, frontier_bytes=frontier_bytes,
+                         refine=refine)
 
 
 def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: Any,
                   deadline: Deadline, *, batch: int = 256, max_domains: int = 20_000,
                   milp: Callable | None = None, milp_unstable: int = 40,
                   progress: bool = False, report: Any = None,
-                  frontier_bytes: int | None = None) -> tuple[str, Any, int, str]:
+                  frontier_bytes: int | None = None,
+                  refine: "MilpRefiner | None" = None) -> tuple[str, Any, int, str]:
   """`split_search` in the problem's precision."""
   if report is None:
     from boundjax.verify.outcome import Progress
@@ -286,14 +370,8 @@ def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: 
   report.stage = "root"
   p = problem.params
   lo, hi = np.asarray(region.lower[None], np.float64), np.asarray(region.upper[None], np.float64)
-  out, info = problem.root(p, problem.box(lo, hi))
-  best = np.asarray(out.lower, np.float64)
-  best = np.where(np.isnan(best), -np.inf, best)
-  lam0 = np.asarray(info.input_coeffs[0])
-  lams = info.relu_coeffs
-  alphas, betas = info.alpha, info.beta
-  root_l = [np.asarray(l, np.float64).reshape(1, -1)[0] for l, _ in info.pre]
-  root_u = [np.asarray(u, np.float64).reshape(1, -1)[0] for _, u in info.pre]
+  prior = refine.known if refine is not None else None  # another disjunct's refined bounds
+  best, lam0, lams, alphas, betas, root_l, root_u = _root(problem, lo, hi, prior)
   hidden = [int(l.size) for l in root_l]
   if not hidden:
     return "unknown", None, 1, NO_RELU
@@ -327,22 +405,23 @@ def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: 
 
   # the search (`boundjax.verify.bab`): a node is a row of a column batch holding its split
   # signs, its α and β (the warm start of its children), its bound and its branching scores
-  cl, cu = _clip_np([l[None] for l in root_l], [u[None] for u in root_u],
-                    [np.zeros((1, n), np.int8) for n in hidden])
-  root = bab.Bounded(
-      {"splits": tuple(np.zeros((1, n), np.int8) for n in hidden),
-       "alpha": tuple(np.asarray(a) for a in alphas), "beta": tuple(np.asarray(b) for b in betas),
-       "score": _scores([_rows(x) for x in lams], cl, cu,
-                        [np.zeros((1, n), np.int8) for n in hidden], np.argmax(best, axis=1)),
-       "bound": best.max(axis=1)},
-      priority=best.max(axis=1))
+  def root_node(best, lams, alphas, betas) -> tuple[np.ndarray, bab.Bounded]:
+    """The root's branching scores (1, total hidden) and its node."""
+    none = [np.zeros((1, n), np.int8) for n in hidden]
+    cl, cu = _clip_np([l[None] for l in root_l], [u[None] for u in root_u], none)
+    score = _scores([_rows(x) for x in lams], cl, cu, none, np.argmax(best, axis=1))
+    return score, bab.Bounded(
+        {"splits": tuple(none), "alpha": tuple(np.asarray(a) for a in alphas),
+         "beta": tuple(np.asarray(b) for b in betas), "score": score,
+         "bound": best.max(axis=1)},
+        priority=best.max(axis=1))
+
+  root_score, root = root_node(best, lams, alphas, betas)
   offsets = np.cumsum([0] + list(hidden))
   box = problem.box(np.broadcast_to(lo, (batch, lo.shape[1])),
                     np.broadcast_to(hi, (batch, hi.shape[1])))
   dt = box.lower.dtype  # known bounds in the bound's dtype, rounded outward
-  known = [(jnp.asarray(_outward(np.broadcast_to(l, (batch, l.size)), dt, -1)),
-            jnp.asarray(_outward(np.broadcast_to(u, (batch, u.size)), dt, 1)))
-           for l, u in zip(root_l, root_u)]
+  known = _known_of(root_l, root_u, batch, dt)
   bounder = problem.domains
   bar = None
   if progress:
@@ -365,7 +444,8 @@ def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: 
         sel = layer_of == m
         splits[m][rows[sel], idx[sel]] = sign
     twice = lambda xs: tuple(np.concatenate([x, x]) for x in xs)
-    return {"splits": tuple(splits), "alpha": twice(nodes["alpha"]), "beta": twice(nodes["beta"])}
+    return {"splits": tuple(splits), "alpha": twice(nodes["alpha"]), "beta": twice(nodes["beta"]),
+            "parent": np.concatenate([nodes["bound"], nodes["bound"]])}
 
   def bound(children):
     """α-β-CROWN on a batch of children (padded to ``batch`` rows: one compilation), their
@@ -391,15 +471,14 @@ def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: 
                       [np.broadcast_to(u, (n, u.size)) for u in root_u], children["splits"])
     score = _scores([_rows(x)[:n] for x in inf.relu_coeffs], cl, cu, children["splits"],
                     np.argmax(bnd, axis=1))
+    # the parent's bound holds on its children's domains too (a child's own α-β optimisation
+    # may end below it)
+    low = np.maximum(bnd.max(axis=1), children["parent"])
     nodes = {"splits": children["splits"],
              "alpha": tuple(np.asarray(a)[:n] for a in inf.alpha),
-             "beta": tuple(np.asarray(b)[:n] for b in inf.beta), "score": score,
-             "bound": bnd.max(axis=1)}
-    return bab.Bounded(nodes, priority=bnd.max(axis=1), closed=bnd.max(axis=1) > 0)
+             "beta": tuple(np.asarray(b)[:n] for b in inf.beta), "score": score, "bound": low}
+    return bab.Bounded(nodes, priority=low, closed=low > 0)
 
-  # with the MILP to fall back on, branching gets half of the time that is left
-  half = (_Until(deadline.elapsed() + 0.5 * deadline.remaining(), deadline) if milp is not None
-          else deadline)
   nodes = 1
 
   def run(start, frontier, until):
@@ -424,7 +503,47 @@ def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: 
       return res, ("timeout", None, nodes, "bab")
     return res, None
 
-  res, verdict = run(root, bab.Heap(), half)
+  start, frontier = root, bab.Heap()
+  if refine is not None and not refine.tried and len(hidden) >= 2:
+    # a first search on the root's bounds; undecided (out of its share of the time, or its
+    # frontier too large), the intermediate bounds are refined by MILPs, the root is bounded
+    # again on them, and the search goes on from where it stopped (from the new root when
+    # its frontier was too large)
+    res, verdict = run(start, frontier,
+                       _Until(deadline.elapsed() + REFINE_AFTER * deadline.remaining(), deadline))
+    if verdict is not None:
+      return verdict
+    start, frontier = bab.Parts(*res.pending), res.frontier
+    better = None
+    if res.reason in (bab.DEADLINE, bab.FRONTIER_LIMIT):
+      report.stage = "refine"
+      better = refine(root_l, root_u, np.split(root_score[0], offsets[1:-1]),
+                      Deadline(REFINE_SHARE * deadline.remaining()))
+    if better is not None:
+      report.stage = "root"
+      best, lam0, lams, alphas, betas, root_l, root_u = _root(problem, lo, hi, better)
+      refine.known = (root_l, root_u)  # every bound holds on the region: for its other disjuncts
+      known = _known_of(root_l, root_u, batch, dt)  # the search's from now on
+      nodes += 1
+      report.nodes += 1
+      report.bound(disjunct, float(best.max()))
+      if best.max() > 0:
+        return "unsat", None, nodes, "bounds"
+      hit = candidates(lam0, best)
+      if hit is not None:
+        return "sat", hit, nodes, "bab"
+      if res.reason == bab.FRONTIER_LIMIT:
+        root_score, start = root_node(best, lams, alphas, betas)
+        frontier = bab.Heap()
+    elif res.reason != bab.DEADLINE and milp is not None:  # a leaf or a frontier too large
+      report.stage = "milp"
+      st, cex = milp(root_l, root_u, deadline)
+      return st, cex, nodes, "milp"
+
+  # with the MILP to fall back on, branching gets half of the time that is left
+  half = (_Until(deadline.elapsed() + 0.5 * deadline.remaining(), deadline) if milp is not None
+          else deadline)
+  res, verdict = run(start, frontier, half)
   if verdict is not None:
     return verdict
   if milp is not None:  # a leaf, a frontier over max_domains, or half of the time gone
@@ -439,6 +558,41 @@ def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: 
       return verdict
   return ("unknown" if res.reason == bab.LEAF else bab.VERDICTS.get(res.reason, "unknown"),
           None, nodes, "bab")
+
+
+def _root(problem: Problem, lo: np.ndarray, hi: np.ndarray, prior) -> tuple:
+  """The root's bound on the box ``lo, hi`` (1, n_0), with ``prior`` ``(lbs, ubs)`` (per hidden
+  layer, (n_i,) float64) as known bounds (None: none; a chain's root is always given ``pre``,
+  infinite without a prior, so that both calls share one compilation). Returns ``(best (1, R),
+  input coefficients, relu coefficients, α, β, lbs, ubs)``, the node bounds met with ``prior``."""
+  box = problem.box(lo, hi)
+  dt = box.lower.dtype
+  pre = None
+  if prior is not None:
+    pre = [(jnp.asarray(_outward(np.asarray(l, np.float64)[None], dt, -1)),
+            jnp.asarray(_outward(np.asarray(u, np.float64)[None], dt, 1))) for l, u in zip(*prior)]
+  elif problem.hidden is not None:
+    pre = [(jnp.full((1, n), -jnp.inf, dt), jnp.full((1, n), jnp.inf, dt))
+           for n in problem.hidden]
+  out, info = (problem.root(problem.params, box) if pre is None
+               else problem.root(problem.params, box, pre=pre))
+  best = np.asarray(out.lower, np.float64)
+  best = np.where(np.isnan(best), -np.inf, best)
+  lbs = [np.asarray(l, np.float64).reshape(1, -1)[0] for l, _ in info.pre]
+  ubs = [np.asarray(u, np.float64).reshape(1, -1)[0] for _, u in info.pre]
+  if prior is not None:
+    lbs = [np.maximum(a, np.asarray(b, np.float64)) for a, b in zip(lbs, prior[0])]
+    ubs = [np.minimum(a, np.asarray(b, np.float64)) for a, b in zip(ubs, prior[1])]
+  return (best, np.asarray(info.input_coeffs[0]), info.relu_coeffs, info.alpha, info.beta,
+          lbs, ubs)
+
+
+def _known_of(lbs, ubs, batch: int, dtype) -> list:
+  """Node bounds (per hidden layer, (n_i,) float64) as the domains' ``pre``: ``batch`` rows in
+  ``dtype``, rounded outward."""
+  return [(jnp.asarray(_outward(np.broadcast_to(l, (batch, l.size)), dtype, -1)),
+           jnp.asarray(_outward(np.broadcast_to(u, (batch, u.size)), dtype, 1)))
+          for l, u in zip(lbs, ubs)]
 
 
 def _rows(x) -> np.ndarray:

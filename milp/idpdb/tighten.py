@@ -10,7 +10,6 @@ solver's proven bound, widened by its tolerance, is intersected with the old int
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import numpy as np
@@ -21,58 +20,22 @@ from milp.encode import Encoding
 from milp.idpdb.config import IdpDbConfig
 from milp.idpdb.rows import add_hyper, pair_rows
 from milp.network import Network
-from milp.solve import SolveConfig, solve
-
-# Outward margin on a tightening LP/MILP optimum: HiGHS's default primal/dual feasibility
-# tolerances are 1e-7, so the reported optimum may overshoot the true one by a few 1e-7 relative
-# to the magnitudes involved (the objective and the old interval's width).
-_TIGHT_REL = 4e-7
-_TIGHT_ABS = 1e-9
-
-
-def _prefix(net: Network, m: int) -> Network:
-  """The first ``m + 1`` affine layers of ``net`` (layer ``m``'s pre-activations as outputs)."""
-  return Network(tuple(net.layers[:m + 1]), net.input_shape)
-
-
-def _relax_integers(enc: Encoding, ids: np.ndarray) -> None:
-  """Makes the variables ``ids`` continuous: a Tjeng ReLU with ``a in [0, 1]`` projects onto
-  the triangle relaxation of ``(z, y)``."""
-  from ortools.math_opt.elemental.python import enums
-  ids = np.asarray(ids, np.int64)
-  if ids.size:
-    enc._el.set_attrs(enums.BoolAttr1.VARIABLE_INTEGER, ids[:, None], np.zeros(ids.size, bool))
+from milp.solve import SolveConfig
+from milp.tighten import MARGIN, prefix, relax_integers, tighten_vars
 
 
 def _tighten_layer(enc: Encoding, z: np.ndarray, L: np.ndarray, U: np.ndarray, which: np.ndarray,
                    cfg: IdpDbConfig) -> tuple[np.ndarray, np.ndarray, int]:
-  """Maximises and minimises each variable ``z[j]`` (``which[j]``) over ``enc``.
-
-  A new bound is accepted only from a proven solve (``OPTIMAL``; in ``"milp"`` mode also a
-  time-out's dual bound), moved outward by ``_TIGHT_REL * (|v| + U - L) + _TIGHT_ABS`` for the
-  solver's tolerances, and intersected with the old ``[L, U]``. A failed or timed-out LP keeps
-  the old bound. Returns the new ``(L, U)`` and the number of solves.
-  """
+  """Maximises and minimises each variable ``z[j]`` (``which[j]``) over ``enc``
+  (`milp.tighten.tighten_vars`): a new bound only from a proven solve (``OPTIMAL``; in
+  ``"milp"`` mode also a time-out's dual bound), moved outward by `milp.tighten.MARGIN` and
+  met with the old ``[L, U]``. Returns the new ``(L, U)`` and the number of solves."""
   L, U = L.copy(), U.copy()
   scfg = SolveConfig(solver="highs", time_limit=cfg.tighten_time_limit, threads=cfg.threads,
                      relative_gap=cfg.relative_gap)
   ok = ("OPTIMAL",) if cfg.tighten == "lp" else ("OPTIMAL", "FEASIBLE", "NO_SOLUTION_FOUND")
-  n = 0
-  for j in np.flatnonzero(which):
-    for maximize in (True, False):
-      if not L[j] < U[j]:
-        break
-      enc.set_objective([z[j]], [1.0], maximize=maximize)
-      out = solve(enc, scfg)
-      n += 1
-      v = out.dual_bound
-      if out.reason not in ok or not math.isfinite(v):
-        continue
-      pad = _TIGHT_REL * (abs(v) + (U[j] - L[j])) + _TIGHT_ABS
-      if maximize:
-        U[j] = max(min(U[j], v + pad), L[j])
-      else:
-        L[j] = min(max(L[j], v - pad), U[j])
+  jobs = iter([(j, mx) for j in np.flatnonzero(which) for mx in (True, False)])
+  n = tighten_vars(enc, z, L, U, jobs, scfg, accept=ok, margin=MARGIN)
   return L, U, n
 
 
@@ -112,9 +75,9 @@ def tighten_net(net: Network, lo: Any, hi: Any, cfg: IdpDbConfig = IdpDbConfig()
       continue
     enc = Encoding("tighten-N")
     x = enc.add_variables(lo, hi)
-    nv = enc.add_network(_prefix(net, m), x, lo, hi, bounds=out[:m + 1])
+    nv = enc.add_network(prefix(net, m), x, lo, hi, bounds=out[:m + 1])
     if cfg.tighten == "lp":
-      _relax_integers(enc, nv.binaries)
+      relax_integers(enc, nv.binaries)
     L, U, _ = _tighten_layer(enc, nv.pre[m], out[m][0], out[m][1], which, cfg)
     out[m] = (L, U)
   return out
@@ -146,12 +109,12 @@ def tighten_hyper(net: Network, hyper: Network, lo: Any, hi: Any,
       continue
     enc = Encoding("tighten-N#")
     x = enc.add_variables(lo, hi)
-    nv = enc.add_network(_prefix(net, m), x, lo, hi, bounds=list(diff.ref[:m + 1]))
+    nv = enc.add_network(prefix(net, m), x, lo, hi, bounds=list(diff.ref[:m + 1]))
     relax = [np.full(h[0].shape, cfg.tighten == "lp") for h in diff.hyper[:m]]
-    h_pre, h_post, _ = add_hyper(enc, _prefix(hyper, m), x, lo, hi, list(diff.hyper[:m + 1]),
+    h_pre, h_post, _ = add_hyper(enc, prefix(hyper, m), x, lo, hi, list(diff.hyper[:m + 1]),
                                   relax)
     if cfg.tighten == "lp":
-      _relax_integers(enc, nv.binaries)
+      relax_integers(enc, nv.binaries)
     for k in range(m):
       pair_rows(enc, h_post[k], nv.post[k], *diff.post[k])
     for k in range(m + 1):
