@@ -145,11 +145,13 @@ def memory_size(text: str) -> int:
 
 def verify(net: str | None, prop: str | None, timeout: float, out: str | None,
            batch: str | None, root: str | None, json_path: str | None, sound: bool,
-           cache: str | None | bool = None, memory: int | None = None) -> int:
+           cache: str | None | bool = None, memory: int | None = None,
+           milp: bool = True) -> int:
   """`boundjax verify`: one instance (``net``, ``prop``) or a CSV list (``batch``).
   ``cache``: the persistent compilation cache's folder (`compile_cache`; None: the default
   one; False: none). ``memory``: the verifier's memory budget in bytes (None: its default,
-  4 GiB; `boundjax.verify.memory`)."""
+  4 GiB; `boundjax.verify.memory`). ``milp``: the MILP fallback and the MILP refinement of
+  intermediate bounds (off: every ``unsat`` rests on the engine's bounds alone)."""
   import csv
   from pathlib import Path
 
@@ -158,7 +160,9 @@ def verify(net: str | None, prop: str | None, timeout: float, out: str | None,
 
   from boundjax.verify import format_result, run_instances, verify_instance
   from boundjax.verify.outcome import summary
-  options = {"sound": sound} if memory is None else {"sound": sound, "memory": memory}
+  options = {"sound": sound, "milp": milp}
+  if memory is not None:
+    options["memory"] = memory
   if batch is None:
     if net is None or prop is None:
       raise SystemExit("boundjax verify: give NET.onnx and PROP.vnnlib, or --batch INSTANCES.csv")
@@ -236,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
   v.add_argument("--unsound-fp", action="store_true",
                  help="skip the outward rounding of the bounds (faster; unsat then holds up to "
                       "floating-point error)")
+  v.add_argument("--no-milp", action="store_true",
+                 help="no MILP solver: neither the exact fallback nor the MILP tightening of "
+                      "intermediate bounds (every unsat then rests on the engine's sound bounds "
+                      "alone, not on the solver's tolerances)")
   v.add_argument("--memory", type=memory_size, metavar="SIZE",
                  help="memory budget of the bound computations (JAX/XLA buffers, estimated "
                       "before allocating; not the process's baseline), e.g. 4G, 512M, 2.5GB or "
@@ -273,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
   if args.command == "verify":
     code = verify(args.net, args.prop, args.timeout, args.out, args.batch, args.root, args.json,
                   not args.unsound_fp,
-                  False if args.no_compile_cache else args.compile_cache, args.memory)
+                  False if args.no_compile_cache else args.compile_cache, args.memory,
+                  not args.no_milp)
     _leave_if_compiling(code)
     return code
   return 1

@@ -75,6 +75,24 @@ def test_unsat_instance_writes_unsat(files, capsys):
   assert capsys.readouterr().out.startswith("unsat after ")
 
 
+@pytest.mark.parametrize("flag,want", [([], True), (["--no-milp"], False)])
+def test_no_milp_reaches_the_verifier(files, monkeypatch, flag, want):
+  """``--no-milp`` turns off the MILP fallback and refinement (``verify(milp=False)``); the
+  default keeps them."""
+  import boundjax.verify as bv
+  from boundjax.verify.outcome import Outcome
+  seen = {}
+
+  def fake(net, prop, *, timeout, **kwargs):
+    seen.update(kwargs)
+    return Outcome("unsat", None, 0.1, {"nodes": 1, "phase": "bounds"})
+  monkeypatch.setattr(bv, "verify_instance", fake)
+  d, _ = files
+  assert cli.main(["verify", str(d / "net.onnx"), str(d / "unsat.vnnlib"), "--no-compile-cache",
+                   *flag]) == 0
+  assert seen["milp"] is want
+
+
 def test_sat_instance_writes_a_counterexample_onnxruntime_confirms(files):
   d, sess = files
   assert cli.main(["verify", str(d / "net.onnx"), str(d / "sat.vnnlib"), "--timeout", "60",
