@@ -214,6 +214,37 @@ def test_fully_split_network_reaches_the_lp_minimum(seed):
   assert beta_lb >= lp - 1e-3 * (1 + abs(lp)), (crown_lb, beta_lb, lp)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_split_neurons_are_exact_in_sound_mode_whatever_their_warm_slopes(seed):
+  """A split neuron's clipped bound is exactly 0 (``l <- max(l, 0)``, ``u <- min(u, 0)``) and
+  ``t = x - 0`` needs no rounding, so in sound mode too its ReLU is linear and its slope α does
+  not enter the bound. Every neuron split, β = 0 and one step (the warm start is the only
+  iterate): the sound bound with warm α all 0 or all 1 equals float CROWN's to rounding, and
+  stays below the LP minimum. (Rounding the clipped 0 outward made every split neuron
+  unstable: relaxed by its warm α, the bound fell below CROWN's.)"""
+  ws, bs = _net(seed + 20, (2, 5, 5, 1))
+  f = _apply(ws, bs)
+  rng = np.random.default_rng(seed)
+  lo = rng.uniform(-1, -0.2, 2)
+  hi = lo + rng.uniform(0.5, 1.2, 2)
+  x0 = rng.uniform(lo, hi, (1, 2))
+  zs, _ = _pre_np(ws, bs, x0)
+  pattern = [np.where(z[0] >= 0, 1, -1).astype(np.int8) for z in zs]
+  lp = _lp_min(ws, bs, np.ones(1), lo, hi, pattern)
+  box = bj.Interval(jnp.asarray(lo[None]), jnp.asarray(hi[None]))
+  sp = [p[None] for p in pattern]
+  crown_lb = float(bj.crown(f, splits=True)(box, splits=sp).lower[0, 0])
+  bound = bj.crown(f, splits=True, beta=True, alpha_steps=1, sound=True, return_info=True)
+  _, info = bound(box, splits=sp)
+  zero_beta = [np.zeros_like(np.asarray(b)) for b in info.beta]
+  for a in (0.0, 1.0):
+    alpha = [np.full_like(np.asarray(x), a) for x in info.alpha]
+    out, _ = bound(box, splits=sp, warm=(alpha, zero_beta))
+    lb = float(out.lower[0, 0])
+    assert abs(lb - crown_lb) <= 1e-9 * (1 + abs(crown_lb)), (a, lb, crown_lb)
+    assert lb <= lp, (a, lb, lp)
+
+
 def _crown_reference(ws, bs, C, lo, hi, splits):
   """Lower bounds of ``C f(x)`` per sub-problem by textbook CROWN (Zhang et al. 2018, §3: one
   backward pass per layer from ``[I; -I]``, adaptive lower slopes ``1[u > -l]``), the split

@@ -326,3 +326,49 @@ def test_milp_refined_bounds_hold_and_never_prove_a_violated_property(seed, monk
         assert np.all(z >= l - 1e-9) and np.all(z <= u + 1e-9)
       refined_lb = float(relu_bab._root(probe, lo[None], hi[None], refiner.known)[0].max())
       assert refined_lb >= root_lb - 1e-9, (refined_lb, root_lb)
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_leaves_are_decided_by_their_lps_without_the_milp(seed, monkeypatch):
+  """Thresholds within 1e-6 of the minimum of a 2-8-8-2 chain: the search reaches domains with
+  no unstable neuron (counted), where β-CROWN's steps stop short of the LP's value; their LPs
+  (`boundjax.verify.leaf`) decide them, with no MILP. The minimum is that of the LPs of every
+  activation region met on an 801² grid (an independent linprog per region): a threshold just
+  below it is ``unsat`` or a replayed ``sat`` (a region the grid missed), and one just above
+  it is ``sat``."""
+  from boundjax.verify import leaf as leaf_mod
+  from tests.test_crown_splits import _lp_min
+  calls = []
+  solve = leaf_mod.solve_leaf
+  monkeypatch.setattr(leaf_mod, "solve_leaf", lambda *a: calls.append(1) or solve(*a))
+  ws, bs, apply_fn, params = _net(seed, (2, 8, 8, 2))
+  lo, hi = -np.ones(2), np.ones(2)
+  axes = [np.linspace(a, b, 801) for a, b in zip(lo, hi)]
+  grid = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 2)
+  C = np.array([[1.0, -1.0]])
+  h, signs = grid, []
+  for w, b in zip(ws[:-1], bs[:-1]):
+    z = h @ w.T + b
+    signs.append(z >= 0)
+    h = np.maximum(z, 0.0)
+  patterns = np.unique(np.concatenate(signs, 1), axis=0)
+  region_min = min(m for p in patterns
+                   if (m := _lp_min(ws, bs, C[0], lo, hi, [np.where(p[:8], 1, -1),
+                                                           np.where(p[8:], 1, -1)])) is not None)
+  grid_min = float((_fwd(ws, bs, grid) @ C.T).min())
+  assert region_min <= grid_min + 1e-12
+  replay = attack.Replayer(apply_fn, params, (2,))
+  with jax.enable_x64(True):
+    lay = chain.Layers(tuple(jnp.asarray(w) for w in ws), tuple(jnp.asarray(b) for b in bs),
+                       tuple(jnp.abs(jnp.asarray(w)) for w in ws))
+    for want, d in (("unsat", region_min - 1e-6), ("sat", region_min + 1e-6)):
+      dj = Disjunct(C, np.array([d]))
+      status, cex, nodes, how = relu_bab.relu_split(
+          lay, None, Region(lo, hi, (dj,)), dj, replay, Deadline(60.0), sound=True, batch=16,
+          use_milp=False, root_steps=20, steps=10)
+      assert status in ("unsat", "sat"), (want, status, nodes, how)
+      if status == "sat":
+        x, y = cex
+        assert np.all(C @ y - d <= 0) and np.all(x >= lo) and np.all(x <= hi)
+      assert status == want or want == "unsat", (want, status)
+  assert calls, "no leaf was reached"

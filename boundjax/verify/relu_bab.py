@@ -32,9 +32,14 @@ them. On ERAN's 9x200 network (index 2697, eps 0.015) the root's margins go from
 -1.03 ... +2.63: eight of nine disjuncts proved at the root, the ninth after 205 domains (unsat in
 180 s on the 2-core machine; without it, a timeout at 300 s).
 
+Leaves: a domain with no unstable neuron left is affine on its polytope, so one LP per row
+decides it (`boundjax.verify.leaf`): its duals, given to the engine as β, make the engine's sound
+bound the LP's value (β-CROWN's 10-15 steps of Adam may stop short of it), and a minimiser <= 0
+is replayed. Only a leaf neither closes nor yields a counterexample ends the search.
+
 MILP fallback (Tjeng et al. 2019, through `milp.property.check_property`): when the problem has
-few unstable neurons, when the frontier grows past ``max_domains``, when a domain has no
-unstable neuron left, or when half of the time is gone, the exact MILP is run on the box with
+few unstable neurons, when the frontier grows past ``max_domains``, when a leaf stays open,
+or when half of the time is gone, the exact MILP is run on the box with
 the root's sound pre-activation bounds for the time that is left.
 """
 
@@ -300,7 +305,8 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
                max_domains: int = 20_000, milp_unstable: int = 40, use_milp: bool = True,
                progress: bool = False, report: Any = None,
                frontier_bytes: int | None = None,
-               refine: "MilpRefiner | None" = None) -> tuple[str, Any, int, str]:
+               refine: "MilpRefiner | None" = None,
+               leaf_lp: bool = True) -> tuple[str, Any, int, str]:
   """ReLU-splitting BaB for one region and one disjunct.
 
   ``root_alpha_intermediate``: the root's α-CROWN also optimises every hidden layer's own
@@ -318,6 +324,10 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
   ``"relu-split"`` or ``"milp"``, the nodes bounded, the disjunct's certified margin: the
   root's bound, then the search's global lower bound, the smallest bound of the domains left).
 
+  ``leaf_lp``: a domain left with no unstable neuron is decided by its LPs
+  (`boundjax.verify.leaf`: their duals as β, their minimiser replayed) instead of ending the
+  search.
+
   Returns ``(status, counterexample or None, nodes, how)`` with ``how`` in ``"bounds"``,
   ``"bab"``, ``"milp"``.
   """
@@ -330,23 +340,32 @@ def relu_split(lay: chain.Layers, net: Any, region: Region, disjunct: Disjunct, 
   milp = None
   if use_milp:
     milp = lambda lbs, ubs, dl: _milp(net, region, disjunct, lbs, ubs, dl, replay)
+  leaf = None
+  if leaf_lp:
+    from boundjax.verify.leaf import solve_leaf
+    Ws = [np.asarray(w, np.float64) for w in lay.Ws]
+    bs = [np.asarray(b, np.float64) for b in lay.bs]
+    leaf = lambda splits, lbs, ubs: solve_leaf(Ws, bs, disjunct.C, disjunct.d, region.lower,
+                                               region.upper, splits, lbs, ubs)
   return split_search(problem, region, disjunct, replay, deadline, batch=batch,
                       max_domains=max_domains, milp=milp, milp_unstable=milp_unstable,
                       progress=progress, report=report, frontier_bytes=frontier_bytes,
-                      refine=refine)
+                      refine=refine, leaf=leaf)
 
 
 def split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: Any,
                  deadline: Deadline, *, batch: int = 256, max_domains: int = 20_000,
                  milp: Callable | None = None, milp_unstable: int = 40, progress: bool = False,
                  report: Any = None, frontier_bytes: int | None = None,
-                 refine: "MilpRefiner | None" = None) -> tuple[str, Any, int, str]:
+                 refine: "MilpRefiner | None" = None,
+                 leaf: Callable | None = None) -> tuple[str, Any, int, str]:
   """ReLU splitting on ``problem`` (see `relu_split`): the root bound, then branch and bound
   over split domains in batches of ``batch``; the search stops past ``max_domains`` open
   domains or ``frontier_bytes`` of them (their splits, α and β). ``milp(lbs, ubs, deadline) -> (status, cex)``:
   the exact fallback on the root's node bounds (None: no fallback). ``refine``: a
-  `MilpRefiner` of the region (None: no refinement). Returns ``(status, counterexample or None,
-  nodes, how)``."""
+  `MilpRefiner` of the region (None: no refinement). ``leaf(splits, lbs, ubs) -> Leaf``: the
+  LPs of a domain with no unstable neuron (`boundjax.verify.leaf.solve_leaf`; None: such a
+  domain ends the search). Returns ``(status, counterexample or None, nodes, how)``."""
   from boundjax.verify import engine
   f64 = any(getattr(a, "dtype", None) == jnp.float64
             for a in jax.tree_util.tree_leaves(problem.params))
@@ -354,7 +373,7 @@ def split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: A
     return _split_search(problem, region, disjunct, replay, deadline, batch=batch,
                          max_domains=max_domains, milp=milp, milp_unstable=milp_unstable,
                          progress=progress, report=report, frontier_bytes=frontier_bytes,
-                         refine=refine)
+                         refine=refine, leaf=leaf)
 
 
 def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: Any,
@@ -362,7 +381,8 @@ def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: 
                   milp: Callable | None = None, milp_unstable: int = 40,
                   progress: bool = False, report: Any = None,
                   frontier_bytes: int | None = None,
-                  refine: "MilpRefiner | None" = None) -> tuple[str, Any, int, str]:
+                  refine: "MilpRefiner | None" = None,
+                  leaf: Callable | None = None) -> tuple[str, Any, int, str]:
   """`split_search` in the problem's precision."""
   if report is None:
     from boundjax.verify.outcome import Progress
@@ -397,6 +417,11 @@ def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: 
   if hit is not None:
     return "sat", hit, 1, "bab"
   n_unstable = sum(int(np.sum((l < 0) & (u > 0))) for l, u in zip(root_l, root_u))
+  if n_unstable == 0 and leaf is not None:  # affine on the box: its LP's minimiser decides
+    out = leaf([np.zeros(n, np.int8) for n in hidden], root_l, root_u)
+    hit = None if out.candidate is None else replay.find(sub, out.candidate[None])
+    if hit is not None:
+      return "sat", hit, 1, "bab"
 
   if milp is not None and n_unstable <= milp_unstable:
     report.stage = "milp"
@@ -474,10 +499,49 @@ def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: 
     # the parent's bound holds on its children's domains too (a child's own α-β optimisation
     # may end below it)
     low = np.maximum(bnd.max(axis=1), children["parent"])
+    if leaf is not None:
+      hit, low = settle_leaves(children, inf, cl, cu, np.all(~np.isfinite(score), axis=1), low)
+      if hit is not None:
+        return bab.Bounded(None, counterexample=hit)
     nodes = {"splits": children["splits"],
              "alpha": tuple(np.asarray(a)[:n] for a in inf.alpha),
              "beta": tuple(np.asarray(b)[:n] for b in inf.beta), "score": score, "bound": low}
     return bab.Bounded(nodes, priority=low, closed=low > 0)
+
+  def settle_leaves(children, inf, cl, cu, no_unstable, low):
+    """The children with no unstable neuron and a bound <= 0, decided by their LPs: a
+    minimiser that replays is returned as ``(hit, low)``; the others are bounded again by the
+    engine from the LP's duals as β (`boundjax.verify.leaf`), their bounds raised to it."""
+    n = len(low)
+    rows = np.flatnonzero(no_unstable & (low <= 0))
+    if not len(rows):
+      return None, low
+    betas = [np.array(np.asarray(b)[:n]) for b in inf.beta]
+    todo = []
+    for i in rows:
+      if deadline.expired():
+        break
+      out = leaf([s[i] for s in children["splits"]], [l[i] for l in cl], [u[i] for u in cu])
+      if out.candidate is not None:
+        hit = replay.find(sub, out.candidate[None])
+        if hit is not None:
+          return hit, low
+      if out.beta is not None:
+        for k, b in enumerate(out.beta):
+          betas[k][i, 0] = b.astype(betas[k].dtype)  # the lower rows' multipliers
+        todo.append(i)
+    low = low.copy()
+    for at in range(0, len(todo), batch):
+      idx = np.asarray(todo[at:at + batch])
+      pad = batch - len(idx)
+      take = lambda x: jnp.asarray(np.concatenate([x[idx], np.repeat(x[idx[-1:]], pad, 0)]))
+      out, _ = bounder(p, box, splits=[take(np.asarray(x)) for x in children["splits"]],
+                       pre=known, warm=([take(np.asarray(a)) for a in inf.alpha],
+                                        [take(b) for b in betas]))
+      again = np.asarray(out.lower, np.float64)[:len(idx)]
+      again = np.where(np.isnan(again), -np.inf, again).max(axis=1)
+      low[idx] = np.maximum(low[idx], again)
+    return None, low
 
   nodes = 1
 

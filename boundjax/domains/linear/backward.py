@@ -453,10 +453,9 @@ def _relu_step(st: _Pass, i: int, e: CrownEqn) -> None:
   x, c, sigma = relu_parts(e, st.ctx.cenv)
   c_zero = is_zero(e.invars[1 - e.abstract_pos[0]])
   l, u = st.pre[x]
-  if c_zero:
+  if c_zero:  # t = ±x is exact: no rounding (rounding a split's clipped 0 to -tiny would
+    # make the split neuron unstable, relaxed by its α instead of exactly)
     lt, ut = (l, u) if sigma > 0 else (-u, -l)
-    if sound:
-      lt, ut = rounding.round_down(lt), rounding.round_up(ut)
   else:
     lt, ut, c, pinned = relu_argument(l, u, c, sigma, sound)
   a_lo, a_up, b_up = relu_lines(lt, ut, sound)

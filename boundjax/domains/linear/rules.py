@@ -1030,8 +1030,10 @@ def relu_argument(l, u, c, sigma: float, sound: bool):
   through, fixed = sc == -jnp.inf, sc == jnp.inf
   c_fin = jnp.where(through | fixed, jnp.zeros_like(c), c)
   lt, ut = (l - c_fin, u - c_fin) if sigma > 0 else (c_fin - u, c_fin - l)
-  if sound:
-    lt, ut = rounding.round_down(lt), rounding.round_up(ut)
+  if sound:  # x - 0 is exact (a split's clipped 0 stays 0: the neuron stays stable)
+    exact = c_fin == 0
+    lt = jnp.where(exact, lt, rounding.round_down(lt))
+    ut = jnp.where(exact, ut, rounding.round_up(ut))
   one = jnp.ones_like(lt)
   lt = jnp.where(through, 0 * one, jnp.where(fixed, -one, lt))
   ut = jnp.where(through, one, jnp.where(fixed, 0 * one, ut))
