@@ -16,9 +16,8 @@ Interval parameters (a hyper-network, Sphynx, §4) are passed as `boundjax.Inter
   and sign-split forms, `boundjax.domains.interval`).
 * ``"crown"``: ``bj.crown(affine_chain, sound=True)`` (CROWN, Zhang et al. 2018, §3: every ReLU
   input is bounded by its own backward pass, so the pre-activations returned as outputs cost no
-  extra pass), intersected with IBP (both sound). With interval weights the engine bounds a
-  product of two boxes by its interval rule (its CROWN fallback), so on a hyper-network CROWN is
-  no tighter than IBP until the engine gains a linear relaxation of box-by-box products.
+  extra pass), intersected with IBP (both sound). With interval weights (a hyper-network) the
+  engine relaxes each product of two boxes by McCormick planes (McCormick 1976, §3).
 
 Sparse layer matrices (convolutions from `milp.network.from_flax`) are densified for the engine.
 """

@@ -235,12 +235,16 @@ def naive_difference(net: Network, hyper: Network, lo: Any, hi: Any) -> tuple[li
 
   Returns ``(pre, post)`` in the layout of `DifferenceBounds`:
   ``[l# - u, u# - l]`` before the ReLU and ``[max(0, l#) - max(0, u), max(0, u#) - max(0, l)]``
-  after it, with both networks' bounds from plain `milp.bounds.ibp`.
+  after it, with both networks' bounds from plain `milp.bounds.ibp`. Each difference is one
+  correctly rounded float64 subtraction, moved outward by one ulp (so the intervals are sound).
   """
   _check_pair(net, hyper)
   ref = bounds_mod.ibp(net, lo, hi)
   hb = bounds_mod.ibp(hyper, lo, hi)
-  pre = [(Lh - U, Uh - L) for (L, U), (Lh, Uh) in zip(ref, hb)]
-  post = [(np.maximum(Lh, 0) - np.maximum(U, 0), np.maximum(Uh, 0) - np.maximum(L, 0))
+
+  def outward(a, b):
+    return np.nextafter(a, -np.inf), np.nextafter(b, np.inf)
+  pre = [outward(Lh - U, Uh - L) for (L, U), (Lh, Uh) in zip(ref, hb)]
+  post = [outward(np.maximum(Lh, 0) - np.maximum(U, 0), np.maximum(Uh, 0) - np.maximum(L, 0))
           for (L, U), (Lh, Uh) in zip(ref[:-1], hb[:-1])]
   return pre, post

@@ -137,15 +137,22 @@ def forward_bounds_fn(apply_fn: Callable, backend: str, matmul: str = "midrad",
   return fn
 
 
-def margin_bounds_fn(backend: str, matmul: str = "midrad", bound_method: str = "interval"
-                     ) -> Callable[[Any, Any, Any], Any]:
-  """``fn(param_bounds, x, cls)``: lower bounds of ``z_c - z_j`` for every class j ("mlp"
-  back-end: the last layer folded, `boundjax.agt.mlp.margin_bounds`; with "crown" the tighter
-  of that and `boundjax.agt.crown.margin_bounds`)."""
+def margin_bounds_fn(backend: str, matmul: str = "midrad", bound_method: str = "interval",
+                     apply_fn: Callable | None = None) -> Callable[[Any, Any, Any], Any] | None:
+  """``fn(param_bounds, x, cls)``: lower bounds of ``z_c - z_j`` for every class j, or None when
+  the margins are no tighter than the logit bounds' ``l_c - u_j``. "mlp" back-end: the last layer
+  folded (`boundjax.agt.mlp.margin_bounds`; with "crown" the tighter of that and
+  `boundjax.agt.crown.margin_bounds`). "ibp" back-end (any ``apply_fn``): with "crown" the
+  engine bounds the margins themselves (`boundjax.agt.crown.margin_bounds` with ``apply_fn``);
+  with "interval" None (an interval pass of ``z_c - z_j`` is ``l_c - u_j``)."""
   check_matmul(backend, matmul)
   check_bound_method(backend, bound_method)
-  if backend != "mlp":
-    raise ValueError(f"AGT margin bounds need the 'mlp' back-end, got {backend!r}.")
+  if backend == "mlp":
+    if bound_method == "crown":
+      return lambda pb, x, cls: crown.margin_bounds(pb, x, cls, matmul)
+    return lambda pb, x, cls: mlp.margin_bounds(pb, x, cls, matmul)
+  if apply_fn is None:
+    raise ValueError(f"AGT margin bounds with the {backend!r} back-end need apply_fn.")
   if bound_method == "crown":
-    return lambda pb, x, cls: crown.margin_bounds(pb, x, cls, matmul)
-  return lambda pb, x, cls: mlp.margin_bounds(pb, x, cls, matmul)
+    return lambda pb, x, cls: crown.margin_bounds(pb, x, cls, matmul, apply_fn=apply_fn)
+  return None

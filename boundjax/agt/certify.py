@@ -87,8 +87,9 @@ def certified_mask(apply_fn: Callable, params: Any, param_bounds: Any, x: Array,
   pred = predict(apply_fn, params, x)
   z = apply_fn(params, x)
   if z.ndim == 2 and z.shape[-1] > 1:
-    if backend == "mlp":
-      lo = bnd.margin_bounds_fn(backend, matmul, bound_method)(param_bounds, x, pred)
+    margins = bnd.margin_bounds_fn(backend, matmul, bound_method, apply_fn)
+    if margins is not None:
+      lo = margins(param_bounds, x, pred)
     else:
       out = bnd.forward_bounds_fn(apply_fn, backend, matmul, bound_method)(param_bounds, x)
       lc = jnp.take_along_axis(out.lower, pred[:, None], -1)
