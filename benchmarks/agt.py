@@ -157,7 +157,7 @@ from boundjax import agt
 from boundjax.agt import descent, losses, mlp, retrain, select
 from boundjax.agt import train as agt_train
 from boundjax.core.interval import Interval
-from common import RESULTS, record
+from common import RESULTS, median_times, record
 
 
 def _settings(quick: bool):
@@ -215,21 +215,6 @@ def _sgd_epoch_fn(sizes_loss):
   def mean_loss(p, xb, yb):
     return jnp.mean(jax.vmap(lambda a, b: lf(mlp.apply(p, a[None])[0], b))(xb, yb))
   return mean_loss
-
-
-def _time(fn, reps):
-  """(median wall seconds, median process CPU seconds) of ``fn()`` over ``reps`` calls.
-
-  CPU seconds (all threads of this process) are the robust figure on a shared machine: other
-  users' load stretches wall time but not the work done here.
-  """
-  ts, cs = [], []
-  for _ in range(reps):
-    t, c = time.perf_counter(), time.process_time()
-    jax.block_until_ready(fn())
-    ts.append(time.perf_counter() - t)
-    cs.append(time.process_time() - c)
-  return float(np.median(ts)), float(np.median(cs))
 
 
 CHUNK_BUDGETS = (2 * 2 ** 20, 8 * 2 ** 20, 24 * 2 ** 20)
@@ -358,7 +343,7 @@ def cost(quick: bool, reps: int) -> dict:
         p, s = sgd_step(p, s, a, b)
       return p
     sgd_epoch()
-    t_sgd, c_sgd = _time(sgd_epoch, reps)
+    t_sgd, c_sgd = median_times(sgd_epoch, reps)
     row = {"setting": name, "n_train": int(X.shape[0]), "batch_size": cfg.batch_size,
            "k": cfg.k_private, "sound": cfg.sound, "fragsize": cfg.fragsize,
            "batches_per_epoch": len(xb), "sgd_epoch_s": t_sgd, "sgd_epoch_cpu_s": c_sgd}
@@ -372,7 +357,7 @@ def cost(quick: bool, reps: int) -> dict:
           s = step(s, a, b)
         return s
       agt_epoch()
-      return _time(agt_epoch, reps)
+      return median_times(agt_epoch, reps)
     for label, c in [("agt", cfg), ("agt_k0", dataclasses.replace(cfg, k_private=0))]:
       t, cp = agt_time(c)
       row.update({f"{label}_epoch_s": t, f"{label}_epoch_cpu_s": cp, f"{label}_ratio": t / t_sgd,
@@ -432,7 +417,7 @@ def profile(reps: int) -> dict:
     gam = cfg.clip_gamma
     def t(fn, *a):
       jax.block_until_ready(fn(*a))     # compile outside the timing
-      return _time(lambda: fn(*a), reps)[1] * 1e3
+      return median_times(lambda: fn(*a), reps)[1] * 1e3
     gfn = jax.jit(lambda p, x, y: mlp.per_sample_grads(p, x, y, loss))
     bfn = jax.jit(bnd.grad_bounds_fn(mlp.apply, loss, "mlp", cfg.matmul))
     g, gb = gfn(p, xf, yf), bfn(box, xf, yf)
@@ -492,7 +477,7 @@ def public_task(reps: int, poison: bool = False) -> dict:
         s = step(s, X[i], y[i])
     return s
   state = run()
-  t, c = _time(run, reps)
+  t, c = median_times(run, reps)
   out = {}
   for method in ("interval", "crown"):
     fb = bnd.forward_bounds_fn(mlp.apply, "mlp", cfg.matmul, method)(state.bounds, Xt)

@@ -5,6 +5,10 @@ never by hand).
     from common import RESULTS, record       # a script in benchmarks/ (its folder is on sys.path)
     (RESULTS / "x.json").write_text(json.dumps({"provenance": record(), ...}))
 
+and how they time a call (`timed`, `median_times`): wall seconds and this process's CPU seconds
+(all its threads). CPU seconds are the robust figure on a shared machine: other processes
+stretch wall time but not the work done here.
+
 `benchmarks/report.py` (``boundjax reproduce``) runs the scripts and renders their JSONs.
 """
 
@@ -13,13 +17,31 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"   # the committed results (figures and tables)
+
+
+def timed(fn, *args) -> tuple[Any, float, float]:
+  """``(fn(*args), wall seconds, process CPU seconds)``, the result blocked until ready (JAX
+  dispatches asynchronously)."""
+  import jax
+  w, c = time.perf_counter(), time.process_time()
+  out = jax.block_until_ready(fn(*args))
+  return out, time.perf_counter() - w, time.process_time() - c
+
+
+def median_times(fn, reps: int) -> tuple[float, float]:
+  """Median wall and median process CPU seconds of ``fn()`` over ``reps`` calls (`timed`)."""
+  runs = [timed(fn)[1:] for _ in range(reps)]
+  return (float(statistics.median(r[0] for r in runs)),
+          float(statistics.median(r[1] for r in runs)))
 
 
 def git_commit() -> str:

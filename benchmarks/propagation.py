@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 
 import boundjax as bj
-from common import record
+from common import record, timed
 
 
 class MLP(nn.Module):
@@ -99,10 +99,9 @@ def _median_times(methods: dict, reps: dict) -> tuple[dict, dict]:
     for name, (fn, args) in methods.items():
       if r >= reps[name]:
         continue
-      c0, t0 = time.process_time(), time.perf_counter()
-      jax.block_until_ready(fn(*args))
-      wall[name].append(time.perf_counter() - t0)
-      cpu[name].append(time.process_time() - c0)
+      _, w, c = timed(fn, *args)
+      wall[name].append(w)
+      cpu[name].append(c)
   med = lambda d: {name: statistics.median(t) for name, t in d.items()}
   return med(wall), med(cpu)
 

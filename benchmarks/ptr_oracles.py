@@ -70,7 +70,7 @@ jax.config.update("jax_enable_x64", True)
 from boundjax.ptr import lipschitz as lip  # noqa: E402
 from boundjax.ptr import release as ptr  # noqa: E402
 from milp import lipschitz as mlip  # noqa: E402
-from common import RESULTS, record  # noqa: E402
+from common import RESULTS, record, timed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (8, 10, 8)
@@ -196,11 +196,9 @@ class _OldMilp:
 
 
 def _timed(fn, *args):
-  """``(fn(*args), wall, cpu)``; an oracle run in another process (`_OldMilp`) returns its own
-  times as the last two of four values."""
-  w, c = time.perf_counter(), time.process_time()
-  out = fn(*args)
-  w, c = time.perf_counter() - w, time.process_time() - c
+  """``(fn(*args), wall, cpu)`` (`common.timed`); an oracle run in another process (`_OldMilp`)
+  returns its own times as the last two of four values."""
+  out, w, c = timed(fn, *args)
   if isinstance(out, tuple) and len(out) == 4:
     return out[:2], out[2], out[3]
   return out, w, c

@@ -521,7 +521,10 @@ def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: 
     for i in rows:
       if deadline.expired():
         break
-      out = leaf([s[i] for s in children["splits"]], [l[i] for l in cl], [u[i] for u in cu])
+      try:
+        out = leaf([s[i] for s in children["splits"]], [l[i] for l in cl], [u[i] for u in cu])
+      except ValueError:  # not a leaf after all (a NaN score): it stays open
+        continue
       if out.candidate is not None:
         hit = replay.find(sub, out.candidate[None])
         if hit is not None:
