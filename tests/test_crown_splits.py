@@ -188,19 +188,24 @@ def _lp_min(ws, bs, c, lo, hi, pattern):
   return None if res.status == 2 else res.fun + const
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_fully_split_network_reaches_the_lp_minimum(seed):
-  """Every neuron split: the ReLUs are exact, so the bound is the Lagrangian dual of an LP;
-  it never exceeds the LP minimum, and the optimised β reach it (strong duality)."""
+def _fully_split(seed: int):
+  """A 2-5-5-1 network, a box, every neuron split as at a random point of it (feasible), and
+  the LP minimum of the output there: ``(f, lo, hi, pattern, lp)``."""
   ws, bs = _net(seed + 20, (2, 5, 5, 1))
-  f = _apply(ws, bs)
   rng = np.random.default_rng(seed)
   lo = rng.uniform(-1, -0.2, 2)
   hi = lo + rng.uniform(0.5, 1.2, 2)
   x0 = rng.uniform(lo, hi, (1, 2))
   zs, _ = _pre_np(ws, bs, x0)
   pattern = [np.where(z[0] >= 0, 1, -1).astype(np.int8) for z in zs]
-  lp = _lp_min(ws, bs, np.ones(1), lo, hi, pattern)
+  return _apply(ws, bs), lo, hi, pattern, _lp_min(ws, bs, np.ones(1), lo, hi, pattern)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fully_split_network_reaches_the_lp_minimum(seed):
+  """Every neuron split: the ReLUs are exact, so the bound is the Lagrangian dual of an LP;
+  it never exceeds the LP minimum, and the optimised β reach it (strong duality)."""
+  f, lo, hi, pattern, lp = _fully_split(seed)
   assert lp is not None
   box = bj.Interval(jnp.asarray(lo[None]), jnp.asarray(hi[None]))
   sp = [p[None] for p in pattern]
@@ -222,15 +227,7 @@ def test_split_neurons_are_exact_in_sound_mode_whatever_their_warm_slopes(seed):
   iterate): the sound bound with warm α all 0 or all 1 equals float CROWN's to rounding, and
   stays below the LP minimum. (Rounding the clipped 0 outward made every split neuron
   unstable: relaxed by its warm α, the bound fell below CROWN's.)"""
-  ws, bs = _net(seed + 20, (2, 5, 5, 1))
-  f = _apply(ws, bs)
-  rng = np.random.default_rng(seed)
-  lo = rng.uniform(-1, -0.2, 2)
-  hi = lo + rng.uniform(0.5, 1.2, 2)
-  x0 = rng.uniform(lo, hi, (1, 2))
-  zs, _ = _pre_np(ws, bs, x0)
-  pattern = [np.where(z[0] >= 0, 1, -1).astype(np.int8) for z in zs]
-  lp = _lp_min(ws, bs, np.ones(1), lo, hi, pattern)
+  f, lo, hi, pattern, lp = _fully_split(seed)
   box = bj.Interval(jnp.asarray(lo[None]), jnp.asarray(hi[None]))
   sp = [p[None] for p in pattern]
   crown_lb = float(bj.crown(f, splits=True)(box, splits=sp).lower[0, 0])

@@ -15,6 +15,7 @@ import pytest
 from boundjax.core.interval import Interval
 from boundjax.verify import chain
 from boundjax.verify.leaf import affine_pattern, solve_leaf
+from tests.test_crown_splits import _pre_np as _pre
 
 
 def _net(seed: int, sizes=(3, 10, 10, 2)):
@@ -22,17 +23,6 @@ def _net(seed: int, sizes=(3, 10, 10, 2)):
   ws = [rng.normal(size=(o, i)) / np.sqrt(i) for i, o in zip(sizes[:-1], sizes[1:])]
   bs = [0.3 * rng.normal(size=o) for o in sizes[1:]]
   return ws, bs
-
-
-def _pre(ws, bs, x):
-  """Hidden pre-activations and outputs (float64 NumPy)."""
-  zs, h = [], x
-  for k, (w, b) in enumerate(zip(ws, bs)):
-    z = h @ w.T + b
-    if k < len(ws) - 1:
-      zs.append(z)
-      h = np.maximum(z, 0.0)
-  return zs, z
 
 
 def _feasible(ws, bs, splits, x):
