@@ -436,8 +436,8 @@ def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: 
     cl, cu = _clip_np([l[None] for l in root_l], [u[None] for u in root_u], none)
     score = _scores([_rows(x) for x in lams], cl, cu, none, np.argmax(best, axis=1))
     return score, bab.Bounded(
-        {"splits": tuple(none), "alpha": tuple(np.asarray(a) for a in alphas),
-         "beta": tuple(np.asarray(b) for b in betas), "score": score,
+        {"splits": tuple(none), "alpha": _stored(alphas), "beta": _stored(betas),
+         "score": score.astype(np.float32),
          "bound": best.max(axis=1)},
         priority=best.max(axis=1))
 
@@ -482,8 +482,8 @@ def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: 
       return jnp.asarray(np.concatenate([x, np.repeat(x[-1:], pad, 0)]) if pad else x)
 
     out, inf = bounder(p, box, splits=[padded(x) for x in children["splits"]], pre=known,
-                       warm=([padded(x) for x in children["alpha"]],
-                             [padded(x) for x in children["beta"]]))
+                       warm=([padded(_warm(x, dt)) for x in children["alpha"]],
+                             [padded(_warm(x, dt)) for x in children["beta"]]))
     bnd = np.asarray(out.lower, np.float64)[:n]
     bnd = np.where(np.isnan(bnd), -np.inf, bnd)
     report.nodes += n
@@ -504,8 +504,8 @@ def _split_search(problem: Problem, region: Region, disjunct: Disjunct, replay: 
       if hit is not None:
         return bab.Bounded(None, counterexample=hit)
     nodes = {"splits": children["splits"],
-             "alpha": tuple(np.asarray(a)[:n] for a in inf.alpha),
-             "beta": tuple(np.asarray(b)[:n] for b in inf.beta), "score": score, "bound": low}
+             "alpha": _stored(inf.alpha, n), "beta": _stored(inf.beta, n),
+             "score": score.astype(np.float32), "bound": low}
     return bab.Bounded(nodes, priority=low, closed=low > 0)
 
   def settle_leaves(children, inf, cl, cu, no_unstable, low):
@@ -652,6 +652,20 @@ def _root(problem: Problem, lo: np.ndarray, hi: np.ndarray, prior) -> tuple:
     ubs = [np.minimum(a, np.asarray(b, np.float64)) for a, b in zip(ubs, prior[1])]
   return (best, np.asarray(info.input_coeffs[0]), info.relu_coeffs, info.alpha, info.beta,
           lbs, ubs)
+
+
+def _stored(params, n: int | None = None) -> tuple:
+  """A node's α or β (per ReLU node ``(B, 2, m, n_i)``: lower rows, upper rows) as the frontier
+  keeps them: the lower rows only (the search bounds ``C y - d`` from below) in float32, a
+  quarter of the bytes, so a frontier byte cap holds four times the domains. Any α in [0, 1]
+  and β >= 0 is a valid warm start, so the rounding costs no soundness."""
+  return tuple(np.asarray(a)[:n, 0].astype(np.float32) for a in params)
+
+
+def _warm(x: np.ndarray, dtype) -> np.ndarray:
+  """A stored α or β (`_stored`) as the engine's warm start: the lower rows for both."""
+  x = np.asarray(x, dtype)
+  return np.stack([x, x], axis=1)
 
 
 def _known_of(lbs, ubs, batch: int, dtype) -> list:
