@@ -38,14 +38,16 @@ pre-activation bounds are interval arithmetic from its previous (refined) post-R
 intersected with ``[l + dl, u + du]``; and the pre-activation difference is intersected with
 ``[l# - u, u# - l]``.
 
-Every bound comes from the engine: each layer is one call of ``bj.difference(..., form="paper",
-sound=True)`` (`boundjax.domains.difference`, which implements the formulas above) on float64
-arrays, with the layer input given as a `boundjax.DiffInterval`. Between layers N's bounds are
-replaced by the given ones (``method``'s `milp.bounds.compute`, or ``ref_bounds``), N#'s are
-intersected with the caller's, and the engine's refinement (`boundjax.domains.difference.tighten`)
-re-derives the difference; every sum is rounded outward by the engine's sound mode, so concrete
-float64 replays and the exact networks lie inside. Sparse layer matrices (convolutions from
-`milp.network.from_flax`) are densified for the engine.
+Every bound comes from the engine, in one call: ``bj.difference(affine_chain, form="paper",
+sound=True, return_info=True)`` (`boundjax.domains.difference`, which implements the formulas
+above) on float64 arrays, where `milp.bounds.affine_chain` is the `Network`'s affine view. N's
+given bounds (``method``'s `milp.bounds.compute`, or ``ref_bounds``) and N#'s (CROWN with
+``"crown"``, and the caller's) enter as the call's ``known`` enclosures of every ReLU input: the
+engine meets them with its own where each layer is computed and refines the difference
+(`boundjax.domains.difference.meet`), so every later layer starts from them; the logits are met
+with the last layer's bounds the same way. Every sum is rounded outward by the engine's sound
+mode, so concrete float64 replays and the exact networks lie inside. Sparse layer matrices
+(convolutions from `milp.network.from_flax`) are densified for the engine.
 """
 
 from __future__ import annotations
@@ -116,28 +118,31 @@ def _check_pair(net: Network, hyper: Network) -> None:
                      f"{hyper.input_shape}.")
 
 
-def _affine(params: tuple[Any, Any], h: jax.Array) -> jax.Array:
-  w, b = params
-  return jnp.dot(w, h) + b
-
-
 def _relu(params: tuple, z: jax.Array) -> jax.Array:
   del params
   return jnp.maximum(z, 0.0)
 
 
 @functools.lru_cache(maxsize=None)
-def _engine_step(kind: str):
-  """One jitted engine call: ``"affine"`` ``(p_ref, p_hyp, DiffInterval) -> DiffInterval`` of
-  ``W h + b``; ``"relu"`` ``DiffInterval -> DiffInterval`` of ``max(z, 0)``; ``"tighten"`` the
-  domain's refinement. All in sound mode."""
-  if kind == "affine":
-    bound = bj.difference(_affine, form="paper", sound=True)
-    return jax.jit(bound)
-  if kind == "relu":
-    bound = bj.difference(_relu, form="paper", sound=True)
-    return jax.jit(lambda v: bound((), (), v))
-  return jax.jit(functools.partial(diff_domain.tighten, sound=True))
+def _relu_step():
+  """``DiffInterval -> DiffInterval`` of ``max(z, 0)``: the engine's ReLU rule, sound mode."""
+  bound = bj.difference(_relu, form="paper", sound=True)
+  return jax.jit(lambda v: bound((), (), v))
+
+
+@functools.lru_cache(maxsize=None)
+def _whole_network():
+  """``(p_ref, p_hyp, lo, hi, known, last) -> (pre-activation DiffIntervals, DifferenceInfo)``:
+  one engine call bounding every layer of `milp.bounds.affine_chain` (sound mode), the logits
+  met with ``last``."""
+  bound = bj.difference(bounds_mod.affine_chain, form="paper", sound=True, return_info=True)
+
+  def run(p_ref, p_hyp, lo, hi, known, last):
+    outs, info = bound(p_ref, p_hyp, Interval(lo, hi, validate=False), known=known)
+    outs = list(outs)
+    outs[-1] = diff_domain.meet(outs[-1], last, sound=True)
+    return outs, info
+  return jax.jit(run)
 
 
 def _iv64(lo: Any, hi: Any) -> Interval:
@@ -158,7 +163,7 @@ def relu_difference(d: Pair, ref: Pair, hyp: Pair) -> Pair:
   ``zhat# in hyp`` (LUCID, §6.2, and our refinements; see the module docstring): the engine's
   ReLU rule of the difference domain in sound mode."""
   with jax.enable_x64(True):
-    out = _engine_step("relu")(_diff(ref, hyp, d))
+    out = _relu_step()(_diff(ref, hyp, d))
     return _pairs(out)[2]
 
 
@@ -207,27 +212,20 @@ def difference_bounds(net: Network, hyper: Network, lo: Any, hi: Any,
       if hb is not None:
         extra[m] = hb if extra[m] is None else (np.maximum(extra[m][0], hb[0]),
                                                 np.minimum(extra[m][1], hb[1]))
-  pre: list[Pair] = []
-  post: list[Pair] = []
-  hyp: Bounds = []
-  zero = np.zeros_like(lo)
+
+  def known(m: int) -> bj.DiffInterval:
+    hb = None if extra[m] is None else _iv64(*extra[m])
+    return bj.DiffInterval(_iv64(*ref[m]), hb, None)
+
   n = len(net.layers)
   with jax.enable_x64(True):
-    v = _diff((lo, hi), (lo, hi), (zero, zero))  # the shared input: delta 0
-    for m, (a, h) in enumerate(zip(net.layers, hyper.layers)):
-      out = _engine_step("affine")(bounds_mod.layer_params(a), bounds_mod.layer_params(h), v)
-      _, (Lh, Uh), (d_lo, d_hi) = _pairs(out)
-      if extra[m] is not None:
-        Lh, Uh = np.maximum(Lh, extra[m][0]), np.minimum(Uh, extra[m][1])
-      v = _engine_step("tighten")(_diff(ref[m], (Lh, np.maximum(Uh, Lh)), (d_lo, d_hi)))
-      _, (Lh, Uh), (d_lo, d_hi) = _pairs(v)
-      pre.append((d_lo, d_hi))
-      hyp.append((Lh, Uh))
-      if m == n - 1:
-        break
-      v = _engine_step("relu")(v)
-      post.append(_pairs(v)[2])
-  return DifferenceBounds(tuple(pre), tuple(post), list(ref), hyp)
+    outs, info = _whole_network()(bounds_mod.network_params(net), bounds_mod.network_params(hyper),
+                                  jnp.asarray(lo), jnp.asarray(hi),
+                                  [known(m) for m in range(n - 1)], known(n - 1))
+    layers = [_pairs(v) for v in outs]
+    post = tuple(_pairs(v)[2] for v in info.post)
+  return DifferenceBounds(tuple(d for _, _, d in layers), post, [r for r, _, _ in layers],
+                          [h for _, h, _ in layers])
 
 
 def naive_difference(net: Network, hyper: Network, lo: Any, hi: Any) -> tuple[list[Pair], list[Pair]]:

@@ -304,6 +304,23 @@ def mark_dependence(program: Program, box_inputs: Sequence[bool]) -> Program:
   return program
 
 
+def relu_nodes(program: Program) -> tuple:
+  """``(z, index of its first ReLU equation)`` of every distinct box-dependent input ``z`` of a
+  ReLU-like equation ``max(z, c)`` / ``min(z, c)`` (one box-dependent float operand of two:
+  ``jax.nn.relu``, ``jnp.maximum(z, 0)``, clips), in program order. The same nodes, in the same
+  order, as ``bj.crown``'s ``splits``/``pre`` for a function whose ReLUs all read the box.
+  Needs `mark_dependence` first."""
+  seen, nodes = set(), []
+  for i, e in enumerate(program.eqns):
+    if e.name not in ("max", "min") or len(e.invars) != 2 or len(e.abstract_pos) != 1:
+      continue
+    z = e.invars[e.abstract_pos[0]]
+    if jnp.issubdtype(z.aval.dtype, jnp.floating) and z not in seen:
+      seen.add(z)
+      nodes.append((z, i))
+  return tuple(nodes)
+
+
 def highest_precision(program: Program) -> Program:
   """Sets ``precision=HIGHEST`` on every matrix product and convolution (sound modes)."""
   highest = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)

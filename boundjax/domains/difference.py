@@ -45,9 +45,17 @@ Bias is included, as in LUCID, §6.2 (the authors' public code drops ``I_b``). E
 ordinary JAX: the result can be jitted, vmapped and differentiated.
 
 Arguments may also be `DiffInterval`s: a value that already differs between the two networks
-(its ``ref``, ``other`` and ``delta`` enclosures are given), e.g. a layer's input when a caller
-bounds a network layer by layer and intersects each layer with bounds of its own
-(`milp.difference`). `tighten` applies the refinement above to a `DiffInterval`.
+(its ``ref``, ``other`` and ``delta`` enclosures are given), e.g. the input of a network's
+suffix. `tighten` applies the refinement above to a `DiffInterval`, and `meet`
+intersects one with enclosures known from elsewhere.
+
+Known bounds at ReLU nodes (``known=``, one entry per distinct box-dependent input ``z`` of a
+``max(z, c)``/``min(z, c)``, `boundjax.core.program.relu_nodes`, the nodes of ``bj.crown``'s
+``pre``): where the node's value is computed, each of its three enclosures is met with the given
+one (e.g. N's CROWN or LP bounds, N#'s own bounds) and refined, so every later layer starts from
+the tighter enclosures; ``return_info=True`` also returns every node's enclosures
+(`DifferenceInfo`). This is how a caller with bounds of its own bounds a whole network in one call
+(LUCID, §6.2, with N's bounds from its MILP tightening).
 
 Floating point: by default, like ``bj.ibp`` without ``sound=True``, bounds hold up to the
 rounding of the working precision. With ``sound=True`` every bound is rounded outward so it holds
@@ -64,7 +72,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -691,6 +699,68 @@ def tighten(v: DiffInterval, *, sound: bool = False) -> DiffInterval:
   return DiffInterval(out.r, out.o, out.d)
 
 
+def _meet_known(a, k: Interval | None):
+  """``a ∩ k`` for one enclosure (an exact array ``a``, or a missing ``k``, is kept)."""
+  return a if k is None else _meet(a, k.lower, k.upper)
+
+
+def _know(v: Any, k: "DiffInterval | None", ctx: DifferenceContext | None) -> Any:
+  """A node's value met with the enclosures ``k`` known for it, then refined (`_tighten`). A
+  value identical in both networks (``d`` None) is met with both ``k.ref`` and ``k.other``."""
+  if k is None or not _is_dv(v):
+    return v
+  r = _meet_known(v.r, k.ref)
+  if v.d is None:
+    r = _meet_known(r, k.other)
+    return _DV(r, r, None)
+  return _tighten(_DV(r, _meet_known(v.o, k.other), _meet_known(v.d, k.delta)), ctx)
+
+
+def meet(v: DiffInterval, known: DiffInterval, *, sound: bool = False) -> DiffInterval:
+  """``v``'s three enclosures met with ``known``'s (a None component is unknown), then refined
+  as by `tighten`. Sound whenever both enclose the same values of N and N#."""
+  out = _know(_argument_value(v), known, DifferenceContext(sound=sound))
+  return DiffInterval(out.r, out.o, out.d)
+
+
+class DifferenceInfo(NamedTuple):
+  """Enclosures at the ReLU nodes (`boundjax.core.program.relu_nodes`, program order) of one
+  call with ``return_info=True``.
+
+  Attributes:
+    pre: per node, the `DiffInterval` of its input ``z`` (met with ``known``, refined).
+    post: per node, the `DiffInterval` of the output of its first ``max(z, c)``/``min(z, c)``.
+  """
+  pre: tuple
+  post: tuple
+
+
+def _check_known(known: Any, nodes: tuple) -> list:
+  """``known`` as one `DiffInterval`-or-None per node, shapes checked."""
+  if known is None:
+    return [None] * len(nodes)
+  known = list(known)
+  if len(known) != len(nodes):
+    raise ValueError(f"difference: known needs one entry per ReLU node ({len(nodes)}), got "
+                     f"{len(known)}.")
+  for k, (entry, (z, _)) in enumerate(zip(known, nodes)):
+    if entry is None:
+      continue
+    if not isinstance(entry, DiffInterval):
+      raise ValueError(f"difference: known[{k}] must be a DiffInterval (components may be None) "
+                       f"or None, got {type(entry).__name__}.")
+    for name in ("ref", "other", "delta"):
+      c = getattr(entry, name)
+      if c is None:
+        continue
+      if not isinstance(c, Interval):
+        raise ValueError(f"difference: known[{k}].{name} must be an Interval or None.")
+      if tuple(jnp.shape(c.lower)) != z.shape or tuple(jnp.shape(c.upper)) != z.shape:
+        raise ValueError(f"difference: known[{k}].{name} has shape {jnp.shape(c.lower)}, the "
+                         f"ReLU node has shape {z.shape}.")
+  return known
+
+
 def _check_pair(ref_leaves, oth_leaves, ref_tree, oth_tree) -> None:
   if ref_tree != oth_tree:
     raise ValueError(
@@ -716,7 +786,7 @@ def _output(v):
 
 
 def difference(fn: Callable, *, matmul: str = "best", form: str = "both",
-               sound: bool = False) -> Callable:
+               sound: bool = False, return_info: bool = False) -> Callable:
   """Difference intervals of ``fn`` between two parameter sets on shared arguments.
 
   Args:
@@ -727,6 +797,13 @@ def difference(fn: Callable, *, matmul: str = "best", form: str = "both",
     form: "both" (default) or "paper": which exact bilinear identity bounds ``d`` (module
       docstring).
     sound: round every bound outward so it holds in exact arithmetic (module docstring).
+    return_info: also return a `DifferenceInfo`: the enclosures at every ReLU node.
+
+  The returned function takes one keyword-only argument of its own (not passed to ``fn``):
+  ``known``, one entry per ReLU node (`boundjax.core.program.relu_nodes`; None for none), a
+  `DiffInterval` whose components (`Interval`s of the node's shape, or None) are sound
+  enclosures of N's value, N#'s value and their difference at that node, met with the computed
+  ones where the node is computed (module docstring). The caller vouches for their soundness.
 
   Returns:
     ``bounded(params_ref, params_other, *args, **kwargs)``: ``params_ref`` is N (arrays; `Interval`
@@ -737,7 +814,8 @@ def difference(fn: Callable, *, matmul: str = "best", form: str = "both",
     parameter that differs are `DiffInterval`; the others are arrays.
 
   Raises:
-    ValueError: the two parameter trees differ in structure or leaf shapes.
+    ValueError: the two parameter trees differ in structure or leaf shapes, or ``known``
+      does not match the ReLU nodes.
     UnsupportedPrimitiveError: ``fn`` uses a primitive with no difference rule.
   """
   if not isinstance(sound, bool):
@@ -746,6 +824,7 @@ def difference(fn: Callable, *, matmul: str = "best", form: str = "both",
 
   @functools.wraps(fn)
   def bounded(params_ref, params_other, *args, **kwargs):
+    known = kwargs.pop("known", None)
     ref_leaves, ref_tree = jax.tree_util.tree_flatten(params_ref, is_leaf=is_interval)
     oth_leaves, oth_tree = jax.tree_util.tree_flatten(params_other, is_leaf=is_interval)
     _check_pair(ref_leaves, oth_leaves, ref_tree, oth_tree)
@@ -776,9 +855,32 @@ def difference(fn: Callable, *, matmul: str = "best", form: str = "both",
         values.append(_DV(leaf, leaf, None) if is_interval(leaf) else leaf)
     program = prog_lib.trace(fn, arguments)
     prog_lib.mark_dependence(program, [_is_dv(v) for v in values])
-    outs = prog_lib.evaluate(program, values, functools.partial(abstract_eqn, ctx))
+    nodes = prog_lib.relu_nodes(program)
+    known = _check_known(known, nodes)
+    node_of = {z: k for k, (z, _) in enumerate(nodes)}
+    first_use = {id(program.eqns[i]): k for k, (_, i) in enumerate(nodes)}
+    pre, post = [None] * len(nodes), [None] * len(nodes)
+
+    def step(eqn, invals):
+      outs = abstract_eqn(ctx, eqn, invals)
+      for j, z in enumerate(eqn.outvars):
+        if z in node_of:
+          k = node_of[z]
+          outs[j] = pre[k] = _know(outs[j], known[k], ctx)
+      if id(eqn) in first_use:
+        post[first_use[id(eqn)]] = outs[0]
+      return outs
+
+    for j, z in enumerate(program.invars):  # a node that is an argument itself
+      if z in node_of:
+        k = node_of[z]
+        values[j] = pre[k] = _know(values[j], known[k], ctx)
+    outs = prog_lib.evaluate(program, values, step)
     outs = prog_lib.check_outputs([_output(o) for o in outs], where="bj.difference",
                                   program=program)
-    return jax.tree_util.tree_unflatten(program.out_tree, outs)
+    out = jax.tree_util.tree_unflatten(program.out_tree, outs)
+    if not return_info:
+      return out
+    return out, DifferenceInfo(tuple(_output(v) for v in pre), tuple(_output(v) for v in post))
 
   return bounded
