@@ -208,6 +208,8 @@ def _select_fn(a, b, c, w):
   return jnp.where(a > 0, b, c), lax.select_n(w, a, b, c)
 
 
+_ONE_DEVICE = jax.sharding.SingleDeviceSharding(jax.devices()[0])  # a placement hint
+
 DROPPED_BY_PROGRAM = frozenset({"stop_gradient"})
 """Primitives `boundjax.core.program` removes before any domain sees them."""
 
@@ -295,6 +297,8 @@ INTERVAL_CASES: dict[str, Case] = {
     "stop_gradient": _unary(lax.stop_gradient),
     "copy": _unary(lambda x: lax.copy_p.bind(x)),
     "optimization_barrier": _unary(lambda x: lax.optimization_barrier((x, 2 * x))),
+    "device_put": _unary(lambda x: jax.device_put(x) - jax.device_put((x, 2 * x))[1]),
+    "sharding_constraint": _unary(lambda x: lax.with_sharding_constraint(x, _ONE_DEVICE) * 3),
     "reshape": _unary(lambda x: x.reshape(-1)),
     "broadcast_in_dim": _unary(lambda x: jnp.broadcast_to(x, (2,) + x.shape)),
     "transpose": _unary(lambda x: x.T),
@@ -457,6 +461,13 @@ DIFFERENCE_CASES: dict[str, DiffCase] = {
     "stop_gradient": _dcase(lambda p, x: lax.stop_gradient(x * p["w"])),
     "copy": _dcase(lambda p, x: lax.copy_p.bind(x * p["w"])),
     "optimization_barrier": _dcase(lambda p, x: lax.optimization_barrier((x * p["w"], x))),
+    "device_put": _dcase(lambda p, x: jax.device_put((x * p["w"], x))),
+    "sharding_constraint": _dcase(lambda p, x: lax.with_sharding_constraint(x * p["w"],
+                                                                           _ONE_DEVICE)),
+    "reduce_min": _dcase(lambda p, x: jnp.min(x * p["w"], axis=1), (2, 3), {"w": (2, 3)}),
+    "reduce_window_min": _dcase(
+        lambda p, x: lax.reduce_window(x * p["w"], jnp.inf, lax.min, (1, 2), (1, 1), "VALID"),
+        (2, 3), {"w": (2, 3)}),
     "reshape": _dcase(lambda p, x: (x * p["w"]).reshape(-1), (2, 3), {"w": (2, 3)}),
     "broadcast_in_dim": _dcase(lambda p, x: x + p["w"][:, None], (3, 2), {"w": (3,)}),
     "transpose": _dcase(lambda p, x: (x * p["w"]).T, (2, 3), {"w": (2, 3)}),

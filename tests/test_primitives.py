@@ -74,9 +74,38 @@ def test_crown_transposes_every_linear_primitive_exactly():
       assert name in P.BILINEAR or name == "div", name
 
 
-def test_difference_domain_covers_every_linear_primitive_with_an_interval_rule():
-  missing = sorted(P.LINEAR & set(interval_domain.RULES) - set(diff_domain.RULES))
-  assert not missing, missing
+@pytest.mark.parametrize("table", ["interval", "difference", "crown"])
+def test_every_table_has_every_linear_bilinear_and_max_min_primitive(table):
+  """The tables are built from the classification: every primitive it calls linear, bilinear or
+  a maximum/minimum has a rule (CROWN: a record, or a rewrite into equations that have one)."""
+  keys = {"interval": set(interval_domain.RULES), "difference": set(diff_domain.RULES),
+          "crown": set(crown_rules.OPS) | set(crown_rules._ONE_PER_OUTPUT)}[table]
+  missing = sorted((P.LINEAR | P.BILINEAR | P.MAX_MIN) - keys)
+  assert not missing, f"{table} has no rule for {missing}"
+
+
+@pytest.mark.parametrize("transform", ["ibp", "crown", "difference"])
+def test_identities_pass_values_through(transform):
+  """Copies and placement hints (`P.IDENTITY`) are the identity in every domain: ``x - hint(x)``
+  is bounded by 0 where the domain keeps the correlation (CROWN), and the box itself
+  passes through unchanged."""
+  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  hints = lambda x: (jax.device_put((x, 2 * x))[1],
+                     lax.with_sharding_constraint(x, one), lax.copy_p.bind(x))
+  if transform == "difference":
+    fn = lambda p, x: hints(x * p)
+    w = jnp.ones(6)
+    out = bj.difference(fn)(w, w, BOX)
+    outs = [o.ref for o in out]
+  else:
+    outs = list(getattr(bj, transform)(hints)(BOX))
+  for o, scale in zip(outs, (2.0, 1.0, 1.0)):
+    np.testing.assert_array_equal(np.asarray(o.lower), scale * np.asarray(BOX.lower))
+    np.testing.assert_array_equal(np.asarray(o.upper), scale * np.asarray(BOX.upper))
+  if transform == "crown":
+    out = bj.crown(lambda x: hints(x)[0] - 2 * hints(x)[1] + hints(x)[2] - x)(BOX)
+    np.testing.assert_allclose(np.asarray(out.lower), 0.0, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(out.upper), 0.0, atol=1e-6)
 
 
 def test_milp_encoder_reads_the_classification():

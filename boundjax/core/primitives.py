@@ -19,6 +19,8 @@ Every set holds JAX primitive names (``eqn.primitive.name``), never function nam
 * `BILINEAR`: linear in each operand when the others are concrete (``mul``, ``dot_general``,
   ``conv_general_dilated``): affine iff exactly one operand depends on the box; a product of two
   box-dependent operands needs a relaxation (McCormick planes).
+* `IDENTITY` (part of `DATA_MOVEMENT`): the identity on each operand (copies, and placement or
+  scheduling hints); every domain passes the value through unchanged.
 * `MAX_MIN`: entrywise or windowed maxima and minima (ReLU is ``max(x, 0)``).
 * `PIECEWISE_CONSTANT`: order statistics and roundings whose value is not a max/min of
   linear pieces (argmax, sort, floor, ...): neither linear nor encodable by big-M constraints
@@ -41,6 +43,14 @@ DATA_MOVEMENT = frozenset({
     "sharding_constraint",
 })
 """Pure data movement: linear, exact in floats."""
+
+IDENTITY = frozenset({
+    "copy", "stop_gradient", "optimization_barrier", "device_put", "sharding_constraint",
+})
+"""The identity on each operand (a copy, a scheduling or placement hint)."""
+
+SEVERAL_RESULTS = frozenset({"optimization_barrier", "device_put", "split"})
+"""Data movement returning a list of results (one per operand for the identities)."""
 
 ARITHMETIC_LINEAR = frozenset({
     "add", "add_any", "sub", "neg", "reduce_sum", "reduce_window_sum", "cumsum", "scatter-add",

@@ -79,7 +79,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from boundjax.core import rounding
+from boundjax.core import primitives, rounding
 from boundjax.core import program as prog_lib
 from boundjax.domains import interval as interval_domain
 from boundjax.core.errors import UnsupportedPrimitiveError
@@ -609,8 +609,19 @@ def _select_n_rule(ctx, pred, *cases, **params):
   return _DV(r, o, d)
 
 
+def _negated(max_rule: Callable) -> Callable:
+  """A minimum's rule from the maximum's: ``min f(x) = -max f(-x)`` (exact negations)."""
+  def rule(ctx, x, **params):
+    return _negate(max_rule(ctx, _negate(x), **params))
+  return rule
+
+
 def _identity(ctx, x, **_):
   return x
+
+
+def _identities(ctx, *xs, **_):
+  return list(xs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -625,15 +636,12 @@ def _build_rules() -> dict[str, Callable]:
       "conv_general_dilated": _bilinear("conv_general_dilated"),
       "max": _max_rule, "min": _min_rule,
       "reduce_max": _reduce_max_rule, "reduce_window_max": _reduce_window_max_rule,
+      "reduce_min": _negated(_reduce_max_rule),
+      "reduce_window_min": _negated(_reduce_window_max_rule),
       "select_n": _select_n_rule,
-      "stop_gradient": _identity, "copy": _identity,
-      "optimization_barrier": lambda ctx, *xs: list(xs),
   }
-  for name in ("reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice",
-               "rev", "reduce_sum", "reduce_window_sum", "cumsum", "convert_element_type",
-               "concatenate", "pad", "reduce_precision", "real"):
-    if getattr(lax, name + "_p", None) is not None:
-      r[name] = _linear(name)
+  for name in primitives.IDENTITY:  # copies and hints: the value itself
+    r[name] = _identities if name in primitives.SEVERAL_RESULTS else _identity
   r["convert_element_type"] = _rounding_rule("convert_element_type")
   r["reduce_precision"] = _rounding_rule("reduce_precision")
   for name in ("dynamic_slice", "gather"):
@@ -643,6 +651,10 @@ def _build_rules() -> dict[str, Callable]:
   for name in ("scatter-add", "scatter-sub"):
     r[name] = _linear(name, index_pos=(1,))
   r["scatter"] = _scatter_rule
+  # every other linear primitive (`boundjax.core.primitives.LINEAR`): f(x#) - f(x) = f(x# - x)
+  for name in sorted(primitives.LINEAR - set(r)):
+    r[name] = _linear(name)
+  r["real"] = _linear("real")
   return r
 
 

@@ -59,7 +59,7 @@ import numpy as np
 from jax import lax
 
 from boundjax import nn
-from boundjax.core import rounding
+from boundjax.core import primitives, rounding
 from boundjax.core import budgets
 from boundjax.core import program as prog_lib
 from boundjax.core.errors import UnsupportedPrimitiveError
@@ -954,6 +954,14 @@ MONOTONE: dict[str, tuple[bool, tuple, float | None]] = {
 from `boundjax.core.budgets`."""
 
 
+def _identity(multiple: bool) -> Callable:
+  """The rule of an identity primitive (`boundjax.core.primitives.IDENTITY`): every operand as
+  it is (one result per operand when the primitive returns several)."""
+  if multiple:
+    return lambda ctx, *xs, **params: list(xs)
+  return lambda ctx, x, **params: x
+
+
 def _build_rules() -> dict[str, Callable]:
   r: dict[str, Callable] = {
       "add": _add, "add_any": _add, "sub": _sub, "neg": _neg, "mul": _mul, "div": _div,
@@ -975,35 +983,29 @@ def _build_rules() -> dict[str, Callable]:
       "cummin": _cumulative(lax.cummin_p), "cumlogsumexp": _cumlogsumexp,
       "dot_general": _bilinear(lax.dot_general_p.bind, _dot_exact, dot_count),
       "conv_general_dilated": _bilinear(lax.conv_general_dilated_p.bind, None, conv_count),
-      "stop_gradient": lambda ctx, x: x,
-      "copy": lambda ctx, x: x,
-      "optimization_barrier": lambda ctx, *xs: list(xs),
   }
+  for name in primitives.IDENTITY:  # copies and hints: the value itself
+    r[name] = _identity(name in primitives.SEVERAL_RESULTS)
   for name, (increasing, range_, zero) in MONOTONE.items():
     r[name] = _monotone(_p(name).bind, _monotone_info(name, range_, zero), increasing)
-  structural = ["reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice",
-                "dynamic_slice", "gather", "concatenate", "pad", "rev", "split",
-                "dynamic_update_slice"]
-  # (no rule for ``real``: a box is never complex and no rule produces complex values)
-  for name in structural:
-    prim = getattr(lax, name + "_p", None)
-    if prim is None:
-      continue
-    if name in ("concatenate",):
-      r[name] = lambda ctx, *xs, **p: _iv(lax.concatenate_p.bind(*[lo_(x) for x in xs], **p),
-                                          lax.concatenate_p.bind(*[hi_(x) for x in xs], **p))
-    elif name == "pad":
-      r[name] = lambda ctx, x, v, **p: _iv(lax.pad_p.bind(lo_(x), lo_(v), **p),
-                                           lax.pad_p.bind(hi_(x), hi_(v), **p))
-    elif name == "dynamic_update_slice":
-      r[name] = lambda ctx, x, u, *idx, **p: _iv(
+  # data movement (`boundjax.core.primitives.DATA_MOVEMENT`: every result entry is one operand
+  # entry or a fill, order-preserving): the primitive applied to the lower ends and to the upper
+  # ends; those with several operands or results by name, index-reading ones below
+  several = {
+      "concatenate": lambda ctx, *xs, **p: _iv(lax.concatenate_p.bind(*[lo_(x) for x in xs], **p),
+                                               lax.concatenate_p.bind(*[hi_(x) for x in xs], **p)),
+      "pad": lambda ctx, x, v, **p: _iv(lax.pad_p.bind(lo_(x), lo_(v), **p),
+                                        lax.pad_p.bind(hi_(x), hi_(v), **p)),
+      "dynamic_update_slice": lambda ctx, x, u, *idx, **p: _iv(
           lax.dynamic_update_slice_p.bind(lo_(x), lo_(u), *idx, **p),
-          lax.dynamic_update_slice_p.bind(hi_(x), hi_(u), *idx, **p))
-    elif name == "split":
-      r[name] = lambda ctx, x, **p: [
-          _iv(a, b) for a, b in zip(lax.split_p.bind(x.lower, **p), lax.split_p.bind(x.upper, **p))]
-    else:
-      r[name] = _structural(prim)
+          lax.dynamic_update_slice_p.bind(hi_(x), hi_(u), *idx, **p)),
+      "split": lambda ctx, x, **p: [
+          _iv(a, b) for a, b in zip(lax.split_p.bind(x.lower, **p), lax.split_p.bind(x.upper, **p))],
+  }
+  indexed = {"gather", "dynamic_slice", "scatter"}
+  for name in sorted(primitives.DATA_MOVEMENT - set(r) - indexed):
+    r[name] = several[name] if name in several else _structural(_p(name))
+  # (no rule for ``real``: a box is never complex and no rule produces complex values)
   r["gather"] = _indexed(lax.gather_p, _gather_bounded_index)
   r["dynamic_slice"] = _indexed(lax.dynamic_slice_p, _dynamic_slice_bounded_index)
   r["sort"] = _sort

@@ -16,7 +16,7 @@ from jax import lax
 from jax._src.lax import lax as lax_internal  # copy_p is not exported by jax.lax
 
 from boundjax.core import budgets
-from boundjax.core import rounding
+from boundjax.core import primitives, rounding
 from boundjax.core import program as prog_lib
 from boundjax.core.program import Lit as _Lit, Var as _Var
 from boundjax.domains import interval as interval_domain
@@ -515,42 +515,51 @@ class OpRecord:
   relax: str = ""
 
 
+_REWRITTEN = frozenset({"split"}) | (primitives.IDENTITY - {"copy"})
+"""Linear primitives rewritten into other equations before CROWN's pass (`_ONE_PER_OUTPUT`)."""
+
+_AFFINE_TRAITS: dict[str, dict] = {
+    "add": dict(additive=True, pattern_safe=True),
+    "add_any": dict(additive=True, pattern_safe=True),
+    "sub": dict(additive=True),
+    "neg": dict(exact_transpose=True),
+    "reshape": dict(exact_transpose=True, pattern_safe=True),
+    "broadcast_in_dim": dict(pattern_safe=True),
+    "transpose": dict(exact_transpose=True, pattern_safe=True),
+    "squeeze": dict(exact_transpose=True, pattern_safe=True),
+    "reduce_sum": dict(exact_transpose=True, pattern_safe=True),
+    "reduce_window_sum": dict(pattern_safe=True),
+    "concatenate": dict(additive=True, exact_transpose=True),
+    "slice": dict(exact_transpose=True, pattern_safe=True),
+    "pad": dict(additive=True, exact_transpose=True, pattern_safe=True),
+    "convert_element_type": dict(pattern_safe=True),
+    "copy": dict(exact_transpose=True, pattern_safe=True),
+    "rev": dict(exact_transpose=True),
+    "select_n": dict(index_operands=(0,), additive=True, exact_transpose=True),
+    "dynamic_slice": dict(index_operands=None, exact_transpose=True),
+    "dynamic_update_slice": dict(index_operands=None, index_from=2, additive=True,
+                                 exact_transpose=True),
+    "gather": dict(index_operands=(1,)),
+    "scatter": dict(index_operands=(1,), additive=True, exact_transpose=True),
+    "scatter-add": dict(index_operands=(1,), additive=True),
+    "scatter-sub": dict(index_operands=(1,), additive=True),
+}
+"""`OpRecord` traits of the linear primitives that have any (the others: none, the safe
+default)."""
+
+
 def _build_ops() -> dict[str, OpRecord]:
-  aff = lambda **k: OpRecord("affine", **k)  # noqa: E731
-  ops = {
-      "add": aff(additive=True, pattern_safe=True),
-      "add_any": aff(additive=True, pattern_safe=True),
-      "sub": aff(additive=True),
-      "neg": aff(exact_transpose=True),
-      "reshape": aff(exact_transpose=True, pattern_safe=True),
-      "broadcast_in_dim": aff(pattern_safe=True),
-      "transpose": aff(exact_transpose=True, pattern_safe=True),
-      "squeeze": aff(exact_transpose=True, pattern_safe=True),
-      "reduce_sum": aff(exact_transpose=True, pattern_safe=True),
-      "reduce_window_sum": aff(pattern_safe=True),
-      "concatenate": aff(additive=True, exact_transpose=True),
-      "slice": aff(exact_transpose=True, pattern_safe=True),
-      "pad": aff(additive=True, exact_transpose=True, pattern_safe=True),
-      "convert_element_type": aff(pattern_safe=True),
-      "copy": aff(exact_transpose=True, pattern_safe=True),
-      "stop_gradient": aff(exact_transpose=True),
-      "rev": aff(exact_transpose=True),
-      "cumsum": aff(),
-      "select_n": aff(index_operands=(0,), additive=True, exact_transpose=True),
-      "dynamic_slice": aff(index_operands=None, exact_transpose=True),
-      "dynamic_update_slice": aff(index_operands=None, index_from=2, additive=True,
-                                  exact_transpose=True),
-      "gather": aff(index_operands=(1,)),
-      "scatter": aff(index_operands=(1,), additive=True, exact_transpose=True),
-      "scatter-add": aff(index_operands=(1,), additive=True),
-      "scatter-sub": aff(index_operands=(1,), additive=True),
+  # every linear primitive (`boundjax.core.primitives.LINEAR`) is affine, transposed exactly
+  ops = {name: OpRecord("affine", **_AFFINE_TRAITS.get(name, {}))
+         for name in sorted(primitives.LINEAR - _REWRITTEN)}
+  ops.update({
       "mul": OpRecord("bilinear", pattern_safe=True),
       "div": OpRecord("bilinear", pattern_safe=True),
       "dot_general": OpRecord("bilinear", pattern_safe=True),
       "conv_general_dilated": OpRecord("bilinear", pattern_safe=True),
       "max": OpRecord("relu"),
       "min": OpRecord("relu"),
-  }
+  })
   for name in (*_UNARY_LINES, "integer_pow"):
     ops[name] = OpRecord("nonlinear", relax="unary")
   for name in ("reduce_max", "reduce_min", "reduce_window_max", "reduce_window_min"):
@@ -585,9 +594,10 @@ def _barrier_as_copies(e: CrownEqn) -> list[CrownEqn]:
           for x, out in zip(e.invars, e.outvars)]
 
 
-_ONE_PER_OUTPUT = {"split": _split_as_slices, "optimization_barrier": _barrier_as_copies}
-"""Primitives with several results rewritten as one equation per result before CROWN's pass
-(both are data movement, `boundjax.core.primitives.DATA_MOVEMENT`)."""
+_ONE_PER_OUTPUT = {name: _barrier_as_copies for name in _REWRITTEN - {"split"}}
+_ONE_PER_OUTPUT["split"] = _split_as_slices
+"""Primitives rewritten as one equation per result before CROWN's pass: ``split`` as slices,
+every identity (`boundjax.core.primitives.IDENTITY`: barriers, placement hints) as copies."""
 
 
 def op_record(name: str) -> OpRecord:
