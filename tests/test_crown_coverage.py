@@ -110,6 +110,11 @@ def _case(name):
   return tuple(c) + defaults[len(c):]
 
 
+def test_every_relaxation_mode_has_its_lines():
+  from boundjax.domains.linear import backward
+  assert set(backward.RELAXATIONS) | {"dot"} == set(rules.MODES)
+
+
 def test_every_crown_op_has_a_case():
   missing = sorted((set(rules.OPS) | set(rules._ONE_PER_OUTPUT)) - set(CASES))
   assert not missing, f"CROWN ops without a soundness case: {missing}"

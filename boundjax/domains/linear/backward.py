@@ -5,7 +5,7 @@ per-example pass through ReLUs, relaxations and interval fallbacks, specificatio
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -771,62 +771,113 @@ def _select_lines(e: CrownEqn, cenv: dict, pred: Any, y_iv: Interval) -> Lines:
   return Lines(lines, jnp.where(decided, b, y_lo), list(lines), jnp.where(decided, b, y_hi))
 
 
+def _unary_lines(e: CrownEqn, cenv: dict, bounds: list, y_iv: Interval, sound: bool,
+                 pred: Any) -> Lines:
+  """An elementwise function (``mode == "unary"``): `unary_relaxation`'s lines (sound mode:
+  `sound_unary_lines`), checked at the end points."""
+  (l, u), = bounds
+  lines = (sound_unary_lines(e.name) if sound else unary_relaxation(e.name, e.params))(l, u)
+  return _finite_lines(lines, l, u, y_iv, endpoint_check(unary_fn(e.name, e.params))(l, u))
+
+
+def _reciprocal_lines(e: CrownEqn, cenv: dict, bounds: list, y_iv: Interval, sound: bool,
+                      pred: Any) -> Lines:
+  """``c / d`` with a concrete ``c`` (``mode == "reciprocal"``): `reciprocal_lines`."""
+  (l, u), = bounds
+  c = jnp.broadcast_to(jnp.asarray(read_value(cenv, e.invars[0]), l.dtype), l.shape)
+  return _finite_lines(reciprocal_lines(c, l, u), l, u, y_iv,
+                       endpoint_check(lambda d: c / d)(l, u))
+
+
+def _leaky_relu_lines(e: CrownEqn, cenv: dict, bounds: list, y_iv: Interval, sound: bool,
+                      pred: Any) -> Lines:
+  """``max(x, a x)`` (``mode == "leaky"``): `leaky_lines` with the slopes read from ``cenv``."""
+  (l, u), = bounds
+  p, n = _leaky_slopes(e, cenv, e.relax_in[0])
+  return _finite_lines(leaky_lines(p, n, l, u), l, u, y_iv, None)
+
+
+def _finite_lines(lines, l, u, y_iv: Interval, check) -> Lines:
+  a_lo, b_lo, a_up, b_up = finite_or_constant(*lines, l, u, y_iv.lower, y_iv.upper, check)
+  return Lines([a_lo], b_lo, [a_up], b_up)
+
+
+def _product_lines(e: CrownEqn, cenv: dict, bounds: list, y_iv: Interval, sound: bool,
+                   pred: Any) -> Lines:
+  """``x z`` of two boxes (``mode == "product"``): McCormick planes (sound mode: one plane per
+  side, exact slopes, offsets rounded outward); a non-finite operand bound gives the interval."""
+  (lx, ux), (lz, uz) = bounds
+  if sound:  # single McCormick planes: exact slopes, offsets rounded outward
+    a_lo, b_lo = [lz, lx], -rounding.round_up(lx * lz)  # x z - (l_z x + l_x z - l_x l_z)
+    a_up, b_up = [uz, lx], -rounding.round_down(lx * uz)  # = (x - l_x)(z - l_z) >= 0, ...
+  else:
+    a_lo, b_lo, a_up, b_up = mccormick(lx, ux, lz, uz)
+  ok = jnp.isfinite(lx) & jnp.isfinite(ux) & jnp.isfinite(lz) & jnp.isfinite(uz)
+  keep = lambda a: jnp.where(ok, a, 0.0)  # noqa: E731
+  return Lines([keep(a) for a in a_lo], jnp.where(ok, b_lo, y_iv.lower),
+               [keep(a) for a in a_up], jnp.where(ok, b_up, y_iv.upper))
+
+
+def _max2_lines(e: CrownEqn, cenv: dict, bounds: list, y_iv: Interval, sound: bool,
+                pred: Any) -> Lines:
+  """``max(x1, x2)`` of two boxes: at least the operand with the larger lower bound; equal to
+  an operand that dominates the other, else at most the interval's upper end."""
+  (l1, u1), (l2, u2) = bounds
+  one, zero = jnp.ones_like(l1), jnp.zeros_like(l1)
+  first = l1 >= l2
+  sel = [jnp.where(first, one, zero), jnp.where(first, zero, one)]
+  d1, d2 = l1 >= u2, l2 >= u1
+  dom = [jnp.where(d1, one, zero), jnp.where(d2 & ~d1, one, zero)]
+  return Lines(sel, jnp.zeros_like(y_iv.lower), dom, jnp.where(d1 | d2, zero, y_iv.upper))
+
+
+def _min2_lines(e: CrownEqn, cenv: dict, bounds: list, y_iv: Interval, sound: bool,
+                pred: Any) -> Lines:
+  """``min(x1, x2)`` of two boxes: `_max2_lines` mirrored."""
+  (l1, u1), (l2, u2) = bounds
+  one, zero = jnp.ones_like(l1), jnp.zeros_like(l1)
+  first = u1 <= u2
+  sel = [jnp.where(first, one, zero), jnp.where(first, zero, one)]
+  d1, d2 = u1 <= l2, u2 <= l1
+  dom = [jnp.where(d1, one, zero), jnp.where(d2 & ~d1, one, zero)]
+  return Lines(dom, jnp.where(d1 | d2, zero, y_iv.lower), sel, jnp.zeros_like(y_iv.upper))
+
+
+def _pool_lines(e: CrownEqn, cenv: dict, bounds: list, y_iv: Interval, sound: bool,
+                pred: Any) -> Lines:
+  """A pooling maximum (minimum): at least the entry with the largest lower bound (a selection
+  map, ties split), at most the interval's upper end (mirrored for a minimum)."""
+  (l, u), = bounds
+  zeros = jnp.zeros_like(y_iv.lower)
+  is_max = e.name in ("reduce_max", "reduce_window_max")
+  _, vjp = jax.vjp(lambda z: bind1(e, [z]), l if is_max else u)
+  sel = lambda g: vjp(g)[0]  # noqa: E731  a convex combination of the entries (ties split)
+  if is_max:
+    return Lines([sel], zeros, [None], y_iv.upper)
+  return Lines([None], y_iv.lower, [sel], zeros)
+
+
+def _select_mode_lines(e: CrownEqn, cenv: dict, bounds: list, y_iv: Interval, sound: bool,
+                       pred: Any) -> Lines:
+  return _select_lines(e, cenv, pred, y_iv)
+
+
+RELAXATIONS: dict[str, Callable[..., Lines]] = {
+    "unary": _unary_lines, "reciprocal": _reciprocal_lines, "leaky": _leaky_relu_lines,
+    "product": _product_lines, "max2": _max2_lines, "min2": _min2_lines, "pool": _pool_lines,
+    "select": _select_mode_lines,
+}
+"""The lines of each relaxation mode of a nonlinear equation (``e.mode``, set by its record's
+classification, `rules.CLASSIFY`): ``(e, cenv, bounds, y_iv, sound, pred) -> Lines`` on this
+example's input ``bounds``. A product of two boxes inside ``dot_general``/``conv`` (``"dot"``)
+takes its planes in `_dot_planes` instead."""
+
+
 def _relax_lines(e: CrownEqn, cenv: dict, bounds: list, y_iv: Interval,
                  sound: bool = False, pred: Any = None) -> Lines:
-  """The lines of a nonlinear equation on this example's input bounds (see `Lines`); ``pred``:
-  the predicate's value or interval (``select`` mode)."""
-  y_lo, y_hi = y_iv.lower, y_iv.upper
-  zeros = jnp.zeros_like(y_lo)
-  if e.mode == "select":
-    return _select_lines(e, cenv, pred, y_iv)
-  if e.mode in ("unary", "reciprocal", "leaky"):
-    (l, u), = bounds
-    if e.mode == "unary":
-      lines = (sound_unary_lines(e.name) if sound else unary_relaxation(e.name, e.params))(l, u)
-      check = endpoint_check(unary_fn(e.name, e.params))(l, u)
-    elif e.mode == "reciprocal":
-      c = jnp.broadcast_to(jnp.asarray(read_value(cenv, e.invars[0]), l.dtype), l.shape)
-      lines = reciprocal_lines(c, l, u)
-      check = endpoint_check(lambda d: c / d)(l, u)
-    else:
-      p, n = _leaky_slopes(e, cenv, e.relax_in[0])
-      lines, check = leaky_lines(p, n, l, u), None
-    a_lo, b_lo, a_up, b_up = finite_or_constant(*lines, l, u, y_lo, y_hi, check)
-    return Lines([a_lo], b_lo, [a_up], b_up)
-  if e.mode == "product":
-    (lx, ux), (lz, uz) = bounds
-    if sound:  # single McCormick planes: exact slopes, offsets rounded outward
-      a_lo, b_lo = [lz, lx], -rounding.round_up(lx * lz)  # x z - (l_z x + l_x z - l_x l_z)
-      a_up, b_up = [uz, lx], -rounding.round_down(lx * uz)  # = (x - l_x)(z - l_z) >= 0, ...
-    else:
-      a_lo, b_lo, a_up, b_up = mccormick(lx, ux, lz, uz)
-    ok = jnp.isfinite(lx) & jnp.isfinite(ux) & jnp.isfinite(lz) & jnp.isfinite(uz)
-    keep = lambda a: jnp.where(ok, a, 0.0)  # noqa: E731
-    return Lines([keep(a) for a in a_lo], jnp.where(ok, b_lo, y_lo),
-                  [keep(a) for a in a_up], jnp.where(ok, b_up, y_hi))
-  if e.mode in ("max2", "min2"):
-    (l1, u1), (l2, u2) = bounds
-    one, zero = jnp.ones_like(l1), jnp.zeros_like(l1)
-    if e.mode == "max2":  # max >= the operand with the larger lower bound; = a dominating one
-      first = l1 >= l2
-      sel = [jnp.where(first, one, zero), jnp.where(first, zero, one)]
-      d1, d2 = l1 >= u2, l2 >= u1
-      dom = [jnp.where(d1, one, zero), jnp.where(d2 & ~d1, one, zero)]
-      return Lines(sel, zeros, dom, jnp.where(d1 | d2, zero, y_hi))
-    first = u1 <= u2
-    sel = [jnp.where(first, one, zero), jnp.where(first, zero, one)]
-    d1, d2 = u1 <= l2, u2 <= l1
-    dom = [jnp.where(d1, one, zero), jnp.where(d2 & ~d1, one, zero)]
-    return Lines(dom, jnp.where(d1 | d2, zero, y_lo), sel, zeros)
-  if e.mode == "pool":
-    (l, u), = bounds
-    is_max = e.name in ("reduce_max", "reduce_window_max")
-    _, vjp = jax.vjp(lambda z: bind1(e, [z]), l if is_max else u)
-    sel = lambda g: vjp(g)[0]  # noqa: E731  a convex combination of the entries (ties split)
-    if is_max:  # max >= the entry with the largest lower bound; <= the largest upper bound
-      return Lines([sel], zeros, [None], y_hi)
-    return Lines([None], y_lo, [sel], zeros)
-  raise AssertionError(e.mode)
+  """The lines of a nonlinear equation on this example's input bounds (see `Lines`,
+  `RELAXATIONS`); ``pred``: the predicate's value or interval (``select`` mode)."""
+  return RELAXATIONS[e.mode](e, cenv, bounds, y_iv, sound, pred)
 
 
 def _spec_interval(iv: Interval, spec):

@@ -726,6 +726,11 @@ def _scaled_copy(v, x, abstract: set, made_by: dict):
 # Relaxations whose slopes are exact floats (box bounds, 0, 1) and whose offsets are box bounds
 # or one rounded product: kept in sound mode (the rest falls back to intervals there, except the
 # S-shaped functions of `sound_unary_lines`, whose lines are moved outward by their error).
+MODES = frozenset({"unary", "reciprocal", "leaky", "product", "max2", "min2", "pool", "select",
+                   "dot"})
+"""The relaxation modes a nonlinear equation can be given (`backward.RELAXATIONS` builds the
+lines of each; ``"dot"``, a product of two boxes inside a matrix product, its planes)."""
+
 _SOUND_MODES = frozenset({"product", "pool", "max2", "min2", "select", "dot"})
 
 
@@ -759,6 +764,7 @@ class _Decision:
     self.e.kind, self.e.reason = "fallback", reason
 
   def nonlinear(self, mode: str, relax_in, aux=None) -> None:
+    assert mode in MODES, mode
     if self.sound and mode not in _SOUND_MODES and not (
         mode == "unary" and self.e.name in _SOUND_UNARY):
       return self.fallback("sound mode bounds smooth nonlinear operations by intervals (their "
