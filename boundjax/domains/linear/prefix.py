@@ -55,9 +55,93 @@ def _conv_transpose_lhs(e: CrownEqn, cenv: dict, g):
   return _conv_transposed(e, g, read_value(cenv, e.invars[1]))
 
 
+def _phases_apply(p: dict, x_shape: tuple, w_shape: tuple) -> bool:
+  """Whether `_conv_transposed_phases` applies: a strided convolution (some stride > 1) with no
+  dilation, one feature group and non-negative padding."""
+  return (any(s > 1 for s in p["window_strides"]) and all(d == 1 for d in p["lhs_dilation"])
+          and all(d == 1 for d in p["rhs_dilation"]) and p["feature_group_count"] == 1
+          and p["batch_group_count"] == 1 and all(a >= 0 and b >= 0 for a, b in p["padding"]))
+
+
+def _conv_transposed_phases(e: CrownEqn, g, w):
+  """The transpose of a strided convolution ``x -> conv(x, W)`` applied to ``g``, as ``s^n``
+  matrix products, one per phase, interleaved (the sub-pixel decomposition of a transposed
+  convolution, Shi et al., CVPR 2016, §2.2). Per spatial axis, with ``y[o] = Σ_t x[s o + t - p]
+  w[t]``, the entry ``j = i + p = s q + r`` of the padded input receives ``Σ_m g[q - m]
+  w[r + s m]``: a full convolution of ``g`` with the phase's sub-kernel ``w[r::s]``, computed
+  as one product of ``g``'s shifted copies (side by side) with the sub-kernel's matrix. The
+  same terms as JAX's transpose (a convolution of ``g`` dilated by ``s``, three quarters of
+  whose terms are zeros for ``s = 2``), at most as many per sum; XLA:CPU runs that
+  convolution in float64 several times slower than the products."""
+  p = e.params
+  lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
+  x = e.invars[0]
+  nsp = len(lhs_spec) - 2
+  strides = tuple(int(s) for s in p["window_strides"])
+  # channels last: g (N, *out, O), w (*k, O, I)
+  gc = jnp.transpose(g, (out_spec[0], *out_spec[2:], out_spec[1]))
+  wc = jnp.transpose(w, (*rhs_spec[2:], rhs_spec[0], rhs_spec[1])).astype(g.dtype)
+  ks, outs = wc.shape[:nsp], gc.shape[1:1 + nsp]
+  n, o_ch, i_ch = gc.shape[0], wc.shape[nsp], wc.shape[nsp + 1]
+  ins = tuple(x.shape[d] for d in lhs_spec[2:])
+  pads = tuple(int(a) for a, _ in p["padding"])
+  qlen = tuple(o + -(-k // s) - 1 for o, k, s in zip(outs, ks, strides))
+  phases = []
+  for r in np.ndindex(*strides):
+    sub = wc[tuple(slice(ri, None, s) for ri, s in zip(r, strides))]
+    kr = sub.shape[:nsp]
+    if 0 in kr:
+      phases.append(jnp.zeros((n, *qlen, i_ch), g.dtype))
+      continue
+    ql = tuple(o + k - 1 for o, k in zip(outs, kr))
+    gp = jnp.pad(gc, [(0, 0)] + [(k - 1, k - 1) for k in kr] + [(0, 0)])
+    cols = [gp[(slice(None),) + tuple(slice(k - 1 - mi, k - 1 - mi + q)
+                                      for k, mi, q in zip(kr, m, ql))]
+            for m in np.ndindex(*kr)]
+    h = jnp.concatenate(cols, axis=-1).reshape((-1, len(cols) * o_ch)) \
+        @ sub.reshape((len(cols) * o_ch, i_ch))
+    h = h.reshape((n, *ql, i_ch))
+    phases.append(jnp.pad(h, [(0, 0)] + [(0, a - b) for a, b in zip(qlen, ql)] + [(0, 0)]))
+  # interleave: full[:, s q + r, :] = phase r at q
+  full = jnp.stack(phases, axis=-2).reshape((n, *qlen, *strides, i_ch))
+  perm = [0] + [a for d in range(nsp) for a in (1 + d, 1 + nsp + d)] + [1 + 2 * nsp]
+  full = jnp.transpose(full, perm).reshape((n, *(q * s for q, s in zip(qlen, strides)), i_ch))
+  need = [(0, max(0, pd + size - f)) for pd, size, f in zip(pads, ins, full.shape[1:1 + nsp])]
+  full = jnp.pad(full, [(0, 0)] + need + [(0, 0)])
+  out = full[(slice(None),) + tuple(slice(pd, pd + size) for pd, size in zip(pads, ins))]
+  canon = (lhs_spec[0], *lhs_spec[2:], lhs_spec[1])
+  return jnp.transpose(out, np.argsort(canon)).astype(x.aval.dtype)
+
+
+def _conv_as_product(e: CrownEqn, x, w):
+  """The equation's convolution ``conv(x, W)`` (where `_phases_apply` holds, any stride) as one
+  matrix product of ``x``'s strided shifted copies (side by side, im2col) with the kernel's
+  matrix: the same terms per sum; XLA:CPU runs the product several times faster in float64."""
+  p = e.params
+  lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
+  nsp = len(lhs_spec) - 2
+  strides = tuple(int(s) for s in p["window_strides"])
+  xc = jnp.transpose(x, (lhs_spec[0], *lhs_spec[2:], lhs_spec[1]))   # (N, *in, I)
+  wc = jnp.transpose(w, (*rhs_spec[2:], rhs_spec[1], rhs_spec[0])).astype(x.dtype)  # (*k, I, O)
+  ks = wc.shape[:nsp]
+  xp = jnp.pad(xc, [(0, 0)] + [(int(a), int(b)) for a, b in p["padding"]] + [(0, 0)])
+  outs = tuple((size - k) // s + 1 for size, k, s in zip(xp.shape[1:1 + nsp], ks, strides))
+  cols = [lax.slice(xp, (0, *t, 0), (xp.shape[0], *(ti + (o - 1) * s + 1
+                                                   for ti, o, s in zip(t, outs, strides)),
+                                     xp.shape[-1]), (1, *strides, 1))
+          for t in np.ndindex(*ks)]
+  i_ch, o_ch = wc.shape[nsp], wc.shape[nsp + 1]
+  y = jnp.concatenate(cols, axis=-1).reshape((-1, len(cols) * i_ch)) \
+      @ wc.reshape((len(cols) * i_ch, o_ch))
+  y = y.reshape((xc.shape[0], *outs, o_ch))
+  return jnp.transpose(y, np.argsort((out_spec[0], *out_spec[2:], out_spec[1])))
+
+
 def _conv_transposed_impl(e: CrownEqn, g, w):
   from jax._src.lax import convolution as conv_impl
   p = e.params
+  if _phases_apply(p, e.invars[0].shape, w.shape):
+    return _conv_transposed_phases(e, g, w)
   lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
   x = e.invars[0]
   nsp = len(lhs_spec) - 2
@@ -88,7 +172,11 @@ def _conv_transposed_bwd(e: CrownEqn, res, ct):
   """``d(Wᵀ g)/dg`` applied to ``ct`` is ``W ct``: the equation's convolution (no offset: a
   convolution has none); the kernel's cotangent through the transposed convolution."""
   g, w = res
-  ct_g = bind1(e, [ct.astype(e.invars[0].aval.dtype), w]).astype(g.dtype)
+  x_ct = ct.astype(e.invars[0].aval.dtype)
+  if x_ct.dtype == jnp.float64 and _phases_apply(e.params, x_ct.shape, w.shape):
+    ct_g = _conv_as_product(e, x_ct, w).astype(g.dtype)
+  else:
+    ct_g = bind1(e, [x_ct, w]).astype(g.dtype)
   _, vjp_w = jax.vjp(lambda w_: _conv_transposed_impl(e, g, w_), w)
   return ct_g, vjp_w(ct)[0]
 
