@@ -64,15 +64,16 @@ def _phases_apply(p: dict, x_shape: tuple, w_shape: tuple) -> bool:
 
 
 def _conv_transposed_phases(e: CrownEqn, g, w):
-  """The transpose of a strided convolution ``x -> conv(x, W)`` applied to ``g``, as ``s^n``
-  matrix products, one per phase, interleaved (the sub-pixel decomposition of a transposed
-  convolution, Shi et al., CVPR 2016, §2.2). Per spatial axis, with ``y[o] = Σ_t x[s o + t - p]
-  w[t]``, the entry ``j = i + p = s q + r`` of the padded input receives ``Σ_m g[q - m]
-  w[r + s m]``: a full convolution of ``g`` with the phase's sub-kernel ``w[r::s]``, computed
-  as one product of ``g``'s shifted copies (side by side) with the sub-kernel's matrix. The
-  same terms as JAX's transpose (a convolution of ``g`` dilated by ``s``, three quarters of
-  whose terms are zeros for ``s = 2``), at most as many per sum; XLA:CPU runs that
-  convolution in float64 several times slower than the products."""
+  """The transpose of a strided convolution ``x -> conv(x, W)`` applied to ``g``, as one matrix
+  product whose ``s^n`` column blocks are the phases, interleaved (the sub-pixel decomposition
+  of a transposed convolution, Shi et al., CVPR 2016, §2.2). Per spatial axis, with ``y[o] =
+  Σ_t x[s o + t - p] w[t]``, the entry ``j = i + p = s q + r`` of the padded input receives
+  ``Σ_m g[q - m] w[r + s m]``: a full convolution of ``g`` with the phase's sub-kernel
+  ``w[r::s]`` (padded with zero taps to ``ceil(k / s)``), so ``g``'s ``ceil(k / s)^n`` shifted
+  copies side by side, times the sub-kernels of every phase side by side. The same non-zero
+  terms as JAX's transpose (a convolution of ``g`` dilated by ``s``, three quarters of whose
+  terms are zeros for ``s = 2``), at most as many per sum; XLA:CPU runs that convolution in
+  float64 about five times slower than the product."""
   p = e.params
   lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
   x = e.invars[0]
@@ -85,25 +86,21 @@ def _conv_transposed_phases(e: CrownEqn, g, w):
   n, o_ch, i_ch = gc.shape[0], wc.shape[nsp], wc.shape[nsp + 1]
   ins = tuple(x.shape[d] for d in lhs_spec[2:])
   pads = tuple(int(a) for a, _ in p["padding"])
-  qlen = tuple(o + -(-k // s) - 1 for o, k, s in zip(outs, ks, strides))
-  phases = []
-  for r in np.ndindex(*strides):
-    sub = wc[tuple(slice(ri, None, s) for ri, s in zip(r, strides))]
-    kr = sub.shape[:nsp]
-    if 0 in kr:
-      phases.append(jnp.zeros((n, *qlen, i_ch), g.dtype))
-      continue
-    ql = tuple(o + k - 1 for o, k in zip(outs, kr))
-    gp = jnp.pad(gc, [(0, 0)] + [(k - 1, k - 1) for k in kr] + [(0, 0)])
-    cols = [gp[(slice(None),) + tuple(slice(k - 1 - mi, k - 1 - mi + q)
-                                      for k, mi, q in zip(kr, m, ql))]
-            for m in np.ndindex(*kr)]
-    h = jnp.concatenate(cols, axis=-1).reshape((-1, len(cols) * o_ch)) \
-        @ sub.reshape((len(cols) * o_ch, i_ch))
-    h = h.reshape((n, *ql, i_ch))
-    phases.append(jnp.pad(h, [(0, 0)] + [(0, a - b) for a, b in zip(qlen, ql)] + [(0, 0)]))
+  kr = tuple(-(-k // s) for k, s in zip(ks, strides))  # taps per phase (zero weights pad)
+  qlen = tuple(o + k - 1 for o, k in zip(outs, kr))
+  # the sub-kernels of all phases side by side: tap t = s m + r (m: tap of the phase, r: phase)
+  wp = jnp.pad(wc, [(0, k * s - kk) for k, s, kk in zip(kr, strides, ks)] + [(0, 0), (0, 0)])
+  wp = wp.reshape(tuple(a for k, s in zip(kr, strides) for a in (k, s)) + (o_ch, i_ch))
+  wp = jnp.transpose(wp, [2 * d for d in range(nsp)] + [2 * nsp]
+                     + [2 * d + 1 for d in range(nsp)] + [2 * nsp + 1])
+  wmat = wp.reshape((int(np.prod(kr)) * o_ch, int(np.prod(strides)) * i_ch))
+  gp = jnp.pad(gc, [(0, 0)] + [(k - 1, k - 1) for k in kr] + [(0, 0)])
+  cols = [gp[(slice(None),) + tuple(slice(k - 1 - mi, k - 1 - mi + q)
+                                    for k, mi, q in zip(kr, m, qlen))]
+          for m in np.ndindex(*kr)]
+  h = jnp.concatenate(cols, axis=-1).reshape((-1, len(cols) * o_ch)) @ wmat
   # interleave: full[:, s q + r, :] = phase r at q
-  full = jnp.stack(phases, axis=-2).reshape((n, *qlen, *strides, i_ch))
+  full = h.reshape((n, *qlen, *strides, i_ch))
   perm = [0] + [a for d in range(nsp) for a in (1 + d, 1 + nsp + d)] + [1 + 2 * nsp]
   full = jnp.transpose(full, perm).reshape((n, *(q * s for q, s in zip(qlen, strides)), i_ch))
   need = [(0, max(0, pd + size - f)) for pd, size, f in zip(pads, ins, full.shape[1:1 + nsp])]
