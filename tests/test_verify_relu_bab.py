@@ -372,3 +372,20 @@ def test_leaves_are_decided_by_their_lps_without_the_milp(seed, monkeypatch):
         assert np.all(C @ y - d <= 0) and np.all(x >= lo) and np.all(x <= hi)
       assert status == want or want == "unsat", (want, status)
   assert calls, "no leaf was reached"
+
+
+def test_stored_warm_start_keeps_the_root_unstable_entries_and_zeros_the_rest():
+  """The frontier's compressed α/β (`_stored`) put back by `_warm`: the lower rows of the kept
+  neurons exactly (float32), zeros elsewhere, for both row sets; the other entries are dropped."""
+  from boundjax.verify.relu_bab import _stored, _warm
+  rng = np.random.default_rng(0)
+  full = [rng.random((3, 2, 1, 7)), rng.random((3, 2, 1, 4))]
+  keep = [np.array([1, 4, 6]), np.array([], np.int64)]
+  stored = _stored(full, keep, 2)
+  assert [s.shape for s in stored] == [(2, 1, 3), (2, 1, 0)]
+  back = _warm(stored[0], np.float64, keep[0], 7)
+  assert back.shape == (2, 2, 1, 7)
+  np.testing.assert_array_equal(back[:, 0, 0, keep[0]], full[0][:2, 0, 0, keep[0]].astype(np.float32))
+  np.testing.assert_array_equal(back[:, 0], back[:, 1])
+  assert np.all(np.delete(back, keep[0], axis=-1) == 0)
+  assert np.all(_warm(stored[1], np.float64, keep[1], 4) == 0)
