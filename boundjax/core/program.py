@@ -307,9 +307,10 @@ def mark_dependence(program: Program, box_inputs: Sequence[bool]) -> Program:
 def relu_nodes(program: Program) -> tuple:
   """``(z, index of its first ReLU equation)`` of every distinct box-dependent input ``z`` of a
   ReLU-like equation ``max(z, c)`` / ``min(z, c)`` (one box-dependent float operand of two:
-  ``jax.nn.relu``, ``jnp.maximum(z, 0)``, clips), in program order. The same nodes, in the same
-  order, as ``bj.crown``'s ``splits``/``pre`` for a function whose ReLUs all read the box.
-  Needs `mark_dependence` first."""
+  ``jax.nn.relu``, ``jnp.maximum(z, 0)``, clips), in program order: the nodes of ``bj.crown``'s
+  ``splits``/``pre`` and of ``bj.difference``'s ``known``, both read from here. Any program whose
+  equations have ``name``, ``invars`` and ``abstract_pos`` (set by `mark_dependence`, or by
+  CROWN's classification on its own view of the program)."""
   seen, nodes = set(), []
   for i, e in enumerate(program.eqns):
     if e.name not in ("max", "min") or len(e.invars) != 2 or len(e.abstract_pos) != 1:

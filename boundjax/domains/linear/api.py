@@ -283,7 +283,7 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       classify_program(prog, [v in core.depends for v in core.invars], sound)
       warn_fallbacks(prog)
       spec_var = _spec_target(prog, spec, n_batch if axes is not None else None)
-      nodes = _relu_nodes(prog)
+      nodes = prog_lib.relu_nodes(prog)  # after classification: its `abstract_pos`
       if return_info and spec_var is None:
         _spec_target(prog, jnp.zeros((1, _one_output(prog).size)), None)
       programs = _Programs(prog, spec_var, nodes, axes, boxes_idx, n_batch, batch_axis)
@@ -648,19 +648,6 @@ def _make_info(info: dict) -> CrownInfo:
   return CrownInfo(tuple(tuple(p) for p in info["pre"]), info["infeasible"],
                    tuple(info["alpha"]), tuple(info["beta"]), tuple(info["relu_coeffs"]),
                    tuple(info["input_coeffs"]))
-
-
-def _relu_nodes(prog: CrownProgram) -> tuple:
-  """``(z, first equation index)`` of every distinct box-dependent input of a ReLU-like
-  equation (``max(z, c)``/``min(z, c)``, concrete ``c``), in program order."""
-  seen, nodes = set(), []
-  for i, e in enumerate(prog.eqns):
-    if e.kind == "relu":
-      x = e.invars[e.abstract_pos[0]]
-      if x not in seen:
-        seen.add(x)
-        nodes.append((x, i))
-  return tuple(nodes)
 
 
 def _s_nodes(prog: CrownProgram) -> tuple:
