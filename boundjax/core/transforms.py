@@ -27,7 +27,8 @@ from boundjax.domains.linear import crown  # noqa: F401  (re-exported: bj.crown)
 from boundjax.core.interval import Interval, validate_arguments
 
 
-def ibp(fn: Callable, *, matmul: str = "midrad", sound: bool = False) -> Callable:
+def ibp(fn: Callable, *, matmul: str = "midrad", sound: bool = False,
+        memory_bytes: int = 1 << 30) -> Callable:
   """Interval bound propagation of ``fn``.
 
   Args:
@@ -40,6 +41,9 @@ def ibp(fn: Callable, *, matmul: str = "midrad", sound: bool = False) -> Callabl
       concrete operand are always exact.
     sound: round every bound outward so it holds in exact arithmetic, and run every matrix
       product at ``precision=HIGHEST`` (no TF32 on accelerators).
+    memory_bytes: the budget of one ``matmul="exact"`` product's temporaries (it materialises
+      every term; its rows are bounded in chunks that fit). The other forms need a few arrays of
+      the sizes ``fn`` itself computes.
 
   Returns:
     A function with ``fn``'s signature whose outputs are `Interval`s wherever they depend on an
@@ -49,10 +53,11 @@ def ibp(fn: Callable, *, matmul: str = "midrad", sound: bool = False) -> Callabl
     BoundError: an invalid box (lower > upper, NaN, infinite, complex, mixed dtypes) or a NaN in a
       concrete argument, named with the caller's line.
     UnsupportedPrimitiveError: a primitive without an interval rule, with the user's source line.
+    MemoryBudgetError: one row of an "exact" product does not fit ``memory_bytes``.
   """
   if not isinstance(sound, bool):
     raise ValueError(f"ibp: sound must be a bool, got {sound!r}")
-  ctx = interval_domain.IntervalContext(matmul=matmul, sound=sound)
+  ctx = interval_domain.IntervalContext(matmul=matmul, sound=sound, memory_bytes=memory_bytes)
   cache: dict = {}
 
   @functools.wraps(fn)

@@ -62,7 +62,7 @@ from boundjax import nn
 from boundjax.core import primitives, rounding
 from boundjax.core import budgets
 from boundjax.core import program as prog_lib
-from boundjax.core.errors import UnsupportedPrimitiveError
+from boundjax.core.errors import MemoryBudgetError, UnsupportedPrimitiveError
 from boundjax.core.interval import (Interval, bilinear_midrad, bilinear_signsplit, lower_of,
                                mul_bounds, upper_of)
 
@@ -79,13 +79,19 @@ class IntervalContext:
       bound per term, materialises the product: small problems only; dot_general only), or
       "best" (intersection of midrad and signsplit).
     sound: round every bound outward so it holds in exact arithmetic.
+    memory_bytes: the budget of the temporaries of one "exact" product (`_dot_exact` chunks
+      its rows to fit; the other forms hold a few arrays of the operands' and result's sizes).
   """
   matmul: str = "midrad"
   sound: bool = False
+  memory_bytes: int = 1 << 30
 
   def __post_init__(self):
     if self.matmul not in MATMUL_MODES:
       raise ValueError(f"matmul must be one of {MATMUL_MODES}, got {self.matmul!r}")
+    if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, (int, np.integer)) \
+        or self.memory_bytes < 1:
+      raise ValueError(f"memory_bytes must be a positive integer, got {self.memory_bytes!r}")
 
 
 def _iv(lo, hi) -> Interval:
@@ -839,26 +845,60 @@ def _reduce_window_sum(ctx, x, *, window_dimensions, **params):
 # bilinear: dot_general and convolution
 # ----------------------------------------------------------------------------------------------
 
-def _dot_exact(x, y, dimension_numbers, preferred_element_type, **_):
-  """Four-corner bound per term, summed: the tightest interval of a product of boxes."""
+EXACT_LIVE = 8
+"""Arrays of the four-corner product's size alive at once in `_dot_exact` (the four corner
+products, their minimum and maximum, and the operands broadcast to it), for its memory budget."""
+
+
+def _dot_exact(x, y, dimension_numbers, preferred_element_type, memory_bytes: int = 1 << 30,
+               **_):
+  """Four-corner bound per term, summed: the tightest interval of a product of boxes.
+
+  Every term ``x_fc · y_gc`` is materialised (``B × F × G × C`` values for ``B`` batch, ``F`` and
+  ``G`` free and ``C`` contracted entries), so the rows ``f`` of ``x`` are taken in chunks whose
+  temporaries (`EXACT_LIVE` arrays of the chunk's product) fit ``memory_bytes``; each output is
+  the same sum of the same terms whatever the chunk. `MemoryBudgetError` (before anything is
+  computed) when one row does not fit.
+  """
   (lc, rc), (lb, rb) = dimension_numbers
+
   def arrange(a, batch, contract):
     free = [d for d in range(a.ndim) if d not in batch and d not in contract]
-    return jnp.transpose(a, (*batch, *free, *contract)), len(free)
-  xl, nfx = arrange(lo_(x), lb, lc)
+    a = jnp.transpose(a, (*batch, *free, *contract))
+    nb, nf = len(batch), len(free)
+    shapes = a.shape[:nb], a.shape[nb:nb + nf], a.shape[nb + nf:]
+    return a.reshape(tuple(int(np.prod(t, dtype=np.int64)) for t in shapes)), shapes[:2]
+
+  xl, (bshape, fx) = arrange(lo_(x), lb, lc)
   xu, _ = arrange(hi_(x), lb, lc)
-  yl, nfy = arrange(lo_(y), rb, rc)
+  yl, (_, fy) = arrange(lo_(y), rb, rc)
   yu, _ = arrange(hi_(y), rb, rc)
-  nb, nc = len(lb), len(lc)
-  # x: (B..., Fx..., C...) -> (B..., Fx..., 1..., C...); y: (B..., Fy..., C...) -> (B..., 1..., Fy..., C...)
-  def expand_x(a):
-    return a.reshape(a.shape[:nb + nfx] + (1,) * nfy + a.shape[nb + nfx:])
-  def expand_y(a):
-    return a.reshape(a.shape[:nb] + (1,) * nfx + a.shape[nb:])
-  lo, hi = mul_bounds(expand_x(xl), expand_x(xu), expand_y(yl), expand_y(yu))
-  axes = tuple(range(lo.ndim - nc, lo.ndim))
-  out_dtype = preferred_element_type or jnp.result_type(lo)
-  return jnp.sum(lo, axis=axes).astype(out_dtype), jnp.sum(hi, axis=axes).astype(out_dtype)
+  nb, nf, nc = xl.shape
+  ng = yl.shape[1]
+  out_dtype = preferred_element_type or jnp.result_type(xl, yl)
+  itemsize = jnp.dtype(jnp.result_type(xl, yl)).itemsize
+  per_row = EXACT_LIVE * itemsize * nb * ng * max(nc, 1)
+  if per_row > memory_bytes:
+    raise MemoryBudgetError(
+        f"matmul='exact': one row of the four-corner product needs {per_row} bytes, more than "
+        f"memory_bytes={memory_bytes}; raise memory_bytes or use matmul='best'.",
+        per_row, memory_bytes)
+
+  def rows(a_l, a_u):  # (B, s, C) rows of x against all of y: (B, s, G) sums
+    lo, hi = mul_bounds(a_l[:, :, None, :], a_u[:, :, None, :], yl[:, None], yu[:, None])
+    return jnp.sum(lo, axis=-1), jnp.sum(hi, axis=-1)
+
+  size = max(1, min(nf, int(memory_bytes // per_row)))
+  if size >= nf:
+    lo, hi = rows(xl, xu)
+  else:
+    k = -(-nf // size)
+    pad = ((0, 0), (0, k * size - nf), (0, 0))
+    chunks = lambda a: jnp.moveaxis(jnp.pad(a, pad).reshape(nb, k, size, nc), 1, 0)
+    lo, hi = lax.map(lambda ab: rows(*ab), (chunks(xl), chunks(xu)))
+    lo, hi = (jnp.moveaxis(a, 0, 1).reshape(nb, k * size, ng)[:, :nf] for a in (lo, hi))
+  shape = bshape + fx + fy
+  return lo.reshape(shape).astype(out_dtype), hi.reshape(shape).astype(out_dtype)
 
 
 LARGE = 1e38
@@ -905,7 +945,7 @@ def _bilinear(prim_bind, exact_fn=None, count=None):
     else:
       if exact_fn is None:
         raise UnsupportedPrimitiveError("matmul='exact' is only available for dot_general")
-      lo, hi = exact_fn(x, y, **params)
+      lo, hi = exact_fn(x, y, memory_bytes=ctx.memory_bytes, **params)
     err = None
     if ctx.sound and jnp.issubdtype(jnp.result_type(lo), jnp.floating):  # integers are exact
       n = count(jnp.shape(lo_(x)), jnp.shape(lo_(y)), params)
