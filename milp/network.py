@@ -6,18 +6,17 @@ A `Network` is ``x -> A_1 -> ReLU -> A_2 -> ReLU -> ... -> A_L`` where every aff
 case ``W_lo == W_hi``. Inputs are flattened in row-major order (NHWC for images), which is what
 ``x.reshape(batch, -1)`` gives in Flax.
 
-Two extractors:
+Extractors (all give the same kind of chain; `from_function` is the general one):
 
+* `from_function(apply_fn, params, input_shape)`: any JAX function made of affine maps, ReLU,
+  clipping and max pooling, read off its `boundjax.core.program` Program (the affine-chain view
+  of the program layer). Parameters may be `boundjax.Interval` leaves (a hyper-network): every
+  layer's matrix and bias are then bounded over the parameter box by ``bj.ibp`` (sound mode).
+* `from_flax(model, params, input_shape)`: `from_function` of a linen model's ``apply``.
 * `from_params(params)`: a Flax linen MLP's parameter dict ``{'params': {'Dense_0': {'kernel':
   (in, out), 'bias': (out,)}, ...}}``, layers taken in creation order
-  (`boundjax.models.dense_layers`). Leaves may be `boundjax.Interval` (a hyper-network), or the
-  whole tree may be one `Interval` whose ``lower``/``upper`` are parameter trees.
-* `from_flax(model, params, input_shape)`: any linen model that is a chain of ``nn.Dense`` and
-  ``nn.Conv`` modules with ReLU between them. Each layer's matrix is the Jacobian of the module
-  with respect to its (flattened) input, so a convolution becomes a sparse affine map; every
-  matrix entry is one kernel entry or zero, so the matrices built from the lower and upper kernels
-  are the elementwise bounds of the interval layer. The chain assumption is checked by replaying
-  random inputs through ``model.apply``; a model that is not such a chain raises `ValueError`.
+  (`boundjax.models.dense_layers`): the chain `from_function` gives for `boundjax.models.MLP`,
+  read directly off the kernels (exact, also for `Interval` leaves, and without a trace).
 
 Forward passes here are float64 numpy (`forward`, `forward_batch`) so counterexamples can be
 replayed exactly the way the MILP sees the network.
@@ -34,7 +33,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from boundjax.core import primitives
-from boundjax.core.interval import split_tree
+from boundjax.core.interval import Interval, is_interval, join_tree, lower_of, split_tree, upper_of
 from boundjax.models import dense_layers
 
 Matrix = Any  # np.ndarray or a scipy.sparse array, shape (out, in)
@@ -221,100 +220,28 @@ def from_params(params: Any, output: str | None = None) -> Network:
   return Network(tuple(layers), (layers[0].shape[1],), output)
 
 
-def _module_affine(module, variables, in_shape) -> tuple[np.ndarray, np.ndarray]:
-  """(matrix, bias) of an affine linen module at ``variables`` for one input of ``in_shape``.
-
-  The module, with its bias zeroed, is applied once to the batch of basis vectors: column ``j``
-  of the matrix is ``f(e_j)``, a sum with one non-zero term, hence exactly the kernel entry. The
-  bias is the output at 0 with the real bias.
-  """
-  d = int(np.prod(in_shape))
-  basis = np.eye(d, dtype=np.float32).reshape((d,) + tuple(in_shape))
-  no_bias = jax.tree_util.tree_map(lambda a: a, variables)
-  if "bias" in no_bias["params"]:
-    no_bias["params"] = dict(no_bias["params"], bias=jnp.zeros_like(no_bias["params"]["bias"]))
-  with jax.default_device(jax.devices("cpu")[0]):
-    cols = np.asarray(module.apply(no_bias, jnp.asarray(basis)), np.float64).reshape(d, -1)
-    bias = np.asarray(module.apply(variables, jnp.zeros((1,) + tuple(in_shape), jnp.float32)),
-                      np.float64).reshape(-1)
-  return cols.T.copy(), bias
-
-
 def from_flax(model, params: Any, input_shape: Sequence[int], output: str | None = None,
               check: bool = True, sparse_threshold: float = 0.25) -> Network:
-  """A `Network` from a linen model that chains ``nn.Dense``/``nn.Conv`` with ReLU between.
+  """A `Network` from a linen model: `from_function` of ``model.apply`` on one input of
+  ``input_shape`` (with a batch axis of 1 added), so any model `from_function` encodes (Dense,
+  Conv, pooling, skip connections, folded normalisation, ...) and interval parameters (a
+  hyper-network) the same way.
 
   Args:
     model: the linen module (``model.apply(params, x)`` gives the outputs).
     params: its variables; leaves may be `Interval` (a hyper-network).
     input_shape: the shape of one input, without the batch axis.
     output: ``"logits"`` or ``"sign"``.
-    check: replay random inputs through ``model.apply`` (at the lower and upper parameters) and
-      raise `ValueError` if the extracted chain does not reproduce it.
+    check: replay random inputs through ``model.apply`` (see `from_function`).
     sparse_threshold: store a layer matrix as CSR when its density is below this.
 
   Raises:
-    ValueError: a module with parameters that is not Dense/Conv, or a model that is not a
-      Dense/Conv chain with ReLU between.
+    ValueError: naming the first operation of the model that cannot be encoded, with its line.
   """
-  import flax.linen as nn
-
   input_shape = tuple(int(s) for s in input_shape)
-  lo_tree, hi_tree = split_tree(params)
-
-  rng = np.random.default_rng(0)
-  probe = rng.uniform(-1.0, 1.0, size=(4,) + input_shape).astype(np.float32)
-
-  def record(p):
-    calls = []
-
-    def interceptor(next_fun, args, kwargs, context):
-      mod = context.module
-      if context.method_name == "__call__":
-        own = mod.variables.get("params", {}) if mod.scope is not None else {}
-        owns_arrays = any(not isinstance(v, dict) for v in own.values())
-        if isinstance(mod, (nn.Dense, nn.Conv)):
-          calls.append((mod.clone(parent=None), {"params": dict(own)},
-                        tuple(np.shape(args[0])[1:])))
-        elif owns_arrays:
-          raise ValueError(
-              f"from_flax: unsupported layer {type(mod).__name__!r} (named {mod.name!r}); "
-              "only nn.Dense and nn.Conv with ReLU between them can be encoded.")
-      return next_fun(*args, **kwargs)
-
-    with nn.intercept_methods(interceptor):
-      ref = model.apply(p, jnp.asarray(probe))
-    return calls, np.asarray(ref, np.float64)
-
-  same = lo_tree is hi_tree or all(
-      a is b for a, b in zip(jax.tree_util.tree_leaves(lo_tree), jax.tree_util.tree_leaves(hi_tree)))
-  (calls_lo, ref_lo) = record(lo_tree)
-  (calls_hi, ref_hi) = (calls_lo, ref_lo) if same else record(hi_tree)
-  if not calls_lo:
-    raise ValueError("from_flax: the model applies no nn.Dense or nn.Conv layer.")
-  layers = []
-  for (mod, v_lo, shp), (_, v_hi, _) in zip(calls_lo, calls_hi):
-    m_lo, b_lo = _module_affine(mod, v_lo, shp)
-    m_hi, b_hi = _module_affine(mod, v_hi, shp)
-    w_lo, w_hi = np.minimum(m_lo, m_hi), np.maximum(m_lo, m_hi)
-    b_lo, b_hi = np.minimum(b_lo, b_hi), np.maximum(b_lo, b_hi)
-    density = np.count_nonzero((w_lo != 0) | (w_hi != 0)) / max(w_lo.size, 1)
-    if isinstance(mod, nn.Conv) and density < sparse_threshold:
-      w_lo, w_hi = sp.csr_array(w_lo), sp.csr_array(w_hi)
-    layers.append(AffineLayer(w_lo, w_hi, b_lo, b_hi))
-  net = Network(tuple(layers), input_shape, output)
-  if check:
-    for ref, pick in ((ref_lo, "lower"), (ref_hi, "upper")):
-      member = dataclasses.replace(net, layers=tuple(
-          AffineLayer.point(getattr(l, "w_" + pick), getattr(l, "b_" + pick)) for l in net.layers))
-      got = forward_batch(member, probe)
-      ref = ref.reshape(got.shape) if ref.size == got.size else ref
-      if ref.shape != got.shape or not np.allclose(got, ref, rtol=1e-4, atol=1e-4):
-        raise ValueError(
-            "from_flax: the model is not a chain of nn.Dense/nn.Conv layers with ReLU between "
-            "them (replaying random inputs through the extracted chain does not match "
-            "model.apply).")
-  return net
+  net = from_function(lambda p, x: model.apply(p, x), params, (1,) + input_shape, output,
+                      sparse_threshold=sparse_threshold, check=check)
+  return dataclasses.replace(net, input_shape=input_shape)
 
 
 def stack_members(stacked: Any, output: str | None = None) -> list[Network]:
@@ -995,7 +922,8 @@ def from_function(apply_fn, params: Any, input_shape: Sequence[int], output: str
   Args:
     apply_fn: ``apply_fn(params, x) -> outputs`` (one array; its flattening ``.reshape(-1)`` is
       the network output).
-    params: the parameter pytree (concrete arrays; not `Interval`).
+    params: the parameter pytree; `Interval` leaves (or one `Interval` over parameter trees)
+      make a hyper-network, whose layers are bounded over the box (`_box_network`).
     input_shape: the shape of ``x``, including any batch axis the function expects, e.g.
       ``(1, 1, 1, 5)`` for ACAS Xu ONNX models or ``(1, 784)``. The network's input is
       ``x.reshape(-1)`` (row-major), and ``Network.input_shape`` is ``input_shape``.
@@ -1010,12 +938,12 @@ def from_function(apply_fn, params: Any, input_shape: Sequence[int], output: str
       e.g. ``tanh``, ``argmax``, a product of two input-dependent values, or a division by one.
   """
   from boundjax.core.program import evaluate_concrete, flatten, mark_dependence
-  from boundjax.core.interval import is_interval
 
   input_shape = tuple(int(s) for s in input_shape)
+  if isinstance(params, Interval):  # one Interval over parameter trees
+    params = join_tree(*split_tree(params))
   if any(is_interval(l) for l in jax.tree_util.tree_leaves(params, is_leaf=is_interval)):
-    raise ValueError("from_function: interval parameters are not supported here; use "
-                     "from_flax or from_params for hyper-networks.")
+    return _box_network(apply_fn, params, input_shape, output, sparse_threshold, check, seed)
   rng = np.random.default_rng(seed)
   with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
     p64 = jax.tree_util.tree_map(
@@ -1056,3 +984,153 @@ def from_function(apply_fn, params: Any, input_shape: Sequence[int], output: str
           f"(max difference {np.abs(got - ref).max() if got.shape == ref.shape else 'shape'}); "
           "please report this with the function.")
   return net
+
+
+class _BoxCompiler(_Compiler):
+  """`_Compiler` for a function with interval parameters: its structure is read at the box's
+  midpoint, so a value that depends on the parameters may be a factor of an affine step (it
+  is bounded later) but never a structural constant (a clip bound), and it is non-negative for
+  the carrying of skip values only where its sound lower bound over the box is."""
+
+  def __init__(self, program, consts: dict, box_lower: dict):
+    super().__init__(program, consts)
+    self.box_lower = box_lower
+
+  def constant(self, a: Any) -> np.ndarray | None:
+    if isinstance(a, self.Var) and a in self.box_lower:
+      raise _function_error("a clip bound or another structural constant depends on an "
+                            "interval parameter")
+    return super().constant(a)
+
+  def operand_nonneg(self, a: Any) -> bool:
+    if isinstance(a, self.Var) and a in self.box_lower:
+      low = self.box_lower[a]
+      return not _is_float(low) or bool(np.all(np.asarray(low, np.float64) >= 0))
+    return super().operand_nonneg(a)
+
+
+def _box_network(apply_fn, params: Any, input_shape: tuple[int, ...], output: str | None,
+                 sparse_threshold: float, check: bool, seed: int,
+                 max_entries: int = 1 << 22) -> Network:
+  """`from_function` with `Interval` parameter leaves (a hyper-network; Sphynx, §4).
+
+  The function is traced with the interval leaves as arguments and cut into segments at the
+  box's midpoint (`_BoxCompiler`). Every layer ``(W_m, b_m)`` is then a JAX function of the
+  parameters (`_segment_fn`'s value at 0 and its derivatives along the basis), bounded over the
+  box by ``bj.ibp(..., sound=True)`` in float64: an enclosure of the layer of every member, in
+  exact arithmetic. For Dense and Conv layers it is the kernel's box itself (each entry is one
+  kernel entry times 1), rounded outward by at most an ulp.
+  """
+  from boundjax.core.ir import Lit
+  from boundjax.core.program import evaluate_concrete, flatten, mark_dependence
+  from boundjax.core.transforms import ibp
+
+  leaves, treedef = jax.tree_util.tree_flatten(params, is_leaf=is_interval)
+  boxes = [i for i, l in enumerate(leaves) if is_interval(l)]
+  if not all(_is_float(leaves[i].lower) for i in boxes):
+    raise ValueError("from_function: interval parameters must be floating-point.")
+  with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+    fixed = [None if is_interval(a) else
+             np.asarray(a, np.float64) if _is_float(a) and not isinstance(a, float) else a
+             for a in leaves]
+    lows = [np.asarray(leaves[i].lower, np.float64) for i in boxes]
+    highs = [np.asarray(leaves[i].upper, np.float64) for i in boxes]
+    mids = [l / 2 + h / 2 for l, h in zip(lows, highs)]
+    box = [Interval(l, h) for l, h in zip(lows, highs)]
+
+    def fn(x, *values):
+      full = list(fixed)
+      for i, v in zip(boxes, values):
+        full[i] = v
+      return apply_fn(jax.tree_util.tree_unflatten(treedef, full), x)
+
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(
+        jax.ShapeDtypeStruct(input_shape, jnp.float64),
+        *[jax.ShapeDtypeStruct(m.shape, jnp.float64) for m in mids])
+    if len(jax.tree_util.tree_leaves(out_shape)) != 1:
+      raise ValueError("from_function: the function must return one array, got "
+                       f"{jax.tree_util.tree_structure(out_shape)}.")
+    program = flatten(closed, recognise=None)
+    by_params = set(mark_dependence(program, [False] + [True] * len(boxes)).depends)
+    program = mark_dependence(program, [True] + [False] * len(boxes))
+    varying = [v for v in dict.fromkeys(list(program.invars[1:]) + [
+        o for e in program.eqns for o in e.outvars]) if v in by_params and v not in program.depends]
+
+    def constants(*values):
+      env = evaluate_concrete(program, [None] + list(values))
+      return [env[v] for v in varying]
+
+    lower = ({v: lower_of(c) for v, c in zip(varying, jax.jit(ibp(constants, sound=True))(*box))}
+             if varying else {})
+    consts = {v: _f64(a) for v, a in evaluate_concrete(program, [None] + mids).items()}
+    segments = _BoxCompiler(program, consts, lower).compile()
+
+    plans = []
+    for seg in segments:
+      const_vars = list(dict.fromkeys(
+          a for e in seg.steps for a in e.invars
+          if not isinstance(a, Lit) and a in consts and a not in program.depends))
+      plans.append((_segment_fn(seg, program, input_shape, const_vars), const_vars,
+                    tuple(jnp.asarray(c) for c in (seg.start.constants if seg.start else [])),
+                    tuple(jnp.asarray(c) for c in (seg.end.constants if seg.end else []))))
+
+    def layers(*values):
+      env = evaluate_concrete(program, [None] + list(values))
+      out, n_in = [], _size(input_shape)
+      for seg_fn, const_vars, cs_start, cs_end in plans:
+        dyn = (tuple(env[v] for v in const_vars), cs_start, cs_end)
+        zero = jnp.zeros((n_in,), jnp.float64)
+        b = seg_fn(zero, *dyn)
+        step = max(1, min(n_in, max_entries // max(int(b.size), 1)))
+        blocks = [jax.vmap(lambda t: jax.jvp(lambda z: seg_fn(z, *dyn), (zero,), (t,))[1])(
+            jnp.eye(n_in, dtype=jnp.float64)[start:start + step])
+            for start in range(0, n_in, step)]
+        out.append((jnp.concatenate(blocks, axis=0), b))  # (n_in, n_out), (n_out,)
+        n_in = int(b.size)
+      return out
+
+    bounded = jax.jit(ibp(layers, sound=True))(*box)
+  result = []
+  for w, b in bounded:
+    w_lo, w_hi = (np.asarray(f(w), np.float64).T.copy() for f in (lower_of, upper_of))
+    b_lo, b_hi = (np.asarray(f(b), np.float64) for f in (lower_of, upper_of))
+    if not all(np.all(np.isfinite(a)) for a in (w_lo, w_hi, b_lo, b_hi)):
+      raise _function_error("a layer has non-finite weight or bias bounds over the box")
+    nonzero = (w_lo != 0) | (w_hi != 0)
+    if np.count_nonzero(nonzero) < sparse_threshold * max(w_lo.size, 1):
+      w_lo, w_hi = sp.csr_array(w_lo), sp.csr_array(w_hi)
+    result.append(AffineLayer(w_lo, w_hi, b_lo, b_hi))
+  net = Network(tuple(result), input_shape, output)
+  if check:  # the function at the box's ends and midpoint lies in the hyper-network's outputs
+    probes = np.random.default_rng(seed).uniform(-1.0, 1.0, (3,) + input_shape)
+    for values in (lows, mids, highs):
+      full = list(fixed)
+      for i, v in zip(boxes, values):
+        full[i] = v
+      p64 = jax.tree_util.tree_unflatten(treedef, full)
+      with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
+        ref = np.stack([np.asarray(apply_fn(p64, jnp.asarray(x)), np.float64).reshape(-1)
+                        for x in probes])
+      lo, hi = _interval_forward(net, probes.reshape(len(probes), -1))
+      tol = 1e-6 * (1 + np.abs(ref).max())
+      if ref.shape != lo.shape or np.any(ref < lo - tol) or np.any(ref > hi + tol):
+        raise _function_error("the extracted hyper-network does not contain the function at "
+                              "its parameter box's ends; please report this with the function")
+  return net
+
+
+def _interval_forward(net: Network, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Midpoint–radius interval forward pass of a (hyper-)network at the rows of ``xs``, in float64
+  without outward rounding: a consistency check of an extraction, not a bound."""
+  c, r = np.asarray(xs, np.float64), np.zeros_like(xs, dtype=np.float64)
+  for m, layer in enumerate(net.layers):
+    wl, wu = _dense(layer.w_lower), _dense(layer.w_upper)
+    wc, wr = wl / 2 + wu / 2, wu / 2 - wl / 2
+    bc, br = layer.b_lower / 2 + layer.b_upper / 2, layer.b_upper / 2 - layer.b_lower / 2
+    zc = c @ wc.T + bc
+    zr = r @ np.abs(wc).T + np.abs(c) @ wr.T + r @ wr.T + br
+    lo, hi = zc - zr, zc + zr
+    if m + 1 < len(net.layers):
+      lo, hi = np.maximum(lo, 0), np.maximum(hi, 0)
+    c, r = lo / 2 + hi / 2, hi / 2 - lo / 2
+  return c - r, c + r

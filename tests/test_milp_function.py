@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from boundjax.core.interval import Interval
 from milp import bounds as B
 from milp import network as N
 from milp.property import check_disjunction, check_property
@@ -176,6 +177,97 @@ def test_skip_connections_branches_and_elementwise_max_min():
   for fn in (residual, branches):
     net = N.from_function(fn, p, (1, 4))
     assert_reproduces(net, fn, p, (1, 4), n=16)
+
+
+def _members(rng, box, n):
+  """``n`` parameter trees drawn from a tree of `Interval`s: uniform inside, and box corners."""
+  leaves, tree = jax.tree_util.tree_flatten(box, is_leaf=lambda a: isinstance(a, Interval))
+  out = []
+  for k in range(n):
+    picked = []
+    for l in leaves:
+      lo, hi = np.asarray(l.lower, np.float64), np.asarray(l.upper, np.float64)
+      t = rng.integers(0, 2, lo.shape) if k % 4 == 0 else rng.uniform(size=lo.shape)
+      picked.append(lo + t * (hi - lo))
+    out.append(jax.tree_util.tree_unflatten(tree, picked))
+  return out
+
+
+def _iv(rng, p, width):
+  return jax.tree_util.tree_map(
+      lambda a: Interval(a - width * rng.uniform(size=np.shape(a)),
+                         a + width * rng.uniform(size=np.shape(a))), p)
+
+
+def test_interval_parameters_enclose_every_member_of_the_box():
+  """A hyper-network from any function: every layer's matrix and bias are bounded over the
+  parameter box. Checked two ways on members drawn inside the box and at its corners: the
+  member's own chain (extracted as a point network) lies in the hyper-network, and the
+  hyper-network's interval outputs at an input contain the member's float64 output there.
+  Products of two interval parameters (a kernel times a scale, as a folded normalisation), a
+  carried skip value times a scale that is positive at the midpoint but not over the box (it
+  must be carried both ways), and convolutions included; Dense layers give the kernel's box to
+  a few ulps (as `from_params`)."""
+  rng = np.random.default_rng(40)
+  p = {k: rng.normal(size=shape) for k, shape in [
+      ("a", (4, 5)), ("s", (5,)), ("b", (5, 5)), ("c", (4, 5)), ("t", (5,)), ("d", (5, 3))]}
+  p["t"] = np.array([0.5, 0.05, 0.01, 1.0, 0.2])  # positive; 0.01 straddles 0 once widened
+
+  def scaled_skip(p, x):                            # x: (1, 4)
+    h = jax.nn.relu(x @ (p["a"] * p["s"]))          # kernel times scale: a product of boxes
+    y = jax.nn.relu(h @ p["b"] + x @ p["c"]) + h * p["t"]
+    return y @ p["d"]
+
+  def carried_scaled(p, x):
+    g = jax.nn.relu(x @ p["a"]) * p["t"]            # read again after the next ReLU
+    return (jax.nn.relu(g @ p["b"]) + g) @ p["d"]
+
+  conv, conv_params = ConvNet(), ConvNet().init(jax.random.PRNGKey(41), jnp.ones((1, 6, 6, 2)))
+  mlp_box = _iv(rng, MLP().init(jax.random.PRNGKey(42), jnp.ones((1, 7))), 0.03)
+  cases = [(scaled_skip, _iv(rng, p, 0.05), (1, 4), True),
+           (carried_scaled, _iv(rng, p, 0.05), (1, 4), False),
+           (conv.apply, _iv(rng, conv_params, 0.02), (1, 6, 6, 2), True),
+           (MLP().apply, mlp_box, (1, 7), True)]
+  members = outputs = 0
+  hypers = []
+  for fn, box, shape, same_structure in cases:
+    hyper = N.from_function(fn, box, shape)
+    hypers.append(hyper)
+    assert not hyper.is_point
+    xs = rng.uniform(-2, 2, (8,) + shape)
+    ends = [B.ibp(hyper, x.reshape(-1), x.reshape(-1))[-1] for x in xs]
+    with jax.enable_x64(True):
+      outs = jax.jit(jax.vmap(fn, in_axes=(None, 0)))
+      for member in _members(rng, box, 24):
+        if same_structure:
+          assert N.contains(hyper, N.from_function(fn, member, shape, check=False)), fn
+          members += 1
+        ref = np.asarray(outs(member, jnp.asarray(xs)), np.float64).reshape(len(xs), -1)
+        for (lo, hi), y in zip(ends, ref):
+          assert np.all(lo <= y) and np.all(y <= hi), fn
+          outputs += 1
+  assert members == 3 * 24 and outputs == 4 * 24 * 8
+  fn, box, shape, _ = cases[0]  # one Interval over the parameter trees gives the same network
+  lo_tree, hi_tree = (jax.tree_util.tree_map(lambda a: getattr(a, end), box,
+                                             is_leaf=lambda a: isinstance(a, Interval))
+                      for end in ("lower", "upper"))
+  whole = N.from_function(fn, Interval(lo_tree, hi_tree, validate=False), shape)
+  for a, b in zip(whole.layers, hypers[0].layers):
+    np.testing.assert_array_equal(N._dense(a.w_lower), N._dense(b.w_lower))
+  ref = N.from_params(mlp_box)
+  for a, b in zip(hypers[-1].layers, ref.layers):
+    for got, want in ((a.w_lower, b.w_lower), (a.w_upper, b.w_upper), (a.b_lower, b.b_lower)):
+      np.testing.assert_allclose(N._dense(got), want, rtol=0, atol=1e-14)
+    assert np.all(N._dense(a.w_lower) <= b.w_lower) and np.all(N._dense(a.w_upper) >= b.w_upper)
+
+
+def test_interval_parameter_in_a_clip_bound_is_refused():
+  p = {"w": np.ones((3, 2)), "c": np.array(0.5)}
+  box = {"w": Interval(p["w"] - 0.1, p["w"] + 0.1), "c": Interval(0.4, 0.6)}
+  fn = lambda p, x: jnp.clip(x @ p["w"], 0.0, p["c"])
+  assert N.from_function(fn, p, (1, 3)).layers  # concrete: fine
+  with pytest.raises(ValueError, match="structural constant depends on an interval parameter"):
+    N.from_function(fn, box, (1, 3))
 
 
 def test_same_architecture_reuses_compilation_with_its_own_weights():

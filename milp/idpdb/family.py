@@ -1,7 +1,7 @@
 """Families of leave-one-out networks, their hyper-networks, and class confidences.
 
 * `as_family` — a `milp.ldcp.Family` (stacked float64 weights) from concrete networks or
-  stacked Flax parameters: an MLP's directly, any other Dense/Conv chain (e.g. LUCID's
+  stacked Flax parameters: an MLP's directly, any other model `from_flax` encodes (e.g. LUCID's
   `boundjax.models.Conv1dNet`) through `milp.network.from_flax` with its ``model``.
 * `hyper_of` — the hyper-network N# of some members: coordinate-wise ``[min, max]`` of their
   parameters (LUCID, §5.2, Def. 5.1).
@@ -66,8 +66,8 @@ def member_networks(model: Any, stacked: Any, input_shape: Sequence[int] | None,
                     output: str | None = None) -> list[Network]:
   """Concrete dense `Network`s of every member of stacked Flax params of a Dense/Conv chain.
 
-  Each is `milp.network.from_flax` (every layer's matrix read off the module exactly, and the
-  chain replayed against ``model.apply``), stored dense so members stack.
+  Each is `milp.network.from_flax` (every layer's matrix read off the model's program exactly,
+  and the chain replayed against ``model.apply``), stored dense so members stack.
   """
   import jax
 
