@@ -143,11 +143,24 @@ def solve(enc: Encoding, cfg: SolveConfig = SolveConfig(),
   params = _params(cfg, solution_limit)
   t0 = time.perf_counter()
   proto = enc.model.export_model()
+
+  def run(p: mathopt.SolveParameters):
+    return _solver.solve(proto, _SOLVERS[cfg.solver].value,
+                         init_arguments.StreamableSolverInitArguments().to_proto(),
+                         p.to_proto(), model_parameters.ModelSolveParameters().to_proto(),
+                         None, callback.CallbackRegistration().to_proto(), None, None)
+
   try:
-    raw = _solver.solve(proto, _SOLVERS[cfg.solver].value,
-                        init_arguments.StreamableSolverInitArguments().to_proto(),
-                        params.to_proto(), model_parameters.ModelSolveParameters().to_proto(),
-                        None, callback.CallbackRegistration().to_proto(), None, None)
+    try:
+      raw = run(params)
+    except StatusNotOk:
+      if cfg.solver != "highs":
+        raise
+      # HiGHS's MIP presolve fails (HighsStatus kError) on some small valid models that it
+      # solves without presolve (seen with HiGHS in OR-Tools 9.15 on a 134-variable big-M
+      # encoding); one retry without it.
+      params.presolve = mathopt.Emphasis.OFF
+      raw = run(params)
   except StatusNotOk as e:  # MathOpt's own wrapper of this error is broken in 9.15
     raise RuntimeError(f"solve ({cfg.solver}): {getattr(e, 'message', e)}") from None
   res = result_lib.parse_solve_result(raw, enc.model, validate=False)

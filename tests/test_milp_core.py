@@ -494,6 +494,27 @@ def test_solve_config_rejects_bad_gaps(field, bad):
     SolveConfig(**{field: bad})
 
 
+def test_highs_presolve_error_is_retried_without_presolve():
+  """A 134-variable big-M encoding (from LUCID's MILP tightening) on which HiGHS's presolve
+  fails with kError in OR-Tools 9.15: `solve` retries without presolve and gets SCIP's optimum."""
+  from pathlib import Path
+
+  from ortools.math_opt import model_pb2
+  from ortools.math_opt.python import mathopt
+
+  from milp.encode import Encoding
+  from milp.solve import SolveConfig, solve
+
+  proto = model_pb2.ModelProto.FromString(
+      (Path(__file__).parent / "data" / "highs_presolve_error.pb").read_bytes())
+  enc = Encoding()
+  enc.model = mathopt.Model.from_model_proto(proto)
+  out = solve(enc, SolveConfig(solver="highs", time_limit=60.0))
+  ref = solve(enc, SolveConfig(solver="scip", time_limit=60.0))
+  assert out.proven and ref.proven
+  assert abs(out.dual_bound - ref.dual_bound) <= 1e-6 * (1 + abs(ref.dual_bound))
+
+
 def test_solve_config_accepts_zero_tolerances():
   cfg = SolveConfig(tol=0.0, relative_gap=0.0, absolute_gap=0.0)
   assert cfg.tol == 0.0
