@@ -94,3 +94,29 @@ def test_sound_alpha_crown_through_strided_convolutions(monkeypatch):
     vals = np.asarray(jax.vmap(lambda v: _cnn(params, v[None])[0])(
         jnp.concatenate([xs, jnp.asarray(corners)])))
     assert np.all(vals >= np.asarray(ours.lower)) and np.all(vals <= np.asarray(ours.upper))
+
+
+def test_temporaries_of_the_products_are_counted_for_the_memory_budget():
+  """`prefix.conv_temporaries` (per backward row, what `bj.crown`'s chunking adds beside the
+  state) covers the largest array each product builds (its shifted copies side by side), and
+  is 0 where JAX's own convolution runs (stride 1)."""
+  rng = np.random.default_rng(3)
+  for _ in range(12):
+    e, f, x, w = _random_conv(rng, jnp.float32)
+    eqn = jax.make_jaxpr(f)(x).jaxpr.eqns[-1]
+    full = types.SimpleNamespace(name="conv_general_dilated", params=eqn.params,
+                                 invars=eqn.invars, outvars=eqn.outvars)
+    rows = x.shape[0]
+    g = jnp.zeros(eqn.outvars[0].aval.shape, x.dtype)
+    largest = 0
+    for fn, arg in ((lambda g: prefix._conv_transposed_phases(e, g, w), g),
+                    (lambda v: prefix._conv_as_product(e, v, w), x)):
+      largest = max(largest, max(int(np.prod(o.aval.shape)) for q in
+                                 jax.make_jaxpr(fn)(arg).jaxpr.eqns for o in q.outvars) // rows)
+    assert largest <= prefix.conv_temporaries(full) <= 4 * largest
+  stride1 = jax.make_jaxpr(lambda v: lax.conv_general_dilated(
+      v, jnp.ones((3, 3, 2, 4)), (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")))(
+          jnp.ones((1, 8, 8, 2))).jaxpr.eqns[-1]
+  assert prefix.conv_temporaries(types.SimpleNamespace(
+      name="conv_general_dilated", params=stride1.params, invars=stride1.invars,
+      outvars=stride1.outvars)) == 0

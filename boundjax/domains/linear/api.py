@@ -24,7 +24,7 @@ from boundjax.domains.linear.rules import (
     INTERMEDIATE_MODES, CrownProgram, classify_program, eval_concrete, from_core, is_float,
     S_SHAPED, low_precision, read_value, warn_fallbacks)
 from boundjax.domains.linear.backward import Ctx, run_backward, unstable_fraction
-from boundjax.domains.linear.prefix import ancestors_of, build_prefix, interval_exact
+from boundjax.domains.linear.prefix import ancestors_of, build_prefix, conv_temporaries, interval_exact
 from boundjax.domains.linear.windows import (
     patch_plan, windows_bytes)
 
@@ -77,6 +77,16 @@ def _lambda_bytes(prog: CrownProgram, targets: list[_Var], ancestors: dict) -> i
   for t in targets:
     sizes = [t.size] + [v.size for i in ancestors[t] for v in _backward_operands(prog.eqns[i])]
     best = max(best, 2 * t.size * max(sizes) * jnp.dtype(t.aval.dtype).itemsize)
+  return best
+
+
+def _temporary_bytes(prog: CrownProgram, targets: list[_Var], ancestors: dict) -> int:
+  """Largest per-example bytes a strided convolution's transpose or its derivative holds
+  beside the backward state of a target (`prefix.conv_temporaries`, both bounds' rows)."""
+  best = 0
+  for t in targets:
+    per_row = max((conv_temporaries(prog.eqns[i]) for i in ancestors[t]), default=0)
+    best = max(best, 2 * t.size * per_row * jnp.dtype(t.aval.dtype).itemsize)
   return best
 
 
@@ -502,16 +512,19 @@ def _auto_chunk(prog, targets, ancestors, memory_bytes, windowed: int = 0,
                 live: float = 3.0) -> int:
   """Examples per chunk: the largest dense backward state of ``targets`` (or ``windowed``,
   the largest windowed pass's state, `windows_bytes`) ``live`` times per example
-  (`_live_factor`) within ``memory_bytes``; `MemoryBudgetError` when one example's state does
-  not fit three times."""
+  (`_live_factor`), plus one strided convolution's temporaries (`_temporary_bytes`), within
+  ``memory_bytes``; `MemoryBudgetError` when one example's state does not fit three times
+  beside them."""
   per = max(_lambda_bytes(prog, targets, ancestors), windowed, 1)
-  if 3 * per > memory_bytes:
+  temps = _temporary_bytes(prog, targets, ancestors)
+  need = 3 * per + temps
+  if need > memory_bytes:
     raise MemoryBudgetError(
-        f"crown: one example's backward state needs about {3 * per / 2**20:.2f} MiB "
-        f"({3 * per} bytes), more than memory_bytes={memory_bytes / 2**20:.2f} MiB "
+        f"crown: one example's backward state needs about {need / 2**20:.2f} MiB "
+        f"({need} bytes), more than memory_bytes={memory_bytes / 2**20:.2f} MiB "
         f"({memory_bytes} bytes); raise memory_bytes, use intermediate='ibp' (CROWN-IBP), or "
-        "bound fewer outputs with spec=.", 3 * per, memory_bytes)
-  return max(1, int(memory_bytes // (live * per)))
+        "bound fewer outputs with spec=.", need, memory_bytes)
+  return max(1, int(memory_bytes // (live * per + temps)))
 
 
 def _check_box(iv: Interval) -> None:

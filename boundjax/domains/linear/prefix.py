@@ -63,6 +63,30 @@ def _phases_apply(p: dict, x_shape: tuple, w_shape: tuple) -> bool:
           and p["batch_group_count"] == 1 and all(a >= 0 and b >= 0 for a, b in p["padding"]))
 
 
+def conv_temporaries(e: CrownEqn) -> int:
+  """Values per backward row that `_conv_transposed_phases` (the transpose) or
+  `_conv_as_product` (its derivative, float64) hold beside the row itself when they apply to
+  the convolution ``e``, for the memory budget: ``g``'s ``ceil(k/s)^n`` shifted copies plus the
+  interleaved phases (about two inputs), or ``x``'s ``k^n`` strided copies plus the output.
+  0 where JAX's own convolution runs."""
+  if e.name != "conv_general_dilated" or len(e.invars) != 2:
+    return 0
+  p = e.params
+  lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
+  x, w, y = e.invars[0].aval, e.invars[1].aval, e.outvars[0].aval
+  if not _phases_apply(p, x.shape, w.shape):
+    return 0
+  ks = [w.shape[d] for d in rhs_spec[2:]]
+  strides = [int(s) for s in p["window_strides"]]
+  outs = [y.shape[d] for d in out_spec[2:]]
+  o_ch, i_ch = y.shape[out_spec[1]], x.shape[lhs_spec[1]]
+  kr = [-(-k // s) for k, s in zip(ks, strides)]
+  qlen = [o + k - 1 for o, k in zip(outs, kr)]
+  phases = int(np.prod(qlen)) * (o_ch * int(np.prod(kr)) + 2 * int(np.prod(strides)) * i_ch)
+  im2col = int(np.prod(outs)) * (i_ch * int(np.prod(ks)) + o_ch)
+  return max(phases, im2col)
+
+
 def _conv_transposed_phases(e: CrownEqn, g, w):
   """The transpose of a strided convolution ``x -> conv(x, W)`` applied to ``g``, as one matrix
   product whose ``s^n`` column blocks are the phases, interleaved (the sub-pixel decomposition
