@@ -416,3 +416,45 @@ def test_details_of_a_network_without_relu_nodes(objective):
     ys = np.tanh(xs @ w) @ v
     assert np.all(ys >= np.asarray(out.lower)[b] - 0.0)
     assert np.all(ys <= np.asarray(out.upper)[b] + 0.0)
+
+
+@pytest.mark.parametrize("sound", [False, True])
+def test_lower_only_passes_give_the_lower_bounds_of_both_sides_at_half_the_rows(sound):
+  """``alpha_objective="lower_only"``: the output's passes carry the lower rows alone. Their
+  lower bounds equal those of ``"lower"`` (which computes both sides; sound mode: never lower,
+  its slack counts one side's terms), they hold on >= 10^4 sampled feasible points plus the
+  corners of every sub-problem (tol 0 in sound mode), the upper bounds are the interval ones
+  (never tighter than CROWN's),
+  α/β come back with one side and are accepted back as a warm start with one side or two. A
+  network with a relaxed nonlinearity (tanh) keeps both sides."""
+  ws, bs = _net(3)
+  f = _apply(ws, bs)
+  B = 6
+  lo, hi, splits = _subproblems(ws, bs, B, 3, n_split=3)
+  C = np.random.default_rng(13).normal(size=(3, 4))
+  g = lambda x: f(x) @ jnp.asarray(C).T  # noqa: E731
+  box = bj.Interval(jnp.asarray(lo), jnp.asarray(hi))
+  samples = _feasible_samples(ws, bs, lo, hi, splits, 10_000, 3)
+  assert sum(len(x) for x, _ in samples) >= 10_000
+  kw = dict(batch_axis=0, splits=True, beta=True, alpha_steps=20, return_info=True,
+            sound=sound, intermediate="ibp")
+  both, info2 = bj.crown(g, alpha_objective="lower", **kw)(box, splits=splits)
+  one_fn = bj.crown(g, alpha_objective="lower_only", **kw)
+  one, info1 = one_fn(box, splits=splits)
+  assert [a.shape[1] for a in info1.alpha] == [1, 1] and [a.shape[1] for a in info2.alpha] == [2, 2]
+  l1, l2 = np.asarray(one.lower), np.asarray(both.lower)
+  finite = np.isfinite(l2)
+  np.testing.assert_array_equal(np.isfinite(l1), finite)
+  np.testing.assert_allclose(l1[finite], l2[finite], rtol=1e-9, atol=1e-9)
+  if sound:
+    assert np.all(l1[finite] >= l2[finite])
+  up = np.asarray(one.upper)  # the forward interval pass's (splits applied), not CROWN's
+  assert np.all(up[finite] >= np.asarray(both.upper)[finite] - 1e-9)
+  assert _check(one, samples, C, np.zeros(3), 0.0 if sound else 1e-9, "lower_only") > 0
+  for warm in ((info1.alpha, info1.beta), (info2.alpha, info2.beta)):
+    again, _ = one_fn(box, splits=splits, warm=warm)
+    assert np.all(np.asarray(again.lower)[finite] >= l1[finite] - 1e-6)
+  t = lambda x: jnp.tanh(x @ jnp.asarray(ws[0]).T) @ jnp.asarray(ws[1][:, :12]).T  # noqa: E731
+  _, info_t = bj.crown(lambda x: jax.nn.relu(t(x)), alpha_objective="lower_only",
+                       **kw)(box, splits=[s[:, :12] for s in splits[1:]])
+  assert [a.shape[1] for a in info_t.alpha] == [2]

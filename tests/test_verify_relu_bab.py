@@ -376,16 +376,18 @@ def test_leaves_are_decided_by_their_lps_without_the_milp(seed, monkeypatch):
 
 def test_stored_warm_start_keeps_the_root_unstable_entries_and_zeros_the_rest():
   """The frontier's compressed α/β (`_stored`) put back by `_warm`: the lower rows of the kept
-  neurons exactly (float32), zeros elsewhere, for both row sets; the other entries are dropped."""
+  neurons exactly (float32), zeros elsewhere, as one side (the engine's lower-only passes); the
+  other entries are dropped. Engine results of one side (lower_only) or two are stored alike."""
   from boundjax.verify.relu_bab import _stored, _warm
   rng = np.random.default_rng(0)
   full = [rng.random((3, 2, 1, 7)), rng.random((3, 2, 1, 4))]
   keep = [np.array([1, 4, 6]), np.array([], np.int64)]
   stored = _stored(full, keep, 2)
   assert [s.shape for s in stored] == [(2, 1, 3), (2, 1, 0)]
+  one_side = _stored([full[0][:, :1]], keep[:1], 2)
+  np.testing.assert_array_equal(one_side[0], stored[0])
   back = _warm(stored[0], np.float64, keep[0], 7)
-  assert back.shape == (2, 2, 1, 7)
+  assert back.shape == (2, 1, 1, 7)
   np.testing.assert_array_equal(back[:, 0, 0, keep[0]], full[0][:2, 0, 0, keep[0]].astype(np.float32))
-  np.testing.assert_array_equal(back[:, 0], back[:, 1])
   assert np.all(np.delete(back, keep[0], axis=-1) == 0)
   assert np.all(_warm(stored[1], np.float64, keep[1], 4) == 0)

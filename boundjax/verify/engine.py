@@ -190,7 +190,7 @@ def bound_function(apply_fn: Callable, key: str, input_shape: tuple[int, ...], s
 
       alpha = {}
       if mode.startswith("alpha"):
-        alpha = dict(alpha=True, alpha_objective="lower" if lower_only else "both")
+        alpha = dict(alpha=True, alpha_objective="lower_only" if lower_only else "both")
         if s_shaped and mode == "alpha":
           alpha.update(alpha_intermediate=True, alpha_lr=0.2, alpha_steps=S_SHAPED_ALPHA_STEPS)
       fn = bj.crown(g, batch_axis=0, sound=sound, memory_bytes=memory_bytes,

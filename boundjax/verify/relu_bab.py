@@ -172,7 +172,7 @@ def _engine_fn(apply_fn: Callable, input_shape: tuple, key: str, sound: bool,
     budget = {} if memory_bytes is None else {"memory_bytes": memory_bytes}
     fn = engine_crown(g, batch_axis=0, sound=sound, intermediate=intermediate, splits=True,
                       beta=True, return_info=True, alpha_steps=steps, alpha_lr=lr,
-                      alpha_objective="lower", alpha_intermediate=alpha_intermediate,
+                      alpha_objective="lower_only", alpha_intermediate=alpha_intermediate,
                       **budget)
     jitted = jax.jit(lambda p, box, pre, splits, warm: fn(p, box, pre=pre, splits=splits,
                                                           warm=warm))
@@ -673,11 +673,12 @@ def _stored(params, keep: list, n: int | None = None) -> tuple:
 
 def _warm(x: np.ndarray, dtype, keep: np.ndarray, size: int) -> np.ndarray:
   """A stored α or β (`_stored`) as the engine's warm start: ``size`` entries per row, the kept
-  ones in place and 0 elsewhere; the lower rows for both."""
+  ones in place and 0 elsewhere, one side (the lower rows: the engine bounds them alone,
+  ``alpha_objective="lower_only"``, or starts the upper rows from them)."""
   x = np.asarray(x, dtype)
   full = np.zeros(x.shape[:-1] + (size,), dtype)
   full[..., keep] = x
-  return np.stack([full, full], axis=1)
+  return full[:, None]
 
 
 def _known_of(lbs, ubs, batch: int, dtype) -> list:

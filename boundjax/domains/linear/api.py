@@ -24,7 +24,8 @@ from boundjax.domains.linear.rules import (
     INTERMEDIATE_MODES, CrownProgram, classify_program, eval_concrete, from_core, is_float,
     S_SHAPED, low_precision, read_value, warn_fallbacks)
 from boundjax.domains.linear.backward import Ctx, run_backward, unstable_fraction
-from boundjax.domains.linear.prefix import ancestors_of, build_prefix, conv_temporaries, interval_exact
+from boundjax.domains.linear.prefix import (ancestors_of, build_prefix, conv_temporaries,
+                                             interval_exact)
 from boundjax.domains.linear.windows import (
     patch_plan, windows_bytes)
 
@@ -156,7 +157,12 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
       minus lower bounds; ``"lower"`` (``"upper"``) only the lower (upper) bounds, when only
       one side is wanted (a verifier proving ``C y - d > 0``): the slopes shared by the rows,
       the intermediate layers', then serve that side alone. The other side's bounds are still
-      returned, never looser than CROWN's.
+      returned, never looser than CROWN's. ``"lower_only"``: as ``"lower"``, and the output's
+      backward passes carry the lower-bound rows alone (half their work) when every equation
+      behind the output is affine, a ReLU or bounded by intervals
+      (`backward.ONE_SIDED_KINDS`); the upper bounds returned are then the interval ones, and
+      ``return_info``'s α and β hold one side, ``(1, m, n)`` per node (a warm start may hold
+      one side or two).
     beta: β-CROWN (Wang et al., NeurIPS 2021, §3.1): with split constraints (``splits``),
       optimise their multipliers ``β >= 0`` together with α (implies ``alpha``): on the set
       where ``s·z >= 0`` holds, ``min g >= min (g - β s z)`` for every ``β >= 0``.
@@ -223,9 +229,9 @@ def crown(fn: Callable, *, intermediate: str = "crown", batch_axis: int | None =
                      ("alpha_intermediate", alpha_intermediate)):
     if not isinstance(flag, bool):
       raise ValueError(f"crown: {name} must be a bool, got {flag!r}")
-  if alpha_objective not in ("both", "lower", "upper"):
-    raise ValueError(f"crown: alpha_objective must be 'both', 'lower' or 'upper', got "
-                     f"{alpha_objective!r}")
+  if alpha_objective not in ("both", "lower", "upper", "lower_only"):
+    raise ValueError(f"crown: alpha_objective must be 'both', 'lower', 'upper' or "
+                     f"'lower_only', got {alpha_objective!r}")
   alpha = alpha or beta
   alpha_steps = options.integer("crown: alpha_steps", alpha_steps, minimum=1)
   alpha_lr = options.number("crown: alpha_lr", alpha_lr, positive=True)
@@ -724,8 +730,12 @@ def _pack_data(data, nodes, n_batch):
   if data["warm"] is not None:
     al, be = data["warm"]
     rows = jnp.shape(al[0])[len(lead) + 1] if len(al) else 0
-    packed["alpha"] = [arr("warm alpha", a, x, (2, rows), x.aval.dtype)
+    sides = jnp.shape(al[0])[len(lead)] if len(al) else 2
+    if sides not in (1, 2):
+      raise ValueError(f"crown: a warm start holds one side or two (lower rows, upper rows), "
+                       f"got {sides}")
+    packed["alpha"] = [arr("warm alpha", a, x, (sides, rows), x.aval.dtype)
                        for (x, _), a in zip(nodes, per_node("warm alpha", al))]
-    packed["beta"] = [arr("warm beta", b, x, (2, rows), x.aval.dtype)
+    packed["beta"] = [arr("warm beta", b, x, (sides, rows), x.aval.dtype)
                       for (x, _), b in zip(nodes, per_node("warm beta", be))]
   return packed

@@ -53,14 +53,14 @@ class Ctx:
   exact: frozenset = frozenset()  # targets the interval pass bounds exactly (`interval_exact`)
 
 
-def _gather_mu(lam: dict, pending: dict, y, m: int):
-  """``Λ`` at ``y`` for both bounds, (2, m, *y.shape): the example's own rows plus the shared
-  prefix rows; None when neither reaches ``y``."""
+def _gather_mu(lam: dict, pending: dict, y, m: int, sides: int = 2):
+  """``Λ`` at ``y`` for the pass's bounds, (sides, m, *y.shape): the example's own rows plus
+  the shared prefix rows; None when neither reaches ``y``."""
   own, shared = lam.pop(y, None), pending.get(y)
   if own is None and shared is None:
     return None
   if own is None:
-    return jnp.broadcast_to(shared[None], (2, *shared.shape))
+    return jnp.broadcast_to(shared[None], (sides, *shared.shape))
   return own if shared is None else own + shared[None]
 
 
@@ -319,10 +319,13 @@ def _fallback_terms(iv: Interval, mu, m: int):
   ``Σ Λ⁺ l + Λ⁻ u``, the upper bound ``Σ Λ⁺ u + Λ⁻ l``; also returns ``Σ |Λ|·max(|l|, |u|)``
   (sound mode error terms)."""
   lo, hi = iv.lower, iv.upper
-  low = _safe_rowdot(jnp.maximum(mu[0], 0), lo) + _safe_rowdot(jnp.minimum(mu[0], 0), hi)
-  up = _safe_rowdot(jnp.maximum(mu[1], 0), hi) + _safe_rowdot(jnp.minimum(mu[1], 0), lo)
-  mag = _safe_rowdot(jnp.abs(mu.reshape((2 * m, -1))), magnitude(iv).reshape(-1)).reshape((2, m))
-  return jnp.stack([low, up]), mag
+  sides = mu.shape[0]  # 1: a lower-only pass
+  ends = [_safe_rowdot(jnp.maximum(mu[0], 0), lo) + _safe_rowdot(jnp.minimum(mu[0], 0), hi)]
+  if sides == 2:
+    ends.append(_safe_rowdot(jnp.maximum(mu[1], 0), hi) + _safe_rowdot(jnp.minimum(mu[1], 0), lo))
+  mag = _safe_rowdot(jnp.abs(mu.reshape((sides * m, -1))),
+                     magnitude(iv).reshape(-1)).reshape((sides, m))
+  return jnp.stack(ends), mag
 
 
 def _spec_prefix(px: Prefix, spec) -> Prefix:
@@ -361,6 +364,20 @@ class _Pass:
   slack: Any
   fb_abs: Any
   n_fb: int
+  sides: int = 2  # 1: the lower-bound rows alone (`ONE_SIDED_KINDS`)
+
+
+ONE_SIDED_KINDS = frozenset({"affine", "relu", "fallback", "concrete"})
+"""The kinds of equation whose backward steps run on the lower-bound rows alone (a pass of
+``sides = 1``): each side of a step reads only its own rows (``Λ⁺``/``Λ⁻`` of its side take
+that side's lines), so the lower rows are the same with or without the upper ones."""
+
+
+def one_sided(ctx: "Ctx", target: _Var) -> bool:
+  """Whether ``target``'s pass may run on its lower rows alone: ``alpha_objective`` is
+  ``"lower_only"`` and every equation behind it is of `ONE_SIDED_KINDS`."""
+  return ctx.alpha_objective == "lower_only" and all(
+      ctx.prog.eqns[i].kind in ONE_SIDED_KINDS for i in ctx.ancestors[target])
 
 
 def _nonlinear_step(st: _Pass, i: int, e: CrownEqn) -> None:
@@ -411,7 +428,7 @@ def _s_shaped_rows(st: _Pass, i: int, e: CrownEqn, t) -> Lines:
 def _fallback_step(st: _Pass, i: int, e: CrownEqn) -> None:
   """An equation CROWN cannot relax: its results are concretised at their interval bounds."""
   for y2 in e.outvars:
-    mu = _gather_mu(st.lam, st.px.pending, y2, st.m)
+    mu = _gather_mu(st.lam, st.px.pending, y2, st.m, st.sides)
     if mu is not None:
       add, mag = _fallback_terms(st.ivs[y2], mu, st.m)
       st.bias, st.fb_abs, st.n_fb = st.bias + add, st.fb_abs + mag, st.n_fb + y2.size
@@ -425,7 +442,7 @@ def _affine_step(st: _Pass, i: int, e: CrownEqn) -> None:
     return
   lam_y = st.lam.pop(y)
   y0, vjp = affine_vjp(e, cenv)
-  contribs = transpose_rows(e, cenv, vjp, lam_y.reshape((2 * m, *y.shape)))
+  contribs = transpose_rows(e, cenv, vjp, lam_y.reshape((st.sides * m, *y.shape)))
   if has_offset(e):
     st.bias = st.bias + rowdot(lam_y, y0, 2)
   if sound and has_offset(e):
@@ -434,7 +451,7 @@ def _affine_step(st: _Pass, i: int, e: CrownEqn) -> None:
         jnp.abs(lam_y), jnp.abs(y0), 2) + rounding.flush_error(n, st.dtype)
   for p, cb in zip(e.abstract_pos, contribs):
     x = e.invars[p]
-    add_to(st.lam, x, cb.reshape((2, m, *x.shape)))
+    add_to(st.lam, x, cb.reshape((st.sides, m, *x.shape)))
     if sound:
       absdot = rowdot(jnp.abs(lam_y), abs_linear(e, cenv, p, magnitude(st.ivs[x])), 2)
       st.slack = st.slack + coefficient_slack(
@@ -478,33 +495,35 @@ def _relu_step(st: _Pass, i: int, e: CrownEqn) -> None:
   # lower bound: positive coefficients take the lower line, negative the upper line;
   # upper bound the other way round. (Flat (rows, n) arrays vectorise well on CPU.)
   alpha = None if st.alphas is None else st.alphas.get(x)
+  sides = st.sides
   if alpha is None:
-    a_pos = jnp.stack([a_lo, a_up])[:, None]  # (2, 1, n)
-    a_neg = jnp.stack([a_up, a_lo])[:, None]
+    a_pos = jnp.stack([a_lo, a_up][:sides])[:, None]  # (sides, 1, n)
+    a_neg = jnp.stack([a_up, a_lo][:sides])[:, None]
   else:  # α-CROWN: optimised lower slopes of unstable neurons (lower rows, upper rows)
     unstable = (lt.reshape(-1) < 0) & (ut.reshape(-1) > 0)
-    alpha = alpha if alpha.ndim == 3 else alpha[:, None]  # (2, m or 1, n)
+    alpha = alpha if alpha.ndim == 3 else alpha[:, None]  # (sides, m or 1, n)
     al = jnp.where(unstable, jnp.clip(alpha, 0.0, 1.0).astype(a_lo.dtype), a_lo)
     up = jnp.broadcast_to(a_up, al.shape[1:])
-    a_pos = jnp.stack([al[0], up])
-    a_neg = jnp.stack([up, al[1]])
-  nu = mu * jnp.where(mu > 0, a_pos, a_neg)  # (2, m, n)
+    a_pos = jnp.stack([al[0], up][:sides])
+    a_neg = jnp.stack([up, al[-1]][:sides])
+  nu = mu * jnp.where(mu > 0, a_pos, a_neg)  # (sides, m, n)
   beta = None if st.betas is None or st.splits is None else st.betas.get(x)
   if beta is not None and st.splits.get(x) is not None:
     sgn = st.splits[x].astype(nu.dtype)
     if not c_zero:  # an infinite constant: t is not σ(x - c) there (see _relu_argument)
       sgn = jnp.where(jnp.isfinite(flat(relu_parts(e, st.ctx.cenv)[1])), sgn, 0.0)
-    bt = jnp.maximum(beta, 0.0).astype(nu.dtype) * sgn  # (2, m, n)
-    nu = nu + jnp.stack([-bt[0], bt[1]])
+    bt = jnp.maximum(beta, 0.0).astype(nu.dtype) * sgn  # (sides, m, n)
+    nu = nu + jnp.stack([-bt[0], bt[-1]][:sides])
     beta_mag = jnp.abs(bt)
   else:
     beta_mag = None
   mu_lo, mu_hi = mu[0], mu[-1]
-  st.bias = st.bias + jnp.stack([jnp.minimum(mu_lo, 0) @ b_up, jnp.maximum(mu_hi, 0) @ b_up])
+  ends = [jnp.minimum(mu_lo, 0) @ b_up] + ([jnp.maximum(mu_hi, 0) @ b_up] if sides == 2 else [])
+  st.bias = st.bias + jnp.stack(ends)
   if not c_zero:
     mu2 = jnp.broadcast_to(mu, nu.shape)
     st.bias = st.bias + sigma * rowdot(mu2, flat(c), 2) - sigma * rowdot(nu, flat(c), 2)
-  nu = nu.reshape((2, m, *x.shape))
+  nu = nu.reshape((sides, m, *x.shape))
   add_to(st.lam, x, nu if sigma > 0 else -nu)
   if sound:  # (β: one more term per entry, |Λ_t| + β|s| bounds the summands)
     k = st.ctx.prog.uses.get(x, 1) + 1 + (beta_mag is not None)
@@ -530,7 +549,7 @@ value and never reaches the pass)."""
 def _backward(ctx: Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = None,
               spec=None, alphas: dict | None = None, betas: dict | None = None,
               splits: dict | None = None, record: dict | None = None,
-              prefix: Prefix | None = None):
+              prefix: Prefix | None = None, sides: int = 2):
   """CROWN lower and upper bounds of ``target`` (flattened, shape (m,)) for one example.
 
   ``ivs``: forward intervals of abstract variables; ``pre``: ReLU input var -> (l, u);
@@ -545,7 +564,9 @@ def _backward(ctx: Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = N
   infinite carry no multiplier. ``record``: filled with the lower-bound rows' coefficients
   (m, n) of each ReLU's output (keyed by the ReLU's input var) and (m, *shape) of each input.
   ``prefix``: the pass starts from these rows of the target (`select_rows`) instead of all;
-  the bounds are then returned flat, one per row.
+  the bounds are then returned flat, one per row. ``sides = 1``: the lower-bound rows alone
+  (every equation behind ``target`` of `ONE_SIDED_KINDS`; α and β then hold (1, m, n)), half
+  the work; the upper bounds returned are ``+inf``.
   """
   rel = {} if rel is None else rel
   plan = ctx.plans.get(target)
@@ -558,19 +579,19 @@ def _backward(ctx: Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = N
     px = _spec_prefix(px, spec)
   dtype = target.aval.dtype
   m, n_eq = px.m, len(prog.eqns)
-  lam: dict = {}  # var -> (2, m, *shape): [0] for the lower bound, [1] for the upper bound
-  bias = jnp.stack([px.bias, px.bias])
-  slack = jnp.zeros((2, m), dtype) + prefix_slack(px, cenv, ivs, dtype)
+  lam: dict = {}  # var -> (sides, m, *shape): [0] for the lower bound, [1] for the upper bound
+  bias = jnp.stack([px.bias] * sides)
+  slack = jnp.zeros((sides, m), dtype) + prefix_slack(px, cenv, ivs, dtype)
   st = _Pass(ctx, px, m, n_eq, dtype, ivs, pre, rel, alphas, betas, splits, record, lam, bias,
-             slack, jnp.zeros((2, m), dtype), 0)
+             slack, jnp.zeros((sides, m), dtype), 0, sides)
   if px.pending:
     for i in reversed(ctx.ancestors[target]):
       e = prog.eqns[i]
       BACKWARD_STEPS.get(e.kind, _affine_step)(st, i, e)
   lam, bias, slack, fb_abs, n_fb = st.lam, st.bias, st.slack, st.fb_abs, st.n_fb
   # concretise at the input boxes
-  lower, upper = bias[0], bias[1]
-  absum = jnp.abs(bias[0]) + jnp.abs(bias[1]) + fb_abs[0] + fb_abs[1]
+  lower, upper = bias[0], bias[-1]
+  absum = sum(jnp.abs(bias[k]) + fb_abs[k] for k in range(sides))
   n_in = n_fb
   for v in prog.invars:
     if v not in prog.abstract:
@@ -580,22 +601,25 @@ def _backward(ctx: Ctx, target: _Var, ivs: dict, pre: dict, rel: dict | None = N
     if l_p is None and l_2 is None:
       continue
     tot = l_p[None] if l_2 is None else (l_2 if l_p is None else l_2 + l_p[None])
-    tot = jnp.broadcast_to(tot, (2, m, *v.shape))
+    tot = jnp.broadcast_to(tot, (sides, m, *v.shape))
     if record is not None:
       record[v] = tot[0]
     c, r = center_radius(ivs[v], sound)
     lower = lower + rowdot(tot[0], c) - rowdot(jnp.abs(tot[0]), r)
-    upper = upper + rowdot(tot[1], c) + rowdot(jnp.abs(tot[1]), r)
+    if sides == 2:
+      upper = upper + rowdot(tot[1], c) + rowdot(jnp.abs(tot[1]), r)
     n_in += v.size
     if sound:
       ac = jnp.abs(c) + r
-      absum = absum + rowdot(jnp.abs(tot[0]), ac) + rowdot(jnp.abs(tot[1]), ac)
+      absum = absum + sum(rowdot(jnp.abs(tot[k]), ac) for k in range(sides))
   if sound:
     n = 2 * n_in + 3 + n_eq
     err = rounding.gamma(n, dtype) * absum + rounding.flush_error(n, dtype)
     lower = lower - 2 * (slack[0] + err)
-    upper = upper + 2 * (slack[1] + err)
+    upper = upper + 2 * (slack[-1] + err)
     lower, upper = rounding.outward(lower, upper, ulps=1)
+  if sides == 1:
+    upper = jnp.full_like(lower, jnp.inf)
   if spec is not None or prefix is not None:
     return lower, upper
   return lower.reshape(target.shape), upper.reshape(target.shape)
@@ -915,12 +939,13 @@ def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
   # and the post-loop evaluation; the iterates' best, from CROWN's slopes or the warm start, is
   # evaluated once in ctx's mode
   lean = bool(ctx.alpha_steps) and ctx.beta
+  sides = 1 if one_sided(ctx, v) else 2  # "lower_only": the upper rows are not computed
   if lean:
     lo = hi = None
     dtype = v.aval.dtype
   else:
     lo, hi = _backward(ctx, v, ivs, pre, rel, spec=spec,
-                       record=rec if not ctx.alpha_steps else None)
+                       record=rec if not ctx.alpha_steps else None, sides=sides)
     dtype = lo.dtype
 
   def default_alpha(x, i):
@@ -929,13 +954,19 @@ def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
     l, u = pre[x]
     lt, ut, _, _ = relu_argument(l, u, c, sigma, False)
     a_lo = relu_lines(lt, ut, False)[0].reshape(-1).astype(dtype)
-    return jnp.broadcast_to(a_lo, (2, m, x.size))
+    return jnp.broadcast_to(a_lo, (sides, m, x.size))
+
+  def warm(w):
+    """A warm start of one or two sides (lower rows first) as this pass's ``sides``: a lower
+    row's α or β is a valid start for the upper row too."""
+    w = w.astype(dtype)
+    return w[:sides] if w.shape[0] >= sides else jnp.broadcast_to(w[:1], (sides, *w.shape[1:]))
 
   warm_a = data.get("alpha") or (None,) * len(ctx.nodes)
   warm_b = data.get("beta") or (None,) * len(ctx.nodes)
-  alphas0 = [default_alpha(x, i) if w is None else w.astype(dtype)
+  alphas0 = [default_alpha(x, i) if w is None else warm(w)
              for (x, i), w in zip(ctx.nodes, warm_a)]
-  betas0 = [jnp.zeros((2, m, x.size), dtype) if w is None else w.astype(dtype)
+  betas0 = [jnp.zeros((sides, m, x.size), dtype) if w is None else warm(w)
             for (x, _), w in zip(ctx.nodes, warm_b)]
 
   def details(alphas, betas):
@@ -951,7 +982,7 @@ def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
   s_keys = [x for x, i in ctx.s_nodes if i in anc and x in pre]
   if not ctx.alpha_steps or not (any(x in behind for x, _ in ctx.nodes) or s_keys):
     if ctx.alpha_steps and (ctx.info or lean):  # nothing to optimise: CROWN's pass
-      lo, hi = _backward(ctx, v, ivs, pre, rel, spec=spec, record=rec)
+      lo, hi = _backward(ctx, v, ivs, pre, rel, spec=spec, record=rec, sides=sides)
     return lo, hi, details(alphas0, betas0)
   import optax
   keys = [x for x, _ in ctx.nodes]  # pytrees keyed by variables do not sort: lists in order
@@ -979,13 +1010,13 @@ def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
     al, be = as_dicts(params)
     ivs2, pre2, rel2 = passes(params, fast)
     l2, h2 = _backward(fast, v, ivs2, pre2, rel2, spec=spec, alphas=al, betas=be,
-                       splits=splits)
+                       splits=splits, sides=sides)
     return l2.reshape(-1), h2.reshape(-1)
 
   def finite_sum(a):
     return jnp.sum(jnp.where(jnp.isfinite(a), a, 0.0))
 
-  w_up = float(ctx.alpha_objective != "lower")
+  w_up = float(ctx.alpha_objective not in ("lower", "lower_only"))
   w_lo = float(ctx.alpha_objective != "upper")
 
   def objective(l2, h2):
@@ -1002,7 +1033,7 @@ def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
     bp, b_lo, b_hi, b_loss = best
     l2 = jnp.where(jnp.isnan(l2), -jnp.inf, l2)
     h2 = jnp.where(jnp.isnan(h2), jnp.inf, h2)
-    better = jnp.stack([l2 > b_lo, h2 < b_hi])[:, :, None]  # (2, m, 1)
+    better = jnp.stack([l2 > b_lo, h2 < b_hi][:sides])[:, :, None]  # (sides, m, 1)
     rows = jax.tree_util.tree_map(lambda new, old: jnp.where(better, new, old), params[:2],
                                   bp[:2])
     ts = [jnp.where(better[None], new, old) for new, old in zip(params[3], bp[3])]
@@ -1040,7 +1071,7 @@ def _final_bounds(ctx: Ctx, v: _Var, ivs: dict, pre: dict, rel: dict, spec,
   al, be = as_dicts(bp)
   ivs2, pre2, rel2 = passes(bp, ctx)
   l2, h2 = _backward(ctx, v, ivs2, pre2, rel2, spec=spec, alphas=al, betas=be, splits=splits,
-                     record=rec)
+                     record=rec, sides=sides)
   det = details(*bp[:2])
   if det is not None and mid_keys:  # the intermediate bounds the final pass used (sound mode:
     det["pre"] = pre2               # computed in ctx's mode, met with CROWN's first pass)
