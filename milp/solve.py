@@ -99,6 +99,9 @@ class SolveOutcome:
     primal_value: the incumbent's objective, or ``None``.
     result: the raw MathOpt result (for reading variable values).
     seconds: wall-clock solve time (model export included).
+    duals: the first solution's dual values ``(constraint ids, values)`` when the solver gave
+      them (an LP), else None: `milp.safe_dual.LinearProgram.bound` turns them into a bound
+      that holds whatever the solver's tolerances.
   """
 
   reason: str
@@ -107,6 +110,7 @@ class SolveOutcome:
   primal_value: float | None
   result: Any
   seconds: float
+  duals: tuple[np.ndarray, np.ndarray] | None = None
 
   @property
   def has_solution(self) -> bool:
@@ -173,7 +177,11 @@ def solve(enc: Encoding, cfg: SolveConfig = SolveConfig(),
   maximize = bool(proto.objective.maximize)
   if reason == "INFEASIBLE":
     dual = -math.inf if maximize else math.inf
-  return SolveOutcome(reason, limit, dual, primal, res, seconds)
+  duals = None
+  if len(raw.solutions) and raw.solutions[0].HasField("dual_solution"):
+    dv = raw.solutions[0].dual_solution.dual_values
+    duals = (np.asarray(list(dv.ids), np.int64), np.asarray(list(dv.values), np.float64))
+  return SolveOutcome(reason, limit, dual, primal, res, seconds, duals)
 
 
 @dataclasses.dataclass

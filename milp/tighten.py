@@ -16,12 +16,15 @@ interval: the result is never looser than the bounds given.
   several threads (HiGHS releases the GIL while it solves; each thread builds its own model:
   an OR-Tools model is not shared between threads), until a deadline.
 
-Soundness margin. HiGHS works with primal and dual feasibility tolerances of 1e-7 and a MIP
-feasibility tolerance of 1e-6, so its dual bound may overshoot the true optimum by a multiple of
-them relative to the magnitudes in the model. A bound is moved outward by
-``rel * (|v| + (U - L)) + abs`` before it is met with ``[L, U]``. This is an allowance, not an
-a-priori error bound of the solver (HiGHS gives none); callers that decide a verdict from it
-use the larger `VERIFY_MARGIN`.
+Soundness. An LP solve (``mode="lp"``, or any encoding without integer variables) is made
+rigorous by its duals: the bound kept is the safe dual bound of `milp.safe_dual` (weak duality
+evaluated with a-priori rounding error bounds; Neumaier and Shcherbina 2004), which holds
+whatever HiGHS's tolerances (primal and dual feasibility 1e-7); an LP solve that returns no
+dual vector tightens nothing. A MILP's dual bound comes from a branch-and-bound tree that no
+cheap certificate covers; it is moved outward by ``rel * (|v| + (U - L)) + abs`` before it is
+met with ``[L, U]``. That margin is an allowance for HiGHS's MIP feasibility tolerance of 1e-6,
+not an a-priori error bound (HiGHS gives none); callers that decide a verdict from it use the
+larger `VERIFY_MARGIN`.
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ import numpy as np
 
 from milp.encode import Encoding
 from milp.network import Network
+from milp.safe_dual import LinearProgram
 from milp.solve import SolveConfig, solve
 
 MARGIN = (4e-7, 1e-9)
-"""``(rel, abs)``: the outward margin of a tightened bound (LUCID's screening)."""
+"""``(rel, abs)``: the outward margin of a bound from a MILP solve (LUCID's screening); LP solves
+need none (their bounds are safe dual bounds)."""
 
 VERIFY_MARGIN = (1e-5, 1e-6)
 """``(rel, abs)``: the margin used by the complete verifier, 25x the above in relative terms
@@ -82,12 +87,16 @@ def tighten_vars(enc: Encoding, z: np.ndarray, L: np.ndarray, U: np.ndarray, job
   A bound is accepted when the solve ends in one of ``accept`` (termination reasons of
   `milp.solve.solve`) with a finite dual bound ``v``; it becomes
   ``min(U[j], v + pad)`` (maximising) or ``max(L[j], v - pad)`` with
-  ``pad = margin[0] * (|v| + U[j] - L[j]) + margin[1]``, never crossing the other end. A neuron
+  ``pad = margin[0] * (|v| + U[j] - L[j]) + margin[1]``, never crossing the other end. When
+  ``enc`` has no integer variable (an LP), ``v`` is instead the safe dual bound of the solve's
+  duals (`milp.safe_dual`; no margin), and a solve without duals is skipped. A neuron
   with ``L[j] >= U[j]`` is skipped. ``remaining``: seconds left (None: no deadline); a solve
   gets ``min(cfg.time_limit, remaining())`` and none starts with less than 0.05 s left.
   Returns the number of solves.
   """
   n = 0
+  lp: LinearProgram | None = None
+  is_lp: bool | None = None
   while True:
     left = math.inf if remaining is None else remaining()
     if left < 0.05:
@@ -103,13 +112,23 @@ def tighten_vars(enc: Encoding, z: np.ndarray, L: np.ndarray, U: np.ndarray, job
         solver=cfg.solver, time_limit=left, threads=cfg.threads, relative_gap=cfg.relative_gap,
         absolute_gap=cfg.absolute_gap)
     enc.set_objective([z[j]], [1.0], maximize=maximize)
+    if is_lp is None:
+      proto = enc.model.export_model()
+      is_lp = not any(proto.variables.integers)
+      lp = LinearProgram.from_proto(proto) if is_lp else None
     out = solve(enc, run_cfg)
     n += 1
     v = out.dual_bound
     if out.reason not in accept or not math.isfinite(v):
       continue
+    if lp is not None:
+      if out.duals is None:
+        continue
+      v = lp.bound([z[j]], [1.0], 0.0, *out.duals, maximize=maximize)
+      if not math.isfinite(v):
+        continue
     with (lock if lock is not None else _NoLock()):
-      pad = margin[0] * (abs(v) + (U[j] - L[j])) + margin[1]
+      pad = 0.0 if lp is not None else margin[0] * (abs(v) + (U[j] - L[j])) + margin[1]
       if maximize:
         U[j] = max(min(U[j], v + pad), L[j])
       else:
