@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import boundjax as bj
+from boundjax.core.errors import MemoryBudgetError
 from boundjax.models import MLP, mlp_layer_values
 from milp import difference as MD
 from milp import network as MN
@@ -242,6 +243,44 @@ def test_two_families():
     assert np.all(za[i] >= np.asarray(bnd.ref.lower) - scale)
     assert np.all(zb[i] <= np.asarray(bnd.other.upper) + scale)
   assert d.size >= 10_000
+
+
+def test_exact_products_within_a_memory_budget():
+  """``matmul="exact"`` with a budget of a few rows: the hidden layer's product of two boxes
+  (the activations of a box input times a kernel box) runs in chunks (a ``scan`` in the
+  program), gives the same bounds as with the default budget, and holds on 10^4 pairs; a
+  budget below one row raises `MemoryBudgetError`."""
+  _, p = _mlp()
+  a = shifted_box(30, p, 0.3)  # wide: many weights straddle 0
+  b = shifted_box(31, p, 0.3, 0.01)
+  box = bj.Interval(-jnp.ones((4, D_IN)), jnp.ones((4, D_IN)))  # 4 rows: chunks of 1 or 2
+  whole = bj.difference(layers_fn, matmul="exact")(a, b, box)
+  best = bj.difference(layers_fn, matmul="best")(a, b, box)
+  # the first layer's product (an input box of both signs times a kernel box): the
+  # four-corner bound is tighter than midpoint-radius met with sign-split (the mode is used)
+  w_exact, w_best = (float(np.mean(np.asarray(o[0].ref.width))) for o in (whole, best))
+  assert w_exact < w_best, (w_exact, w_best)
+  per_row = 8 * 4 * 16 * 16  # EXACT_LIVE * itemsize * (16 x 16 kernel terms of one row)
+  small = bj.difference(layers_fn, matmul="exact", memory_bytes=2 * per_row)
+  assert "scan" in str(jax.make_jaxpr(small)(a, b, box))
+  assert "scan" not in str(jax.make_jaxpr(bj.difference(layers_fn, matmul="exact"))(a, b, box))
+  part = small(a, b, box)
+  for w, q in zip(whole, part):
+    for f in ("ref", "other", "delta"):
+      np.testing.assert_allclose(getattr(q, f).lower, getattr(w, f).lower, rtol=1e-6, atol=1e-6)
+      np.testing.assert_allclose(getattr(q, f).upper, getattr(w, f).upper, rtol=1e-6, atol=1e-6)
+  rng = np.random.default_rng(32)
+  x = np_sample_box(rng, bj.Interval(box.lower[:1], box.upper[:1]), 50)[:, 0]
+  ma, mb = np_sample_tree(rng, a, 200), np_sample_tree(rng, b, 200)
+  za, zb = np_layers(ma, x, stacked=True), np_layers(mb, x, stacked=True)
+  for i, bnd in enumerate(part):
+    d = zb[i] - za[i]
+    scale = TOL * (1 + np.abs(za[i]) + np.abs(zb[i]))
+    assert np.all(d >= np.asarray(bnd.delta.lower)[:1] - scale), i
+    assert np.all(d <= np.asarray(bnd.delta.upper)[:1] + scale), i
+  assert d.size >= 10_000
+  with pytest.raises(MemoryBudgetError):
+    bj.difference(layers_fn, matmul="exact", memory_bytes=64)(a, b, box)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -138,16 +138,18 @@ class _DV:
 @dataclasses.dataclass(frozen=True)
 class DifferenceContext:
   """Options: ``matmul`` for interval products (see `IntervalContext`), ``form`` of the
-  bilinear identity ("both" or "paper", see the module docstring), ``sound`` outward rounding."""
+  bilinear identity ("both" or "paper", see the module docstring), ``sound`` outward rounding,
+  ``memory_bytes`` the budget of one ``matmul="exact"`` product's temporaries."""
   matmul: str = "best"
   form: str = "both"
   sound: bool = False
+  memory_bytes: int = 1 << 30
 
   def __post_init__(self):
     if self.form not in FORMS:
       raise ValueError(f"form must be one of {FORMS}, got {self.form!r}")
     object.__setattr__(self, "interval", interval_domain.IntervalContext(
-        matmul=self.matmul, sound=self.sound))
+        matmul=self.matmul, sound=self.sound, memory_bytes=self.memory_bytes))
 
 
 def _out(ctx: DifferenceContext, lo, hi) -> Interval:
@@ -463,6 +465,8 @@ def _product(ctx, op, a, b, elementwise: bool):
   if not (a_iv and b_iv):
     return _iv(*bilinear_midrad(op, a, b))   # exact with a point operand
   mode = ctx.interval.matmul
+  if mode == "exact":  # the interval domain's four-corner product, chunked to its budget
+    return op.rule(a, b)
   if mode == "signsplit":
     return _iv(*bilinear_signsplit(op, a, b))
   l1, h1 = bilinear_midrad(op, a, b)
@@ -798,18 +802,22 @@ def _output(v):
 
 
 def difference(fn: Callable, *, matmul: str = "best", form: str = "both",
-               sound: bool = False, return_info: bool = False) -> Callable:
+               sound: bool = False, return_info: bool = False,
+               memory_bytes: int = 1 << 30) -> Callable:
   """Difference intervals of ``fn`` between two parameter sets on shared arguments.
 
   Args:
     fn: ``fn(params, *args, **kwargs)``, e.g. a Flax ``model.apply``.
-    matmul: interval product of two boxes ("midrad", "signsplit", "best"; see
+    matmul: interval product of two boxes ("midrad", "signsplit", "exact", "best"; see
       `boundjax.domains.interval.IntervalContext`). "best" (default) intersects midpoint–radius
       and sign-split.
     form: "both" (default) or "paper": which exact bilinear identity bounds ``d`` (module
       docstring).
     sound: round every bound outward so it holds in exact arithmetic (module docstring).
     return_info: also return a `DifferenceInfo`: the enclosures at every ReLU node.
+    memory_bytes: the budget of one ``matmul="exact"`` product's temporaries (as in
+      ``bj.ibp``: its rows are taken in chunks that fit; `MemoryBudgetError` when one row
+      does not).
 
   The returned function takes one keyword-only argument of its own (not passed to ``fn``):
   ``known``, one entry per ReLU node (`boundjax.core.program.relu_nodes`; None for none), a
@@ -832,7 +840,7 @@ def difference(fn: Callable, *, matmul: str = "best", form: str = "both",
   """
   if not isinstance(sound, bool):
     raise ValueError(f"difference: sound must be a bool, got {sound!r}")
-  ctx = DifferenceContext(matmul=matmul, form=form, sound=sound)
+  ctx = DifferenceContext(matmul=matmul, form=form, sound=sound, memory_bytes=memory_bytes)
 
   @functools.wraps(fn)
   def bounded(params_ref, params_other, *args, **kwargs):
