@@ -7,8 +7,9 @@ float64 evaluation (Higham, *Accuracy and Stability of Numerical Algorithms*, §
 for the exact (real-number) network and a big-M constant never cuts off a real point. No fixed
 slack is added here.
 
-The engine bounds a JAX function; the `Network`'s affine view is `affine_chain`, which returns
-every pre-activation ``z_m = W_m h_{m-1} + b_m`` (``h_0 = x``, ``h_m = relu(z_m)``) as an output.
+The engine bounds a JAX function; the `Network`'s affine view is `milp.network.affine_chain`,
+which returns every pre-activation ``z_m = W_m h_{m-1} + b_m`` (``h_0 = x``, ``h_m = relu(z_m)``)
+as an output.
 Interval parameters (a hyper-network, Sphynx, §4) are passed as `boundjax.Interval` leaves.
 
 * ``"ibp"``: ``bj.ibp(affine_chain, sound=True, matmul="best")`` (interval bound propagation,
@@ -31,48 +32,13 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.sparse as sp
 
 import boundjax as bj
 from boundjax.core.interval import Interval
-from milp.network import AffineLayer, Network
+from milp.network import (AffineLayer, Network, Params, affine_chain, layer_params,  # noqa: F401
+                          network_params)
 
 Bounds = list[tuple[np.ndarray, np.ndarray]]
-Params = list[tuple[Any, Any]]
-
-
-def affine_chain(params: Params, x: jax.Array) -> list[jax.Array]:
-  """The `Network`'s affine view as a JAX function: ``[z_1, ..., z_L]`` with
-  ``z_m = W_m h_{m-1} + b_m``, ``h_0 = x``, ``h_m = max(z_m, 0)`` (no ReLU after the last)."""
-  outs, h = [], x
-  for m, (w, b) in enumerate(params):
-    z = jnp.dot(w, h) + b
-    outs.append(z)
-    if m < len(params) - 1:
-      h = jnp.maximum(z, 0.0)
-  return outs
-
-
-def _dense64(m: Any) -> np.ndarray:
-  return np.asarray(m.toarray() if sp.issparse(m) else m, np.float64)
-
-
-def _leaf(lo: np.ndarray, hi: np.ndarray) -> Any:
-  """A float64 array, or an `Interval` where the two ends differ (a hyper-network's parameter)."""
-  if np.array_equal(lo, hi):
-    return jnp.asarray(lo)
-  return Interval(jnp.asarray(lo), jnp.asarray(hi))
-
-
-def layer_params(layer: AffineLayer) -> tuple[Any, Any]:
-  """``(W, b)`` of one layer as float64 engine leaves (call under ``jax.enable_x64(True)``)."""
-  return (_leaf(_dense64(layer.w_lower), _dense64(layer.w_upper)),
-          _leaf(np.asarray(layer.b_lower, np.float64), np.asarray(layer.b_upper, np.float64)))
-
-
-def network_params(net: Network) -> Params:
-  """Every layer's `layer_params` (call under ``jax.enable_x64(True)``)."""
-  return [layer_params(l) for l in net.layers]
 
 
 def _quiet(fn: Callable) -> Callable:

@@ -40,7 +40,7 @@ intersected with ``[l + dl, u + du]``; and the pre-activation difference is inte
 
 Every bound comes from the engine, in one call: ``bj.difference(affine_chain, form="paper",
 sound=True, return_info=True)`` (`boundjax.domains.difference`, which implements the formulas
-above) on float64 arrays, where `milp.bounds.affine_chain` is the `Network`'s affine view. N's
+above) on float64 arrays, where `milp.network.affine_chain` is the `Network`'s affine view. N's
 given bounds (``method``'s `milp.bounds.compute`, or ``ref_bounds``) and N#'s (CROWN with
 ``"crown"``, and the caller's) enter as the call's ``known`` enclosures of every ReLU input: the
 engine meets them with its own where each layer is computed and refines the difference
@@ -133,7 +133,7 @@ def _relu_step():
 @functools.lru_cache(maxsize=None)
 def _whole_network():
   """``(p_ref, p_hyp, lo, hi, known, last) -> (pre-activation DiffIntervals, DifferenceInfo)``:
-  one engine call bounding every layer of `milp.bounds.affine_chain` (sound mode), the logits
+  one engine call bounding every layer of `milp.network.affine_chain` (sound mode), the logits
   met with ``last``."""
   bound = bj.difference(bounds_mod.affine_chain, form="paper", sound=True, return_info=True)
 

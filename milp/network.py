@@ -1119,9 +1119,53 @@ def _box_network(apply_fn, params: Any, input_shape: tuple[int, ...], output: st
   return net
 
 
+# -- the affine view as a JAX function (what the engine bounds: `milp.bounds`) -----------------
+
+Params = list[tuple[Any, Any]]
+
+
+def affine_chain(params: Params, x: jax.Array) -> list[jax.Array]:
+  """The `Network`'s affine view as a JAX function: ``[z_1, ..., z_L]`` with
+  ``z_m = W_m h_{m-1} + b_m``, ``h_0 = x``, ``h_m = max(z_m, 0)`` (no ReLU after the last)."""
+  outs, h = [], x
+  for m, (w, b) in enumerate(params):
+    z = jnp.dot(w, h) + b
+    outs.append(z)
+    if m < len(params) - 1:
+      h = jnp.maximum(z, 0.0)
+  return outs
+
+
+def _dense64(m: Any) -> np.ndarray:
+  return np.asarray(m.toarray() if sp.issparse(m) else m, np.float64)
+
+
+def _leaf(lo: np.ndarray, hi: np.ndarray) -> Any:
+  """A float64 array, or an `Interval` where the two ends differ (a hyper-network's parameter)."""
+  if np.array_equal(lo, hi):
+    return jnp.asarray(lo)
+  return Interval(jnp.asarray(lo), jnp.asarray(hi))
+
+
+def layer_params(layer: AffineLayer) -> tuple[Any, Any]:
+  """``(W, b)`` of one layer as float64 engine leaves (call under ``jax.enable_x64(True)``)."""
+  return (_leaf(_dense64(layer.w_lower), _dense64(layer.w_upper)),
+          _leaf(np.asarray(layer.b_lower, np.float64), np.asarray(layer.b_upper, np.float64)))
+
+
+def network_params(net: Network) -> Params:
+  """Every layer's `layer_params` (call under ``jax.enable_x64(True)``)."""
+  return [layer_params(l) for l in net.layers]
+
+
 def _output_hull(net: Network, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """The (hyper-)network's output bounds at each row of ``xs`` (a point input: the hull over its
-  parameter box), by the engine's sound float64 interval pass (`milp.bounds.ibp`)."""
-  from milp import bounds as bounds_lib  # milp.bounds reads this module's Network
-  outs = [bounds_lib.ibp(net, x, x)[-1] for x in np.asarray(xs, np.float64)]
-  return np.stack([o[0] for o in outs]), np.stack([o[1] for o in outs])
+  parameter box), by the engine's sound float64 interval pass over `affine_chain`."""
+  from boundjax.core.transforms import ibp
+  with jax.enable_x64(True):
+    params = network_params(net)
+    bound = jax.jit(ibp(lambda p, x: affine_chain(p, x)[-1], sound=True, matmul="best"))
+    outs = [bound(params, Interval(jnp.asarray(x), jnp.asarray(x)))
+            for x in np.asarray(xs, np.float64)]
+    return (np.stack([np.asarray(lower_of(o), np.float64) for o in outs]),
+            np.stack([np.asarray(upper_of(o), np.float64) for o in outs]))

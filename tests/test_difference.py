@@ -253,13 +253,16 @@ def test_exact_products_within_a_memory_budget():
   _, p = _mlp()
   a = shifted_box(30, p, 0.3)  # wide: many weights straddle 0
   b = shifted_box(31, p, 0.3, 0.01)
-  box = bj.Interval(-jnp.ones((4, D_IN)), jnp.ones((4, D_IN)))  # 4 rows: chunks of 1 or 2
+  # 4 rows (chunks of 1 or 2), inputs of both signs off-centre (midpoint-radius is exact for
+  # a box centred on 0, which would leave nothing for the four-corner product to gain)
+  box = bj.Interval(jnp.full((4, D_IN), -0.3), jnp.ones((4, D_IN)))
   whole = bj.difference(layers_fn, matmul="exact")(a, b, box)
   best = bj.difference(layers_fn, matmul="best")(a, b, box)
   # the first layer's product (an input box of both signs times a kernel box): the
-  # four-corner bound is tighter than midpoint-radius met with sign-split (the mode is used)
+  # four-corner bound is tighter than midpoint-radius met with sign-split (the mode is used;
+  # 3.18 against 3.31 here)
   w_exact, w_best = (float(np.mean(np.asarray(o[0].ref.width))) for o in (whole, best))
-  assert w_exact < w_best, (w_exact, w_best)
+  assert w_exact < 0.98 * w_best, (w_exact, w_best)
   per_row = 8 * 4 * 16 * 16  # EXACT_LIVE * itemsize * (16 x 16 kernel terms of one row)
   small = bj.difference(layers_fn, matmul="exact", memory_bytes=2 * per_row)
   assert "scan" in str(jax.make_jaxpr(small)(a, b, box))
