@@ -1103,6 +1103,7 @@ def _box_network(apply_fn, params: Any, input_shape: tuple[int, ...], output: st
   net = Network(tuple(result), input_shape, output)
   if check:  # the function at the box's ends and midpoint lies in the hyper-network's outputs
     probes = np.random.default_rng(seed).uniform(-1.0, 1.0, (3,) + input_shape)
+    lo, hi = _output_hull(net, probes.reshape(len(probes), -1))  # one hull for every member
     for values in (lows, mids, highs):
       full = list(fixed)
       for i, v in zip(boxes, values):
@@ -1111,7 +1112,6 @@ def _box_network(apply_fn, params: Any, input_shape: tuple[int, ...], output: st
       with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
         ref = np.stack([np.asarray(apply_fn(p64, jnp.asarray(x)), np.float64).reshape(-1)
                         for x in probes])
-      lo, hi = _output_hull(net, probes.reshape(len(probes), -1))
       tol = 1e-6 * (1 + np.abs(ref).max())
       if ref.shape != lo.shape or np.any(ref < lo - tol) or np.any(ref > hi + tol):
         raise _function_error("the extracted hyper-network does not contain the function at "
@@ -1136,10 +1136,6 @@ def affine_chain(params: Params, x: jax.Array) -> list[jax.Array]:
   return outs
 
 
-def _dense64(m: Any) -> np.ndarray:
-  return np.asarray(m.toarray() if sp.issparse(m) else m, np.float64)
-
-
 def _leaf(lo: np.ndarray, hi: np.ndarray) -> Any:
   """A float64 array, or an `Interval` where the two ends differ (a hyper-network's parameter)."""
   if np.array_equal(lo, hi):
@@ -1149,7 +1145,8 @@ def _leaf(lo: np.ndarray, hi: np.ndarray) -> Any:
 
 def layer_params(layer: AffineLayer) -> tuple[Any, Any]:
   """``(W, b)`` of one layer as float64 engine leaves (call under ``jax.enable_x64(True)``)."""
-  return (_leaf(_dense64(layer.w_lower), _dense64(layer.w_upper)),
+  return (_leaf(np.asarray(_dense(layer.w_lower), np.float64),
+                np.asarray(_dense(layer.w_upper), np.float64)),
           _leaf(np.asarray(layer.b_lower, np.float64), np.asarray(layer.b_upper, np.float64)))
 
 
