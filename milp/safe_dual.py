@@ -34,14 +34,14 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-_U = float(np.finfo(np.float64).eps) / 2
-_TINY = float(np.finfo(np.float64).tiny)
+from boundjax.core import rounding
+
+_TINY = rounding.underflow_threshold(np.float64)
 
 
 def _gamma(n: int) -> float:
-  """γ_n = n u / (1 - n u) in float64 (+inf when n u >= 1)."""
-  nu = n * _U
-  return math.inf if nu >= 1 else nu / (1 - nu)
+  """γ_n in float64 (`boundjax.core.rounding.gamma`)."""
+  return rounding.gamma(n, np.float64)
 
 
 def _ids(field: Any) -> np.ndarray:
