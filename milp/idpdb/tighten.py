@@ -4,7 +4,8 @@
 of one node over the joint model of N, N# and their matching dependencies, and returns the
 difference bounds (`milp.difference.difference_bounds`) computed from them. Each unstable neuron
 is maximised and minimised by an LP (the earlier ReLUs relaxed to their triangle) or a MILP; the
-solver's proven bound, widened by its tolerance, is intersected with the old interval.
+bound kept (an LP's safe dual bound, `milp.safe_dual`; a MILP's dual bound widened by
+`milp.tighten.MARGIN`) is intersected with the old interval.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ def _tighten_layer(enc: Encoding, z: np.ndarray, L: np.ndarray, U: np.ndarray, w
                    cfg: IdpDbConfig) -> tuple[np.ndarray, np.ndarray, int]:
   """Maximises and minimises each variable ``z[j]`` (``which[j]``) over ``enc``
   (`milp.tighten.tighten_vars`): a new bound only from a proven solve (``OPTIMAL``; in
-  ``"milp"`` mode also a time-out's dual bound), moved outward by `milp.tighten.MARGIN` and
-  met with the old ``[L, U]``. Returns the new ``(L, U)`` and the number of solves."""
+  ``"milp"`` mode also a time-out's dual bound): an LP's safe dual bound, a MILP's moved outward
+  by `milp.tighten.MARGIN`, met with the old ``[L, U]``. Returns the new ``(L, U)`` and the number of solves."""
   L, U = L.copy(), U.copy()
   scfg = SolveConfig(solver="highs", time_limit=cfg.tighten_time_limit, threads=cfg.threads,
                      relative_gap=cfg.relative_gap)
@@ -55,8 +56,8 @@ def tighten_net(net: Network, lo: Any, hi: Any, cfg: IdpDbConfig = IdpDbConfig()
   relaxation (``cfg.tighten == "lp"``: stable ReLUs exact, unstable ones the triangle) or the
   MILP (``"milp"``, per solve ``cfg.tighten_time_limit``, dual bound kept on a time-out).
   Layer 0 is skipped: interval arithmetic is already exact for one affine map of a box.
-  Sound: every real ``x`` is feasible in the relaxation and the accepted optimum is the solver's
-  proven bound widened by its tolerance; results are intersected with the starting bounds
+  Sound: every real ``x`` is feasible in the relaxation and the bound kept is an LP's safe dual
+  bound (or a MILP's dual bound widened by `milp.tighten.MARGIN`); results are intersected with the starting bounds
   (``bounds``, else ``cfg.bounds`` from `milp.bounds`). ``cfg.tighten == "none"`` returns them.
   """
   lo = np.asarray(lo, np.float64).reshape(-1)
